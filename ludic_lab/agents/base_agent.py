@@ -1,0 +1,251 @@
+"""``Agent``: an LLM harness = a ChatClient + a ContextStrategy + a Parser, token-exact.
+
+One call to :meth:`Agent.act` asks the context for the prompt messages, sends one completion
+request and parses the reply. Across turns the agent keeps the prompt it sent and the ids
+the model produced, so the next prompt is, whenever the context allows it,
+
+    previous prompt ids + previous completion ids + ids of the new messages only
+
+(``prompt_source="extended"``): the trainer then scores exactly the tokens the sampler saw
+and produced. When the context rewrote history (e.g. trimmed ``<think>`` blocks) the prompt
+is rendered again (``"retokenized"``); the first turn is rendered ``"fresh"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional, Sequence
+
+from ludic_lab.context.base import ContextStrategy
+from ludic_lab.inference.chat_template import ChatTemplate
+from ludic_lab.inference.client import ChatClient
+from ludic_lab.inference.request import ChatCompletionRequest, InferenceSpec, SamplingConfig, ToolRequest
+from ludic_lab.parsers import ParseResult, Parser
+from ludic_lab.types import ChatResponse, Info, Message, Observation, PromptSource, TokenTrace
+
+
+def derive_seed(seed: int, *keys: Any) -> int:
+    """A deterministic 31-bit seed from ``seed`` and ``keys`` (e.g. a turn index, an agent id).
+
+    Stable across processes and Python versions (no ``hash()``), so a rollout replays.
+    """
+    h = hashlib.blake2b(repr((int(seed), *keys)).encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class ActResult:
+    """Everything one :meth:`Agent.act` call produced.
+
+    ``trace`` is ``None`` only when the backend returned no token ids (ask for them with
+    ``ReturnSpec.for_training()``). ``info`` is small and JSON-ready: the turn index, the
+    turn's sampling seed, the prompt source, the finish reason and the client's diagnostics.
+    """
+
+    parse_result: ParseResult
+    response: ChatResponse
+    trace: Optional[TokenTrace]
+    info: Info
+    prompt_messages: tuple[Message, ...] = field(default=())
+
+    @property
+    def action(self) -> Optional[str]:
+        """The parsed action (``None`` when the parser rejected the reply)."""
+        return self.parse_result.action
+
+    @property
+    def text(self) -> str:
+        """The raw completion text."""
+        return self.response.text
+
+    @property
+    def parse_failed(self) -> bool:
+        return self.parse_result.action is None
+
+
+@dataclass(frozen=True)
+class _LastTurn:
+    messages: tuple[Message, ...]
+    prompt_ids: Optional[tuple[int, ...]]
+    completion_ids: Optional[tuple[int, ...]]
+    text: str
+
+
+class Agent:
+    """A stateful actor: one context (memory), one parser, a possibly shared client.
+
+    ``chat_template`` defaults to ``client.chat_template`` when the client has one; without
+    a template the agent sends messages only and records whatever ids the response carries.
+    ``tools`` are OpenAI-format tool schemas sent with every request (and to the template).
+    ``system_prompt`` is the agent's own prompt; protocols prefer it (or the context's
+    default) over the environment's suggestion. One Agent runs one episode at a time.
+    """
+
+    def __init__(
+        self,
+        client: ChatClient,
+        ctx: ContextStrategy,
+        parser: Parser,
+        *,
+        model: str = "default",
+        chat_template: Optional[ChatTemplate] = None,
+        tools: Optional[Sequence[dict[str, Any]] | ToolRequest] = None,
+        system_prompt: Optional[str] = None,
+        name: Optional[str] = None,
+    ) -> None:
+        if not callable(getattr(client, "complete", None)):
+            raise TypeError(f"client must implement ChatClient.complete(request), got {type(client).__name__}")
+        if not isinstance(ctx, ContextStrategy):
+            raise TypeError(f"ctx must be a ContextStrategy (e.g. FullDialog()), got {type(ctx).__name__}")
+        if not callable(parser):
+            raise TypeError("parser must be a callable str -> ParseResult (e.g. identity_parser)")
+        self.client = client
+        self.ctx = ctx
+        self.parser = parser
+        self.model = model
+        self.chat_template: Optional[ChatTemplate] = (
+            chat_template if chat_template is not None else getattr(client, "chat_template", None)
+        )
+        if tools is None or isinstance(tools, ToolRequest):
+            self.tools: Optional[ToolRequest] = tools
+        else:
+            self.tools = ToolRequest(tools=tuple(tools))
+        self._system_prompt = system_prompt
+        self.name = name or type(self).__name__
+        self._turn = 0
+        self._last: Optional[_LastTurn] = None
+
+    # -- lifecycle (delegates to the context) ------------------------------------------------
+    @property
+    def system_prompt(self) -> Optional[str]:
+        """The agent's own system prompt, else its context's default (``None`` if neither)."""
+        return self._system_prompt if self._system_prompt is not None else self.ctx.default_system_prompt
+
+    @property
+    def turn(self) -> int:
+        """Number of :meth:`act` calls since the last :meth:`reset`."""
+        return self._turn
+
+    def reset(self, system_prompt: Optional[str] = None) -> None:
+        """Start a new episode: clear the context (with ``system_prompt``, else the agent's own)."""
+        self.ctx.reset(system_prompt=system_prompt if system_prompt is not None else self._system_prompt)
+        self._turn = 0
+        self._last = None
+
+    def on_env_reset(self, obs: Observation, info: Info) -> None:
+        """Feed the episode's first observation to the context."""
+        self.ctx.on_env_reset(obs, info)
+
+    def on_after_step(self, obs: Observation, info: Info) -> None:
+        """Feed a step's observation (env's, or a parser's feedback) to the context."""
+        self.ctx.on_after_step(obs, info)
+
+    # -- acting --------------------------------------------------------------------------------
+    async def act(
+        self,
+        inference: Optional[InferenceSpec] = None,
+        *,
+        sampling_seed: Optional[int] = None,
+    ) -> ActResult:
+        """Sample one reply to the current context, record it in the context and parse it.
+
+        With ``sampling_seed`` the request's seed is ``derive_seed(sampling_seed, turn)``
+        (reproducible, and different per turn). Errors from the client propagate; the
+        context is then left without the reply.
+        """
+        inf = inference or InferenceSpec()
+        messages = self.ctx.on_before_act()
+        if not messages:
+            raise RuntimeError("the context is empty: call agent.reset() and agent.on_env_reset(obs, info) first")
+        prompt_ids, source = self._prompt_ids(messages)
+
+        sampling = inf.sampling or SamplingConfig()
+        turn_seed = sampling.seed
+        if sampling_seed is not None:
+            turn_seed = derive_seed(sampling_seed, self._turn)
+            sampling = sampling.with_seed(turn_seed)
+        extensions = dict(inf.extensions or {})
+        if self.tools is not None:
+            extensions["tools"] = self.tools
+        request = ChatCompletionRequest(
+            model=self.model,
+            messages=tuple(messages),
+            sampling=sampling,
+            return_=inf.return_,
+            extensions=extensions or None,
+            prompt_token_ids=tuple(prompt_ids) if prompt_ids is not None else None,
+        )
+        response, client_info = await self.client.complete(request)
+        response = self._check_prompt_ids(response, request.prompt_token_ids)
+
+        trace: Optional[TokenTrace] = None
+        if response.prompt_token_ids is not None and response.completion_token_ids is not None:
+            trace = TokenTrace.from_response(response, prompt_source=source)
+        self.ctx.on_after_act(response)
+        self._last = _LastTurn(
+            messages=tuple(messages),
+            prompt_ids=response.prompt_token_ids,
+            completion_ids=response.completion_token_ids,
+            text=response.text,
+        )
+        info: Info = {
+            "turn": self._turn,
+            "sampling_seed": turn_seed,
+            "prompt_source": source,
+            "finish_reason": response.finish_reason,
+        }
+        if client_info:
+            info["client"] = dict(client_info)
+        self._turn += 1
+        parse_result = self.parser(response.text)
+        if not isinstance(parse_result, ParseResult):
+            raise TypeError(f"parser returned {type(parse_result).__name__}, expected ParseResult")
+        return ActResult(parse_result, response, trace, info, tuple(messages))
+
+    # -- token-in bookkeeping ----------------------------------------------------------------
+    def _prompt_ids(self, messages: list[Message]) -> tuple[Optional[list[int]], PromptSource]:
+        """Prompt ids for ``messages`` and how they were made (see the module docstring)."""
+        tpl = self.chat_template
+        if tpl is None:
+            return None, "fresh"
+        tool_schemas = list(self.tools.tools) if self.tools is not None else None
+        last = self._last
+        if last is None:
+            return tpl.render_ids(messages, tools=tool_schemas), "fresh"
+        new = _new_messages(last, messages)
+        if new is None or not last.prompt_ids or last.completion_ids is None:
+            return tpl.render_ids(messages, tools=tool_schemas), "retokenized"
+        ended_with_stop = bool(last.completion_ids) and last.completion_ids[-1] in tpl.stop_token_ids
+        cont = tpl.continuation_ids(
+            list(last.messages), new, completion_ended_with_stop=ended_with_stop, tools=tool_schemas
+        )
+        return [*last.prompt_ids, *last.completion_ids, *cont], "extended"
+
+    @staticmethod
+    def _check_prompt_ids(response: ChatResponse, sent: Optional[tuple[int, ...]]) -> ChatResponse:
+        if sent is None:
+            return response
+        if response.prompt_token_ids is None:
+            return replace(response, prompt_token_ids=sent) if response.completion_token_ids is not None else response
+        if tuple(response.prompt_token_ids) != sent:
+            raise RuntimeError(
+                "the client ignored request.prompt_token_ids (its response reports a different prompt): "
+                "a token-in backend must condition on the ids it is given, not re-render messages"
+            )
+        return response
+
+    def __repr__(self) -> str:
+        return f"Agent(name={self.name!r}, model={self.model!r}, ctx={self.ctx!r}, turn={self._turn})"
+
+
+def _new_messages(last: _LastTurn, messages: Sequence[Message]) -> Optional[list[Message]]:
+    """Messages appended after the previous prompt + its exact reply, or ``None`` if the
+    context rewrote anything before them."""
+    n = len(last.messages)
+    if len(messages) < n + 1 or tuple(messages[:n]) != last.messages:
+        return None
+    reply = messages[n]
+    if reply.get("role") != "assistant" or reply.get("content") != last.text:
+        return None
+    return list(messages[n + 1:])

@@ -1,0 +1,44 @@
+"""``TruncatedThinkingContext``: full history kept, old ``<think>`` blocks trimmed in prompts."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from ludic_lab.context.full_dialog import FullDialog
+from ludic_lab.types import Message
+
+DEFAULT_PLACEHOLDER = "[thoughts truncated]"
+
+_THINK = re.compile(r"(<think>)(.*?)(</think>)", flags=re.DOTALL | re.IGNORECASE)
+
+
+def truncate_thinking(text: str, placeholder: str = DEFAULT_PLACEHOLDER) -> str:
+    """Replace the content of every closed ``<think>...</think>`` block with ``placeholder``.
+
+    Tags are kept; an unclosed ``<think>`` (a completion cut mid-thought) is left as is.
+    """
+    return _THINK.sub(lambda m: f"{m.group(1)}{placeholder}{m.group(3)}", text)
+
+
+class TruncatedThinkingContext(FullDialog):
+    """Like :class:`FullDialog`, but prompts show previous replies' reasoning as a placeholder.
+
+    ``messages`` keeps every reply verbatim; only the list returned by ``on_before_act`` is
+    rewritten. Because the prompt then no longer extends the previous one, the agent
+    re-renders it (``TokenTrace.prompt_source == "retokenized"``) whenever a previous reply
+    had a ``<think>`` block.
+    """
+
+    def __init__(self, system_prompt: Optional[str] = None, *, placeholder: str = DEFAULT_PLACEHOLDER) -> None:
+        super().__init__(system_prompt)
+        self.placeholder = placeholder
+
+    def on_before_act(self) -> list[Message]:
+        out: list[Message] = []
+        for m in self._messages:
+            m = dict(m)
+            if m.get("role") == "assistant" and isinstance(m.get("content"), str):
+                m["content"] = truncate_thinking(m["content"], self.placeholder)
+            out.append(m)
+        return out

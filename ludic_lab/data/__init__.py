@@ -1,0 +1,95 @@
+"""Offline task data shipped with ludic_lab, and converters from task generators.
+
+``math_word_problems.jsonl`` (made by ``scripts/make_math_dataset.py``) holds 400 small
+templated word problems (320 train / 80 test) with ``question`` and ``answer`` (a number as
+a string), ready for :class:`~ludic_lab.envs.DatasetQAEnv`. No network is ever needed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+DATA_DIR = Path(__file__).resolve().parent
+MATH_WORD_PROBLEMS_PATH = DATA_DIR / "math_word_problems.jsonl"
+"""Path of the shipped math word-problem dataset (JSONL)."""
+
+Split = Literal["train", "test", "all"]
+
+
+def load_math_word_problems(split: Split = "train") -> list[dict[str, Any]]:
+    """The shipped word problems of ``split`` (``"train"``, ``"test"`` or ``"all"``) as dicts.
+
+    Each dict has ``id``, ``question``, ``answer`` (str), ``split``, ``op``, ``a``, ``b``;
+    order is the file's, so the result is the same on every call.
+    """
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+    if not MATH_WORD_PROBLEMS_PATH.is_file():
+        raise FileNotFoundError(
+            f"{MATH_WORD_PROBLEMS_PATH} is missing; regenerate it with `python scripts/make_math_dataset.py`"
+        )
+    with MATH_WORD_PROBLEMS_PATH.open(encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return rows if split == "all" else [r for r in rows if r["split"] == split]
+
+
+def _reasoning_gym():
+    try:
+        import reasoning_gym
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError("reasoning-gym is not installed: pip install 'ludic_lab[tasks]' (or reasoning-gym)") from e
+    return reasoning_gym
+
+
+def _json_safe(x: Any) -> Any:
+    """``x`` as plain JSON data (tuples become lists, unknown objects their ``str``)."""
+    return json.loads(json.dumps(x, default=str))
+
+
+def reasoning_gym_dataset(name: str, size: int = 100, seed: int = 0, **config: Any) -> list[dict[str, Any]]:
+    """``size`` problems of the reasoning-gym task ``name`` (e.g. ``"basic_arithmetic"``,
+    ``"gsm_symbolic"``) as dicts with ``id``, ``question``, ``answer`` (str), ``source`` and
+    JSON-safe ``metadata``; generated offline, deterministic in ``seed``. ``config`` goes to
+    ``reasoning_gym.create_dataset``."""
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    ds = _reasoning_gym().create_dataset(name, size=size, seed=seed, **config)
+    return [
+        {
+            "id": f"{name}-{seed}-{i}",
+            "question": str(e["question"]),
+            "answer": str(e["answer"]),
+            "source": name,
+            "metadata": _json_safe(e.get("metadata", {})),
+        }
+        for i, e in enumerate(ds)
+    ]
+
+
+def reasoning_gym_verifier(name: str, *, threshold: float = 1.0, **config: Any) -> Callable[[str, str], bool]:
+    """A ``(prediction, target) -> bool`` verifier using task ``name``'s own ``score_answer``.
+
+    Correct means score >= ``threshold``. Only the target answer is passed to the scorer, so
+    this suits tasks scored from the answer alone (the arithmetic ones, ``gsm_symbolic``, ...).
+    """
+    ds = _reasoning_gym().create_dataset(name, size=1, seed=0, **config)
+
+    def verify(prediction: str, target: str) -> bool:
+        try:
+            return float(ds.score_answer(prediction, {"answer": str(target), "metadata": {}})) >= threshold
+        except Exception:  # noqa: BLE001 - a scorer that chokes on model text means "wrong"
+            return False
+
+    verify.__name__ = f"reasoning_gym_verifier_{name}"
+    return verify
+
+
+__all__ = [
+    "DATA_DIR",
+    "MATH_WORD_PROBLEMS_PATH",
+    "load_math_word_problems",
+    "reasoning_gym_dataset",
+    "reasoning_gym_verifier",
+]

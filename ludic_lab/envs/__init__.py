@@ -1,0 +1,26 @@
+"""Environments (layer 2): the :class:`LudicEnv` kernel, :class:`SingleAgentEnv`, shipped envs
+(:class:`DatasetQAEnv`, :class:`TicTacToeEnv`, :class:`TicTacToeMultiAgentEnv`), answer
+verifiers and the :func:`check_env` conformance checker."""
+
+from ludic_lab.envs.checker import EnvCheckError, EnvCheckReport, check_env
+from ludic_lab.envs.dataset_qa_env import DatasetQAEnv
+from ludic_lab.envs.env import LudicEnv
+from ludic_lab.envs.single_agent_env import SingleAgentEnv
+from ludic_lab.envs.tic_tac_toe import TicTacToeEnv, TicTacToeGame, TicTacToeMultiAgentEnv, TicTacToeRewards
+from ludic_lab.envs.verifiers import Verifier, exact_match, numeric_match
+
+__all__ = [
+    "LudicEnv",
+    "SingleAgentEnv",
+    "DatasetQAEnv",
+    "TicTacToeEnv",
+    "TicTacToeMultiAgentEnv",
+    "TicTacToeGame",
+    "TicTacToeRewards",
+    "check_env",
+    "EnvCheckError",
+    "EnvCheckReport",
+    "Verifier",
+    "numeric_match",
+    "exact_match",
+]

@@ -1,0 +1,306 @@
+"""``check_env``: a conformance checker for :class:`LudicEnv` s, in the spirit of Gymnasium's.
+
+It resets, probes and plays one episode, and raises :class:`EnvCheckError` naming the first
+rule broken. Rules (the ``rule`` attribute of the error):
+
+- ``agent_ids``: a non-empty list of distinct ids.
+- ``sysprompt``: ``suggested_sysprompt`` (property or method) gives ``str`` or ``None``.
+- ``reset_agents``: ``reset`` returns a dict with exactly the ids in ``agent_ids``.
+- ``reset_types``: each value is ``(str obs, dict info)``.
+- ``info_json``: every info dict (reset and step) is JSON-serialisable.
+- ``active_agents``: ``active_agents`` is a subset of ``agent_ids``, non-empty after reset,
+  and never holds an agent whose episode already ended.
+- ``current_obs``: ``env_current_obs()`` (SingleAgentEnv) or ``current_obs(agent_id)``
+  (multi-agent envs that define it) equals the reset obs and each step's outcome obs.
+- ``determinism``: the same seed gives the same reset observations and infos.
+- ``step_rejects_wrong_keys``: ``step`` raises when the keys are not exactly the active agents.
+- ``step_accepts_any_text``: ``step`` does not raise on arbitrary text (empty, unicode,
+  huge): an env receives raw model output and must answer with a (penalised) outcome.
+- ``outcome_keys``: ``step`` returns a dict covering every agent that acted, within ``agent_ids``.
+- ``outcome_types``: each value is a ``StepOutcome`` with str obs, finite real reward,
+  bool ``terminated``/``truncated`` and dict info.
+- ``episode_ends``: the episode ends within ``max_steps`` steps.
+- ``step_raised``: ``step`` raised on a well-formed call while playing the episode.
+- ``replay_determinism``: replaying the same actions from the same seed gives the same outcomes.
+
+With ``seed=None`` the two determinism rules are skipped (an env may legitimately vary).
+
+Actions come from ``actions`` (a list of strings, or ``(agent_id, obs, rng) -> str``), else
+from the env's optional ``sample_action(agent_id, rng)`` hook, else from a pool of plain and
+garbage strings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+from ludic_lab.envs.env import LudicEnv
+from ludic_lab.envs.single_agent_env import SingleAgentEnv
+from ludic_lab.types import StepOutcome
+
+ActionFn = Callable[[Any, str, random.Random], str]
+
+GARBAGE_ACTIONS: tuple[str, ...] = (
+    "",
+    "   ",
+    "0",
+    "42",
+    "A1",
+    "hello world",
+    "<answer>7</answer>",
+    "<move>B2",
+    "\u00e9\u00e8\u00ea \U0001f600 \u4e2d\u6587 \u200b",
+    "\x00\x01\x02",
+    "x" * 20_000,
+)
+
+
+class EnvCheckError(AssertionError):
+    """An environment broke a rule of the :class:`LudicEnv` contract; ``rule`` names it."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
+
+
+@dataclass(frozen=True)
+class EnvCheckReport:
+    """What :func:`check_env` saw when every rule passed."""
+
+    env: str
+    agent_ids: tuple[str, ...]
+    seed: Optional[int]
+    num_steps: int
+    """Steps of the played episode."""
+    returns: dict[str, float]
+    """Sum of rewards per agent over the played episode."""
+    rules: tuple[str, ...]
+    """Rules that were checked."""
+
+    def __str__(self) -> str:
+        ret = ", ".join(f"{a}={r:g}" for a, r in self.returns.items())
+        return f"{self.env}: OK ({len(self.rules)} rules, {self.num_steps} steps, returns {ret})"
+
+
+def _fail(rule: str, message: str) -> None:
+    raise EnvCheckError(rule, message)
+
+
+def _sysprompt(env: LudicEnv, agent_id: Any) -> Any:
+    sp = env.suggested_sysprompt  # a property on SingleAgentEnv, a method on LudicEnv
+    return sp(agent_id) if callable(sp) else sp
+
+
+def _check_json(info: Any, where: str) -> None:
+    try:
+        json.dumps(info, allow_nan=True)
+    except (TypeError, ValueError) as e:
+        _fail("info_json", f"{where}: info is not JSON-serialisable ({e}); keep info to str/number/bool/list/dict")
+
+
+def _check_outcome(agent: Any, out: Any, where: str) -> None:
+    if not isinstance(out, StepOutcome):
+        _fail("outcome_types", f"{where}: outcome for {agent!r} is a {type(out).__name__}, expected StepOutcome")
+    if not isinstance(out.obs, str):
+        _fail("outcome_types", f"{where}: obs for {agent!r} is a {type(out.obs).__name__}, expected str")
+    r = out.reward
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+        _fail("outcome_types", f"{where}: reward for {agent!r} is {r!r}; expected a finite float")
+    for flag in ("terminated", "truncated"):
+        if not isinstance(getattr(out, flag), bool):
+            _fail("outcome_types", f"{where}: {flag} for {agent!r} is {getattr(out, flag)!r}; expected a bool")
+    if not isinstance(out.info, dict):
+        _fail("outcome_types", f"{where}: info for {agent!r} is a {type(out.info).__name__}, expected dict")
+    _check_json(out.info, f"{where} ({agent!r})")
+
+
+def _signature(outcomes: Mapping[Any, StepOutcome]) -> list[tuple]:
+    return sorted(
+        (repr(a), o.obs, float(o.reward), o.terminated, o.truncated, json.dumps(o.info, sort_keys=True, default=repr))
+        for a, o in outcomes.items()
+    )
+
+
+def _active(env: LudicEnv, where: str, ids: set) -> list:
+    active = list(env.active_agents)
+    if not set(active) <= ids:
+        _fail("active_agents", f"{where}: active_agents {active} holds ids not in agent_ids {sorted(map(repr, ids))}")
+    return active
+
+
+def _step(env: LudicEnv, acts: dict, where: str) -> Any:
+    try:
+        return env.step(acts)
+    except Exception as e:  # noqa: BLE001 - reported as a rule failure
+        _fail("step_raised", f"{where}: step({ {a: f'{v!r:.40}' for a, v in acts.items()} }) raised {type(e).__name__}: {e}")
+
+
+def _reset(env: LudicEnv, seed: Optional[int], ids: set) -> dict:
+    res = env.reset(seed=seed)
+    if not isinstance(res, dict) or set(res) != ids:
+        got = sorted(map(repr, res)) if isinstance(res, dict) else type(res).__name__
+        _fail("reset_agents", f"reset must return {{agent_id: (obs, info)}} for every agent id {sorted(map(repr, ids))}; got {got}")
+    for a, v in res.items():
+        if not (isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], dict)):
+            _fail("reset_types", f"reset()[{a!r}] must be (str obs, dict info); got {v!r:.200}")
+        _check_json(v[1], f"reset()[{a!r}]")
+    return res
+
+
+def check_env(
+    env: LudicEnv,
+    *,
+    seed: Optional[int] = 0,
+    actions: Union[None, Sequence[str], ActionFn] = None,
+    max_steps: int = 1000,
+    garbage_probe: bool = True,
+    check_replay: bool = True,
+) -> EnvCheckReport:
+    """Check ``env`` against the :class:`LudicEnv` contract; raise :class:`EnvCheckError` on the first broken rule.
+
+    Plays one episode from ``seed`` with ``actions`` (see the module docstring) for at most
+    ``max_steps`` steps. Leaves the env reset-able but mid-episode state is not restored.
+    """
+    name = type(env).__name__
+    rules: list[str] = []
+
+    ids_list = list(env.agent_ids)
+    if not ids_list or len(set(ids_list)) != len(ids_list):
+        _fail("agent_ids", f"agent_ids must be a non-empty list of distinct ids, got {ids_list!r}")
+    ids = set(ids_list)
+    rules.append("agent_ids")
+
+    for a in ids_list:
+        sp = _sysprompt(env, a)
+        if sp is not None and not isinstance(sp, str):
+            _fail("sysprompt", f"suggested_sysprompt for {a!r} must be str or None, got {type(sp).__name__}")
+    rules.append("sysprompt")
+
+    first = _reset(env, seed, ids)
+    rules += ["reset_agents", "reset_types", "info_json"]
+
+    def check_current_obs(expected: Mapping[Any, str], where: str) -> None:
+        if isinstance(env, SingleAgentEnv):
+            got = env.env_current_obs()
+            if got != expected[env.agent_id]:
+                _fail("current_obs", f"{where}: env_current_obs() returned {got!r:.120}, expected {expected[env.agent_id]!r:.120}")
+        elif callable(getattr(env, "current_obs", None)):
+            for a, obs in expected.items():
+                got = env.current_obs(a)  # type: ignore[attr-defined]
+                if got != obs:
+                    _fail("current_obs", f"{where}: current_obs({a!r}) returned {got!r:.120}, expected {obs!r:.120}")
+
+    if not _active(env, "after reset", ids):
+        _fail("active_agents", "no agent is active right after reset; at least one must act")
+    check_current_obs({a: v[0] for a, v in first.items()}, "after reset")
+
+    second = _reset(env, seed, ids)
+    for a in ids_list if seed is not None else ():
+        if second[a][0] != first[a][0]:
+            _fail("determinism", f"reset(seed={seed}) gave different observations for {a!r}: {first[a][0]!r:.120} vs {second[a][0]!r:.120}")
+        if json.dumps(second[a][1], sort_keys=True) != json.dumps(first[a][1], sort_keys=True):
+            _fail("determinism", f"reset(seed={seed}) gave different infos for {a!r}: {first[a][1]} vs {second[a][1]}")
+    if seed is not None:
+        rules.append("determinism")
+
+    # -- wrong keys must be refused ---------------------------------------------------------
+    active = _active(env, "after reset", ids)
+    bogus = "__check_env_not_an_agent__"
+    probes: list[tuple[str, dict]] = [
+        ("an extra unknown agent", {**{a: "A1" for a in active}, bogus: "A1"}),
+        ("no actions at all", {}),
+    ]
+    inactive = [a for a in ids_list if a not in active]
+    if inactive:
+        probes.append((f"inactive agent {inactive[0]!r} instead of the active ones", {inactive[0]: "A1"}))
+    for what, acts in probes:
+        _reset(env, seed, ids)
+        try:
+            env.step(acts)
+        except Exception:  # noqa: BLE001 - any error is the expected refusal
+            continue
+        _fail("step_rejects_wrong_keys", f"step accepted {what} (keys {sorted(map(repr, acts))}); it must raise unless the keys are exactly active_agents")
+    rules.append("step_rejects_wrong_keys")
+
+    # -- arbitrary text must not crash the env ---------------------------------------------------
+    if garbage_probe:
+        for g in GARBAGE_ACTIONS:
+            _reset(env, seed, ids)
+            acts = {a: g for a in _active(env, "after reset", ids)}
+            try:
+                outs = env.step(acts)
+            except Exception as e:  # noqa: BLE001 - reported as a rule failure
+                _fail("step_accepts_any_text", f"step raised {type(e).__name__}: {e} on action {g!r:.60}; return a penalised outcome instead")
+            if isinstance(outs, dict):
+                for a, o in outs.items():
+                    _check_outcome(a, o, f"step with action {g!r:.40}")
+        rules.append("step_accepts_any_text")
+
+    # -- play one episode --------------------------------------------------------------------
+    rng = random.Random(seed)
+    seq = list(actions) if isinstance(actions, Sequence) and not isinstance(actions, str) else None
+    sampler = getattr(env, "sample_action", None)
+
+    def choose(agent: Any, obs: str, t: int) -> str:
+        if callable(actions):
+            return actions(agent, obs, rng)
+        if seq is not None and t < len(seq):
+            return seq[t]
+        if callable(sampler):
+            return sampler(agent, rng)
+        return rng.choice(GARBAGE_ACTIONS)
+
+    start = _reset(env, seed, ids)
+    obs = {a: v[0] for a, v in start.items()}
+    returns = {repr(a) if not isinstance(a, str) else a: 0.0 for a in ids_list}
+    done: set = set()
+    played: list[dict] = []
+    trace: list[list[tuple]] = []
+    steps = 0
+    while steps < max_steps:
+        active = _active(env, f"step {steps}", ids)
+        if done & set(active):
+            _fail("active_agents", f"step {steps}: {sorted(map(repr, done & set(active)))} still active after their episode ended")
+        if not active:
+            break
+        acts = {a: choose(a, obs[a], steps) for a in active}
+        where = f"step {steps}"
+        outs = _step(env, acts, where)
+        if not isinstance(outs, dict):
+            _fail("outcome_keys", f"{where}: step returned a {type(outs).__name__}, expected {{agent_id: StepOutcome}}")
+        if not set(acts) <= set(outs) or not set(outs) <= ids:
+            _fail("outcome_keys", f"{where}: step got actions for {sorted(map(repr, acts))} but returned outcomes for {sorted(map(repr, outs))}")
+        for a, o in outs.items():
+            _check_outcome(a, o, where)
+            obs[a] = o.obs
+            returns[a if isinstance(a, str) else repr(a)] += float(o.reward)
+            if o.terminated or o.truncated:
+                done.add(a)
+        check_current_obs({a: o.obs for a, o in outs.items()}, where)
+        still = set(_active(env, where, ids)) & done
+        if still:
+            _fail("active_agents", f"{where}: {sorted(map(repr, still))} ended (terminated/truncated) but are still in active_agents")
+        played.append(acts)
+        trace.append(_signature(outs))
+        steps += 1
+    else:
+        if _active(env, f"step {steps}", ids):
+            _fail("episode_ends", f"the episode did not end within max_steps={max_steps}; pass a larger max_steps if that is expected")
+    rules += ["outcome_keys", "outcome_types", "current_obs", "active_agents", "step_raised", "episode_ends"]
+
+    if check_replay and seed is not None:
+        _reset(env, seed, ids)
+        for t, acts in enumerate(played):
+            sig = _signature(_step(env, acts, f"replay step {t}"))
+            if sig != trace[t]:
+                _fail("replay_determinism", f"replaying the same actions from seed={seed} gave a different outcome at step {t}: {sig!r:.200} vs {trace[t]!r:.200}")
+        rules.append("replay_determinism")
+
+    return EnvCheckReport(env=name, agent_ids=tuple(map(str, ids_list)), seed=seed, num_steps=steps, returns=returns, rules=tuple(rules))
+
+
+__all__ = ["check_env", "EnvCheckError", "EnvCheckReport", "GARBAGE_ACTIONS"]

@@ -1,0 +1,53 @@
+"""``LudicEnv``: the multi-agent environment kernel.
+
+An environment is a pure state machine with rewards: it knows nothing of prompts,
+tokenizers or models. Each call to :meth:`step` takes one action per *active* agent and
+returns one :class:`~ludic_lab.types.StepOutcome` per agent that acted (and may also report
+outcomes for agents whose episode ended because of another agent's move).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Generic, Mapping, Optional, TypeVar
+
+from ludic_lab.types import Info, StepOutcome
+
+AgentIDT = TypeVar("AgentIDT")
+ObsT = TypeVar("ObsT")
+ActionT = TypeVar("ActionT")
+
+
+class LudicEnv(ABC, Generic[AgentIDT, ObsT, ActionT]):
+    """Abstract multi-agent environment.
+
+    Contract: ``reset(seed)`` starts an episode and returns ``{agent_id: (obs, info)}`` for
+    every agent in ``agent_ids``; ``step(actions)`` requires exactly the agents in
+    ``active_agents`` as keys and returns ``{agent_id: StepOutcome}``. After an outcome with
+    ``terminated`` or ``truncated`` for an agent, that agent is no longer active.
+    """
+
+    @property
+    @abstractmethod
+    def agent_ids(self) -> list[AgentIDT]:
+        """All agent roles of this environment."""
+
+    @property
+    @abstractmethod
+    def active_agents(self) -> list[AgentIDT]:
+        """Agents expected to act in the next :meth:`step` (empty when the episode is over)."""
+
+    @abstractmethod
+    def reset(self, seed: Optional[int] = None) -> dict[AgentIDT, tuple[ObsT, Info]]:
+        """Start a new episode; the same seed gives the same episode."""
+
+    @abstractmethod
+    def step(self, actions: Mapping[AgentIDT, ActionT]) -> dict[AgentIDT, StepOutcome]:
+        """Apply one action per active agent."""
+
+    def suggested_sysprompt(self, agent_id: Optional[AgentIDT] = None) -> Optional[str]:
+        """A system prompt the env's author recommends for ``agent_id`` (or ``None``)."""
+        return None
+
+    def close(self) -> None:
+        """Release resources (subprocesses, files). Safe to call twice."""

@@ -1,0 +1,97 @@
+"""``ChatTemplate``: render messages to token ids, and extend a conversation token-exactly.
+
+Multi-turn RL must score the tokens the model actually saw. After a turn, the next prompt is
+``prev_prompt_ids + completion_ids + continuation_ids(new_messages)``: only the new messages
+(and the template's glue between turns) are tokenized, never the history again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from ludic_lab.types import Message
+
+_SENTINEL = "\u2063LUDIC_SENTINEL\u2063"
+
+
+class ChatTemplate:
+    """Wraps a Hugging Face tokenizer with a chat template.
+
+    ``stop_token_ids`` are the ids that end an assistant turn (EOS and, for ChatML,
+    ``<|im_end|>``).
+    """
+
+    def __init__(self, tokenizer: Any, stop_token_ids: Optional[Sequence[int]] = None) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                "the tokenizer has no chat_template; set tokenizer.chat_template (e.g. ChatML) first"
+            )
+        self.tokenizer = tokenizer
+        ids = set(stop_token_ids or ())
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
+        if im_end is not None and im_end != tokenizer.unk_token_id:
+            ids.add(int(im_end))
+        self.stop_token_ids: frozenset[int] = frozenset(ids)
+
+    # -- rendering --------------------------------------------------------------------
+    def render_text(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Optional[Sequence[dict]] = None,
+    ) -> str:
+        kw: dict[str, Any] = {}
+        if tools:
+            kw["tools"] = list(tools)
+        return self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **kw
+        )
+
+    def encode_text(self, text: str) -> list[int]:
+        """Tokenize template output (special tokens in the text are honoured, none added)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def render_ids(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Optional[Sequence[dict]] = None,
+    ) -> list[int]:
+        """Token ids of ``messages`` rendered by the chat template (a fresh prompt)."""
+        return self.encode_text(self.render_text(messages, add_generation_prompt=add_generation_prompt, tools=tools))
+
+    # -- extending ----------------------------------------------------------------------
+    def continuation_ids(
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        *,
+        completion_ended_with_stop: bool,
+        tools: Optional[Sequence[dict]] = None,
+    ) -> list[int]:
+        """Ids to append after an assistant completion so the prompt now ends with
+        ``new_messages`` and the generation prompt.
+
+        ``history`` is the conversation up to and excluding the assistant turn just sampled.
+        If the completion already ended with a stop token (``<|im_end|>``), the template's
+        end-of-turn token is not repeated; if it was cut at ``max_tokens`` it is added, so the
+        next prompt is well-formed either way.
+        """
+        msgs = [*history, {"role": "assistant", "content": _SENTINEL}, *new_messages]
+        full = self.render_text(msgs, add_generation_prompt=True, tools=tools)
+        pos = full.rfind(_SENTINEL)
+        if pos < 0:
+            raise ValueError("chat template dropped the assistant content; cannot extend token-exactly")
+        suffix = full[pos + len(_SENTINEL):]
+        ids = self.encode_text(suffix)
+        if completion_ended_with_stop and ids and ids[0] in self.stop_token_ids:
+            ids = ids[1:]
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens skipped (what ``ChatResponse.text`` holds)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -1,0 +1,347 @@
+"""``LocalChatClient``: an in-process transformers model behind the async ``ChatClient`` API.
+
+This is the embedded default backend. Requests from many concurrent episodes are gathered
+and generated as one left-padded batch with a KV cache (that is what makes CPU rollouts
+usable); finished rows leave the batch early. Each response carries the prompt ids, the
+sampled ids and the behaviour logprob of every sampled token (see
+:mod:`ludic_lab.inference.sampling`). ``sync_weights`` copies new weights in place between
+batches (never mid-forward) and bumps the policy version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from ludic_lab.inference.chat_template import ChatTemplate
+from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
+from ludic_lab.inference.sampling import sample_rows
+from ludic_lab.types import ChatResponse
+
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+@dataclass
+class _Pending:
+    request: ChatCompletionRequest
+    future: "asyncio.Future[tuple[ChatResponse, dict[str, Any]]]"
+
+
+class _LoopBatcher:
+    """Per-event-loop queue: gathers concurrent requests and runs them as one batch."""
+
+    def __init__(self, client: "LocalChatClient") -> None:
+        self.client = client
+        self.pending: list[_Pending] = []
+        self.worker: Optional[asyncio.Task] = None
+
+    def submit(self, req: ChatCompletionRequest) -> "asyncio.Future[tuple[ChatResponse, dict[str, Any]]]":
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        self.pending.append(_Pending(req, fut))
+        if self.worker is None or self.worker.done():
+            self.worker = loop.create_task(self._run())
+        return fut
+
+    async def _run(self) -> None:
+        while self.pending:
+            # let every coroutine that is about to submit do so before the batch is cut
+            for _ in range(self.client.gather_ticks):
+                await asyncio.sleep(0)
+            if self.client.batch_wait_s > 0:
+                await asyncio.sleep(self.client.batch_wait_s)
+            batch = [p for p in self.pending[: self.client.max_batch_size] if not p.future.done()]
+            del self.pending[: self.client.max_batch_size]
+            if not batch:
+                continue
+            try:
+                results = await asyncio.to_thread(self.client.generate_batch, [p.request for p in batch])
+            except BaseException as e:  # noqa: BLE001 - delivered to every waiter
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
+                if not isinstance(e, Exception):
+                    raise
+                continue
+            for p, r in zip(batch, results):
+                if not p.future.done():
+                    p.future.set_result(r)
+
+
+class LocalChatClient:
+    """In-process ``ChatClient`` over a Hugging Face causal LM.
+
+    ``model`` is a local model directory (e.g. :func:`~ludic_lab.inference.models.default_model_path`)
+    or an already-built ``PreTrainedModel`` (then pass ``tokenizer`` too — the trainer can
+    share its model object with the sampler this way). ``max_batch_size`` caps one batch;
+    ``batch_wait_s`` is how long the first request of a batch waits for company.
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        tokenizer: Any = None,
+        device: str = "cpu",
+        dtype: torch.dtype | str = torch.float32,
+        model_name: str = "local",
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.0,
+        gather_ticks: int = 4,
+        policy_version: int = 0,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        if model is None or isinstance(model, str) or hasattr(model, "__fspath__"):
+            from ludic_lab.inference.models import resolve_model
+
+            path = resolve_model(None if model is None else str(model))
+            self.model_path: Optional[str] = path
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+        else:
+            self.model_path = getattr(getattr(model, "config", None), "_name_or_path", None)
+            if tokenizer is None:
+                raise ValueError("LocalChatClient(model=<nn.Module>) needs tokenizer= as well")
+        self.model = model.to(device)
+        self.model.eval()
+        self.tokenizer = tokenizer
+        self.chat_template = ChatTemplate(tokenizer)
+        self.device = torch.device(device)
+        self.model_name = model_name
+        self.max_batch_size = int(max_batch_size)
+        self.batch_wait_s = float(batch_wait_s)
+        self.gather_ticks = int(gather_ticks)
+        self.policy_version = int(policy_version)
+        self._lock = threading.RLock()  # held while generating and while loading weights
+        self._batchers: dict[int, _LoopBatcher] = {}
+        pad = tokenizer.pad_token_id
+        self.pad_token_id: int = int(pad if pad is not None else tokenizer.eos_token_id)
+        self._global_rng = torch.Generator().manual_seed(int(time.time_ns()) % (2**63))
+
+    # -- ChatClient API ------------------------------------------------------------------
+    async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
+        """Generate one completion; concurrent calls on the same loop share a batch."""
+        loop = asyncio.get_running_loop()
+        batcher = self._batchers.get(id(loop))
+        if batcher is None:
+            batcher = self._batchers[id(loop)] = _LoopBatcher(self)
+        return await batcher.submit(request)
+
+    def complete_sync(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
+        """Blocking single request (no batching across callers)."""
+        return self.generate_batch([request])[0]
+
+    async def get_policy_version(self) -> int:
+        return self.policy_version
+
+    def sync_weights(
+        self,
+        params: Mapping[str, Any],
+        *,
+        timeout_s: float = 600.0,
+        version: Optional[str | int] = None,
+    ) -> str:
+        """Copy ``params`` (a full or partial state dict) into the model in place.
+
+        Every name must exist in the model with the same shape (a mismatch is an error that
+        names it, and nothing is loaded); dtypes are cast. Waits for the running batch to
+        finish (at most ``timeout_s``), then bumps the policy version (to ``version`` if
+        given). Returns the new version as a string.
+        """
+        own = self.model.state_dict()
+        unknown = [k for k in params if k not in own]
+        if unknown:
+            raise KeyError(f"sync_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}")
+        bad = [(k, tuple(params[k].shape), tuple(own[k].shape)) for k in params if tuple(params[k].shape) != tuple(own[k].shape)]
+        if bad:
+            raise ValueError(f"sync_weights: shape mismatch for {bad[:3]} (got, expected)")
+        if not self._lock.acquire(timeout=timeout_s):
+            raise TimeoutError(f"sync_weights: generation did not yield within {timeout_s}s")
+        try:
+            with torch.no_grad():
+                for k, v in params.items():
+                    own[k].copy_(v.detach().to(device=own[k].device, dtype=own[k].dtype))
+            self.policy_version = int(version) if version is not None else self.policy_version + 1
+        finally:
+            self._lock.release()
+        return str(self.policy_version)
+
+    # -- generation ------------------------------------------------------------------------
+    def prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
+        """The exact prompt ids for ``request`` (its own ids, or the chat template's render)."""
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        tools = request.tools.tools if request.tools is not None else None
+        return self.chat_template.render_ids(request.messages, add_generation_prompt=True, tools=tools)
+
+    def _generator(self, cfg: SamplingConfig) -> torch.Generator:
+        g = torch.Generator()
+        if cfg.seed is not None:
+            g.manual_seed(int(cfg.seed) & 0x7FFF_FFFF_FFFF_FFFF)
+        else:
+            g.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self._global_rng)))
+        return g
+
+    @torch.no_grad()
+    def generate_batch(self, requests: Sequence[ChatCompletionRequest]) -> list[tuple[ChatResponse, dict[str, Any]]]:
+        """Generate all ``requests`` as one batch (blocking); the core of :meth:`complete`."""
+        from transformers import DynamicCache
+
+        with self._lock:
+            t0 = time.perf_counter()
+            version = self.policy_version
+            prompts = [self.prompt_ids(r) for r in requests]
+            for i, p in enumerate(prompts):
+                if not p:
+                    raise ValueError(f"request {i}: empty prompt")
+            cfgs = [r.sampling for r in requests]
+            gens = [self._generator(c) for c in cfgs]
+            k_top = max((r.return_.top_logprobs_k for r in requests), default=0)
+            stop_ids = self.chat_template.stop_token_ids
+            B = len(requests)
+            L = max(len(p) for p in prompts)
+            input_ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
+            attn = torch.zeros((B, L), dtype=torch.long)
+            for b, p in enumerate(prompts):
+                input_ids[b, L - len(p):] = torch.tensor(p, dtype=torch.long)
+                attn[b, L - len(p):] = 1
+            input_ids, attn = input_ids.to(self.device), attn.to(self.device)
+            pos = (attn.cumsum(-1) - 1).clamp(min=0)
+            need_counts = any(c.frequency_penalty or c.presence_penalty for c in cfgs)
+            V = self.model.get_output_embeddings().weight.shape[0]
+            counts = torch.zeros((B, V), dtype=torch.float32) if need_counts else None
+
+            out_ids: list[list[int]] = [[] for _ in range(B)]
+            out_lps: list[list[float]] = [[] for _ in range(B)]
+            out_top: list[list[dict[int, float]]] = [[] for _ in range(B)]
+            finish: list[Optional[str]] = [None] * B
+            stop_cut: list[Optional[int]] = [None] * B  # text cut position for stop strings
+            alive = list(range(B))  # original row index of each current batch row
+            cache = DynamicCache()
+            step_ids, step_pos, step_attn = input_ids, pos, attn
+            max_steps = max(c.max_tokens for c in cfgs)
+            for t in range(max_steps):
+                out = self.model(
+                    input_ids=step_ids,
+                    attention_mask=step_attn,
+                    position_ids=step_pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                cache = out.past_key_values
+                logits = out.logits[:, -1, :].float().cpu()
+                toks, lps, top = sample_rows(
+                    logits,
+                    [cfgs[i] for i in alive],
+                    [gens[i] for i in alive],
+                    None if counts is None else counts[alive],
+                    k_top,
+                )
+                keep: list[int] = []
+                for j, i in enumerate(alive):
+                    tok = int(toks[j])
+                    out_ids[i].append(tok)
+                    out_lps[i].append(float(lps[j]))
+                    if top is not None and requests[i].return_.top_logprobs_k > 0:
+                        kk = requests[i].return_.top_logprobs_k
+                        out_top[i].append({int(a): float(v) for a, v in zip(top[0][j, :kk], top[1][j, :kk])})
+                    if counts is not None:
+                        counts[i, tok] += 1
+                    if tok in stop_ids:
+                        finish[i] = "stop"
+                    elif cfgs[i].stop and self._hit_stop_string(out_ids[i], cfgs[i].stop, i, stop_cut):
+                        finish[i] = "stop"
+                    elif len(out_ids[i]) >= cfgs[i].max_tokens:
+                        finish[i] = "length"
+                    else:
+                        keep.append(j)
+                if not keep:
+                    break
+                next_tok = toks.to(self.device)
+                if len(keep) < len(alive):
+                    idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+                    cache.batch_select_indices(idx)
+                    next_tok = next_tok[idx]
+                    step_attn = step_attn[idx]
+                    step_pos = step_pos[idx]
+                    alive = [alive[j] for j in keep]
+                step_ids = next_tok[:, None]
+                step_attn = torch.cat([step_attn, torch.ones((len(alive), 1), dtype=step_attn.dtype, device=self.device)], dim=1)
+                step_pos = step_pos[:, -1:] + 1
+            gen_s = time.perf_counter() - t0
+
+        results = []
+        total_new = sum(len(x) for x in out_ids)
+        for i, r in enumerate(requests):
+            ids = out_ids[i]
+            text = self.chat_template.decode([x for x in ids if x not in stop_ids] if ids and ids[-1] in stop_ids else ids)
+            if stop_cut[i] is not None:
+                text = text[: stop_cut[i]]
+            tool_calls, text_out = self._tool_calls(text) if r.tools is not None else (None, text)
+            want_ids = r.return_.return_token_ids or r.return_.return_chosen_logprobs
+            resp = ChatResponse(
+                text=text_out,
+                completion_token_ids=tuple(ids) if want_ids else None,
+                prompt_token_ids=tuple(prompts[i]) if want_ids else None,
+                completion_logprobs=tuple(out_lps[i]) if r.return_.return_chosen_logprobs else None,
+                top_logprobs=tuple(out_top[i]) if r.return_.top_logprobs_k > 0 else None,
+                finish_reason=finish[i] or "length",
+                policy_version=version,
+                tool_calls=tool_calls,
+            )
+            info = {
+                "batch_size": B,
+                "generate_s": gen_s,
+                "prompt_tokens": len(prompts[i]),
+                "completion_tokens": len(ids),
+                "batch_completion_tokens": total_new,
+                "policy_version": version,
+            }
+            results.append((resp, info))
+        return results
+
+    def _hit_stop_string(self, ids: list[int], stops: Sequence[str], i: int, cut: list[Optional[int]]) -> bool:
+        text = self.chat_template.decode(ids)
+        tail_from = max(0, len(text) - max(len(s) for s in stops) - 16)
+        for s in stops:
+            k = text.find(s, tail_from)
+            if k >= 0:
+                cut[i] = k
+                return True
+        return False
+
+    @staticmethod
+    def _tool_calls(text: str) -> tuple[Optional[tuple[dict[str, Any], ...]], str]:
+        """Hermes-style ``<tool_call>{json}</tool_call>`` blocks -> OpenAI tool calls.
+
+        A block whose JSON is invalid is left in the text (the agent reports it to the model).
+        """
+        calls = []
+        for n, m in enumerate(_TOOL_CALL_RE.finditer(text)):
+            try:
+                obj = json.loads(m.group(1))
+                name, args = obj["name"], obj.get("arguments", {})
+            except (ValueError, KeyError, TypeError):
+                continue
+            calls.append(
+                {
+                    "id": f"call_{n}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+                }
+            )
+        if not calls:
+            return None, text
+        return tuple(calls), _TOOL_CALL_RE.sub("", text).strip()

@@ -1,0 +1,30 @@
+"""``InteractionProtocol``: the agent–environment loop, owned by neither."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Optional
+
+from ludic_lab.envs.env import LudicEnv
+from ludic_lab.inference.request import InferenceSpec
+from ludic_lab.types import Rollout
+
+
+class InteractionProtocol(ABC):
+    """Runs one episode of ``env`` and returns one :class:`Rollout` per trained agent.
+
+    ``env_seed`` goes to ``env.reset``; ``sampling_seed`` seeds the agent's sampling (each
+    turn derives its own seed from it, so a rollout is reproducible). ``max_steps`` bounds
+    the number of agent turns; hitting it marks the last step ``truncated``.
+    """
+
+    @abstractmethod
+    async def run(
+        self,
+        *,
+        env: LudicEnv,
+        max_steps: int,
+        env_seed: Optional[int] = None,
+        sampling_seed: Optional[int] = None,
+        inference: Optional[InferenceSpec] = None,
+    ) -> list[Rollout]: ...

