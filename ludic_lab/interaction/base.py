@@ -15,7 +15,8 @@ class InteractionProtocol(ABC):
 
     ``env_seed`` goes to ``env.reset``; ``sampling_seed`` seeds the agent's sampling (each
     turn derives its own seed from it, so a rollout is reproducible). ``max_steps`` bounds
-    the number of agent turns; hitting it marks the last step ``truncated``.
+    the number of agent turns; hitting it marks the last step ``truncated``. ``timeout_s``
+    bounds the episode; a protocol that exceeds it raises an error carrying the steps so far.
     """
 
     @abstractmethod
@@ -27,4 +28,5 @@ class InteractionProtocol(ABC):
         env_seed: Optional[int] = None,
         sampling_seed: Optional[int] = None,
         inference: Optional[InferenceSpec] = None,
+        timeout_s: Optional[float] = None,
     ) -> list[Rollout]: ...

@@ -87,7 +87,8 @@ class TraceCollector:
         """
         last = self.last(agent_id)
         if last is None:
-            self._unattached[agent_id] = self._unattached.get(agent_id, 0.0) + float(outcome.reward)
+            if outcome.reward:
+                self._unattached[agent_id] = self._unattached.get(agent_id, 0.0) + float(outcome.reward)
             return False
         record = {
             "obs": outcome.obs,

@@ -14,6 +14,7 @@ keeps it; ``meta["error_type"]``, ``meta["error_traceback"]`` and, when the exce
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 import traceback
@@ -226,7 +227,10 @@ class RolloutEngine:
         close_error: Optional[str] = None
         error: Optional[BaseException] = None
         cause: Optional[BaseException] = None
-        deadline = asyncio.timeout(timeout)
+        # the protocol gets the timeout itself (so it can stop between turns and keep the
+        # steps so far); the engine's own deadline is a slightly later backstop
+        backstop = None if timeout is None else timeout + max(1.0, 0.1 * timeout)
+        deadline = asyncio.timeout(backstop)
         try:
             protocol = self.protocol_registry[req.protocol.kind](**req.protocol.kwargs)
             env = self.env_registry[req.env.kind](**req.env.kwargs)
@@ -237,6 +241,7 @@ class RolloutEngine:
                     env_seed=ep.env_seed,
                     sampling_seed=ep.sampling_seed,
                     inference=req.inference,
+                    **({"timeout_s": timeout} if timeout is not None and _accepts_timeout(protocol) else {}),
                 )
             rollouts = _check_output(out, req.protocol.kind)
         except Exception as exc:  # noqa: BLE001 - recorded on the rollout, the batch goes on
@@ -308,6 +313,14 @@ def _check_concurrency(name: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     return v
+
+
+def _accepts_timeout(protocol: Any) -> bool:
+    try:
+        params = inspect.signature(protocol.run).parameters
+    except (TypeError, ValueError):
+        return False
+    return "timeout_s" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _check_timeout(name: str, v: Any) -> Optional[float]:
