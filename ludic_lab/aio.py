@@ -3,20 +3,36 @@
 When no event loop is running in this thread, ``asyncio.run`` is used. When one is (a
 Jupyter kernel), the coroutine runs on a dedicated background loop thread and this call
 blocks until it is done — no ``nest_asyncio`` patching of the user's loop.
+
+Nested use — sync code called by a coroutine that itself runs under ``run_sync`` calls
+``run_sync`` again — runs the inner coroutine on a fresh loop in a helper thread: handing it
+to the background loop would deadlock, since that loop is the one blocked waiting for it.
+The calling loop stays blocked meanwhile (as with any sync call inside a coroutine).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import threading
 from typing import Any, Coroutine, Optional, TypeVar
 
 T = TypeVar("T")
 
+_TIMEOUT_GRACE_S = 1.0
+"""Extra wait past ``timeout`` before giving up on a coroutine that cannot be cancelled."""
+
 _bg_loop: Optional[asyncio.AbstractEventLoop] = None
 _bg_thread: Optional[threading.Thread] = None
 _bg_lock = threading.Lock()
+_owned = threading.local()  # .flag is True on the background thread and nested helper threads
+
+
+def _serve_forever(loop: asyncio.AbstractEventLoop) -> None:
+    _owned.flag = True
+    asyncio.set_event_loop(loop)
+    loop.run_forever()
 
 
 def _background_loop() -> asyncio.AbstractEventLoop:
@@ -24,7 +40,7 @@ def _background_loop() -> asyncio.AbstractEventLoop:
     with _bg_lock:
         if _bg_loop is None or _bg_loop.is_closed():
             loop = asyncio.new_event_loop()
-            t = threading.Thread(target=loop.run_forever, name="ludic-lab-loop", daemon=True)
+            t = threading.Thread(target=_serve_forever, args=(loop,), name="ludic-lab-loop", daemon=True)
             t.start()
             _bg_loop, _bg_thread = loop, t
             atexit.register(_stop_background_loop)
@@ -47,10 +63,40 @@ def in_running_loop() -> bool:
         return False
 
 
+def _stuck(timeout: Optional[float]) -> TimeoutError:
+    return TimeoutError(
+        f"run_sync: the coroutine did not finish within {timeout:g} s and could not be cancelled "
+        "(it is blocking its event loop in sync code)"
+    )
+
+
+def _run_in_helper_thread(coro: Coroutine[Any, Any, T], timeout: Optional[float]) -> T:
+    """``asyncio.run(coro)`` in a new thread (marked as ours), blocking until it is done."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        _owned.flag = True
+        try:
+            box["result"] = asyncio.run(coro)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=target, name="ludic-lab-nested-loop", daemon=True)
+    t.start()
+    t.join(None if timeout is None else timeout + _TIMEOUT_GRACE_S)
+    if t.is_alive():
+        raise _stuck(timeout)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 def run_sync(coro: Coroutine[Any, Any, T], *, timeout: Optional[float] = None) -> T:
     """Run ``coro`` to completion and return its result (see module docstring).
 
-    ``timeout`` (seconds) cancels the coroutine and raises ``TimeoutError`` when exceeded.
+    ``timeout`` (seconds) cancels the coroutine and raises ``TimeoutError`` when exceeded;
+    if the coroutine blocks its loop in sync code so it cannot be cancelled, the caller
+    still gets ``TimeoutError`` shortly after (the stuck coroutine is left behind).
     """
     if not asyncio.iscoroutine(coro):
         raise TypeError(f"run_sync expects a coroutine, got {type(coro).__name__}")
@@ -58,9 +104,16 @@ def run_sync(coro: Coroutine[Any, Any, T], *, timeout: Optional[float] = None) -
         coro = asyncio.wait_for(coro, timeout)
     if not in_running_loop():
         return asyncio.run(coro)
+    if getattr(_owned, "flag", False):
+        return _run_in_helper_thread(coro, timeout)
     fut = asyncio.run_coroutine_threadsafe(coro, _background_loop())
     try:
-        return fut.result()
+        return fut.result(None if timeout is None else timeout + _TIMEOUT_GRACE_S)
+    except concurrent.futures.TimeoutError:
+        if fut.done():  # the coroutine's own wait_for fired
+            raise
+        fut.cancel()
+        raise _stuck(timeout) from None
     except KeyboardInterrupt:
         fut.cancel()
         raise

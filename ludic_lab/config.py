@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import types
 import typing
 from typing import Any, Literal, Optional, Sequence, TypeVar, get_args, get_origin
 
@@ -16,7 +17,7 @@ C = TypeVar("C")
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
-    if get_origin(tp) is typing.Union or str(get_origin(tp)) == "types.UnionType":
+    if get_origin(tp) in (typing.Union, types.UnionType):  # Optional[X] and X | None
         args = [a for a in get_args(tp) if a is not type(None)]
         if len(args) == 1:
             return args[0], True
@@ -33,7 +34,10 @@ def _parse_bool(s: str) -> bool:
 
 
 def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, *, prefix: str = "") -> None:
-    """Add one ``--flag`` per field of dataclass ``cls`` (defaults and help from the class)."""
+    """Add one ``--flag`` per field of dataclass ``cls`` (defaults and help from the class).
+
+    A field without a default becomes a required flag.
+    """
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
@@ -49,6 +53,9 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, *, prefix: st
         kw: dict[str, Any] = {"dest": prefix.replace("-", "_") + f.name, "default": default}
         help_text = docs.get(f.name, "")
         kw["help"] = f"{help_text} (default: {default!r})".strip()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kw["required"] = True  # a field without a default is a required flag, never a silent None
+            kw["help"] = f"{help_text} (required)".strip()
         if get_origin(tp) is Literal:
             kw["choices"] = list(get_args(tp))
             kw["type"] = type(get_args(tp)[0])

@@ -313,6 +313,8 @@ def rollouts_to_dataframe(rollouts: Sequence[Rollout], *, per: Literal["rollout"
     """A pandas DataFrame with one row per rollout (default) or per step."""
     import pandas as pd
 
+    if per not in ("rollout", "step"):
+        raise ValueError(f"per must be 'rollout' or 'step', got {per!r}")
     rows: list[dict[str, Any]] = []
     for r in rollouts:
         base = {

@@ -97,8 +97,11 @@ def test_tiny_tokenizer_is_deterministic_across_processes(tiny_model_dir):
     assert res.returncode == 0, res.stderr[-2000:]
     import hashlib
 
-    here = hashlib.sha256(M.build_tiny_tokenizer().backend_tokenizer.to_str().encode()).hexdigest()
-    assert res.stdout.strip().splitlines()[-1] == here
+    fresh = M.build_tiny_tokenizer().backend_tokenizer.to_str()
+    assert res.stdout.strip().splitlines()[-1] == hashlib.sha256(fresh.encode()).hexdigest()
+    # The cached tiny model must be what today's builder makes; if not, bump TINY_MODEL_NAME.
+    cached = json.loads((Path(tiny_model_dir) / "tokenizer.json").read_text())
+    assert cached == json.loads(fresh), "stale tiny-model cache: bump models.TINY_MODEL_NAME"
 
 
 def test_tiny_build_does_not_touch_global_rng(tmp_path):

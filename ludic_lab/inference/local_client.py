@@ -15,6 +15,7 @@ import json
 import re
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
@@ -62,8 +63,8 @@ class _LoopBatcher:
             if not batch:
                 continue
             try:
-                results = await asyncio.to_thread(self.client.generate_batch, [p.request for p in batch])
-            except BaseException as e:  # noqa: BLE001 - delivered to every waiter
+                results = await asyncio.to_thread(self.client._generate_isolated, [p.request for p in batch])
+            except BaseException as e:  # noqa: BLE001 - delivered to every waiter of this batch
                 for p in batch:
                     if not p.future.done():
                         p.future.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
@@ -71,7 +72,11 @@ class _LoopBatcher:
                     raise
                 continue
             for p, r in zip(batch, results):
-                if not p.future.done():
+                if p.future.done():
+                    continue
+                if isinstance(r, BaseException):
+                    p.future.set_exception(r)  # a bad request fails alone
+                else:
                     p.future.set_result(r)
 
 
@@ -124,7 +129,11 @@ class LocalChatClient:
         self.gather_ticks = int(gather_ticks)
         self.policy_version = int(policy_version)
         self._lock = threading.RLock()  # held while generating and while loading weights
-        self._batchers: dict[int, _LoopBatcher] = {}
+        # one batcher per event loop, dropped with its loop (ids of dead loops get reused)
+        self._batchers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBatcher]" = (
+            weakref.WeakKeyDictionary()
+        )
+        self.vocab_size: int = int(self.model.get_input_embeddings().weight.shape[0])
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad if pad is not None else tokenizer.eos_token_id)
         self._global_rng = torch.Generator().manual_seed(int(time.time_ns()) % (2**63))
@@ -133,9 +142,9 @@ class LocalChatClient:
     async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
         """Generate one completion; concurrent calls on the same loop share a batch."""
         loop = asyncio.get_running_loop()
-        batcher = self._batchers.get(id(loop))
+        batcher = self._batchers.get(loop)
         if batcher is None:
-            batcher = self._batchers[id(loop)] = _LoopBatcher(self)
+            batcher = self._batchers[loop] = _LoopBatcher(self)
         return await batcher.submit(request)
 
     def complete_sync(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
@@ -143,6 +152,7 @@ class LocalChatClient:
         return self.generate_batch([request])[0]
 
     async def get_policy_version(self) -> int:
+        """The version of the weights the next batch will be sampled with."""
         return self.policy_version
 
     def sync_weights(
@@ -159,20 +169,30 @@ class LocalChatClient:
         finish (at most ``timeout_s``), then bumps the policy version (to ``version`` if
         given). Returns the new version as a string.
         """
+        new_version: Optional[int] = None
+        if version is not None:
+            try:
+                new_version = int(version)
+            except (TypeError, ValueError):
+                raise ValueError(f"sync_weights: version must be an integer (or its string), got {version!r}") from None
         own = self.model.state_dict()
         unknown = [k for k in params if k not in own]
         if unknown:
-            raise KeyError(f"sync_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}")
-        bad = [(k, tuple(params[k].shape), tuple(own[k].shape)) for k in params if tuple(params[k].shape) != tuple(own[k].shape)]
+            raise KeyError(
+                f"sync_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}; "
+                f"names must match model.state_dict() (e.g. {next(iter(own))!r}); nothing was loaded"
+            )
+        tensors = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in params.items()}
+        bad = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in tensors.items() if tuple(v.shape) != tuple(own[k].shape)]
         if bad:
-            raise ValueError(f"sync_weights: shape mismatch for {bad[:3]} (got, expected)")
+            raise ValueError(f"sync_weights: shape mismatch for {bad[:3]} (got, expected); nothing was loaded")
         if not self._lock.acquire(timeout=timeout_s):
-            raise TimeoutError(f"sync_weights: generation did not yield within {timeout_s}s")
+            raise TimeoutError(f"sync_weights: generation did not yield within {timeout_s}s; nothing was loaded")
         try:
             with torch.no_grad():
-                for k, v in params.items():
+                for k, v in tensors.items():
                     own[k].copy_(v.detach().to(device=own[k].device, dtype=own[k].dtype))
-            self.policy_version = int(version) if version is not None else self.policy_version + 1
+            self.policy_version = new_version if new_version is not None else self.policy_version + 1
         finally:
             self._lock.release()
         return str(self.policy_version)
@@ -182,8 +202,22 @@ class LocalChatClient:
         """The exact prompt ids for ``request`` (its own ids, or the chat template's render)."""
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
-        tools = request.tools.tools if request.tools is not None else None
-        return self.chat_template.render_ids(request.messages, add_generation_prompt=True, tools=tools)
+        return self.chat_template.render_ids(request.messages, add_generation_prompt=True, tools=_tool_schemas(request))
+
+    def _checked_prompt(self, request: ChatCompletionRequest) -> list[int]:
+        ids = self.prompt_ids(request)
+        if not ids:
+            raise ValueError(
+                "empty prompt: request.prompt_token_ids is empty; pass at least one token id "
+                "(or leave it None to render request.messages)"
+            )
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}; were they made "
+                "by another model's tokenizer?"
+            )
+        return ids
 
     def _generator(self, cfg: SamplingConfig) -> torch.Generator:
         g = torch.Generator()
@@ -193,21 +227,51 @@ class LocalChatClient:
             g.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self._global_rng)))
         return g
 
-    @torch.no_grad()
     def generate_batch(self, requests: Sequence[ChatCompletionRequest]) -> list[tuple[ChatResponse, dict[str, Any]]]:
-        """Generate all ``requests`` as one batch (blocking); the core of :meth:`complete`."""
+        """Generate all ``requests`` as one batch (blocking); the core of :meth:`complete`.
+
+        A bad request (empty or out-of-vocabulary prompt ids, a template error) raises
+        ``ValueError`` naming its index before anything is generated.
+        """
+        prompts = []
+        for i, r in enumerate(requests):
+            try:
+                prompts.append(self._checked_prompt(r))
+            except Exception as e:
+                raise ValueError(f"request {i}: {e}") from e
+        return self._generate(requests, prompts)
+
+    def _generate_isolated(
+        self, requests: Sequence[ChatCompletionRequest]
+    ) -> list["tuple[ChatResponse, dict[str, Any]] | Exception"]:
+        """Like :meth:`generate_batch`, but a bad request gets its exception in its slot."""
+        out: list[Any] = [None] * len(requests)
+        good: list[int] = []
+        prompts: list[list[int]] = []
+        for i, r in enumerate(requests):
+            try:
+                prompts.append(self._checked_prompt(r))
+                good.append(i)
+            except Exception as e:  # noqa: BLE001 - delivered to that request's caller
+                out[i] = e
+        if good:
+            for i, res in zip(good, self._generate([requests[i] for i in good], prompts)):
+                out[i] = res
+        return out
+
+    @torch.no_grad()
+    def _generate(
+        self, requests: Sequence[ChatCompletionRequest], prompts: Sequence[list[int]]
+    ) -> list[tuple[ChatResponse, dict[str, Any]]]:
         from transformers import DynamicCache
 
         with self._lock:
             t0 = time.perf_counter()
             version = self.policy_version
-            prompts = [self.prompt_ids(r) for r in requests]
-            for i, p in enumerate(prompts):
-                if not p:
-                    raise ValueError(f"request {i}: empty prompt")
             cfgs = [r.sampling for r in requests]
             gens = [self._generator(c) for c in cfgs]
-            k_top = max((r.return_.top_logprobs_k for r in requests), default=0)
+            top_ks = [min(r.return_.top_logprobs_k, self.vocab_size) for r in requests]
+            k_top = max(top_ks, default=0)
             stop_ids = self.chat_template.stop_token_ids
             B = len(requests)
             L = max(len(p) for p in prompts)
@@ -227,11 +291,13 @@ class LocalChatClient:
             out_top: list[list[dict[int, float]]] = [[] for _ in range(B)]
             finish: list[Optional[str]] = [None] * B
             stop_cut: list[Optional[int]] = [None] * B  # text cut position for stop strings
+            text_len = [0] * B  # decoded length before the last token (stop-string search start)
             alive = list(range(B))  # original row index of each current batch row
+            alive_t = torch.arange(B)
             cache = DynamicCache()
             step_ids, step_pos, step_attn = input_ids, pos, attn
             max_steps = max(c.max_tokens for c in cfgs)
-            for t in range(max_steps):
+            for _ in range(max_steps):
                 out = self.model(
                     input_ids=step_ids,
                     attention_mask=step_attn,
@@ -246,22 +312,25 @@ class LocalChatClient:
                     logits,
                     [cfgs[i] for i in alive],
                     [gens[i] for i in alive],
-                    None if counts is None else counts[alive],
+                    None if counts is None else counts[alive_t],
                     k_top,
                 )
+                if counts is not None:
+                    counts.index_put_((alive_t, toks), torch.ones(len(alive)), accumulate=True)
+                # one conversion per step, not one tensor access per row
+                toks_l, lps_l = toks.tolist(), lps.tolist()
+                top_ids_l, top_lps_l = (top[0].tolist(), top[1].tolist()) if top is not None else (None, None)
                 keep: list[int] = []
                 for j, i in enumerate(alive):
-                    tok = int(toks[j])
+                    tok = toks_l[j]
                     out_ids[i].append(tok)
-                    out_lps[i].append(float(lps[j]))
-                    if top is not None and requests[i].return_.top_logprobs_k > 0:
-                        kk = requests[i].return_.top_logprobs_k
-                        out_top[i].append({int(a): float(v) for a, v in zip(top[0][j, :kk], top[1][j, :kk])})
-                    if counts is not None:
-                        counts[i, tok] += 1
+                    out_lps[i].append(lps_l[j])
+                    if top_ks[i] > 0:
+                        kk = top_ks[i]
+                        out_top[i].append(dict(zip(top_ids_l[j][:kk], top_lps_l[j][:kk])))
                     if tok in stop_ids:
                         finish[i] = "stop"
-                    elif cfgs[i].stop and self._hit_stop_string(out_ids[i], cfgs[i].stop, i, stop_cut):
+                    elif cfgs[i].stop and self._hit_stop_string(out_ids[i], cfgs[i].stop, i, stop_cut, text_len):
                         finish[i] = "stop"
                     elif len(out_ids[i]) >= cfgs[i].max_tokens:
                         finish[i] = "length"
@@ -277,6 +346,7 @@ class LocalChatClient:
                     step_attn = step_attn[idx]
                     step_pos = step_pos[idx]
                     alive = [alive[j] for j in keep]
+                    alive_t = torch.tensor(alive, dtype=torch.long)
                 step_ids = next_tok[:, None]
                 step_attn = torch.cat([step_attn, torch.ones((len(alive), 1), dtype=step_attn.dtype, device=self.device)], dim=1)
                 step_pos = step_pos[:, -1:] + 1
@@ -286,7 +356,7 @@ class LocalChatClient:
         total_new = sum(len(x) for x in out_ids)
         for i, r in enumerate(requests):
             ids = out_ids[i]
-            text = self.chat_template.decode([x for x in ids if x not in stop_ids] if ids and ids[-1] in stop_ids else ids)
+            text = self.chat_template.decode(ids[:-1] if ids and ids[-1] in stop_ids else ids)
             if stop_cut[i] is not None:
                 text = text[: stop_cut[i]]
             tool_calls, text_out = self._tool_calls(text) if r.tools is not None else (None, text)
@@ -296,7 +366,7 @@ class LocalChatClient:
                 completion_token_ids=tuple(ids) if want_ids else None,
                 prompt_token_ids=tuple(prompts[i]) if want_ids else None,
                 completion_logprobs=tuple(out_lps[i]) if r.return_.return_chosen_logprobs else None,
-                top_logprobs=tuple(out_top[i]) if r.return_.top_logprobs_k > 0 else None,
+                top_logprobs=tuple(out_top[i]) if top_ks[i] > 0 else None,
                 finish_reason=finish[i] or "length",
                 policy_version=version,
                 tool_calls=tool_calls,
@@ -312,36 +382,69 @@ class LocalChatClient:
             results.append((resp, info))
         return results
 
-    def _hit_stop_string(self, ids: list[int], stops: Sequence[str], i: int, cut: list[Optional[int]]) -> bool:
+    def _hit_stop_string(
+        self, ids: list[int], stops: Sequence[str], i: int, cut: list[Optional[int]], text_len: list[int]
+    ) -> bool:
+        """True when a stop string ends in the text of the newest token; records the cut.
+
+        The search starts where a stop string could first overlap the new text, and the
+        earliest occurrence over all stop strings wins.
+        """
         text = self.chat_template.decode(ids)
-        tail_from = max(0, len(text) - max(len(s) for s in stops) - 16)
-        for s in stops:
-            k = text.find(s, tail_from)
-            if k >= 0:
-                cut[i] = k
-                return True
+        start = max(0, min(text_len[i], len(text)) - max(len(s) for s in stops))
+        text_len[i] = len(text.rstrip("\ufffd"))  # an incomplete UTF-8 tail may still change
+        hits = [k for k in (text.find(s, start) for s in stops if s) if k >= 0]
+        if hits:
+            cut[i] = min(hits)
+            return True
         return False
 
     @staticmethod
     def _tool_calls(text: str) -> tuple[Optional[tuple[dict[str, Any], ...]], str]:
         """Hermes-style ``<tool_call>{json}</tool_call>`` blocks -> OpenAI tool calls.
 
-        A block whose JSON is invalid is left in the text (the agent reports it to the model).
+        A block whose JSON is invalid (or lacks a string ``name``, or whose ``arguments`` are
+        not an object) is left in the text, so the agent can report it to the model.
         """
-        calls = []
-        for n, m in enumerate(_TOOL_CALL_RE.finditer(text)):
+        calls: list[dict[str, Any]] = []
+        kept: list[str] = []
+        last = 0
+        for m in _TOOL_CALL_RE.finditer(text):
             try:
                 obj = json.loads(m.group(1))
                 name, args = obj["name"], obj.get("arguments", {})
-            except (ValueError, KeyError, TypeError):
+                if not isinstance(name, str) or not name:
+                    raise TypeError("name")
+                if isinstance(args, str):
+                    args = json.loads(args)  # arguments given as a JSON string
+                if not isinstance(args, dict):
+                    raise TypeError("arguments")
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
+            kept.append(text[last:m.start()])
+            last = m.end()
             calls.append(
                 {
-                    "id": f"call_{n}",
+                    "id": f"call_{len(calls)}",
                     "type": "function",
                     "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
                 }
             )
         if not calls:
             return None, text
-        return tuple(calls), _TOOL_CALL_RE.sub("", text).strip()
+        kept.append(text[last:])
+        return tuple(calls), "".join(kept).strip()
+
+
+def _tool_schemas(request: ChatCompletionRequest) -> Optional[list[dict[str, Any]]]:
+    """The request's tool schemas (a ``ToolRequest`` or a plain list of schemas), or None."""
+    t = request.tools
+    if t is None:
+        return None
+    schemas = getattr(t, "tools", t)
+    if not isinstance(schemas, (list, tuple)) or not all(isinstance(x, dict) for x in schemas):
+        raise TypeError(
+            "extensions['tools'] must be a ToolRequest(tools=[...]) or a list of OpenAI tool "
+            f"schemas (dicts), got {type(t).__name__}"
+        )
+    return list(schemas) or None

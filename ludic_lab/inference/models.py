@@ -220,8 +220,9 @@ def materialize(
         if is_materialized(dest):
             return str(dest)
         if locked:  # we hold the lock: leftovers of crashed builders are garbage
-            for stale in dest.parent.glob(f".{dest.name}.tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)
+            for pattern in (f".{dest.name}.tmp-*", f".{dest.name}.trash-*"):
+                for stale in dest.parent.glob(pattern):
+                    shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
         try:
             build(tmp)

@@ -5,6 +5,10 @@ was actually drawn from: penalties, then ``logits / temperature``, then top-k / 
 truncation and renormalisation. For greedy decoding (``temperature == 0``) the distribution
 is a point mass; there we return the untempered (``T = 1``) logprob of the argmax, which is
 what a trainer scoring at ``T = 1`` recomputes.
+
+Truncated distributions are handled sparsely (only the top-k / nucleus candidates are sorted
+and normalised): a full sort of a 50k vocabulary costs more than a decode step of a 135M
+model, and ``exp`` over a row that is mostly ``-inf`` is slow on CPU.
 """
 
 from __future__ import annotations
@@ -16,6 +20,61 @@ import torch
 from ludic_lab.inference.request import SamplingConfig
 
 __all__ = ["SamplingConfig", "process_logits", "sample_rows"]
+
+_NEG_INF = float("-inf")
+_TOP_P_FIRST_K = 64  # nucleus search starts with this many candidates, then grows x4
+
+
+def _penalised_scaled(
+    logits_BV: torch.Tensor, cfg: SamplingConfig, counts_BV: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """fp32 logits after OpenAI penalties and temperature (untempered when greedy)."""
+    x = logits_BV.float()
+    if counts_BV is not None and (cfg.frequency_penalty or cfg.presence_penalty):
+        x = x - cfg.frequency_penalty * counts_BV - cfg.presence_penalty * (counts_BV > 0).float()
+    if cfg.temperature not in (0, 1.0):
+        x = x / cfg.temperature
+    return x
+
+
+def _truncate(x_BV: torch.Tensor, cfg: SamplingConfig) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """Top-k / top-p candidates of each row as ``(values_BK, token_ids_BK)``, or None.
+
+    Values are sorted descending; candidates dropped by top-p (or ties padding a row) are
+    ``-inf``. Top-k keeps ties with the k-th value (as HF / vLLM do); top-p keeps the smallest
+    most-likely prefix whose mass reaches ``top_p`` (the top token always), computed in fp64.
+    """
+    V = x_BV.shape[-1]
+    use_k = bool(cfg.top_k) and 0 < cfg.top_k < V
+    use_p = cfg.top_p < 1.0
+    if not (use_k or use_p):
+        return None
+    if use_k:
+        vals, idx = torch.topk(x_BV, cfg.top_k, dim=-1)
+        kth = vals[:, -1:]
+        n = int((x_BV >= kth).sum(-1).max())
+        if n > cfg.top_k:  # ties with the k-th value: keep them all
+            vals, idx = torch.topk(x_BV, n, dim=-1)
+            vals = vals.masked_fill(vals < kth, _NEG_INF)
+        if not use_p:
+            return vals, idx
+        lse = torch.logsumexp(vals.double(), dim=-1, keepdim=True)
+        probs = torch.exp(vals.double() - lse)
+        cum = torch.cumsum(probs, dim=-1)
+    else:
+        lse = torch.logsumexp(x_BV.double(), dim=-1, keepdim=True)
+        k = min(V, _TOP_P_FIRST_K)
+        while True:
+            vals, idx = torch.topk(x_BV, k, dim=-1)
+            probs = torch.exp(vals.double() - lse)
+            cum = torch.cumsum(probs, dim=-1)
+            # once a row's top-k mass reaches top_p every later token is removed
+            if k == V or bool((cum[:, -1] >= cfg.top_p).all()):
+                break
+            k = min(V, 4 * k)
+    remove = (cum - probs) >= cfg.top_p
+    remove[:, 0] = False
+    return vals.masked_fill(remove, _NEG_INF), idx
 
 
 def process_logits(
@@ -29,29 +88,26 @@ def process_logits(
     each token was generated so far (OpenAI frequency / presence penalties). Greedy
     (``temperature == 0``) logits are returned untempered.
     """
-    x = logits_BV.float()
-    if generated_counts_BV is not None and (cfg.frequency_penalty or cfg.presence_penalty):
-        x = x - cfg.frequency_penalty * generated_counts_BV - cfg.presence_penalty * (generated_counts_BV > 0).float()
+    x = _penalised_scaled(logits_BV, cfg, generated_counts_BV)
     if cfg.temperature == 0:
         return x
-    if cfg.temperature != 1.0:
-        x = x / cfg.temperature
-    if cfg.top_k and 0 < cfg.top_k < x.shape[-1]:
-        kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if cfg.top_p < 1.0:
-        sorted_x, idx = torch.sort(x, dim=-1, descending=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        cum = torch.cumsum(probs, dim=-1)
-        # keep the smallest prefix whose mass reaches top_p (the top token is always kept)
-        remove = (cum - probs) >= cfg.top_p
-        remove[..., 0] = False
-        x = x.scatter(-1, idx, sorted_x.masked_fill(remove, float("-inf")))
-    return x
+    cand = _truncate(x, cfg)
+    if cand is None:
+        return x
+    vals, idx = cand
+    return torch.full_like(x, _NEG_INF).scatter_(-1, idx, vals)
 
 
 def _dist_key(cfg: SamplingConfig) -> tuple:
     return (cfg.temperature, cfg.top_p, cfg.top_k, cfg.frequency_penalty, cfg.presence_penalty)
+
+
+def _inverse_cdf(probs_BN: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
+    """Index drawn from each row's (unnormalised) probabilities with the uniform ``u_B``."""
+    cdf = torch.cumsum(probs_BN, dim=-1)
+    # right=True: a zero-probability entry (cdf unchanged) can never be selected
+    pos = torch.searchsorted(cdf, (u_B * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    return pos.clamp(max=probs_BN.shape[-1] - 1)
 
 
 def sample_rows(
@@ -64,37 +120,51 @@ def sample_rows(
     """Sample one token per row, each row with its own config and generator.
 
     Rows sharing a distribution config are processed together. Sampling is by inverse CDF
-    with one uniform draw per row from that row's generator, so a seeded request samples
-    the same tokens whatever else is in the batch. Returns ``(token_B, logprob_B, top)``;
-    ``top`` is ``(ids_BK, logprobs_BK)`` under each row's sampling distribution (or None).
+    (in vocabulary order) with one uniform draw per row from that row's generator, so a
+    seeded request samples the same tokens whatever else is in the batch. Returns
+    ``(token_B, logprob_B, top)``; ``top`` is ``(ids_BK, logprobs_BK)`` under each row's
+    sampling distribution (or None when ``top_k_logprobs == 0``).
     """
-    B = logits_BV.shape[0]
-    logp_BV = torch.empty(logits_BV.shape, dtype=torch.float32)
+    B, V = logits_BV.shape
+    top_k_logprobs = max(0, min(int(top_k_logprobs), V))
+    tokens = torch.empty(B, dtype=torch.long)
+    chosen = torch.empty(B, dtype=torch.float32)
+    top_ids = torch.empty((B, top_k_logprobs), dtype=torch.long) if top_k_logprobs > 0 else None
+    top_lps = torch.empty((B, top_k_logprobs), dtype=torch.float32) if top_k_logprobs > 0 else None
     groups: dict[tuple, list[int]] = {}
     for b, cfg in enumerate(cfgs):
         groups.setdefault(_dist_key(cfg), []).append(b)
-    tokens = torch.empty(B, dtype=torch.long)
     for rows in groups.values():
         cfg = cfgs[rows[0]]
         idx = torch.tensor(rows, dtype=torch.long)
-        x = process_logits(logits_BV[idx], cfg, None if counts_BV is None else counts_BV[idx])
-        lp = torch.log_softmax(x, dim=-1)
-        logp_BV[idx] = lp
+        sub = logits_BV if len(rows) == B else logits_BV[idx]
+        x = _penalised_scaled(sub, cfg, None if counts_BV is None else counts_BV[idx])
+        cand = None if cfg.temperature == 0 else _truncate(x, cfg)
+        if cand is None:
+            # dense: the full vocabulary is the support (positions are token ids)
+            lp = torch.log_softmax(x, dim=-1)
+            ids = None
+        else:
+            vals, ids = cand
+            ids, order = torch.sort(ids, dim=-1)  # vocabulary order: robust to near-ties
+            lp = torch.log_softmax(vals.gather(-1, order), dim=-1)
         if cfg.temperature == 0:
-            tokens[idx] = torch.argmax(x, dim=-1)
+            pos = torch.argmax(x, dim=-1)
         else:
             u = torch.cat([torch.rand(1, generator=generators[b]) for b in rows])
-            cdf = torch.cumsum(lp.exp(), dim=-1)
-            tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1)
-            # guard against a draw landing on a zero-probability tail after rounding
-            tok = tok.clamp(max=x.shape[-1] - 1)
-            bad = torch.isinf(lp.gather(-1, tok[:, None])).squeeze(-1)
-            if bad.any():
-                tok[bad] = torch.argmax(x[bad], dim=-1)
-            tokens[idx] = tok
-    lps = logp_BV.gather(-1, tokens[:, None]).squeeze(-1)
-    top = None
-    if top_k_logprobs > 0:
-        v, i = torch.topk(logp_BV, top_k_logprobs, dim=-1)
-        top = (i, v)
-    return tokens, lps, top
+            pos = _inverse_cdf(lp.exp(), u)
+            # a draw rounding onto a zero-probability tail falls back to the mode
+            bad = torch.isinf(lp.gather(-1, pos[:, None])).squeeze(-1)
+            if bool(bad.any()):
+                pos[bad] = torch.argmax(lp[bad], dim=-1)
+        tokens[idx] = pos if ids is None else ids.gather(-1, pos[:, None]).squeeze(-1)
+        chosen[idx] = lp.gather(-1, pos[:, None]).squeeze(-1)
+        if top_k_logprobs > 0:
+            if ids is not None and top_k_logprobs > ids.shape[-1]:
+                lp = torch.full((len(rows), V), _NEG_INF).scatter_(-1, ids, lp)
+                ids = None
+            v, i = torch.topk(lp, top_k_logprobs, dim=-1)
+            top_ids[idx] = i if ids is None else ids.gather(-1, i)
+            top_lps[idx] = v
+    top = (top_ids, top_lps) if top_k_logprobs > 0 else None
+    return tokens, chosen, top

@@ -1,10 +1,26 @@
-"""Batching (the reference's ``training/batching``): the rollout engine and request strategies.
+"""Batching (the reference's ``training/batching``): the rollout engine, request strategies
+and batch sources (``RolloutBatchSource``, ``OfflineBatchSource``).
 
-Re-exports :mod:`ludic_lab.training.rollout_engine` and
-:mod:`ludic_lab.training.request_strategies` under the reference's path.
+Re-exports :mod:`ludic_lab.training.rollout_engine`,
+:mod:`ludic_lab.training.request_strategies` and the batch-source modules of this package
+under the reference's path.
 """
 
+from ludic_lab.training.batching.base import BatchSource, DataExhaustedError, EmptyBatchError
+from ludic_lab.training.batching.offline_source import OfflineBatchSource
+from ludic_lab.training.batching.rollout_source import RolloutBatchSource
 from ludic_lab.training.request_strategies import GRPORequestStrategy, IdentityStrategy, RequestStrategy
 from ludic_lab.training.rollout_engine import RolloutEngine, UnknownKindError
 
-__all__ = ["GRPORequestStrategy", "IdentityStrategy", "RequestStrategy", "RolloutEngine", "UnknownKindError"]
+__all__ = [
+    "BatchSource",
+    "DataExhaustedError",
+    "EmptyBatchError",
+    "GRPORequestStrategy",
+    "IdentityStrategy",
+    "OfflineBatchSource",
+    "RequestStrategy",
+    "RolloutBatchSource",
+    "RolloutEngine",
+    "UnknownKindError",
+]

@@ -1,0 +1,13 @@
+"""``PolicyPublisher``: how a trainer hands new weights to the inference runtime."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class PolicyPublisher(Protocol):
+    """Pushes a (full or partial) state dict, named as the *inference* model names its
+    parameters, to wherever rollouts are sampled; ``version`` is the new policy version."""
+
+    def publish(self, state_dict: Mapping[str, Any], version: Optional[int] = None) -> None: ...

@@ -1,0 +1,68 @@
+"""Statistics a batch source attaches to ``SAWBatch.meta``: flat, scalar, loggable.
+
+Undefined values (e.g. reward stats when every rollout failed) are ``nan``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+from ludic_lab.training.saw import SAWItem
+from ludic_lab.types import Rollout
+
+_NAN = float("nan")
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return math.fsum(xs) / len(xs) if xs else _NAN
+
+
+def _std(xs: Sequence[float]) -> float:
+    if not xs:
+        return _NAN
+    m = _mean(xs)
+    return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / len(xs))
+
+
+def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
+    """Counts, total-reward summary (non-failed rollouts, finite totals; std with ddof=0)
+    and the parse-error rate over every step of every rollout."""
+    ok = [r.total_reward for r in rollouts if not r.failed]
+    finite = [x for x in ok if math.isfinite(x)]
+    steps = [s for r in rollouts for s in r.steps]
+    return {
+        "num_rollouts": len(rollouts),
+        "num_failed_rollouts": sum(r.failed for r in rollouts),
+        "num_nonfinite_reward_rollouts": len(ok) - len(finite),
+        "num_steps": len(steps),
+        "reward_mean": _mean(finite),
+        "reward_std": _std(finite),
+        "reward_min": min(finite) if finite else _NAN,
+        "reward_max": max(finite) if finite else _NAN,
+        "parse_error_rate": (sum(bool(s.info.get("parse_error")) for s in steps) / len(steps)) if steps else _NAN,
+    }
+
+
+def item_stats(items: Sequence[SAWItem]) -> dict[str, Any]:
+    """Token counts, completion length, weight summary and the zero-weight fraction of ``items``."""
+    weights = [it.weight for it in items]
+    versions = [it.policy_version for it in items if it.policy_version is not None]
+    zero = sum(w == 0.0 for w in weights)
+    return {
+        "num_items": len(items),
+        "num_tokens": sum(it.num_tokens for it in items),
+        "num_action_tokens": sum(it.num_action_tokens for it in items),
+        "completion_len_mean": _mean([float(it.num_action_tokens) for it in items]),
+        "weight_mean": _mean(weights),
+        "weight_abs_mean": _mean([abs(w) for w in weights]),
+        "zero_weight_frac": zero / len(items) if items else _NAN,
+        "all_zero_weight": bool(items) and zero == len(items),
+        "policy_version_min": min(versions) if versions else None,
+        "policy_version_max": max(versions) if versions else None,
+    }
+
+
+def prefixed(prefix: str, counts: Mapping[str, Any]) -> dict[str, Any]:
+    """``{prefix/key: value}`` (flat keys for metric loggers)."""
+    return {f"{prefix}/{k}": v for k, v in counts.items()}

@@ -1,0 +1,177 @@
+"""``RolloutBatchSource``: online RL batches — generate rollouts, assign credit, build items.
+
+One ``next_batch()``: ``requests_fn()`` gives fresh logical requests, the request strategy
+expands them (e.g. into GRPO groups), the engine runs the episodes, the credit assigner
+weights every step, ``filter_fn`` (optional) drops rollouts after credit is assigned (so
+group baselines still saw every sibling), and each weighted step with a token trace becomes
+a :class:`SAWItem`. Nothing is lost silently: ``batch.meta`` counts every skipped step by
+reason (``skipped/...``), the credit assigner's own counts (``credit/...``) and the rollout
+and item statistics (:mod:`ludic_lab.training.batching.batch_stats`).
+
+Empty batches: when fewer than ``min_items`` items come out, the source tries again with
+fresh requests, up to ``max_attempts`` generations in total, accumulating items; if still
+short it raises :class:`EmptyBatchError` with the reasons. A batch whose weights are all
+zero (e.g. every group had equal rewards) is returned, flagged ``all_zero_weight=True``:
+the trainer decides whether to skip the step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any, Callable, Optional, Sequence
+
+from ludic_lab.aio import run_sync
+from ludic_lab.training.batching.base import EmptyBatchError
+from ludic_lab.training.batching.batch_stats import item_stats, prefixed, rollout_stats
+from ludic_lab.training.credit.base import CreditAssigner
+from ludic_lab.training.request_strategies import IdentityStrategy, RequestStrategy
+from ludic_lab.training.rollout_engine import RolloutEngine
+from ludic_lab.training.saw import SAWBatch, SAWItem, saw_items_from_rollouts
+from ludic_lab.training.types import RolloutRequest
+from ludic_lab.types import Rollout
+
+RequestsFn = Callable[[], Sequence[RolloutRequest]]
+RolloutFilter = Callable[[Rollout], bool]
+
+
+def _check_int(name: str, v: Any, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"RolloutBatchSource.{name} must be an int >= {lo}, got {v!r}")
+    return v
+
+
+class RolloutBatchSource:
+    """Generates one batch per call from fresh rollouts (see the module docstring).
+
+    ``requests_fn()`` must return new requests each call (new seeds, next questions);
+    ``max_steps`` is the turn limit for requests without their own; ``concurrency``
+    overrides the engine's. After each call ``last_rollouts`` holds every rollout generated
+    for that batch (failed ones included) and ``last_stats`` its ``meta``.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        requests_fn: RequestsFn,
+        credit_assigner: CreditAssigner,
+        *,
+        request_strategy: Optional[RequestStrategy] = None,
+        max_steps: int = 1,
+        concurrency: Optional[int] = None,
+        filter_fn: Optional[RolloutFilter] = None,
+        min_items: int = 1,
+        max_attempts: int = 1,
+        progress: bool = False,
+    ) -> None:
+        if not callable(getattr(engine, "generate_rollouts", None)):
+            raise TypeError(f"engine must be a RolloutEngine (has generate_rollouts), got {type(engine).__name__}")
+        if not callable(requests_fn):
+            raise TypeError(
+                "requests_fn must be a callable returning fresh RolloutRequests each call "
+                "(e.g. lambda: [RolloutRequest(...)]), got " + type(requests_fn).__name__
+            )
+        if not callable(getattr(credit_assigner, "compute", None)):
+            raise TypeError(f"credit_assigner must have compute(rollouts), got {type(credit_assigner).__name__}")
+        if filter_fn is not None and not callable(filter_fn):
+            raise TypeError(f"filter_fn must be a callable Rollout -> bool, got {type(filter_fn).__name__}")
+        self.engine = engine
+        self.requests_fn = requests_fn
+        self.credit_assigner = credit_assigner
+        self.request_strategy: RequestStrategy = request_strategy or IdentityStrategy()
+        self.max_steps = _check_int("max_steps", max_steps, 1)
+        self.concurrency = None if concurrency is None else _check_int("concurrency", concurrency, 1)
+        self.filter_fn = filter_fn
+        self.min_items = _check_int("min_items", min_items, 1)
+        self.max_attempts = _check_int("max_attempts", max_attempts, 1)
+        self.progress = progress
+        self.last_rollouts: list[Rollout] = []
+        self.last_stats: dict[str, Any] = {}
+        self.batches_served = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutBatchSource(credit={self.credit_assigner!r}, strategy={self.request_strategy!r}, "
+            f"max_steps={self.max_steps}, min_items={self.min_items}, max_attempts={self.max_attempts})"
+        )
+
+    def _requests(self) -> list[RolloutRequest]:
+        logical = self.requests_fn()
+        if isinstance(logical, RolloutRequest) or not isinstance(logical, (list, tuple)):
+            raise TypeError(f"requests_fn() must return a list of RolloutRequest, got {type(logical).__name__}")
+        if not logical:
+            raise ValueError("requests_fn() returned no requests; it must return at least one RolloutRequest")
+        return self.request_strategy.expand(logical)
+
+    async def next_batch(self) -> SAWBatch:
+        """Generate, credit and itemise rollouts until ``min_items`` items (or ``max_attempts``).
+
+        Raises :class:`EmptyBatchError` (with ``reasons`` and ``stats``) when still short.
+        """
+        rollouts: list[Rollout] = []
+        items: list[SAWItem] = []
+        skipped: Counter[str] = Counter()
+        credit: Counter[str] = Counter()
+        gen_s = credit_s = 0.0
+        attempts = 0
+        while attempts < self.max_attempts and len(items) < self.min_items:
+            attempts += 1
+            requests = self._requests()
+            t0 = time.perf_counter()
+            new = await self.engine.generate_rollouts(
+                requests, max_steps=self.max_steps, concurrency=self.concurrency, progress=self.progress
+            )
+            t1 = time.perf_counter()
+            gen_s += t1 - t0
+            rollouts.extend(new)
+            weights = self.credit_assigner.compute(new)
+            stats = getattr(self.credit_assigner, "last_stats", None)
+            if stats is not None and hasattr(stats, "as_dict"):
+                credit.update({k: v for k, v in stats.as_dict().items() if isinstance(v, int)})
+            kept = new
+            if self.filter_fn is not None:
+                kept = [r for r in new if r.failed or self.filter_fn(r)]
+                skipped["filtered_rollouts"] += len(new) - len(kept)
+            new_items, counts = saw_items_from_rollouts(kept, weights)
+            credit_s += time.perf_counter() - t1
+            skipped.update(counts)
+            items.extend(new_items)
+
+        meta: dict[str, Any] = {
+            **rollout_stats(rollouts),
+            **item_stats(items),
+            **prefixed("skipped", {k: skipped.get(k, 0) for k in _SKIP_KEYS} | dict(skipped)),
+            **prefixed("credit", dict(credit)),
+            "attempts": attempts,
+            "generation_s": gen_s,
+            "credit_s": credit_s,
+            "source": "rollouts",
+        }
+        self.last_rollouts = rollouts
+        self.last_stats = meta
+        if len(items) < self.min_items:
+            reasons = {k: v for k, v in skipped.items() if v}
+            raise EmptyBatchError(
+                f"RolloutBatchSource: {len(items)} item(s) after {attempts} attempt(s), need min_items="
+                f"{self.min_items}; {len(rollouts)} rollouts generated, {meta['num_failed_rollouts']} failed; "
+                f"steps/rollouts lost: {reasons or 'none'}. Look at source.last_rollouts (Rollout.error, "
+                f"meta['error_traceback']); raise max_attempts if a filter rejects most rollouts.",
+                reasons=reasons,
+                stats=meta,
+            )
+        self.batches_served += 1
+        return SAWBatch(items=tuple(items), meta=meta)
+
+    def next_batch_sync(self) -> SAWBatch:
+        """Blocking :meth:`next_batch` (scripts and Jupyter cells alike, via ``run_sync``)."""
+        return run_sync(self.next_batch())
+
+
+_SKIP_KEYS = (
+    "failed_rollouts",
+    "steps_without_trace",
+    "steps_without_weight",
+    "empty_completions",
+    "filtered_rollouts",
+)
+"""Skip reasons always present in ``meta`` (as ``skipped/<reason>``), zero when nothing was skipped."""

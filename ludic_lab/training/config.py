@@ -1,0 +1,102 @@
+"""``TrainerConfig``: everything the optimisation loop needs to know (the reference's fields first)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Optional
+
+
+@dataclass
+class TrainerConfig:
+    """Configuration of :class:`~ludic_lab.training.trainer.Trainer`."""
+
+    model_device: str = "cpu"
+    """Device the trained model lives on ("cpu", "cuda:0", ...)."""
+    lr: float = 1e-5
+    """Peak learning rate."""
+    max_seq_len: int = 1024
+    """Longest sequence (prompt + completion) trained on; longer ones follow ``truncation``."""
+    micro_token_budget: int = 8192
+    """Tokens per micro-batch (rows x row length, padding included)."""
+    sync_every_steps: int = 1
+    """Publish weights to the sampler every this many optimizer steps (0 = never)."""
+    max_lag: Optional[int] = None
+    """Drop items sampled more than this many policy versions ago (None = keep all)."""
+
+    grad_accum_steps: int = 1
+    """Batches pulled from the source per optimizer step."""
+    max_grad_norm: Optional[float] = 1.0
+    """Clip the global gradient norm (None = no clipping)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward (less memory, ~30% more compute)."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """Optimizer."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_betas: tuple[float, ...] = (0.9, 0.999)
+    """AdamW betas."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warmup (linear/cosine decay to 0 at ``total_steps``)."""
+    warmup_steps: int = 0
+    """Linear warmup steps."""
+    total_steps: Optional[int] = None
+    """Horizon of the linear/cosine schedule (required by them)."""
+    scoring_temperature: float = 1.0
+    """Temperature the trainer scores tokens at; match the sampling temperature."""
+    logprob_chunk_size: int = 8192
+    """Vocabulary chunk of the logprob computation (the full [B,T,V] logits never exist)."""
+    truncation: Literal["truncate", "drop", "error"] = "truncate"
+    """What to do with an item longer than ``max_seq_len`` (counted in the metrics)."""
+    skip_nonfinite: bool = True
+    """Skip (and count) an optimizer step whose loss or gradient is NaN/inf instead of raising."""
+
+    lora_r: int = 0
+    """LoRA rank (0 = train all weights)."""
+    lora_alpha: float = 16.0
+    """LoRA alpha (scaling = alpha / r)."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Module names LoRA adapts."""
+
+    seed: int = 0
+    """Seeds torch/python/numpy at trainer start."""
+    log_every: int = 1
+    """Log metrics every this many steps."""
+    checkpoint_dir: Optional[str] = None
+    """Where checkpoints go (None = no automatic checkpoints)."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (0 = only when asked)."""
+    keep_checkpoints: int = 2
+    """How many automatic checkpoints to keep."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form values recorded with the run."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"TrainerConfig.lr must be > 0, got {self.lr}")
+        if self.max_seq_len < 2:
+            raise ValueError("TrainerConfig.max_seq_len must be >= 2")
+        if self.micro_token_budget < self.max_seq_len:
+            raise ValueError(
+                f"micro_token_budget ({self.micro_token_budget}) must be >= max_seq_len ({self.max_seq_len}) "
+                "so that one full-length sequence fits in a micro-batch"
+            )
+        if self.grad_accum_steps < 1:
+            raise ValueError("TrainerConfig.grad_accum_steps must be >= 1")
+        if self.lr_schedule != "constant" and not self.total_steps:
+            raise ValueError(f"lr_schedule={self.lr_schedule!r} needs total_steps")
+        if self.max_lag is not None and self.max_lag < 0:
+            raise ValueError("TrainerConfig.max_lag must be >= 0 or None")
+        if self.scoring_temperature <= 0:
+            raise ValueError("TrainerConfig.scoring_temperature must be > 0")
+        self.adam_betas = tuple(self.adam_betas)
+        self.lora_target_modules = tuple(self.lora_target_modules)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["adam_betas"] = list(self.adam_betas)
+        d["lora_target_modules"] = list(self.lora_target_modules)
+        return d

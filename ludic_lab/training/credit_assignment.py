@@ -1,0 +1,7 @@
+"""Credit assigners under the reference's path (``ludic.training.credit_assignment``).
+
+Re-exports :mod:`ludic_lab.training.credit`; see its modules for the formulas and rules.
+"""
+
+from ludic_lab.training.credit import *  # noqa: F401,F403
+from ludic_lab.training.credit import __all__  # noqa: F401

@@ -1,0 +1,420 @@
+"""Token logprobs of a causal LM without materialising ``[R, T, V]`` logits.
+
+The LM head is applied in vocabulary chunks. :class:`ChunkedTokenLogprobs` (an autograd
+``Function``) keeps a running log-sum-exp over the chunks in the forward pass and recomputes
+each chunk's logits in the backward pass, so at any moment at most one ``[N, chunk]`` slice
+of logits (plus two or three same-sized temporaries) exists, in forward *and* backward. It
+saves only the inputs and two ``[N]`` vectors (log-normaliser, entropy) for backward.
+
+:func:`model_token_logprobs` runs a Hugging Face causal LM's body (through a peft wrapper
+too) on a packed :class:`~ludic_lab.training.token_batch.TokenBatch` with a block-diagonal
+causal mask (:func:`attention_mask_for`) and returns ``logprobs[r, t]`` = log-prob of
+``input_ids[r, t]`` given the previous tokens of its own sequence (0 where there is no
+prediction: a sequence's first token and padding).
+
+Cost: the chunked path recomputes the head matmul once in backward (about 4/3 of the head
+FLOPs of the full-logits path). Memory at V=128k, T=2048 is measured by
+``bench/logprob_memory.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ludic_lab.training.token_batch import TokenBatch
+
+DEFAULT_CHUNK_SIZE = 4096
+"""Vocabulary columns per chunk: ``[N, 4096]`` fp32 logits at a time (32 MB at N=2048)."""
+FALLBACK_ROWS = 256
+"""Positions per checkpointed chunk when the LM head is not a plain ``nn.Linear``."""
+
+__all__ = [
+    "ChunkedTokenLogprobs",
+    "DEFAULT_CHUNK_SIZE",
+    "attention_mask_for",
+    "find_body_and_head",
+    "full_logits_token_logprobs",
+    "model_token_logprobs",
+    "token_logprobs",
+]
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: float64 stays float64 (gradcheck), everything else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _chunk_logits(
+    hidden_NH: Tensor, weight_VH: Tensor, bias_V: Optional[Tensor], lo: int, hi: int, scale: float
+) -> Tensor:
+    """``[N, hi-lo]`` logits of vocabulary rows ``lo:hi``, times ``scale``, in accumulation dtype."""
+    z = hidden_NH @ weight_VH[lo:hi].t()
+    if bias_V is not None:
+        z = z + bias_V[lo:hi]
+    z = z.to(_acc_dtype(hidden_NH.dtype))
+    if scale != 1.0:
+        z.mul_(scale)
+    return z
+
+
+class ChunkedTokenLogprobs(torch.autograd.Function):
+    """``(hidden [N,H], weight [V,H], bias [V]|None, targets [N]) -> (logprobs [N], entropy [N])``.
+
+    ``logits = (hidden @ weight.T + bias) * scale``. Entropy is the entropy of
+    ``softmax(logits)`` (an empty tensor unless ``with_entropy``). Differentiable in
+    ``hidden``, ``weight`` and ``bias`` (first order).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden_NH: Tensor,
+        weight_VH: Tensor,
+        bias_V: Optional[Tensor],
+        targets_N: Tensor,
+        scale: float,
+        chunk_size: int,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        N, V = hidden_NH.shape[0], weight_VH.shape[0]
+        acc = _acc_dtype(hidden_NH.dtype)
+        m_N = s_N = u_N = None  # running max, sum exp(z - m), sum exp(z - m) * (z - m)
+        tgt_N = torch.zeros(N, dtype=acc, device=hidden_NH.device)
+        for lo in range(0, V, chunk_size):
+            hi = min(lo + chunk_size, V)
+            z = _chunk_logits(hidden_NH, weight_VH, bias_V, lo, hi, scale)
+            in_chunk = (targets_N >= lo) & (targets_N < hi)
+            idx = (targets_N - lo).clamp(0, hi - lo - 1)
+            tgt_N = torch.where(in_chunk, z.gather(1, idx[:, None]).squeeze(1), tgt_N)
+            cmax = z.amax(dim=1)
+            if m_N is None:
+                m_N = cmax
+                z.sub_(m_N[:, None])
+                e = z.exp()
+                s_N = e.sum(1)
+                if with_entropy:
+                    u_N = (e * z).sum(1)
+            else:
+                m_new = torch.maximum(m_N, cmax)
+                shift = m_N - m_new  # <= 0
+                rescale = shift.exp()
+                z.sub_(m_new[:, None])
+                e = z.exp()
+                if with_entropy:
+                    # re-centre the running sum of e*(z-m) on the new max, then add the chunk
+                    u_N = rescale * (u_N + s_N * shift) + (e * z).sum(1)
+                s_N = s_N * rescale + e.sum(1)
+                m_N = m_new
+            del z, e
+        assert m_N is not None and s_N is not None
+        log_s = s_N.log()
+        lse_N = m_N + log_s
+        logprobs_N = tgt_N - lse_N
+        if with_entropy:
+            entropy_N = log_s - u_N / s_N
+        else:
+            entropy_N = lse_N.new_empty(0)
+        ctx.scale, ctx.chunk_size, ctx.with_entropy = scale, chunk_size, with_entropy
+        ctx.has_bias = bias_V is not None
+        ctx.save_for_backward(hidden_NH, weight_VH, bias_V, targets_N, lse_N, entropy_N)
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy_N)
+        return logprobs_N, entropy_N
+
+    @staticmethod
+    def backward(ctx: Any, grad_lp_N: Optional[Tensor], grad_ent_N: Optional[Tensor]):  # type: ignore[override]
+        hidden_NH, weight_VH, bias_V, targets_N, lse_N, entropy_N = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        N, V = hidden_NH.shape[0], weight_VH.shape[0]
+        acc = lse_N.dtype
+        if grad_lp_N is None:
+            grad_lp_N = lse_N.new_zeros(N)
+        grad_lp_N = grad_lp_N.to(acc)
+        use_ent = ctx.with_entropy and grad_ent_N is not None
+        if use_ent:
+            grad_ent_N = grad_ent_N.to(acc)
+        scale = ctx.scale
+        gh = torch.zeros(hidden_NH.shape, dtype=acc, device=hidden_NH.device) if need_h else None
+        gw = torch.empty_like(weight_VH) if need_w else None
+        gb = torch.empty_like(bias_V) if (need_b and bias_V is not None) else None
+        rows = torch.arange(N, device=hidden_NH.device)
+        for lo in range(0, V, ctx.chunk_size):
+            hi = min(lo + ctx.chunk_size, V)
+            logp = _chunk_logits(hidden_NH, weight_VH, bias_V, lo, hi, scale)
+            logp.sub_(lse_N[:, None])  # log p
+            p = logp.exp()
+            # d logprob / d z_j = 1[j = target] - p_j
+            if use_ent:
+                # d entropy / d z_j = -p_j (log p_j + H)
+                logp.add_(entropy_N[:, None]).mul_(p).mul_(-grad_ent_N[:, None])
+                dz = logp.sub_(p.mul_(grad_lp_N[:, None]))
+            else:
+                dz = p.mul_(-grad_lp_N[:, None])
+            del logp
+            in_chunk = (targets_N >= lo) & (targets_N < hi)
+            r = rows[in_chunk]
+            dz[r, targets_N[in_chunk] - lo] += grad_lp_N[in_chunk]
+            if scale != 1.0:
+                dz.mul_(scale)
+            if gb is not None:
+                gb[lo:hi] = dz.sum(0).to(gb.dtype)
+            dz_c = dz.to(hidden_NH.dtype)
+            del dz
+            if gh is not None:
+                gh.add_((dz_c @ weight_VH[lo:hi]).to(acc))
+            if gw is not None:
+                gw[lo:hi] = (dz_c.t() @ hidden_NH).to(gw.dtype)
+            del dz_c
+        gh_out = gh.to(hidden_NH.dtype) if gh is not None else None
+        return gh_out, gw, gb, None, None, None, None
+
+
+def token_logprobs(
+    hidden_RTH: Tensor,
+    lm_head_weight_VH: Tensor,
+    targets_RT: Tensor,
+    *,
+    bias_V: Optional[Tensor] = None,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    return_entropy: bool = False,
+) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    """``log softmax((h @ W.T + b) / temperature)[target]`` at every position, vocab-chunked.
+
+    Leading dims are free (``[..., H]`` hidden, ``[...]`` targets); returns fp32 (fp64 for
+    fp64 input) ``logprobs[...]`` and, with ``return_entropy``, the entropy ``[...]`` of the
+    same distribution; both differentiable. No ``[..., V]`` tensor is ever materialised.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (got {temperature}); scoring needs a proper distribution")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 (got {chunk_size})")
+    H = hidden_RTH.shape[-1]
+    if lm_head_weight_VH.ndim != 2 or lm_head_weight_VH.shape[1] != H:
+        raise ValueError(
+            f"lm_head_weight must be [V, H={H}], got {tuple(lm_head_weight_VH.shape)}: pass lm_head.weight"
+        )
+    if targets_RT.shape != hidden_RTH.shape[:-1]:
+        raise ValueError(f"targets {tuple(targets_RT.shape)} must match hidden's leading dims {tuple(hidden_RTH.shape[:-1])}")
+    lead = targets_RT.shape
+    V = lm_head_weight_VH.shape[0]
+    t = targets_RT.reshape(-1).long()
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= V):
+        raise ValueError(f"targets must be token ids in [0, {V}); got range [{int(t.min())}, {int(t.max())}]")
+    h = hidden_RTH.reshape(-1, H)
+    if h.shape[0] == 0:
+        z = h.new_zeros(lead, dtype=_acc_dtype(h.dtype)) + 0.0 * lm_head_weight_VH.sum()
+        return (z, z.clone()) if return_entropy else z
+    lp, ent = ChunkedTokenLogprobs.apply(
+        h, lm_head_weight_VH, bias_V, t, 1.0 / float(temperature), int(chunk_size), bool(return_entropy)
+    )
+    lp = lp.reshape(lead)
+    return (lp, ent.reshape(lead)) if return_entropy else lp
+
+
+def full_logits_token_logprobs(
+    hidden_RTH: Tensor,
+    lm_head_weight_VH: Tensor,
+    targets_RT: Tensor,
+    *,
+    bias_V: Optional[Tensor] = None,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    """Reference implementation: the same contract as :func:`token_logprobs`, via full logits.
+
+    Materialises ``[..., V]`` logits and their log-softmax (what a plain ``model(...).logits``
+    pipeline does); used by tests and as the baseline of ``bench/logprob_memory.py``.
+    """
+    z = F.linear(hidden_RTH, lm_head_weight_VH, bias_V).to(_acc_dtype(hidden_RTH.dtype)) / temperature
+    logp = z.log_softmax(-1)
+    lp = logp.gather(-1, targets_RT.long().unsqueeze(-1)).squeeze(-1)
+    if not return_entropy:
+        return lp
+    return lp, -(logp.exp() * logp).sum(-1)
+
+
+def _module_head_logprobs(
+    hidden_NH: Tensor,
+    head_fn: Callable[[Tensor], Tensor],
+    targets_N: Tensor,
+    *,
+    scale: float,
+    return_entropy: bool,
+    rows: int = FALLBACK_ROWS,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """Fallback for a head that is not a plain ``nn.Linear`` (LoRA on lm_head, soft-capping).
+
+    Chunks over positions, each chunk under activation checkpointing, so one ``[rows, V]``
+    slice of logits exists at a time in forward and backward.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    def piece(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+        z = head_fn(h).to(_acc_dtype(h.dtype)) * scale
+        logp = z.log_softmax(-1)
+        lp = logp.gather(-1, t[:, None]).squeeze(-1)
+        ent = -(logp.exp() * logp).sum(-1) if return_entropy else lp.new_zeros(lp.shape)
+        return lp, ent
+
+    lps, ents = [], []
+    for lo in range(0, hidden_NH.shape[0], rows):
+        h, t = hidden_NH[lo : lo + rows], targets_N[lo : lo + rows]
+        if torch.is_grad_enabled() and h.requires_grad:
+            lp, ent = checkpoint(piece, h, t, use_reentrant=False)
+        else:
+            lp, ent = piece(h, t)
+        lps.append(lp)
+        ents.append(ent)
+    lp_N = torch.cat(lps) if lps else hidden_NH.new_zeros(0, dtype=_acc_dtype(hidden_NH.dtype))
+    ent_N = (torch.cat(ents) if ents else lp_N.clone()) if return_entropy else None
+    return lp_N, ent_N
+
+
+# ---------------------------------------------------------------------------------------
+# the model side: body + head, packed attention mask
+# ---------------------------------------------------------------------------------------
+
+
+def find_body_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """``(causal_lm, body, lm_head)`` of a HF causal LM, unwrapping peft / DDP / compile wrappers.
+
+    ``body(input_ids=..., position_ids=..., attention_mask=...)`` returns the final (normed)
+    hidden states; ``lm_head`` maps them to logits. peft's LoRA layers live inside the body,
+    so adapters (and ``disable_adapter()``) apply as usual.
+    """
+    m = model
+    for _ in range(8):
+        if hasattr(m, "get_base_model") and callable(m.get_base_model):  # peft PeftModel
+            inner = m.get_base_model()
+        elif isinstance(m, torch.nn.parallel.DistributedDataParallel):
+            inner = m.module
+        elif hasattr(m, "_orig_mod"):  # torch.compile
+            inner = m._orig_mod
+        else:
+            break
+        if inner is m:
+            break
+        m = inner
+    head = m.get_output_embeddings() if hasattr(m, "get_output_embeddings") else None
+    body = None
+    if hasattr(m, "get_decoder"):
+        try:
+            body = m.get_decoder()
+        except (AttributeError, NotImplementedError, TypeError):
+            body = None
+    if body is None or body is m:
+        body = getattr(m, getattr(m, "base_model_prefix", "model"), None)
+        if body is None:
+            body = getattr(m, "model", None)
+    if head is None or body is None:
+        raise TypeError(
+            f"{type(model).__name__} is not a causal LM this function understands: expected a Hugging Face "
+            "*ForCausalLM (optionally wrapped by peft) with get_output_embeddings() and a decoder body "
+            "(model.model). Compute hidden states yourself and call token_logprobs(hidden, lm_head.weight, targets)."
+        )
+    return m, body, head
+
+
+def attention_mask_for(
+    batch: Union[TokenBatch, Tensor],
+    *,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype = torch.float32,
+) -> Optional[Tensor]:
+    """The ``attention_mask`` to give a HF model for a packed batch (from ``seq_ids`` ``[R, T]``).
+
+    sdpa: boolean ``[R, 1, T, T]``, True where query ``i`` may see key ``j`` (``j <= i``, same
+    sequence); eager: the same as an additive float mask (0 / ``finfo(dtype).min``). A 4-D mask
+    is passed through unchanged by ``transformers.masking_utils``. Padding sees only itself
+    (no empty softmax row). Other implementations (flash / flex): ``None``; HF then detects the
+    packing from ``position_ids`` restarting at 0. Memory: ``R * T * T`` bytes (bool) or
+    elements (eager). Sliding-window layers get the same mask (exact below the window size).
+    """
+    seq_RT = batch.seq_ids if isinstance(batch, TokenBatch) else batch
+    if attn_implementation not in ("sdpa", "eager"):
+        return None
+    R, T = seq_RT.shape
+    q, k = seq_RT[:, :, None], seq_RT[:, None, :]
+    causal_TT = torch.ones(T, T, dtype=torch.bool, device=seq_RT.device).tril()
+    allowed = (q == k) & (q >= 0) & causal_TT
+    allowed |= torch.eye(T, dtype=torch.bool, device=seq_RT.device) & (q < 0)
+    allowed = allowed[:, None]
+    if attn_implementation == "sdpa":
+        return allowed
+    out = torch.zeros(allowed.shape, dtype=dtype, device=seq_RT.device)
+    return out.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def _logit_scale(config: Any) -> float:
+    """Extra multiplier some architectures apply to logits (Granite, Cohere); 1.0 otherwise."""
+    s = 1.0
+    if getattr(config, "logits_scaling", None):  # Granite: logits / logits_scaling
+        s /= float(config.logits_scaling)
+    if getattr(config, "logit_scale", None) and not isinstance(config.logit_scale, bool):  # Cohere
+        s *= float(config.logit_scale)
+    return s
+
+
+def model_token_logprobs(
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    return_entropy: bool = False,
+    only_at_RT: Optional[Tensor] = None,
+) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    """Per-token logprobs ``[R, T]`` (fp32) of a packed batch under ``model`` (and entropy).
+
+    ``out[r, t]`` = log-prob at ``temperature`` of ``input_ids[r, t]`` given the earlier tokens
+    of its own sequence; 0 at each sequence's first token, at padding, and (when
+    ``only_at_RT`` is given, e.g. the action mask) wherever ``only_at_RT`` is 0 — which skips
+    the LM-head work there. Entropy ``[R, T]`` is that of the same predictive distribution.
+    """
+    lm, body, head = find_body_and_head(model)
+    config = getattr(lm, "config", None)
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    param = next(body.parameters())
+    mask = attention_mask_for(batch, attn_implementation=impl, dtype=param.dtype)
+    dev = param.device
+    out = body(
+        input_ids=batch.input_ids.to(dev),
+        position_ids=batch.position_ids.to(dev),
+        attention_mask=mask.to(dev) if mask is not None else None,
+        use_cache=False,
+    )
+    hidden_RTH = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    ids, seq = batch.input_ids.to(dev), batch.seq_ids.to(dev)
+    R, T = ids.shape
+    # position t (t >= 1) is predicted from hidden t-1 when both belong to the same sequence
+    valid = (seq[:, 1:] == seq[:, :-1]) & (seq[:, 1:] >= 0)
+    if only_at_RT is not None:
+        valid &= only_at_RT.to(dev)[:, 1:] != 0
+    h_NH = hidden_RTH[:, :-1][valid]
+    tgt_N = ids[:, 1:][valid]
+    scale = _logit_scale(config) / float(temperature)
+    softcap = getattr(config, "final_logit_softcapping", None)
+    if type(head) is torch.nn.Linear and not softcap:  # subclasses (quantised, LoRA) use the fallback
+        res = token_logprobs(
+            h_NH, head.weight, tgt_N, bias_V=head.bias, temperature=1.0 / scale,
+            chunk_size=chunk_size, return_entropy=return_entropy,
+        )
+        lp_N, ent_N = res if return_entropy else (res, None)
+    else:
+        head_fn: Callable[[Tensor], Tensor] = head
+        if softcap:
+            cap = float(softcap)
+            head_fn = lambda h: torch.tanh(head(h) / cap) * cap  # noqa: E731
+        lp_N, ent_N = _module_head_logprobs(h_NH, head_fn, tgt_N, scale=scale, return_entropy=return_entropy)
+    where_RT = F.pad(valid, (1, 0), value=False)
+    zeros = torch.zeros((R, T), dtype=lp_N.dtype, device=dev)
+    logprobs_RT = zeros.masked_scatter(where_RT, lp_N)
+    if not return_entropy:
+        return logprobs_RT
+    assert ent_N is not None
+    return logprobs_RT, zeros.masked_scatter(where_RT, ent_N)

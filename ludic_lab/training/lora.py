@@ -1,0 +1,103 @@
+"""LoRA via peft: wrap a model, and produce the dense weights an inference runtime needs.
+
+Samplers (the in-process client, vLLM) run plain models, so a LoRA policy is published as
+merged dense weights ``W + scaling * B @ A`` under the *base model's* parameter names —
+computed out of place, so the trained model's base weights are never touched by a
+merge/unmerge round trip. Only the adapted modules are sent (a partial state dict).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+
+def is_peft_model(model: Any) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def apply_lora(
+    model: Any,
+    *,
+    r: int,
+    alpha: float,
+    dropout: float = 0.0,
+    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+) -> Any:
+    """Wrap ``model`` with fresh LoRA adapters (only they are trainable)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:  # pragma: no cover - peft is a declared dependency of the lora extra
+        raise ImportError("LoRA needs peft: pip install 'ludic_lab[lora]'") from e
+    present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    targets = [t for t in target_modules if t in present]
+    if not targets:
+        raise ValueError(f"none of the LoRA target modules {list(target_modules)} exist in the model")
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
+@torch.no_grad()
+def merged_lora_weights(model: Any) -> dict[str, torch.Tensor]:
+    """Dense merged weights of every LoRA-adapted linear, named as in the base model."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    out: dict[str, torch.Tensor] = {}
+    for name, mod in base.named_modules():
+        if not isinstance(mod, LoraLayer):
+            continue
+        layer = mod.get_base_layer()
+        w = layer.weight.detach().clone()
+        for adapter in mod.active_adapters:
+            if adapter in mod.lora_A:
+                w += mod.get_delta_weight(adapter).to(w.dtype)
+        out[f"{name}.weight"] = w
+    if not out:
+        raise ValueError("the peft model has no LoRA layers to merge")
+    return out
+
+
+@torch.no_grad()
+def policy_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """What to publish: merged LoRA weights (partial) or the full state dict (detached)."""
+    if is_peft_model(model):
+        return merged_lora_weights(model)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def trainable_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """What a checkpoint must hold: adapter weights for LoRA, else every parameter/buffer."""
+    if is_peft_model(model):
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().cpu() for k, v in get_peft_model_state_dict(model).items()}
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def load_trainable_state_dict(model: Any, sd: dict[str, torch.Tensor]) -> None:
+    """Inverse of :func:`trainable_state_dict` (strict: unknown or missing names are errors)."""
+    if is_peft_model(model):
+        from peft import set_peft_model_state_dict
+
+        res = set_peft_model_state_dict(model, sd)
+        unexpected = getattr(res, "unexpected_keys", [])
+        if unexpected:
+            raise KeyError(f"checkpoint has adapter weights the model lacks: {unexpected[:5]}")
+        return
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if unexpected:
+        raise KeyError(f"checkpoint has weights the model lacks: {unexpected[:5]}")
+    # tied weights (lm_head = embed_tokens) may legitimately be absent
+    real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if real_missing:
+        raise KeyError(f"checkpoint lacks weights: {real_missing[:5]}")
+
+
+def reference_context(model: Any) -> Optional[Any]:
+    """A context manager under which ``model`` computes the frozen reference policy
+    (the base model with adapters disabled), or ``None`` when it is not a LoRA model."""
+    if is_peft_model(model):
+        return model.disable_adapter()
+    return None

@@ -1,0 +1,9 @@
+"""Losses under the reference's import path (``ludic.training.loss``); they live in
+:mod:`ludic_lab.training.losses`, one small file per family, and token logprobs in
+:mod:`ludic_lab.training.logprobs`."""
+
+from ludic_lab.training.logprobs import model_token_logprobs, token_logprobs
+from ludic_lab.training.losses import *  # noqa: F401,F403
+from ludic_lab.training.losses import __all__ as _losses_all
+
+__all__ = [*_losses_all, "model_token_logprobs", "token_logprobs"]

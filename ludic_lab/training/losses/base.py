@@ -1,0 +1,97 @@
+"""The ``Loss`` protocol and the input checks every loss shares.
+
+A loss sees ``logprobs_RT`` (the current policy's logprob of each ``batch.input_ids[r, t]``;
+0 where there is no prediction) and a packed :class:`TokenBatch`; it returns its micro-batch's
+contribution to the optimizer step's loss and a dict of python-float statistics. Only
+*action* positions (``batch.action_mask > 0``) ever reach a loss value or a gradient: values
+at other positions (NaN behaviour logprobs on a prompt, padding) are replaced before any
+arithmetic, so they cannot leak in, not even as ``0 * NaN`` in backward.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from ludic_lab.training.token_batch import TokenBatch
+
+Stats = dict[str, float]
+
+
+@runtime_checkable
+class Loss(Protocol):
+    """``compute(logprobs [R, T], batch) -> (scalar loss, {name: float})``.
+
+    Optional class attributes: ``needs_ref_logprobs = True`` (the trainer fills
+    ``batch.ref_logprobs``) and ``needs_entropy = True`` (``batch.extra["entropy"]``, ``[R, T]``).
+    """
+
+    def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]: ...
+
+
+def action_mask(logprobs_RT: Tensor, batch: TokenBatch) -> Tensor:
+    """Boolean ``[R, T]`` action mask, after checking ``logprobs`` has the batch's shape."""
+    if tuple(logprobs_RT.shape) != tuple(batch.input_ids.shape):
+        raise ValueError(
+            f"logprobs has shape {tuple(logprobs_RT.shape)} but the batch is {tuple(batch.input_ids.shape)}: "
+            "pass model_token_logprobs(model, batch) of this very batch"
+        )
+    return batch.action_mask.to(logprobs_RT.device) > 0
+
+
+def on_actions(x_RT: Tensor, mask_RT: Tensor, fill: float = 0.0) -> Tensor:
+    """``x`` on action positions, ``fill`` elsewhere (NaN/inf off the mask never survive)."""
+    return torch.where(mask_RT, x_RT, torch.full_like(x_RT, fill))
+
+
+def checked(name: str, x_RT: Optional[Tensor], mask_RT: Tensor, *, hint: str) -> Tensor:
+    """``x`` cleaned off the mask, raising if it is missing or non-finite on an action token."""
+    if x_RT is None:
+        raise ValueError(f"batch.{name} is missing: {hint}")
+    x_RT = x_RT.to(device=mask_RT.device)
+    if x_RT.shape != mask_RT.shape:
+        raise ValueError(f"batch.{name} has shape {tuple(x_RT.shape)}, expected {tuple(mask_RT.shape)}")
+    x_RT = x_RT.float() if not x_RT.is_floating_point() else x_RT
+    bad = int((~torch.isfinite(x_RT) & mask_RT).sum())
+    if bad:
+        raise ValueError(f"batch.{name} is NaN/inf on {bad} action token(s): {hint}")
+    return on_actions(x_RT, mask_RT)
+
+
+def weights_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype) -> Tensor:
+    """Per-token weights (advantages), 0 off actions; raises on NaN credit at an action."""
+    w = checked(
+        "weights", batch.weights, mask_RT,
+        hint="a NaN reward or credit reached the batch; drop or fix those items before training",
+    )
+    return w.to(dtype)
+
+
+def behaviour_logprobs_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype) -> Tensor:
+    """Sampler logprobs, 0 off actions; raises when an action token has none (NaN)."""
+    b = checked(
+        "behaviour_logprobs", batch.behaviour_logprobs, mask_RT,
+        hint="sample with logprobs returned (ReturnSpec.for_training()) or use a loss that needs no ratio",
+    )
+    return b.to(dtype)
+
+
+def has_behaviour_logprobs(blp_RT: Tensor, mask_RT: Tensor) -> bool:
+    """False when every action token's behaviour logprob is exactly 0 (i.e. none were recorded)."""
+    return bool(mask_RT.any()) and bool((blp_RT[mask_RT] != 0).any())
+
+
+def masked_mean(x_RT: Tensor, mask_RT: Tensor) -> float:
+    """Mean of ``x`` over action positions as a python float (0.0 when there are none)."""
+    n = int(mask_RT.sum())
+    return float(on_actions(x_RT.detach(), mask_RT).sum() / n) if n else 0.0
+
+
+def basic_stats(logprobs_RT: Tensor, weights_RT: Tensor, mask_RT: Tensor) -> Stats:
+    """Statistics every policy-gradient loss reports."""
+    return {
+        "adv_mean": masked_mean(weights_RT, mask_RT),
+        "logp_mean": masked_mean(logprobs_RT, mask_RT),
+    }

@@ -1,0 +1,66 @@
+"""CISPO (MiniMax-M1): clip the importance weight, not the update."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+from torch import Tensor
+
+from ludic_lab.training.losses.aggregation import aggregate, check_aggregation
+from ludic_lab.training.losses.base import (
+    Stats,
+    action_mask,
+    basic_stats,
+    behaviour_logprobs_of,
+    on_actions,
+    weights_of,
+)
+from ludic_lab.training.losses.importance import ratio_anchor, ratio_stats
+from ludic_lab.training.token_batch import TokenBatch
+
+
+@dataclass(frozen=True)
+class CISPOLoss:
+    """Per token ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi``, ``r = pi / pi_anchor``.
+
+    Every token keeps a gradient (``A * w_IS * grad log pi``); only the detached IS weight is
+    truncated. ``clip_eps_low=None`` (the paper's setting) means no lower bound. Default
+    aggregation ``"token_mean"`` as in the paper. ``tis_cap`` needs ``extra["old_logprobs"]``.
+    """
+
+    clip_eps_high: float = 0.2
+    clip_eps_low: Optional[float] = None
+    aggregation: str = "token_mean"
+    max_tokens: Optional[int] = None
+    tis_cap: Optional[float] = None
+    name: ClassVar[str] = "cispo"
+
+    def __post_init__(self) -> None:
+        check_aggregation(self.aggregation, self.max_tokens)
+        if self.clip_eps_high < 0 or (self.clip_eps_low is not None and not 0 <= self.clip_eps_low < 1):
+            raise ValueError(
+                f"need clip_eps_high >= 0 and clip_eps_low None or in [0, 1) (got {self.clip_eps_high}, {self.clip_eps_low})"
+            )
+        if self.tis_cap is not None and not self.tis_cap > 0:
+            raise ValueError(f"tis_cap must be None or > 0 (got {self.tis_cap})")
+
+    def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]:
+        mask = action_mask(logprobs, batch)
+        lp = on_actions(logprobs, mask)
+        w = weights_of(batch, mask, lp.dtype)
+        blp = behaviour_logprobs_of(batch, mask, lp.dtype)
+        anchor, tis, istats = ratio_anchor(batch, mask, blp, self.tis_cap, type(self).__name__)
+        log_ratio = on_actions(lp.detach() - anchor, mask)
+        ratio = log_ratio.exp()
+        low = None if self.clip_eps_low is None else 1.0 - self.clip_eps_low
+        is_w = ratio.clamp(min=low, max=1.0 + self.clip_eps_high)
+        if tis is not None:
+            is_w = is_w * tis
+        loss = aggregate(-(is_w * w * lp), batch, mask, self.aggregation, max_tokens=self.max_tokens)
+        n = max(int(mask.sum()), 1)
+        clipped = mask & (ratio != ratio.clamp(min=low, max=1.0 + self.clip_eps_high))
+        stats = {"loss": float(loss.detach()), **basic_stats(lp, w, mask), "clip_frac": float(clipped.sum()) / n}
+        stats.update(ratio_stats(log_ratio, mask))
+        stats.update(istats)
+        return loss, stats

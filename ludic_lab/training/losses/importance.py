@@ -1,0 +1,94 @@
+"""Importance ratios between the sampler and the trainer: the truncated-IS correction and the
+ratio statistics every ratio-based loss logs.
+
+Three policies can be in play for one action token: the *behaviour* policy ``mu`` that
+sampled it (``batch.behaviour_logprobs``, from the inference engine, possibly a few versions
+stale), optionally the trainer's own logprobs under those same weights (``pi_old``, in
+``batch.extra["old_logprobs"]`` when something recomputed them) and the current policy
+``pi`` (``logprobs``). The sampler and the trainer disagree slightly even at equal weights
+(kernels, precision); staleness adds more. Truncated importance sampling (TIS) multiplies
+each token's term by the detached weight ``min(pi_x / mu, cap)`` with ``pi_x`` the current
+policy (REINFORCE-style losses) or ``pi_old`` (clipped losses, whose own ratio is against
+``pi_old``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ludic_lab.training.losses.base import Stats, checked, on_actions
+from ludic_lab.training.token_batch import TokenBatch
+
+
+def ratio_stats(log_ratio_RT: Tensor, mask_RT: Tensor, prefix: str = "") -> Stats:
+    """mean/std/min/max of ``exp(log_ratio)`` over action tokens and the k3 estimate of
+    ``KL(sampler || current)`` (``E[r - 1 - log r]``, >= 0); ``{}`` without action tokens."""
+    lr = log_ratio_RT.detach()[mask_RT].cpu().double()  # stats on CPU (float64 is not on every device)
+    if lr.numel() == 0:
+        return {}
+    r = lr.exp()
+    return {
+        f"{prefix}ratio_mean": float(r.mean()),
+        f"{prefix}ratio_std": float(r.std(unbiased=False)),
+        f"{prefix}ratio_min": float(r.min()),
+        f"{prefix}ratio_max": float(r.max()),
+        f"{prefix}kl_actor_policy": float((r - 1 - lr).mean()),
+    }
+
+
+def truncated_is_weights(log_ratio_RT: Tensor, mask_RT: Tensor, cap: float) -> tuple[Tensor, Stats]:
+    """Detached per-token weights ``min(exp(log_ratio), cap)`` (1 off actions) and their stats."""
+    if not cap > 0:
+        raise ValueError(f"tis_cap must be > 0 (got {cap}); typical values are 2 to 10")
+    r = on_actions(log_ratio_RT.detach(), mask_RT).exp()
+    w = r.clamp(max=cap)
+    n = int(mask_RT.sum())
+    stats: Stats = {}
+    if n:
+        stats = {
+            "tis_weight_mean": float(w[mask_RT].cpu().double().mean()),
+            "tis_capped_frac": float((r[mask_RT] > cap).float().mean()),
+        }
+    return w, stats
+
+
+def old_logprobs_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype) -> Optional[Tensor]:
+    """The trainer-side logprobs under the sampling weights, if provided in ``batch.extra``."""
+    old = batch.extra.get("old_logprobs")
+    if old is None:
+        return None
+    return checked(
+        "extra['old_logprobs']", old, mask_RT,
+        hint="recompute old logprobs for every action token or leave extra['old_logprobs'] unset",
+    ).to(dtype)
+
+
+def ratio_anchor(
+    batch: TokenBatch, mask_RT: Tensor, behaviour_RT: Tensor, tis_cap: Optional[float], loss_name: str
+) -> tuple[Tensor, Optional[Tensor], Stats]:
+    """What a clipped loss's ratio is taken against, and the TIS weights on top of it.
+
+    Returns ``(anchor_RT, tis_RT | None, stats)``: ``anchor = extra["old_logprobs"]`` when
+    present (then with ``tis_cap`` the TIS weight is ``min(pi_old / mu, cap)``), else the
+    behaviour logprobs (whose ratio already covers mismatch and staleness; ``tis_cap`` is
+    then an error rather than a silent no-op).
+    """
+    old = old_logprobs_of(batch, mask_RT, behaviour_RT.dtype)
+    if old is None:
+        if tis_cap is not None:
+            raise ValueError(
+                f"{loss_name}(tis_cap={tis_cap}) needs batch.extra['old_logprobs'] (the trainer's logprobs under "
+                "the sampling weights): its ratio is then taken against them and TIS corrects old vs sampler. "
+                "Without them the ratio is already against the sampler's logprobs; set tis_cap=None."
+            )
+        return behaviour_RT, None, {}
+    log_mismatch = on_actions(old - behaviour_RT, mask_RT)
+    stats = ratio_stats(log_mismatch, mask_RT, prefix="behaviour_")
+    tis = None
+    if tis_cap is not None:
+        tis, tstats = truncated_is_weights(log_mismatch, mask_RT, tis_cap)
+        stats.update(tstats)
+    return old, tis, stats

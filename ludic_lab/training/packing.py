@@ -1,0 +1,419 @@
+"""Packing: SAW items -> micro-batches of ``[R, T]`` tensors under a token budget.
+
+Instead of padding every sequence to the longest one, :func:`pack_items` puts several whole
+sequences back to back in each row (bin packing, longest first), so almost every computed
+position is a real token. Attention must then stay inside each sequence:
+:func:`block_causal_mask` builds the ``[R, 1, T, T]`` mask from ``seq_ids``, and positions
+restart at 0 per sequence, so a packed forward gives the same per-token logprobs as running
+each sequence alone. :func:`pad_to_longest` is the naive one-sequence-per-row baseline.
+
+Budget rule (both functions): a micro-batch of ``R`` rows of width ``T`` costs ``R * T``
+tokens, padding included, and ``R * T <= micro_token_budget``; ``T <= max_seq_len``.
+
+How rows are filled (measured in ``bench/packing_efficiency.py``): several candidate plans
+are built and the cheapest kept. Two families, both bin packing longest first:
+
+* *common width*: best-fit decreasing into rows of one width ``W`` (for each candidate
+  ``W``), then rows, fullest first, grouped into micro-batches;
+* *per micro-batch width*: each micro-batch is as wide as the longest sequence left (at least
+  a floor ``F``, for each candidate ``F``), its rows filled with the largest sequences that fit.
+
+Padding is the first cost: a plan is a candidate if its computed tokens are within
+``tolerance`` (1 %) of the fewest. Among those, the one with the least dense-attention work
+(``sum R * T**2``) wins: a block-diagonal mask over a wide row still costs ``T**2`` per row
+(sdpa/eager on CPU), and narrow micro-batches for short sequences roughly halve it on skewed
+lengths for at most 1 % more padding.
+
+Sequences longer than ``max_seq_len`` follow the ``truncation`` policy, and what happened is
+counted in :class:`PackingStats` (``result.stats``):
+
+* ``"truncate"`` (default): keep the first ``max_seq_len`` tokens and drop the tail. For RL
+  this is the only cut that keeps the kept tokens' logprobs valid: every kept action token
+  is still conditioned on exactly the prefix the sampler saw (cutting the head would change
+  that context and so the logprob the behaviour logprob refers to). If the cut leaves no
+  action token (the prompt alone fills ``max_seq_len``), the item is dropped and counted.
+* ``"drop"``: leave the item out and count it.
+* ``"error"``: raise, naming the item and what to change.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import asdict, dataclass
+from typing import Literal, Optional, Sequence
+
+import torch
+
+from ludic_lab.training.saw import SAWItem
+from ludic_lab.training.token_batch import TokenBatch
+
+TruncationPolicy = Literal["error", "truncate", "drop"]
+
+_TRUNCATION_POLICIES = ("error", "truncate", "drop")
+
+DEFAULT_TOLERANCE = 0.01
+"""Plans within this fraction of the fewest computed tokens compete on attention work."""
+
+_Groups = list[list[list[int]]]
+"""A plan: micro-batches -> rows -> sequence indices (into the packed sequence list)."""
+
+
+@dataclass(frozen=True)
+class PackingStats:
+    """What packing did to one list of items (log it with :meth:`to_metrics`)."""
+
+    num_items: int
+    """Items given."""
+    num_sequences: int
+    """Items packed (``num_items - dropped_items``)."""
+    num_micro_batches: int
+    num_rows: int
+    real_tokens: int
+    """Tokens of the packed sequences (after truncation)."""
+    computed_tokens: int
+    """``sum(R * T)`` over micro-batches: positions the model computes, padding included."""
+    truncated_items: int = 0
+    truncated_tokens: int = 0
+    """Tokens cut off the tails of truncated items."""
+    truncated_action_tokens: int = 0
+    """Of those, action tokens (the loss never sees them)."""
+    dropped_items: int = 0
+    dropped_tokens: int = 0
+    dropped_indices: tuple[int, ...] = ()
+    """Input indices of dropped items (too long under ``"drop"``, or nothing left to train on)."""
+    attention_pairs: int = 0
+    """``sum(R * T**2)``: query-key pairs a dense (masked) attention computes per layer and head."""
+    plan: str = ""
+    """Which packing plan was chosen (e.g. ``"common width 2048"``, ``"per-batch width >= 486"``)."""
+
+    @property
+    def efficiency(self) -> float:
+        """``real_tokens / computed_tokens`` (1.0 for no micro-batches)."""
+        return self.real_tokens / self.computed_tokens if self.computed_tokens else 1.0
+
+    def to_metrics(self, prefix: str = "packing/") -> dict[str, float]:
+        """Flat numeric metrics (``dropped_indices`` left out), keys prefixed."""
+        d = {k: float(v) for k, v in asdict(self).items() if k not in ("dropped_indices", "plan")}
+        d["efficiency"] = self.efficiency
+        return {prefix + k: v for k, v in d.items()}
+
+
+class PackedMicroBatches(list):
+    """``list[TokenBatch]`` with the :class:`PackingStats` of how it was made (``.stats``)."""
+
+    def __init__(self, micro_batches: Sequence[TokenBatch], stats: PackingStats) -> None:
+        super().__init__(micro_batches)
+        self.stats = stats
+
+
+@dataclass(frozen=True)
+class _Seq:
+    """One item as it will be packed: input index and (possibly truncated) per-token fields."""
+
+    index: int
+    item: SAWItem
+    length: int
+
+
+def pack_items(
+    items: Sequence[SAWItem],
+    *,
+    micro_token_budget: int,
+    max_seq_len: int,
+    pad_token_id: int = 0,
+    truncation: TruncationPolicy = "truncate",
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> PackedMicroBatches:
+    """Pack items into micro-batches, several sequences per row, ``R * T <= micro_token_budget``.
+
+    Every item lands in exactly one micro-batch (or is counted as dropped in ``.stats``);
+    output is deterministic for the same input. ``tolerance=0`` minimises padding alone.
+    """
+    _check_args(micro_token_budget, max_seq_len, truncation)
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+    seqs, counts = _prepare(items, max_seq_len, truncation)
+    if not seqs:
+        return PackedMicroBatches([], _stats(len(items), [], counts))
+    lengths = [s.length for s in seqs]
+    plans = _candidate_plans(lengths, micro_token_budget, max_seq_len)
+    costs = [_cost(groups, lengths) for _, groups in plans]
+    least = min(tokens for tokens, _ in costs)
+    k = min(
+        (k for k, (tokens, _) in enumerate(costs) if tokens <= least * (1 + tolerance)),
+        key=lambda k: (costs[k][1], costs[k][0], k),
+    )
+    name, groups = plans[k]
+    batches = [_build([[seqs[i] for i in row] for row in g], pad_token_id) for g in groups]
+    return PackedMicroBatches(batches, _stats(len(items), batches, counts, plan=name))
+
+
+def pad_to_longest(
+    items: Sequence[SAWItem],
+    *,
+    micro_token_budget: int,
+    max_seq_len: int,
+    pad_token_id: int = 0,
+    truncation: TruncationPolicy = "truncate",
+    sort_by_length: bool = False,
+) -> PackedMicroBatches:
+    """The naive baseline: one sequence per row, rows padded to the micro-batch's longest.
+
+    Items are taken in input order (or longest first with ``sort_by_length``) and added to
+    the current micro-batch while ``rows * longest <= micro_token_budget``.
+    """
+    _check_args(micro_token_budget, max_seq_len, truncation)
+    seqs, counts = _prepare(items, max_seq_len, truncation)
+    if sort_by_length:
+        seqs = sorted(seqs, key=lambda s: (-s.length, s.index))
+    groups: list[list[list[_Seq]]] = []
+    cur: list[list[_Seq]] = []
+    longest = 0
+    for s in seqs:
+        if cur and (len(cur) + 1) * max(longest, s.length) > micro_token_budget:
+            groups.append(cur)
+            cur, longest = [], 0
+        cur.append([s])
+        longest = max(longest, s.length)
+    if cur:
+        groups.append(cur)
+    batches = [_build(g, pad_token_id) for g in groups]
+    plan = "one sequence per row" + (", longest first" if sort_by_length else "")
+    return PackedMicroBatches(batches, _stats(len(items), batches, counts, plan=plan))
+
+
+def block_causal_mask(seq_ids_RT: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``[R, 1, T, T]`` attention mask: query ``i`` sees key ``j <= i`` of its own sequence only.
+
+    Bool (True = attend; what transformers' sdpa attention takes as a custom 4D mask) by
+    default; with a float ``dtype``, additive (0 / dtype min; what eager attention adds).
+    Padding (``seq_ids == -1``) attends to itself only, so no softmax row is empty (no NaN).
+    """
+    R, T = seq_ids_RT.shape
+    q, k = seq_ids_RT[:, :, None], seq_ids_RT[:, None, :]
+    causal_TT = torch.ones(T, T, dtype=torch.bool, device=seq_ids_RT.device).tril()
+    mask_RTT = (q == k) & (q >= 0) & causal_TT
+    eye_TT = torch.eye(T, dtype=torch.bool, device=seq_ids_RT.device)
+    mask_RTT = mask_RTT | (eye_TT & (q < 0))
+    mask = mask_RTT[:, None, :, :]
+    if dtype is None:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+# ------------------------------------------------------------------------------------------
+# internals
+# ------------------------------------------------------------------------------------------
+
+
+def _check_args(micro_token_budget: int, max_seq_len: int, truncation: str) -> None:
+    if max_seq_len < 2:
+        raise ValueError(f"max_seq_len must be >= 2 (a prompt token and an action), got {max_seq_len}")
+    if micro_token_budget < max_seq_len:
+        raise ValueError(
+            f"micro_token_budget={micro_token_budget} < max_seq_len={max_seq_len}: a sequence of max_seq_len "
+            "tokens could not fit in any micro-batch; raise micro_token_budget or lower max_seq_len"
+        )
+    if truncation not in _TRUNCATION_POLICIES:
+        raise ValueError(f"truncation must be one of {_TRUNCATION_POLICIES}, got {truncation!r}")
+
+
+def _prepare(items: Sequence[SAWItem], max_seq_len: int, truncation: str) -> tuple[list[_Seq], dict]:
+    """Apply the truncation policy; return the sequences to pack and the counts."""
+    seqs: list[_Seq] = []
+    c = {"truncated_items": 0, "truncated_tokens": 0, "truncated_action_tokens": 0,
+         "dropped_items": 0, "dropped_tokens": 0, "dropped_indices": []}
+
+    def drop(i: int, n: int) -> None:
+        c["dropped_items"] += 1
+        c["dropped_tokens"] += n
+        c["dropped_indices"].append(i)
+
+    for i, it in enumerate(items):
+        n = it.num_tokens
+        if n <= max_seq_len:
+            seqs.append(_Seq(i, it, n))
+            continue
+        if truncation == "error":
+            raise ValueError(
+                f"item {i} (rollout {it.rollout_id!r} step {it.step_index}) has {n} tokens > max_seq_len={max_seq_len}; "
+                "raise max_seq_len, cap the sampler's max_tokens, or pack with truncation='truncate' or 'drop'"
+            )
+        if truncation == "drop" or sum(it.action_mask[:max_seq_len]) == 0:
+            drop(i, n)
+            continue
+        c["truncated_items"] += 1
+        c["truncated_tokens"] += n - max_seq_len
+        c["truncated_action_tokens"] += sum(it.action_mask[max_seq_len:])
+        cut = SAWItem(
+            input_ids=it.input_ids[:max_seq_len],
+            action_mask=it.action_mask[:max_seq_len],
+            weights=it.weights[:max_seq_len],
+            behaviour_logprobs=it.behaviour_logprobs[:max_seq_len],
+            policy_version=it.policy_version,
+            reward=it.reward,
+            rollout_id=it.rollout_id,
+            step_index=it.step_index,
+            group_id=it.group_id,
+            meta={**it.meta, "truncated_from": n},
+        )
+        seqs.append(_Seq(i, cut, max_seq_len))
+    return seqs, c
+
+
+def _candidate_plans(lengths: Sequence[int], budget: int, max_seq_len: int) -> list[tuple[str, _Groups]]:
+    """Every plan worth comparing: common widths, then per-batch floors (deterministic order)."""
+    plans = [
+        (f"common width {w}", _group_rows(_best_fit_rows(lengths, w), lengths, budget))
+        for w in _widths(max(lengths), budget, max_seq_len)
+    ]
+    plans += [
+        (f"per-batch width >= {f}", _fill_per_batch(lengths, budget, max_seq_len, f))
+        for f in _geometric(min(lengths), max(lengths))
+    ]
+    return plans
+
+
+def _cost(groups: _Groups, lengths: Sequence[int]) -> tuple[int, int]:
+    """``(computed tokens, attention pairs)`` of a plan: ``sum R * T`` and ``sum R * T**2``."""
+    tokens = pairs = 0
+    for g in groups:
+        T = max(sum(lengths[i] for i in row) for row in g)
+        tokens += len(g) * T
+        pairs += len(g) * T * T
+    return tokens, pairs
+
+
+def _widest(width: int, budget: int, max_seq_len: int) -> int:
+    """The widest row (<= max_seq_len) that fits as many rows per micro-batch as ``width``."""
+    return min(max_seq_len, budget // (budget // width))
+
+
+def _geometric(lo: int, hi: int, step: float = 1.5) -> list[int]:
+    """``lo, lo*1.5, lo*1.5**2, ... , hi`` (ints, increasing)."""
+    out = [lo]
+    while out[-1] * step < hi:
+        out.append(int(out[-1] * step))
+    return out + [hi] if hi > out[-1] else out
+
+
+def _widths(longest: int, budget: int, max_seq_len: int) -> list[int]:
+    """Common row widths worth trying, narrowest first: for each rows-per-micro-batch count the
+    widest row that still fits (``budget // k``), thinned to steps of about 1.5x."""
+    widths = sorted({_widest(budget // k, budget, max_seq_len) for k in range(1, budget // longest + 1)})
+    kept = [widths[0]]
+    for w in widths[1:-1]:
+        if w >= kept[-1] * 1.5:
+            kept.append(w)
+    return kept + [widths[-1]] if widths[-1] != kept[-1] else kept
+
+
+def _best_fit_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
+    """Best-fit decreasing into rows of ``width``: each sequence (longest first, ties by
+    index) goes to the row with the least free space that still fits it (ties: oldest row)."""
+    rows: list[list[int]] = []
+    by_free: list[tuple[int, int]] = []  # sorted (free, row)
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        L = lengths[i]
+        j = bisect.bisect_left(by_free, (L, -1))
+        if j < len(by_free):
+            f, r = by_free.pop(j)
+            rows[r].append(i)
+            bisect.insort(by_free, (f - L, r))
+        else:
+            rows.append([i])
+            bisect.insort(by_free, (width - L, len(rows) - 1))
+    return rows
+
+
+def _group_rows(rows: list[list[int]], lengths: Sequence[int], budget: int) -> _Groups:
+    """Rows (fullest first) into micro-batches: add rows while ``rows * widest <= budget``."""
+    fills = [sum(lengths[i] for i in row) for row in rows]
+    groups: _Groups = []
+    cur: list[list[int]] = []
+    widest = 0
+    for r in sorted(range(len(rows)), key=lambda r: (-fills[r], r)):
+        if cur and (len(cur) + 1) * max(widest, fills[r]) > budget:
+            groups.append(cur)
+            cur, widest = [], 0
+        cur.append(rows[r])
+        widest = max(widest, fills[r])
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def _fill_per_batch(lengths: Sequence[int], budget: int, max_seq_len: int, floor: int) -> _Groups:
+    """Micro-batch by micro-batch: width = longest sequence left (at least ``floor``, widened
+    while the row count stays), each row filled with the largest sequences that still fit."""
+    left = sorted((L, -i) for i, L in enumerate(lengths))  # ascending; ties -> lowest index last
+    groups: _Groups = []
+    while left:
+        width = _widest(max(floor, left[-1][0]), budget, max_seq_len)
+        rows: list[list[int]] = []
+        while left and len(rows) < budget // width:
+            row, free = [], width
+            while (j := bisect.bisect_right(left, (free, 1)) - 1) >= 0:
+                L, neg_i = left.pop(j)
+                row.append(-neg_i)
+                free -= L
+            rows.append(row)
+        groups.append(rows)
+    return groups
+
+
+def _build(rows: list[list[_Seq]], pad_token_id: int) -> TokenBatch:
+    """One micro-batch from rows of sequences (seq ids numbered row by row, left to right)."""
+    R = len(rows)
+    T = max(sum(s.length for s in row) for row in rows)
+    input_ids = torch.full((R, T), pad_token_id, dtype=torch.long)
+    position_ids = torch.zeros((R, T), dtype=torch.long)
+    seq_ids = torch.full((R, T), -1, dtype=torch.long)
+    action_mask = torch.zeros((R, T), dtype=torch.float32)
+    weights = torch.zeros((R, T), dtype=torch.float32)
+    behaviour = torch.zeros((R, T), dtype=torch.float32)
+    indices: list[int] = []
+    versions: list[Optional[int]] = []
+    for r, row in enumerate(rows):
+        t = 0
+        for s in row:
+            it, L, k = s.item, s.length, len(indices)
+            input_ids[r, t : t + L] = torch.tensor(it.input_ids, dtype=torch.long)
+            position_ids[r, t : t + L] = torch.arange(L)
+            seq_ids[r, t : t + L] = k
+            action_mask[r, t : t + L] = torch.tensor(it.action_mask, dtype=torch.float32)
+            weights[r, t : t + L] = torch.tensor(it.weights, dtype=torch.float32)
+            behaviour[r, t : t + L] = torch.tensor(it.behaviour_logprobs, dtype=torch.float32)
+            indices.append(s.index)
+            versions.append(it.policy_version)
+            t += L
+    return TokenBatch(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        seq_ids=seq_ids,
+        action_mask=action_mask,
+        weights=weights,
+        behaviour_logprobs=behaviour,
+        num_sequences=len(indices),
+        item_indices=tuple(indices),
+        policy_versions=tuple(versions),
+    )
+
+
+def _stats(num_items: int, batches: Sequence[TokenBatch], c: dict, plan: str = "") -> PackingStats:
+    return PackingStats(
+        num_items=num_items,
+        num_sequences=sum(b.num_sequences for b in batches),
+        num_micro_batches=len(batches),
+        num_rows=sum(b.shape[0] for b in batches),
+        real_tokens=sum(b.num_real_tokens for b in batches),
+        computed_tokens=sum(b.shape[0] * b.shape[1] for b in batches),
+        truncated_items=c["truncated_items"],
+        truncated_tokens=c["truncated_tokens"],
+        truncated_action_tokens=c["truncated_action_tokens"],
+        dropped_items=c["dropped_items"],
+        dropped_tokens=c["dropped_tokens"],
+        dropped_indices=tuple(c["dropped_indices"]),
+        attention_pairs=sum(b.shape[0] * b.shape[1] ** 2 for b in batches),
+        plan=plan,
+    )

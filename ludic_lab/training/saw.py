@@ -1,0 +1,192 @@
+"""State–Action–Weight items: what the trainer sees instead of episodes.
+
+A :class:`SAWItem` is one model call seen as a training sequence: the exact token ids
+(prompt + completion, as sampled), which positions are actions (the completion), the
+per-token weight the loss multiplies in (the step's credit on action tokens, 0 elsewhere),
+and the behaviour logprobs the sampler reported (for importance ratios and staleness
+corrections). Items are pure data (no torch), so they travel through Redis or JSONL.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from ludic_lab.types import Rollout, Step
+
+RolloutStepKey = tuple[str, int]
+"""``(rollout_id, step_index)``: the key credit assigners weight."""
+
+
+@dataclass(frozen=True)
+class SAWItem:
+    """One training sequence (all per-token fields have ``len(input_ids)`` entries).
+
+    Position ``t`` of ``action_mask``/``weights``/``behaviour_logprobs`` describes token
+    ``input_ids[t]`` (predicted from the tokens before it); prompt positions have mask 0,
+    weight 0 and behaviour logprob 0.
+    """
+
+    input_ids: tuple[int, ...]
+    action_mask: tuple[int, ...]
+    """1 where the token is an action the loss trains on (the sampled completion), else 0."""
+    weights: tuple[float, ...]
+    """Per-token weight (credit / advantage) on action tokens; 0 elsewhere."""
+    behaviour_logprobs: tuple[float, ...]
+    """Sampler's logprob of each action token (0 on prompt positions)."""
+    policy_version: Optional[int] = None
+    """Version of the weights that sampled the completion (for ``max_lag`` staleness)."""
+    reward: float = 0.0
+    """The rollout's total reward (for logging; the loss uses ``weights``)."""
+    rollout_id: str = ""
+    step_index: int = 0
+    group_id: Optional[str] = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("input_ids", "action_mask"):
+            v = getattr(self, name)
+            if not isinstance(v, tuple):
+                object.__setattr__(self, name, tuple(int(x) for x in v))
+        for name in ("weights", "behaviour_logprobs"):
+            v = getattr(self, name)
+            if not isinstance(v, tuple):
+                object.__setattr__(self, name, tuple(float(x) for x in v))
+        n = len(self.input_ids)
+        if n < 2:
+            raise ValueError("SAWItem needs at least 2 tokens (a prompt token and an action)")
+        for name in ("action_mask", "weights", "behaviour_logprobs"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"SAWItem.{name} has {len(getattr(self, name))} entries for {n} input ids")
+        if self.action_mask[0]:
+            raise ValueError("SAWItem.action_mask[0] must be 0: the first token has no context to be predicted from")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(self.action_mask)
+
+    @property
+    def weight(self) -> float:
+        """The (first) non-zero action weight: the step's scalar credit."""
+        for m, w in zip(self.action_mask, self.weights):
+            if m:
+                return w
+        return 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("input_ids", "action_mask", "weights", "behaviour_logprobs"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SAWItem":
+        return cls(**dict(d))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, s: str) -> "SAWItem":
+        return cls.from_dict(json.loads(s))
+
+    @classmethod
+    def from_step(
+        cls,
+        rollout: Rollout,
+        step: Step,
+        weight: float,
+        *,
+        meta: Optional[Mapping[str, Any]] = None,
+    ) -> "SAWItem":
+        """The item of one rollout step with scalar credit ``weight`` on every action token.
+
+        Raises if the step has no token trace or no behaviour logprobs (sample with
+        ``ReturnSpec.for_training()``).
+        """
+        tr = step.trace
+        if tr is None:
+            raise ValueError(
+                f"rollout {rollout.id} step {step.index} has no token trace; sample with ReturnSpec.for_training()"
+            )
+        if tr.completion_logprobs is None:
+            raise ValueError(
+                f"rollout {rollout.id} step {step.index} has no behaviour logprobs; "
+                "sample with ReturnSpec(return_token_ids=True, return_chosen_logprobs=True)"
+            )
+        P, C = len(tr.prompt_token_ids), len(tr.completion_token_ids)
+        if C == 0:
+            raise ValueError(f"rollout {rollout.id} step {step.index} has an empty completion")
+        return cls(
+            input_ids=tr.prompt_token_ids + tr.completion_token_ids,
+            action_mask=(0,) * P + (1,) * C,
+            weights=(0.0,) * P + (float(weight),) * C,
+            behaviour_logprobs=(0.0,) * P + tuple(tr.completion_logprobs),
+            policy_version=tr.policy_version if tr.policy_version is not None else rollout.policy_version,
+            reward=rollout.total_reward,
+            rollout_id=rollout.id,
+            step_index=step.index,
+            group_id=rollout.group_id,
+            meta={"finish_reason": tr.finish_reason, "prompt_source": tr.prompt_source, **(meta or {})},
+        )
+
+
+@dataclass(frozen=True)
+class SAWBatch:
+    """A batch of items for one optimizer step, with the source's statistics."""
+
+    items: tuple[SAWItem, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Source statistics (rewards, rollouts generated, items dropped and why, ...)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.items, tuple):
+            object.__setattr__(self, "items", tuple(self.items))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(it.num_tokens for it in self.items)
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(it.num_action_tokens for it in self.items)
+
+
+def saw_items_from_rollouts(
+    rollouts: Sequence[Rollout],
+    weights: Mapping[RolloutStepKey, float],
+    *,
+    skip_failed: bool = True,
+) -> tuple[list[SAWItem], dict[str, int]]:
+    """Items for every ``(rollout, step)`` that has a weight and a trace.
+
+    Returns ``(items, counts)``; ``counts`` says how many steps were skipped and why
+    (failed rollout, no trace, no weight), so nothing disappears silently.
+    """
+    items: list[SAWItem] = []
+    counts = {"failed_rollouts": 0, "steps_without_trace": 0, "steps_without_weight": 0, "empty_completions": 0}
+    for r in rollouts:
+        if r.failed and skip_failed:
+            counts["failed_rollouts"] += 1
+            continue
+        for s in r.steps:
+            key = (r.id, s.index)
+            if key not in weights:
+                counts["steps_without_weight"] += 1
+                continue
+            if s.trace is None:
+                counts["steps_without_trace"] += 1
+                continue
+            if not s.trace.completion_token_ids:
+                counts["empty_completions"] += 1
+                continue
+            items.append(SAWItem.from_step(r, s, weights[key]))
+    return items, counts
