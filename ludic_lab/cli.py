@@ -13,8 +13,8 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
     from ludic_lab.aio import run_sync
     from ludic_lab.demo import DemoConfig, run_demo
 
-    rollouts = run_sync(run_demo(dataclass_from_args(DemoConfig, ns)))
-    return 0 if rollouts and not all(r.failed for r in rollouts) else 1
+    run_sync(run_demo(dataclass_from_args(DemoConfig, ns)))
+    return 0
 
 
 def _cmd_model_path(ns: argparse.Namespace) -> int:

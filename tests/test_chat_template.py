@@ -150,7 +150,8 @@ def test_smollm2_template_extension_equals_fresh_render(default_model_dir):
     tok = AutoTokenizer.from_pretrained(default_model_dir)
     ct = ChatTemplate(tok)
     assert tok.convert_tokens_to_ids(IM_END) in ct.stop_token_ids
-    for history in ([{"role": "user", "content": "Play."}], [{"role": "system", "content": "S"}, {"role": "user", "content": "Go"}]):
+    histories = ([{"role": "user", "content": "Play."}], [{"role": "system", "content": "S"}, {"role": "user", "content": "Go"}])
+    for history in histories:
         for ended in (True, False):
             reply = "I pick 5, the centre."
             completion = enc(tok, reply) + ([tok.convert_tokens_to_ids(IM_END)] if ended else [])

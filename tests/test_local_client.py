@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from typing import Any, Iterator, Optional, Sequence
 
 import pytest
@@ -167,7 +166,8 @@ def mixed_batch(client: LocalChatClient, cfg: dict[str, Any]) -> list[ChatComple
     lengths = [1, 150, 7, 60, 2, 33, 120, 15]
     reqs = [req(ids=random_ids(n, seed=n), max_tokens=2 + 4 * k, seed=100 + k, **cfg) for k, n in enumerate(lengths)]
     reqs.append(req("Tell me a story about a cat.", max_tokens=30, seed=7, **cfg))
-    reqs.append(req([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}], max_tokens=3, seed=8, **cfg))
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    reqs.append(req(chat, max_tokens=3, seed=8, **cfg))
     return reqs
 
 
@@ -234,21 +234,22 @@ async def test_concurrent_calls_share_one_batch(client):
 
 
 async def test_calls_arriving_during_a_batch_go_to_the_next_batch(own_client):
-    started = threading.Event()
-    handle = own_client.model.register_forward_pre_hook(lambda module, args: started.set())
+    forwards: list[int] = []
+    handle = own_client.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
     try:
         first = [asyncio.create_task(own_client.complete(req(f"long {i}", max_tokens=60, seed=i))) for i in range(3)]
         for _ in range(5000):
-            if started.is_set():
+            if forwards:
                 break
             await asyncio.sleep(0.001)
-        assert started.is_set()
+        forwards_at_submit = len(forwards)
         second = [asyncio.create_task(own_client.complete(req(f"late {i}", max_tokens=2, seed=i))) for i in range(2)]
-        assert not any(t.done() for t in first)  # the late calls really arrived mid-batch
         r1 = await asyncio.gather(*first)
         r2 = await asyncio.gather(*second)
     finally:
         handle.remove()
+    first_batch_forwards = max(len(resp.completion_token_ids) for resp, _ in r1)
+    assert 1 <= forwards_at_submit < first_batch_forwards  # the late calls arrived mid-batch
     assert [info["batch_size"] for _, info in r1] == [3, 3, 3]
     assert [info["batch_size"] for _, info in r2] == [2, 2]
 
@@ -362,7 +363,10 @@ def test_max_tokens_cut_reports_length(client, max_tokens):
 
 async def test_top_logprobs(client):
     cases = [(dict(temperature=1.0), 5), (dict(temperature=0.7, top_p=0.9, top_k=20), 3), (dict(temperature=0.0), 4)]
-    reqs = [req("Tell me", max_tokens=10, seed=i, ret=ReturnSpec.for_training(top_logprobs_k=k), **cfg) for i, (cfg, k) in enumerate(cases)]
+    reqs = [
+        req("Tell me", max_tokens=10, seed=i, ret=ReturnSpec.for_training(top_logprobs_k=k), **cfg)
+        for i, (cfg, k) in enumerate(cases)
+    ]
     reqs.append(req("no top", max_tokens=4, seed=9))  # k = 0 in the same batch
     results = await asyncio.gather(*(client.complete(r) for r in reqs))
     for r, (resp, _) in zip(reqs, results):
@@ -532,19 +536,22 @@ def test_sync_waits_for_the_running_batch(own_client):
 
 
 async def test_sync_from_the_event_loop_thread_while_a_batch_runs(own_client):
-    started = threading.Event()
-    handle = own_client.model.register_forward_pre_hook(lambda m, a: started.set())
+    """A trainer calling sync_weights on the loop thread: the batch (in a worker thread) ends first."""
+    forwards = []
+    handle = own_client.model.register_forward_pre_hook(lambda m, a: forwards.append(1))
     try:
         task = asyncio.create_task(own_client.complete(req("go", max_tokens=60, seed=1)))
         for _ in range(5000):
-            if started.is_set():
+            if forwards:
                 break
             await asyncio.sleep(0.001)
+        assert forwards, "generation did not start"
         assert own_client.sync_weights({}, version=3) == "3"  # blocks this loop until the batch ends
-        assert task.done() or (await asyncio.wait_for(task, 30))
-        resp, _ = await task
+        forwards_at_sync = len(forwards)
+        resp, _ = await asyncio.wait_for(task, 30)
     finally:
         handle.remove()
+    assert forwards_at_sync == len(forwards) == len(resp.completion_token_ids) > 1
     assert resp.policy_version == 0
     assert (await own_client.complete(req("go", max_tokens=2)))[0].policy_version == 3
 
@@ -552,7 +559,7 @@ async def test_sync_from_the_event_loop_thread_while_a_batch_runs(own_client):
 def test_sync_times_out_without_loading_when_generation_does_not_yield(own_client):
     started = threading.Event()
     handle = own_client.model.register_forward_pre_hook(lambda m, a: started.set())
-    worker = threading.Thread(target=lambda: own_client.complete_sync(req("go", max_tokens=400, seed=5)))
+    worker = threading.Thread(target=lambda: own_client.complete_sync(req("go", max_tokens=150, seed=5)))
     before = snapshot(own_client.model)
     try:
         worker.start()
@@ -577,6 +584,22 @@ def test_works_from_fresh_event_loops_and_sync(client):
     b, _ = asyncio.run(client.complete(r))  # a second loop gets its own batcher
     c, _ = client.complete_sync(r)
     assert a.completion_token_ids == b.completion_token_ids == c.completion_token_ids
+
+
+def test_client_does_not_keep_finished_event_loops_alive(client):
+    import gc
+    import weakref
+
+    loops = []
+
+    async def one() -> ChatResponse:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        return (await client.complete(req("x", max_tokens=1, seed=0)))[0]
+
+    results = [asyncio.run(one()) for _ in range(3)]
+    gc.collect()
+    assert all(ref() is None for ref in loops)
+    assert len({r.completion_token_ids for r in results}) == 1
 
 
 async def test_run_sync_inside_a_running_loop(client):
@@ -630,7 +653,8 @@ async def test_a_failing_batch_fails_its_callers_and_the_client_recovers(own_cli
     handle = own_client.model.register_forward_pre_hook(boom)
     try:
         results = await asyncio.wait_for(
-            asyncio.gather(*(own_client.complete(req(f"q{i}", max_tokens=3)) for i in range(3)), return_exceptions=True), 60
+            asyncio.gather(*(own_client.complete(req(f"q{i}", max_tokens=3)) for i in range(3)), return_exceptions=True),
+            60,
         )
         assert all(isinstance(x, RuntimeError) and "simulated" in str(x) for x in results)
         resp, info = await asyncio.wait_for(own_client.complete(req("after", max_tokens=3)), 60)
@@ -793,5 +817,6 @@ def test_smollm2_greedy_answer_ends_with_im_end(smol):
     assert resp.finish_reason == "stop"
     assert resp.completion_token_ids[-1] == smol.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert "<|im_end|>" not in resp.text and resp.text.strip()
-    assert list(resp.completion_token_ids) == greedy_by_hand(smol.model, resp.prompt_token_ids, 40, smol.chat_template.stop_token_ids)
+    by_hand = greedy_by_hand(smol.model, resp.prompt_token_ids, 40, smol.chat_template.stop_token_ids)
+    assert list(resp.completion_token_ids) == by_hand
     assert_exact(smol, r, resp)

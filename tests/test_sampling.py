@@ -57,10 +57,10 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"T{c.temperature}-p{c.top_p}-k{c.top_k}")
-@pytest.mark.parametrize("V,scale", [(50, 1.0), (2048, 3.0), (49152, 3.0), (49152, 12.0)])
+@pytest.mark.parametrize("V,scale", [(50, 1.0), (2048, 3.0), (2048, 12.0), (49152, 3.0)])
 def test_process_logits_matches_float64_reference(cfg, V, scale):
     torch.manual_seed(V + int(scale))
-    logits = torch.randn(6, V) * scale
+    logits = torch.randn(4 if V < 10000 else 2, V) * scale
     got = torch.log_softmax(process_logits(logits, cfg), -1)
     ref = reference_logprobs(logits, cfg)
     # the same support ...
@@ -157,13 +157,13 @@ def test_different_seeds_sample_different_tokens():
 
 def test_empirical_frequencies_match_the_truncated_distribution():
     probs = torch.tensor([0.4, 0.3, 0.2, 0.06, 0.04])
-    logits = probs.log().expand(40000, 5)
+    logits = probs.log().expand(20000, 5)
     cfg = S(top_p=0.85)  # keeps 0.4, 0.3, 0.2 -> renormalised to 4/9, 3/9, 2/9
-    toks, lps, _ = sample_rows(logits, [cfg] * 40000, gens(range(40000)))
-    freq = torch.bincount(toks, minlength=5).double() / 40000
+    toks, lps, _ = sample_rows(logits, [cfg] * 20000, gens(range(20000)))
+    freq = torch.bincount(toks, minlength=5).double() / 20000
     expected = torch.tensor([4 / 9, 3 / 9, 2 / 9, 0.0, 0.0], dtype=torch.float64)
     assert freq[3] == 0 and freq[4] == 0
-    assert (freq - expected).abs().max() < 0.01  # ~4 sigma at n=40000
+    assert (freq - expected).abs().max() < 0.015  # > 4 sigma at n=20000
     assert torch.allclose(lps.exp().double(), expected[toks], atol=1e-6)
 
 

@@ -35,6 +35,44 @@ def load_math_word_problems(split: Split = "train") -> list[dict[str, Any]]:
     return rows if split == "all" else [r for r in rows if r["split"] == split]
 
 
+CAPITALS_PATH = DATA_DIR / "capitals.jsonl"
+"""Path of the shipped country -> capital dataset (JSONL, made by ``scripts/make_capitals_dataset.py``)."""
+
+
+def load_capitals(split: Split = "train") -> list[dict[str, Any]]:
+    """Country/capital questions of ``split`` (105 train / 26 test) as dicts with ``id``,
+    ``country``, ``question`` ("What is the capital of X?"), ``answer`` and ``split``."""
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+    with CAPITALS_PATH.open(encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return rows if split == "all" else [r for r in rows if r["split"] == split]
+
+
+def capital_verifier(capitals: Any = None) -> Callable[[str, str], bool]:
+    """``(reply, capital) -> bool``: the reply names the right capital and no other capital.
+
+    Naming several cities (a way to game a plain "contains" check) is wrong. Matching is
+    case-, accent- and punctuation-insensitive on whole words.
+    """
+    import re
+    import unicodedata
+
+    def norm(t: str) -> str:
+        t = unicodedata.normalize("NFKD", t).encode("ascii", "ignore").decode().lower()
+        return " " + re.sub(r"[^a-z]+", " ", t).strip() + " "
+
+    names = {norm(r["answer"]) for r in (capitals if capitals is not None else load_capitals("all"))}
+
+    def verify(reply: str, target: str) -> bool:
+        text, want = norm(reply), norm(target)
+        if want not in text:
+            return False
+        return not any(other != want and other not in want and other in text for other in names)
+
+    return verify
+
+
 def _reasoning_gym():
     try:
         import reasoning_gym

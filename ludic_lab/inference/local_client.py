@@ -52,32 +52,44 @@ class _LoopBatcher:
         return fut
 
     async def _run(self) -> None:
-        while self.pending:
-            # let every coroutine that is about to submit do so before the batch is cut
-            for _ in range(self.client.gather_ticks):
-                await asyncio.sleep(0)
-            if self.client.batch_wait_s > 0:
-                await asyncio.sleep(self.client.batch_wait_s)
-            batch = [p for p in self.pending[: self.client.max_batch_size] if not p.future.done()]
-            del self.pending[: self.client.max_batch_size]
-            if not batch:
+        try:
+            while self.pending:
+                await self._run_one_batch()
+        finally:
+            # drop every reference to this loop (the client keeps batchers in a weak mapping);
+            # when the loop is shutting down (we were cancelled), nobody is left waiting
+            if asyncio.current_task() is self.worker:
+                self.worker = None
+            for p in self.pending:
+                p.future.cancel()
+            self.pending.clear()
+
+    async def _run_one_batch(self) -> None:
+        # let every coroutine that is about to submit do so before the batch is cut
+        for _ in range(self.client.gather_ticks):
+            await asyncio.sleep(0)
+        if self.client.batch_wait_s > 0:
+            await asyncio.sleep(self.client.batch_wait_s)
+        batch = [p for p in self.pending[: self.client.max_batch_size] if not p.future.done()]
+        del self.pending[: self.client.max_batch_size]
+        if not batch:
+            return
+        try:
+            results = await asyncio.to_thread(self.client._generate_isolated, [p.request for p in batch])
+        except BaseException as e:  # noqa: BLE001 - delivered to every waiter of this batch
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
+            if not isinstance(e, Exception):
+                raise
+            return
+        for p, r in zip(batch, results):
+            if p.future.done():
                 continue
-            try:
-                results = await asyncio.to_thread(self.client._generate_isolated, [p.request for p in batch])
-            except BaseException as e:  # noqa: BLE001 - delivered to every waiter of this batch
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
-                if not isinstance(e, Exception):
-                    raise
-                continue
-            for p, r in zip(batch, results):
-                if p.future.done():
-                    continue
-                if isinstance(r, BaseException):
-                    p.future.set_exception(r)  # a bad request fails alone
-                else:
-                    p.future.set_result(r)
+            if isinstance(r, BaseException):
+                p.future.set_exception(r)  # a bad request fails alone
+            else:
+                p.future.set_result(r)
 
 
 class LocalChatClient:
@@ -233,6 +245,8 @@ class LocalChatClient:
         A bad request (empty or out-of-vocabulary prompt ids, a template error) raises
         ``ValueError`` naming its index before anything is generated.
         """
+        if not requests:
+            return []
         prompts = []
         for i, r in enumerate(requests):
             try:

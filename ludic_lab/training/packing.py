@@ -92,7 +92,7 @@ class PackingStats:
         return self.real_tokens / self.computed_tokens if self.computed_tokens else 1.0
 
     def to_metrics(self, prefix: str = "packing/") -> dict[str, float]:
-        """Flat numeric metrics (``dropped_indices`` left out), keys prefixed."""
+        """Flat numeric metrics (all fields but ``dropped_indices`` and ``plan``), keys prefixed."""
         d = {k: float(v) for k, v in asdict(self).items() if k not in ("dropped_indices", "plan")}
         d["efficiency"] = self.efficiency
         return {prefix + k: v for k, v in d.items()}

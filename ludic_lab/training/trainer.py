@@ -222,6 +222,9 @@ class Trainer:
         loss_fn = self.algo.loss
         needs_ref = getattr(loss_fn, "needs_ref_logprobs", False)
         needs_ent = getattr(loss_fn, "needs_entropy", False)
+        # losses read logprobs on action tokens only, so the LM head skips prompt positions
+        # (a loss that needs every position sets ``needs_all_token_logprobs = True``)
+        all_tokens = _loss_flag(loss_fn, "needs_all_token_logprobs")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
@@ -235,14 +238,16 @@ class Trainer:
             mb.extra["step_num_action_tokens"] = n_act
             mb.extra["step_weight_mean"] = step_w_mean
             mb.extra["step_weight_std"] = step_w_std
+            only_at = None if all_tokens else mb.action_mask
             if needs_ref:
-                mb.ref_logprobs = self._ref_logprobs(mb)
+                mb.ref_logprobs = self._ref_logprobs(mb, only_at)
             out = model_token_logprobs(
                 self.model,
                 mb,
                 temperature=self.scoring_temperature,
                 chunk_size=cfg.logprob_chunk_size,
                 return_entropy=needs_ent,
+                only_at_RT=only_at,
             )
             logprobs, entropy = out if needs_ent else (out, None)
             if entropy is not None:
@@ -300,7 +305,9 @@ class Trainer:
         return metrics
 
     @torch.no_grad()
-    def _ref_logprobs(self, mb: TokenBatch) -> torch.Tensor:
+    def _ref_logprobs(self, mb: TokenBatch, only_at_RT: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The frozen reference policy's token logprobs ``[R, T]`` of ``mb`` (the separate
+        ``ref_model``, or with LoRA the base model with adapters disabled)."""
         ref = self.ref_model
         ctx = reference_context(self.model) if ref is None else contextlib.nullcontext()
         with ctx:
@@ -309,6 +316,7 @@ class Trainer:
                 mb,
                 temperature=self.scoring_temperature,
                 chunk_size=self.config.logprob_chunk_size,
+                only_at_RT=only_at_RT,
             ).detach()
 
     def _after_step(self, metrics: dict[str, Any]) -> None:
@@ -327,7 +335,7 @@ class Trainer:
         self.history.append(metrics)
         if self.step % max(1, self.config.log_every) == 0 or metrics.get("skipped"):
             for lg in self.loggers:
-                lg.log(self.step, {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
+                lg.log(self.step, {k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float, str))})
         for cb in self.callbacks:
             cb(self.step, metrics)
 
@@ -335,6 +343,13 @@ class Trainer:
         for lg in self.loggers:
             with contextlib.suppress(Exception):
                 lg.close()
+
+
+def _loss_flag(loss: Any, name: str) -> bool:
+    """``loss.<name>``, or any part's when ``loss`` is a CompositeLoss-like (``.terms``)."""
+    if getattr(loss, name, False):
+        return True
+    return any(_loss_flag(getattr(t, "loss", t), name) for t in getattr(loss, "terms", ()) or ())
 
 
 def _seed_everything(seed: int) -> None:
