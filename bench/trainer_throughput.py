@@ -1,33 +1,40 @@
 """Trainer throughput: ``Trainer`` optimizer steps vs a minimal hand-written PyTorch loop.
 
-Both sides train a copy of the same model on the same tokens with the same loss formula and
-optimizer, alternating step by step (A, B, A, B, ...) so that load on the machine hits both
-alike; the median step time of each is compared.
+Both sides train the same model from the same weights on the same tokens with the same loss
+formula, grad clipping and optimizer (AdamW):
 
   trainer   ``Trainer.train_step()`` fed by an in-memory BatchSource of fixed SAWItems:
-            packing, chunked-vocabulary logprobs, the GRPO loss (token-clipped surrogate,
-            per-sequence mean), its statistics, grad clipping, AdamW, metrics
+            packing, chunked-vocabulary logprobs (LM head only at action tokens), the GRPO
+            loss (token-clipped surrogate, per-sequence mean) and its statistics, metrics
   baseline  ``model(input_ids).logits.log_softmax(-1).gather(...)`` on the same ``[B, T]``
             batch, the same clipped-surrogate formula written out, ``clip_grad_norm_``, AdamW
+
+Each side runs in its own process (SmolLM2 full fine-tune needs ~6-7 GB per side), for
+``--rounds`` rounds whose order alternates (T B, B T, ...) so that load on a shared machine
+hits both alike; the median step time of each side over all rounds is compared, as wall time
+and as process CPU time (the steadier one when other jobs compete for the cores).
 
 Items: ``--seqs`` sequences of ``--seq-len`` tokens (the first ``--prompt-len`` are prompt,
 the rest actions), random ids from a fixed seed, advantages +-1, behaviour logprobs equal to
 the model's own at the start (so ratios start at 1). tokens/s counts every token of every
-sequence on both sides. Target: trainer / baseline >= 0.95. The script also checks that both
-sides computed the same loss on the first step (they start from identical weights).
+sequence on both sides. Target: trainer / baseline >= 0.95. Both sides' first-step losses
+are printed as a difference (same weights, same formula: ~1e-7).
 
-    .venv/bin/python bench/trainer_throughput.py                     # tiny model, full + LoRA
-    .venv/bin/python bench/trainer_throughput.py --model default     # SmolLM2-135M
-    .venv/bin/python bench/trainer_throughput.py --model default --modes lora --steps 4
+    .venv/bin/python bench/trainer_throughput.py                          # tiny model, full + LoRA
+    .venv/bin/python bench/trainer_throughput.py --model default --threads 1   # SmolLM2-135M
+    .venv/bin/python bench/trainer_throughput.py --model default --modes lora --rounds 4
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -75,6 +82,18 @@ class FixedSource:
         return self.batch
 
 
+class AllTokenLogprobs:
+    """Wraps a loss and asks the trainer for logprobs at every position (prompt included)."""
+
+    needs_all_token_logprobs = True
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def compute(self, logprobs: Any, batch: Any) -> Any:
+        return self.inner.compute(logprobs, batch)
+
+
 class BaselineLoop:
     """The hand-written loop: full logits, log_softmax, gather, clipped surrogate, AdamW."""
 
@@ -112,53 +131,95 @@ def load(model_name: str) -> tuple[Any, str]:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), path
 
 
-def run_mode(model_name: str, mode: str, a: argparse.Namespace) -> dict:
-    """Time ``a.steps`` interleaved steps of each side (after ``a.warmup``); returns the row."""
+def build_side(side: str, model_name: str, mode: str, a: argparse.Namespace) -> tuple[Callable[[], float], dict]:
+    """``(step_fn, info)`` for one side: ``step_fn()`` runs one optimizer step, returns its loss."""
     from ludic_lab.aio import run_sync
-    from ludic_lab.training.algorithm import make_grpo
+    from ludic_lab.training.algorithm import RLAlgorithm, make_grpo
     from ludic_lab.training.config import TrainerConfig
     from ludic_lab.training.lora import apply_lora
     from ludic_lab.training.trainer import Trainer
 
-    base, _ = load(model_name)
-    items = make_items(base, a.seqs, a.seq_len, a.prompt_len)
+    model, _ = load(model_name)
+    items = make_items(model, a.seqs, a.seq_len, a.prompt_len)
     lora_r = a.lora_r if mode == "lora" else 0
     cfg = TrainerConfig(
         lr=a.lr, max_seq_len=a.seq_len, micro_token_budget=max(a.budget, a.seq_len), lora_r=lora_r,
         lora_alpha=2.0 * max(lora_r, 1), max_grad_norm=1.0, sync_every_steps=0, seed=0,
     )
-    twin = copy.deepcopy(base)
-    trainer = Trainer(base, make_grpo(), FixedSource(items), config=cfg)
+    if side == "trainer":
+        algo = make_grpo()
+        if a.all_token_logprobs:  # the LM head at every position, as before the trainer skipped prompts
+            algo = RLAlgorithm(algo.name, algo.credit_assigner, AllTokenLogprobs(algo.loss))
+        trainer = Trainer(model, algo, FixedSource(items), config=cfg)
+        info: dict = {}
+
+        def step() -> float:
+            m = run_sync(trainer.train_step())
+            info["pack_efficiency"] = m.get("pack/efficiency")
+            return float(m["loss"])
+
+        return step, info
     if lora_r:
-        torch.manual_seed(0)  # same adapter init as the trainer's (it seeds with cfg.seed, then wraps)
-        twin = apply_lora(twin, r=lora_r, alpha=cfg.lora_alpha, target_modules=cfg.lora_target_modules)
-        twin.load_state_dict(trainer.model.state_dict())
-    baseline = BaselineLoop(twin, items, a.lr, 1.0)
-    wall: tuple[list[float], list[float]] = ([], [])
-    cpu: tuple[list[float], list[float]] = ([], [])
-    first: dict[int, float] = {}
-    m: dict[str, Any] = {}
+        torch.manual_seed(cfg.seed)  # the trainer seeds with cfg.seed, then wraps: the same adapters
+        model = apply_lora(model, r=lora_r, alpha=cfg.lora_alpha, target_modules=cfg.lora_target_modules)
+    return BaselineLoop(model, items, a.lr, 1.0).step, {}
+
+
+def _peak_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def worker(side: str, model_name: str, mode: str, a: argparse.Namespace) -> dict:
+    """Build one side and time ``a.warmup + a.steps`` steps (wall and process CPU time)."""
+    step, info = build_side(side, model_name, mode, a)
+    wall, cpu, losses = [], [], []
     for i in range(a.warmup + a.steps):
-        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
-            c0, t0 = time.process_time(), time.perf_counter()
-            if side == 0:
-                m = run_sync(trainer.train_step())
-                loss = m["loss"]
-            else:
-                loss = baseline.step()
-            dt, dc = time.perf_counter() - t0, time.process_time() - c0
-            first.setdefault(side, loss)
-            if i >= a.warmup:
-                wall[side].append(dt)
-                cpu[side].append(dc)
+        c0, t0 = time.process_time(), time.perf_counter()
+        losses.append(step())
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        if i >= a.warmup:
+            wall.append(dt)
+            cpu.append(dc)
+    return {"wall": wall, "cpu": cpu, "first_loss": losses[0], "peak_mib": _peak_mib(), **info}
+
+
+def run_worker(side: str, mode: str, a: argparse.Namespace) -> dict:
+    """:func:`worker` in a fresh interpreter: the two sides never hold memory at the same time
+    (SmolLM2 full fine-tune: ~6-7 GB each) and neither inherits the other's allocator state."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--modes", mode]
+    for k in ("model", "seqs", "seq_len", "prompt_len", "budget", "lora_r", "lr", "steps", "warmup", "threads"):
+        cmd += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
+    if a.all_token_logprobs:
+        cmd.append("--all-token-logprobs")
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{side} worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_mode(mode: str, a: argparse.Namespace) -> dict:
+    """``a.rounds`` rounds of (trainer, baseline) workers, the order alternating per round;
+    medians over every timed step of each side."""
+    res: dict[str, list[dict]] = {"trainer": [], "baseline": []}
+    for r in range(a.rounds):
+        for side in (("trainer", "baseline") if r % 2 == 0 else ("baseline", "trainer")):
+            res[side].append(run_worker(side, mode, a))
     tokens = a.seqs * a.seq_len
-    w_tr, w_bl = statistics.median(wall[0]), statistics.median(wall[1])
-    c_tr, c_bl = statistics.median(cpu[0]), statistics.median(cpu[1])
+    med = {(s, k): statistics.median([x for w in res[s] for x in w[k]]) for s in res for k in ("wall", "cpu")}
     return {
-        "model": model_name, "mode": mode if not lora_r else f"lora r={lora_r}",
-        "trainer_tok_s": tokens / w_tr, "baseline_tok_s": tokens / w_bl, "ratio_wall": w_bl / w_tr,
-        "trainer_cpu_tok_s": tokens / c_tr, "baseline_cpu_tok_s": tokens / c_bl, "ratio_cpu": c_bl / c_tr,
-        "loss_trainer": first[0], "loss_baseline": first[1], "pack_efficiency": m.get("pack/efficiency"),
+        "model": a.model, "mode": "full" if mode == "full" else f"lora r={a.lora_r}",
+        "trainer_tok_s": tokens / med["trainer", "wall"], "baseline_tok_s": tokens / med["baseline", "wall"],
+        "trainer_cpu_tok_s": tokens / med["trainer", "cpu"], "baseline_cpu_tok_s": tokens / med["baseline", "cpu"],
+        "ratio_wall": med["baseline", "wall"] / med["trainer", "wall"],
+        "ratio_cpu": med["baseline", "cpu"] / med["trainer", "cpu"],
+        "loss_diff": abs(res["trainer"][0]["first_loss"] - res["baseline"][0]["first_loss"]),
+        "peak_mib_trainer": max(w["peak_mib"] for w in res["trainer"]),
+        "peak_mib_baseline": max(w["peak_mib"] for w in res["baseline"]),
+        "pack_efficiency": res["trainer"][0].get("pack_efficiency"),
     }
 
 
@@ -172,23 +233,39 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=2048, help="trainer micro_token_budget")
     ap.add_argument("--lora-r", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per worker")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per worker")
+    ap.add_argument("--rounds", type=int, default=2, help="(trainer, baseline) worker pairs, order alternating")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--all-token-logprobs", action="store_true",
+                    help="trainer: LM head at prompt positions too (the behaviour before only_at_RT)")
+    ap.add_argument("--json", action="store_true", help="print one JSON row per mode only")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    print(f"{a.seqs} x {a.seq_len} tokens ({a.prompt_len} prompt), {a.steps} timed steps each side, "
-          f"interleaved, median; torch threads {torch.get_num_threads()}")
-    print("tok/s = tokens / median step time; wall = elapsed, cpu = process CPU time (steadier on a shared machine)")
-    print(f"{'model':<10}{'mode':<11}{'trainer tok/s':>20}{'baseline tok/s':>20}{'ratio':>14}{'loss diff':>11}")
-    print(f"{'':<21}{'wall':>10}{'cpu':>10}{'wall':>10}{'cpu':>10}{'wall':>7}{'cpu':>7}")
+    if a.worker:
+        print(json.dumps(worker(a.worker, a.model, a.modes, a)))
+        return
+    if not a.json:
+        head = "every position" if a.all_token_logprobs else "action positions only"
+        print(f"trainer LM head at {head}")
+        print(f"{a.seqs} x {a.seq_len} tokens ({a.prompt_len} prompt); {a.rounds} rounds x {a.steps} timed steps per "
+              f"side, one process per side and round; torch threads {torch.get_num_threads()}")
+        print("tok/s = tokens / median step time; wall = elapsed, cpu = process CPU time (steadier on a shared machine)")
+        print(f"{'model':<10}{'mode':<11}{'trainer tok/s':>20}{'baseline tok/s':>20}{'ratio':>14}{'loss diff':>11}"
+              f"{'peak MiB':>16}")
+        print(f"{'':<21}{'wall':>10}{'cpu':>10}{'wall':>10}{'cpu':>10}{'wall':>7}{'cpu':>7}{'':>11}"
+              f"{'trainer':>8}{'base':>8}")
     for mode in [m for m in a.modes.split(",") if m]:
-        r = run_mode(a.model, mode, a)
+        r = run_mode(mode, a)
+        if a.json:
+            print(json.dumps(r), flush=True)
+            continue
         ok = "OK" if min(r["ratio_wall"], r["ratio_cpu"]) >= 0.95 else "BELOW TARGET"
         print(f"{r['model']:<10}{r['mode']:<11}{r['trainer_tok_s']:>10.0f}{r['trainer_cpu_tok_s']:>10.0f}"
               f"{r['baseline_tok_s']:>10.0f}{r['baseline_cpu_tok_s']:>10.0f}{r['ratio_wall']:>7.3f}{r['ratio_cpu']:>7.3f}"
-              f"{abs(r['loss_trainer'] - r['loss_baseline']):>11.2e}  {ok}", flush=True)
+              f"{r['loss_diff']:>11.2e}{r['peak_mib_trainer']:>8.0f}{r['peak_mib_baseline']:>8.0f}  {ok}", flush=True)
 
 
 if __name__ == "__main__":

@@ -185,13 +185,16 @@ async def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         "train_seconds": train_s,
         "seconds_per_step": train_s / max(1, cfg.steps),
     }
+    kind = "sampled" if "sampled_accuracy" in before else "greedy"
     plot_metrics(
         history,
         out / "reward_curve.png",
         keys=("reward_mean", "loss", "grad_norm"),
         title=f"{cfg.algo} on {Path(client.model_path or cfg.model).name}",
-        hlines={"eval before (sampled)": before.get("sampled_accuracy", before["greedy_accuracy"]),
-                "eval after (sampled)": after.get("sampled_accuracy", after["greedy_accuracy"])},
+        hlines={
+            f"eval before ({kind})": before[f"{kind}_accuracy"],
+            f"eval after ({kind})": after[f"{kind}_accuracy"],
+        },
     )
     write_rollouts_html(
         out / "rollouts.html",

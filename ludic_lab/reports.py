@@ -105,7 +105,8 @@ def plot_metrics(
     if hlines and keys:
         for label, y in hlines.items():
             axes[0][0].axhline(y, ls="--", lw=1, color="gray")
-            axes[0][0].annotate(label, (0, y), textcoords="offset points", xytext=(2, 3), fontsize=8, color="gray")
+            ax0 = axes[0][0]
+            ax0.text(0.01, y, f" {label} = {y:.2f}", transform=ax0.get_yaxis_transform(), fontsize=8, color="gray", va="bottom")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -8,11 +8,10 @@ one sample per reset, wrapping around.
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+from ludic_lab.jsonl import read_jsonl
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.envs.verifiers import Verifier, numeric_match
 from ludic_lab.parsers import Parser, xml_tag_parser
@@ -30,22 +29,7 @@ DEFAULT_QA_SYSPROMPT = (
 
 def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Read a JSONL file into a list of dicts; a bad line is an error naming file and line."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"JSONL dataset not found: {p} (pass a list of dicts, a JSONL path or a datasets.Dataset)")
-    rows: list[dict[str, Any]] = []
-    with p.open(encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{p}:{i}: not valid JSON ({e.msg})") from e
-            if not isinstance(row, dict):
-                raise ValueError(f"{p}:{i}: each line must be a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
+    return read_jsonl(path, what="JSONL dataset (pass a list of dicts, a JSONL path or a datasets.Dataset)")
 
 
 def _is_hf_dataset(data: object) -> bool:

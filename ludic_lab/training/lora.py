@@ -34,8 +34,30 @@ def apply_lora(
     targets = [t for t in target_modules if t in present]
     if not targets:
         raise ValueError(f"none of the LoRA target modules {list(target_modules)} exist in the model")
+    tied = _tied_output_embedding_name(model)
+    if tied is not None and tied in targets:
+        raise ValueError(
+            f"LoRA target {tied!r} is the output embedding, tied to the input embedding: its merged weight "
+            "cannot be published (the sampler would change its input embeddings too). Leave it out of "
+            "lora_target_modules, or untie the embeddings (config.tie_word_embeddings=False) first."
+        )
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)
+
+
+def _tied_output_embedding_name(model: Any) -> Optional[str]:
+    """Last name component of the output-embedding module when it shares its weight with the
+    input embedding (``tie_word_embeddings``), else ``None``."""
+    get_out, get_in = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)
+    if not callable(get_out) or not callable(get_in):
+        return None
+    out, inp = get_out(), get_in()
+    if out is None or inp is None or getattr(out, "weight", None) is not getattr(inp, "weight", None):
+        return None
+    for name, mod in model.named_modules():
+        if mod is out:
+            return name.rsplit(".", 1)[-1]
+    return None
 
 
 @torch.no_grad()

@@ -15,13 +15,13 @@ are skipped and counted.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+from ludic_lab.jsonl import is_hf_dataset, read_jsonl
 from ludic_lab.training.batching.chat_sft import as_chat_template, sft_item_from_messages
 from ludic_lab.training.credit.base import CreditAssigner
 from ludic_lab.training.credit.returns import ConstantCredit
@@ -30,25 +30,11 @@ from ludic_lab.types import Rollout
 
 
 def _is_hf_dataset(data: object) -> bool:
-    return type(data).__module__.split(".")[0] == "datasets" and type(data).__name__ == "Dataset"
+    return is_hf_dataset(data)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"offline data not found: {path}")
-    rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from e
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{i}: each line must be a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
+    return read_jsonl(path, what="offline data")
 
 
 def iter_records(data: Any) -> Iterable[Any]:

@@ -1,0 +1,36 @@
+"""JSONL and dataset helpers shared across layers (no torch import)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def read_jsonl(path: str | os.PathLike, *, what: str = "JSONL file") -> list[dict[str, Any]]:
+    """Read a JSONL file of objects; a bad line is an error naming file and line number.
+
+    Blank lines are skipped. ``what`` names the data in the not-found error.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} not found: {p}")
+    rows: list[dict[str, Any]] = []
+    with p.open(encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{p}:{i}: not valid JSON ({e.msg})") from e
+            if not isinstance(row, dict):
+                raise ValueError(f"{p}:{i}: each line must be a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def is_hf_dataset(data: object) -> bool:
+    """True for a ``datasets.Dataset`` (checked without importing ``datasets``)."""
+    return type(data).__module__.split(".")[0] == "datasets" and type(data).__name__ == "Dataset"
