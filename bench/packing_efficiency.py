@@ -9,7 +9,7 @@ Measured in one run, on the same items and the same token budget:
               tokens; and tolerance 0: fewest computed tokens only) vs pad-to-longest in
               input order (the naive baseline) and sorted by length; target packed >= 0.95
   attn pairs  sum of R x T^2: what a dense (block-masked) attention computes
-  wall time   forward + backward of the per-token logprob loss over all micro-batches,
+  time        forward + backward of the per-token logprob loss over all micro-batches,
               packed (block-diagonal causal mask from seq_ids, positions restarting per
               sequence) vs padded (one sequence per row, 2D padding mask): the speedup.
               The script also checks both give the same action-token logprobs.
@@ -17,8 +17,8 @@ Measured in one run, on the same items and the same token budget:
               default: on a shared 2-core machine wall time with 2 threads swung 2-4x
               between identical runs, single-thread CPU time stays within a few percent.
 
-    .venv/bin/python bench/packing_efficiency.py                  # tiny model (seconds)
-    .venv/bin/python bench/packing_efficiency.py --model default  # SmolLM2-135M, smaller sizes
+    .venv/bin/python bench/packing_efficiency.py                  # tiny model (~1 min)
+    .venv/bin/python bench/packing_efficiency.py --model default  # SmolLM2-135M, smaller sizes (~5 min)
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ async def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         scoring_temperature=cfg.temperature,
         seed=cfg.seed,
     )
-    keys = ("reward_mean", "loss", "loss/ratio_mean", "loss/clip_frac", "grad_norm", "time/step_s")
+    keys = ("reward_mean", "loss", "grad_norm", "time/step_s")
     trainer = Trainer(
         policy,
         algo,

@@ -418,3 +418,25 @@ def test_prompt_positions_skip_the_lm_head_unless_a_loss_asks(tiny_model_dir: st
             assert bool((lp[prompt] < 0).all())
         else:
             assert bool((lp[prompt] == 0).all())
+
+
+def test_every_step_runs_on_the_trainers_one_worker_thread(tiny_model_dir: str) -> None:
+    """One persistent thread (not the event loop's pool, not one per ``train_sync``): glibc
+    gives every thread its own malloc arena, and alternating threads doubled peak RSS."""
+    import threading
+
+    threads: set[int] = set()
+
+    class Rec:
+        def compute(self, logprobs: torch.Tensor, batch: Any) -> tuple[torch.Tensor, dict]:
+            threads.add(threading.get_ident())
+            return -(logprobs * batch.action_mask).sum() / 100, {}
+
+    items = random_items(2, vocab_size=V)
+    t = offline_trainer(tiny_model_dir, [SAWBatch(tuple(items))], RLAlgorithm("rec", ConstantCredit(), Rec()))
+    t.train_sync(3, progress=False)
+    t.train_sync(2, progress=False)
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    t.close()
+    t.train_sync(1, progress=False)  # a closed trainer starts a new worker when used again
+    assert len(threads) == 2
