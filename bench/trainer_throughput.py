@@ -28,6 +28,7 @@ are printed as a difference (same weights, same formula: ~1e-7).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import statistics
@@ -162,7 +163,13 @@ def build_side(side: str, model_name: str, mode: str, a: argparse.Namespace) -> 
     if lora_r:
         torch.manual_seed(cfg.seed)  # the trainer seeds with cfg.seed, then wraps: the same adapters
         model = apply_lora(model, r=lora_r, alpha=cfg.lora_alpha, target_modules=cfg.lora_target_modules)
-    return BaselineLoop(model, items, a.lr, 1.0).step, {}
+    loop = BaselineLoop(model, items, a.lr, 1.0)
+    # The trainer computes on its own worker thread; so does the baseline. With 2 intra-op
+    # threads on a busy 2-core machine, the first thread to use OpenMP ran up to 10x slower
+    # (user CPU: libgomp spins fully while its threads <= cores, throttles once a second team
+    # exists): an artefact of the environment, not of either loop.
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    return (lambda: pool.submit(loop.step).result()), {}
 
 
 def _peak_mib() -> float:

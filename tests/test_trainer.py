@@ -425,18 +425,18 @@ def test_every_step_runs_on_the_trainers_one_worker_thread(tiny_model_dir: str) 
     gives every thread its own malloc arena, and alternating threads doubled peak RSS."""
     import threading
 
-    threads: set[int] = set()
+    threads: set[threading.Thread] = set()  # Thread objects: idents are reused once a thread ends
 
     class Rec:
         def compute(self, logprobs: torch.Tensor, batch: Any) -> tuple[torch.Tensor, dict]:
-            threads.add(threading.get_ident())
+            threads.add(threading.current_thread())
             return -(logprobs * batch.action_mask).sum() / 100, {}
 
     items = random_items(2, vocab_size=V)
     t = offline_trainer(tiny_model_dir, [SAWBatch(tuple(items))], RLAlgorithm("rec", ConstantCredit(), Rec()))
     t.train_sync(3, progress=False)
     t.train_sync(2, progress=False)
-    assert len(threads) == 1 and threading.get_ident() not in threads
+    assert len(threads) == 1 and threading.current_thread() not in threads
     t.close()
     t.train_sync(1, progress=False)  # a closed trainer starts a new worker when used again
     assert len(threads) == 2

@@ -3,8 +3,9 @@ batch sources, synthetic SAW items and parameter snapshots.
 
 The digits task: the prompt asks for digits; the reward is the fraction of digit characters
 in the (12-token) completion. The untrained tiny model scores ~0.002; GRPO (full fine-tune,
-lr 3e-3, 8 prompts x 8 samples) reaches > 0.9 in about 30 steps, so a learning test fails
-loudly when gradients, signs, publishing or credit are broken.
+lr 6e-3, 8 prompts x 8 samples) passes 0.9 after 17 steps, so a learning test fails loudly
+when gradients, signs, publishing or credit are broken (checked: with the loss's sign
+flipped the reward stays at ~0.002 for all 40 steps).
 """
 
 from __future__ import annotations

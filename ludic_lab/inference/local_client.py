@@ -308,6 +308,7 @@ class LocalChatClient:
             text_len = [0] * B  # decoded length before the last token (stop-string search start)
             alive = list(range(B))  # original row index of each current batch row
             alive_t = torch.arange(B)
+            done = [False] * B  # per current batch row: finished, output ignored
             cache = DynamicCache()
             step_ids, step_pos, step_attn = input_ids, pos, attn
             max_steps = max(c.max_tokens for c in cfgs)
@@ -334,8 +335,9 @@ class LocalChatClient:
                 # one conversion per step, not one tensor access per row
                 toks_l, lps_l = toks.tolist(), lps.tolist()
                 top_ids_l, top_lps_l = (top[0].tolist(), top[1].tolist()) if top is not None else (None, None)
-                keep: list[int] = []
                 for j, i in enumerate(alive):
+                    if done[j]:
+                        continue
                     tok = toks_l[j]
                     out_ids[i].append(tok)
                     out_lps[i].append(lps_l[j])
@@ -348,12 +350,18 @@ class LocalChatClient:
                         finish[i] = "stop"
                     elif len(out_ids[i]) >= cfgs[i].max_tokens:
                         finish[i] = "length"
-                    else:
-                        keep.append(j)
-                if not keep:
+                    if finish[i] is not None:
+                        done[j] = True
+                n_done = sum(done)
+                if n_done == len(alive):
                     break
                 next_tok = toks.to(self.device)
-                if len(keep) < len(alive):
+                # Finished rows stay in the batch (their outputs ignored) until a quarter of it
+                # is finished: re-indexing the KV cache of every layer costs more than a few
+                # wasted rows.
+                if n_done and 4 * n_done >= len(alive):
+                    keep = [j for j in range(len(alive)) if not done[j]]
+                    done = [False] * len(keep)
                     idx = torch.tensor(keep, dtype=torch.long, device=self.device)
                     cache.batch_select_indices(idx)
                     next_tok = next_tok[idx]
