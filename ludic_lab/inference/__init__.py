@@ -24,6 +24,12 @@ _LAZY = {
     "tiny_model_path": "ludic_lab.inference.models",
     "build_tiny_model": "ludic_lab.inference.models",
     "resolve_model": "ludic_lab.inference.models",
+    "start_vllm_server": "ludic_lab.inference.vllm_process",
+    "wait_for_vllm_health": "ludic_lab.inference.vllm_process",
+    "wait_for_vllm_health_sync": "ludic_lab.inference.vllm_process",
+    "VLLMServerProcess": "ludic_lab.inference.vllm_process",
+    "PortInUseError": "ludic_lab.inference.vllm_process",
+    "VLLMChatClient": "ludic_lab.inference.vllm_client",
 }
 
 __all__ = [

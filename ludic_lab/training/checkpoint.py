@@ -4,6 +4,11 @@ A checkpoint is a folder ``<root>/step-<N>`` written under a temporary name and 
 place only when complete, so a killed trainer never leaves a half-written checkpoint that
 looks valid. ``<root>/latest`` names the newest one. Tensors are stored as safetensors /
 ``torch.save`` of plain tensor dicts (loaded with ``weights_only=True``); the rest is JSON.
+
+Under FSDP2 (``sharded_root`` given) every rank takes part in gathering the full weights and
+optimizer state onto rank 0, rank 0 alone writes the very same files a single process would
+(the optimizer state keyed by parameter name instead of index), and loading scatters them
+back into the shards. So a checkpoint moves freely between one process and N ranks.
 """
 
 from __future__ import annotations
@@ -20,7 +25,13 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ludic_lab.training.lora import load_trainable_state_dict, trainable_state_dict
+from ludic_lab.distributed.dist_utils import barrier, get_rank
+from ludic_lab.training.lora import (
+    load_trainable_state_dict,
+    trainable_from_full_state_dict,
+    trainable_state_dict,
+    trainable_to_model_names,
+)
 
 _COMPLETE = "COMPLETE"
 
@@ -62,12 +73,46 @@ def save_checkpoint(
     extra_state: Optional[dict[str, Any]] = None,
     config: Optional[dict[str, Any]] = None,
     keep: int = 0,
+    sharded_root: Any = None,
 ) -> CheckpointInfo:
     """Write ``<root>/step-<step>`` atomically and point ``<root>/latest`` at it.
 
     ``extra_state`` must be JSON-serialisable (e.g. a batch source's position). ``keep > 0``
-    deletes older ``step-*`` folders beyond the newest ``keep``.
+    deletes older ``step-*`` folders beyond the newest ``keep``. With ``sharded_root`` (the
+    FSDP2 root of ``model``) every rank must call this; rank 0 writes, all return the same info.
     """
+    if sharded_root is not None:
+        from ludic_lab.distributed.fsdp import gather_full_optimizer_state, gather_full_state_dict
+
+        full = gather_full_state_dict(sharded_root)
+        osd = gather_full_optimizer_state(sharded_root, optimizer) if optimizer is not None else None
+        info = CheckpointInfo(str(Path(root) / f"step-{step:08d}"), int(step), int(policy_version))
+        if get_rank() == 0:
+            info = _write_checkpoint(
+                root, model, trainable_from_full_state_dict(model, full), osd, scheduler,
+                step, policy_version, extra_state, config, keep,
+            )
+        barrier()  # nobody reads the checkpoint before it is complete
+        return info
+    model_sd = trainable_state_dict(model)
+    return _write_checkpoint(
+        root, model, model_sd, optimizer.state_dict() if optimizer is not None else None, scheduler,
+        step, policy_version, extra_state, config, keep,
+    )
+
+
+def _write_checkpoint(
+    root: str | os.PathLike,
+    model: Any,
+    model_sd: dict[str, torch.Tensor],
+    optimizer_sd: Optional[dict[str, Any]],
+    scheduler: Optional[Any],
+    step: int,
+    policy_version: int,
+    extra_state: Optional[dict[str, Any]],
+    config: Optional[dict[str, Any]],
+    keep: int,
+) -> CheckpointInfo:
     from safetensors.torch import save_file
 
     root = Path(root)
@@ -76,10 +121,10 @@ def save_checkpoint(
     tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        sd = {k: v.detach().cpu().clone().contiguous() for k, v in trainable_state_dict(model).items()}
+        sd = {k: v.detach().cpu().clone().contiguous() for k, v in model_sd.items()}
         save_file(sd, str(tmp / "model.safetensors"))
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if optimizer_sd is not None:
+            torch.save(optimizer_sd, tmp / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         rng = rng_state()
@@ -138,11 +183,14 @@ def load_checkpoint(
     optimizer: Optional[torch.optim.Optimizer] = None,
     scheduler: Optional[Any] = None,
     restore_rng: bool = True,
+    sharded_root: Any = None,
 ) -> dict[str, Any]:
     """Load a checkpoint folder (or the latest under a root) into the given objects.
 
     Returns the trainer state dict (step, policy_version, extra_state, config). Raises
-    ``FileNotFoundError`` when there is no complete checkpoint there.
+    ``FileNotFoundError`` when there is no complete checkpoint there. With ``sharded_root``
+    (the FSDP2 root of ``model``) every rank calls this and reads the files itself (they must
+    see the same folder), keeping its own shards of the weights and optimizer state.
     """
     from safetensors.torch import load_file
 
@@ -153,9 +201,13 @@ def load_checkpoint(
     if state.get("peft") != bool(hasattr(model, "peft_config")):
         kind = "a LoRA adapter" if state.get("peft") else "full model weights"
         raise ValueError(f"checkpoint {p} holds {kind}; build the model the same way (lora_r) before loading")
-    load_trainable_state_dict(model, load_file(str(p / "model.safetensors")))
+    model_sd = load_file(str(p / "model.safetensors"))
+    if sharded_root is not None:
+        _load_sharded_model(sharded_root, model, model_sd)
+    else:
+        load_trainable_state_dict(model, model_sd)
     if optimizer is not None and (p / "optimizer.pt").is_file():
-        optimizer.load_state_dict(torch.load(p / "optimizer.pt", weights_only=True))
+        _load_optimizer(model, optimizer, torch.load(p / "optimizer.pt", weights_only=True), sharded_root)
     if scheduler is not None and (p / "scheduler.pt").is_file():
         scheduler.load_state_dict(torch.load(p / "scheduler.pt", weights_only=True))
     if restore_rng:
@@ -164,3 +216,47 @@ def load_checkpoint(
         set_rng_state(rng)
     state["path"] = str(p)
     return state
+
+
+def _load_sharded_model(root: Any, model: Any, sd: dict[str, torch.Tensor]) -> None:
+    """:func:`load_trainable_state_dict` for an FSDP2-sharded model (same checks)."""
+    from ludic_lab.distributed.fsdp import load_full_state_dict
+
+    missing, unexpected = load_full_state_dict(root, trainable_to_model_names(model, sd), strict=False)
+    if unexpected:
+        raise KeyError(f"checkpoint has weights the model lacks: {unexpected[:5]}")
+    if not hasattr(model, "peft_config"):
+        real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
+        if real_missing:
+            raise KeyError(f"checkpoint lacks weights: {real_missing[:5]}")
+
+
+def _name_keyed(osd: dict[str, Any]) -> bool:
+    """True for an optimizer state keyed by parameter name (written under FSDP2)."""
+    groups = osd.get("param_groups") or [{}]
+    params = groups[0].get("params", [])
+    return bool(params) and isinstance(params[0], str)
+
+
+def _by_name(osd: dict[str, Any], model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """An index-keyed optimizer state (``optimizer.state_dict()``) keyed by parameter name:
+    index ``i`` is the ``i``-th parameter of ``optimizer.param_groups``, as torch numbers them."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    state = {order[int(i)]: v for i, v in osd.get("state", {}).items()}
+    groups = [{**g, "params": [order[int(i)] for i in g["params"]]} for g in osd.get("param_groups", [])]
+    return {"state": state, "param_groups": groups}
+
+
+def _load_optimizer(model: Any, optimizer: torch.optim.Optimizer, osd: dict[str, Any], sharded_root: Any) -> None:
+    """Load an index- or name-keyed optimizer state into a plain or sharded model's optimizer."""
+    if sharded_root is not None:
+        from ludic_lab.distributed.fsdp import load_full_optimizer_state
+
+        load_full_optimizer_state(sharded_root, optimizer, osd if _name_keyed(osd) else _by_name(osd, model, optimizer))
+    elif _name_keyed(osd):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(osd)

@@ -61,6 +61,22 @@ class TrainerConfig:
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Module names LoRA adapts."""
 
+    fsdp: Literal["auto", "off"] = "auto"
+    """``"auto"``: under ``torchrun`` with more than one rank (``WORLD_SIZE > 1``) shard the model
+    with FSDP2 (``fully_shard`` per transformer block; gloo on CPU, NCCL on GPU). ``"off"``:
+    never (each process trains alone)."""
+    fsdp_block_classes: tuple[str, ...] = ()
+    """Class names of the blocks to shard one by one (empty = ``model.layers`` and the like)."""
+    fsdp_mixed_precision: bool = True
+    """On GPU: bf16 parameters for compute, fp32 gradient reduction (CPU always stays fp32)."""
+    batch_split: Literal["global", "per_rank"] = "global"
+    """Under FSDP, what each rank's batch source yields. ``"global"``: every rank's source
+    yields the same global batch and rank ``r`` trains a token-balanced, deterministic share
+    of it. ``"per_rank"``: each rank's source yields that rank's own items (e.g. one queue
+    consumer per rank). Either way the loss is normalised over the whole step's items."""
+    dist_timeout_s: float = 600.0
+    """Process-group timeout: how long a collective waits for a rank that never arrives."""
+
     seed: int = 0
     """Seeds torch/python/numpy at trainer start."""
     log_every: int = 1
@@ -92,11 +108,19 @@ class TrainerConfig:
             raise ValueError("TrainerConfig.max_lag must be >= 0 or None")
         if self.scoring_temperature <= 0:
             raise ValueError("TrainerConfig.scoring_temperature must be > 0")
+        if self.fsdp not in ("auto", "off"):
+            raise ValueError(f"TrainerConfig.fsdp must be 'auto' or 'off', got {self.fsdp!r}")
+        if self.batch_split not in ("global", "per_rank"):
+            raise ValueError(f"TrainerConfig.batch_split must be 'global' or 'per_rank', got {self.batch_split!r}")
+        if self.dist_timeout_s <= 0:
+            raise ValueError("TrainerConfig.dist_timeout_s must be > 0")
         self.adam_betas = tuple(self.adam_betas)
         self.lora_target_modules = tuple(self.lora_target_modules)
+        self.fsdp_block_classes = tuple(self.fsdp_block_classes)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["adam_betas"] = list(self.adam_betas)
         d["lora_target_modules"] = list(self.lora_target_modules)
+        d["fsdp_block_classes"] = list(self.fsdp_block_classes)
         return d

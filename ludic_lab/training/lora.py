@@ -123,3 +123,87 @@ def reference_context(model: Any) -> Optional[Any]:
     if is_peft_model(model):
         return model.disable_adapter()
     return None
+
+
+# ------------------------------------------------------------------------------------------
+# the same from a gathered full state dict (FSDP2: rank 0 holds plain tensors, the model's
+# own parameters are shards)
+# ------------------------------------------------------------------------------------------
+
+
+def _base_prefix(model: Any) -> str:
+    """Name of the base model inside a peft model (``"base_model.model"``), with a dot."""
+    base = model.get_base_model()
+    for name, mod in model.named_modules():
+        if mod is base:
+            return f"{name}." if name else ""
+    raise ValueError("the base model is not a submodule of the peft model")
+
+
+@torch.no_grad()
+def merged_lora_weights_from_state_dict(model: Any, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`merged_lora_weights` computed from ``state_dict`` (the peft model's full state dict,
+    e.g. gathered on rank 0 under FSDP2) instead of the model's own tensors; ``model`` only
+    supplies the structure (which modules are adapted, scaling, layout). LoRA on linears only."""
+    from peft.tuners.lora import LoraLayer
+
+    prefix = _base_prefix(model)
+    out: dict[str, torch.Tensor] = {}
+    for name, mod in model.get_base_model().named_modules():
+        if not isinstance(mod, LoraLayer):
+            continue
+        full = prefix + name
+        try:
+            w = state_dict[f"{full}.base_layer.weight"].detach().clone()
+        except KeyError:
+            raise KeyError(f"the state dict lacks {full}.base_layer.weight: pass the peft model's full state dict") from None
+        for adapter in mod.active_adapters:
+            if adapter not in mod.lora_A:
+                continue
+            if not isinstance(mod.lora_A[adapter], torch.nn.Linear) or mod.use_dora.get(adapter, False):
+                raise NotImplementedError(f"{full}: merging from a state dict supports plain LoRA on linear layers only")
+            a = state_dict[f"{full}.lora_A.{adapter}.weight"]
+            b = state_dict[f"{full}.lora_B.{adapter}.weight"]
+            cast = a.dtype in (torch.float16, torch.bfloat16)  # as peft: the product in fp32
+            delta = (b.float() @ a.float()) if cast else (b @ a)
+            if getattr(mod, "fan_in_fan_out", False):
+                delta = delta.T
+            w += (delta * mod.scaling[adapter]).to(w.dtype)
+        out[f"{name}.weight"] = w
+    if not out:
+        raise ValueError("the peft model has no LoRA layers to merge")
+    return out
+
+
+def policy_state_dict_from_full(model: Any, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What to publish, from the model's full state dict: merged LoRA weights or the state dict."""
+    if is_peft_model(model):
+        return merged_lora_weights_from_state_dict(model, state_dict)
+    return dict(state_dict)
+
+
+def trainable_from_full_state_dict(model: Any, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`trainable_state_dict` from the model's full state dict (adapter weights named as
+    peft saves them for LoRA, else everything)."""
+    if is_peft_model(model):
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().cpu() for k, v in get_peft_model_state_dict(model, state_dict=state_dict).items()}
+    return {k: v.detach().cpu() for k, v in state_dict.items()}
+
+
+def trainable_to_model_names(model: Any, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse naming of :func:`trainable_state_dict`: the same tensors keyed as in
+    ``model.state_dict()`` (peft drops the adapter name on save; this puts it back, by asking
+    peft how it names each of the model's own tensors). Unknown names raise ``KeyError``."""
+    if not is_peft_model(model):
+        return dict(sd)
+    from peft import get_peft_model_state_dict
+
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+    probe = {n: torch.tensor(float(i)) for i, n in enumerate(names)}
+    saved_as = {k: names[int(v)] for k, v in get_peft_model_state_dict(model, state_dict=probe).items()}
+    unknown = [k for k in sd if k not in saved_as]
+    if unknown:
+        raise KeyError(f"checkpoint has adapter weights the model lacks: {unknown[:5]}")
+    return {saved_as[k]: v for k, v in sd.items()}

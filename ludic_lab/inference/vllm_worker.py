@@ -1,0 +1,122 @@
+"""``LudicWorkerExtension``: the vLLM worker side of ludic_lab's weight updates.
+
+vLLM mixes this class into each of its workers (``--worker-extension-cls
+ludic_lab.inference.vllm_worker.LudicWorkerExtension``); the server calls its methods through
+``engine.collective_rpc("ludic_...")``. vLLM runs those calls between engine steps, never
+during a forward pass. Weights are applied with the worker's in-place
+``reload_weights`` (layerwise reload: vLLM's own repacking runs after loading), not with a
+bare ``model.load_weights``, which half-applies on CPU.
+
+Every attribute is prefixed ``ludic_`` because vLLM refuses an extension whose names clash
+with the worker's. This module imports neither vLLM nor torch at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+
+class LudicWorkerExtension:
+    """Methods vLLM adds to each worker (``self`` is the worker)."""
+
+    ludic_nccl_receiver: Optional[Any] = None
+
+    def ludic_model_info(self) -> dict[str, Any]:
+        """What the server needs to check updates: compute dtype and vLLM's fused-layer map."""
+        from ludic_lab.inference.weight_transfer.base import dtype_name
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        packed = getattr(model, "packed_modules_mapping", None) or {}
+        return {
+            "dtype": dtype_name(self.model_config.dtype),  # type: ignore[attr-defined]
+            "packed_modules": {str(k): [str(x) for x in v] for k, v in dict(packed).items()},
+            "device": str(getattr(self, "device", "cpu")),
+        }
+
+    def ludic_load_file(self, path: str, names: Sequence[str], rename: dict[str, str]) -> int:
+        """Reload ``names`` from the safetensors file at ``path`` in place; returns the count."""
+        from ludic_lab.inference.weight_transfer.shm import iter_safetensors
+
+        self.reload_weights(weights_iterator=iter_safetensors(path, list(names), rename))  # type: ignore[attr-defined]
+        self.ludic_refresh_tied()
+        return len(names)
+
+    def ludic_refresh_tied(self) -> int:
+        """Re-run weight post-processing of modules that share a weight with another module.
+
+        A tied ``lm_head`` shares the embedding's parameter but is never loaded itself, so the
+        layerwise reload skips its post-processing; on CPU that post-processing packs the
+        weight into a separate GEMM buffer, which would keep the *old* embedding as output
+        projection. Returns the number of modules refreshed.
+        """
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        owners: dict[int, list[Any]] = {}
+        for module in model.modules():
+            w = module._parameters.get("weight")
+            if w is not None and w.device.type != "meta" and w.numel():
+                owners.setdefault(w.data_ptr(), []).append(module)
+        n = 0
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            for mods in owners.values():
+                if len(mods) < 2:
+                    continue
+                for m in mods:  # only embedding-style layers: their post-processing is idempotent
+                    qm = getattr(m, "quant_method", None)
+                    if isinstance(qm, UnquantizedEmbeddingMethod):
+                        qm.process_weights_after_loading(m)
+                        n += 1
+        return n
+
+    # -- NCCL ----------------------------------------------------------------------------
+    def ludic_init_nccl(self, host: str, port: int, world_size: int, packed: bool) -> None:
+        """Join the trainer's weight-update group (trainer rank 0, workers after it)."""
+        import torch
+
+        from ludic_lab.inference.weight_transfer.nccl import NcclReceiver
+
+        if self.ludic_nccl_receiver is not None:
+            raise RuntimeError("an NCCL weight-update group is already open; POST /close_communicator first")
+        pc = self.parallel_config  # type: ignore[attr-defined]
+        worker_rank = pc.data_parallel_index * pc.world_size + pc.rank
+        self.ludic_nccl_receiver = NcclReceiver(
+            host, port, world_size, worker_rank, torch.accelerator.current_device_index(), packed=packed
+        )
+
+    def ludic_receive_nccl(self, params: Sequence[dict[str, Any]], rename: dict[str, str]) -> int:
+        """Receive one update's tensors (``params`` as in the request body) and reload them."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        from ludic_lab.inference.weight_transfer.base import ParamMeta
+
+        if self.ludic_nccl_receiver is None:
+            raise RuntimeError("no NCCL weight-update group; POST /init_communicator with transport 'nccl' first")
+        metas = [ParamMeta.from_json(p) for p in params]
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+
+        def load(batch: Any) -> None:
+            model.load_weights([(rename.get(n, n), t) for n, t in batch if rename.get(n, n) is not None])
+
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            initialize_layerwise_reload(model)
+            self.ludic_nccl_receiver.receive(metas, load)
+            finalize_layerwise_reload(model, self.model_config)  # type: ignore[attr-defined]
+        self.ludic_refresh_tied()
+        runner = self.model_runner  # type: ignore[attr-defined]
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            fn = getattr(runner, reset, None)
+            if callable(fn):
+                fn()
+        return len(metas)
+
+    def ludic_close_nccl(self) -> None:
+        """Leave the NCCL group (no-op when none is open)."""
+        if self.ludic_nccl_receiver is not None:
+            self.ludic_nccl_receiver.close()
+            self.ludic_nccl_receiver = None

@@ -1,0 +1,597 @@
+"""``RolloutStepper``: run an agent in an env one turn at a time, look, change, re-run.
+
+Each :meth:`RolloutStepper.step` is one turn of :class:`SingleAgentSyncProtocol`, made with
+the protocol's own helpers (same parse-error steps, rewards, truncation at ``max_steps``),
+so :meth:`RolloutStepper.to_rollout` gives the ``Rollout`` — token traces included — the
+protocol produces for the same env, agent and seeds. A :class:`Turn` shows the prompt
+messages, the completion, the parse result and format reward, the env's reward and next
+observation. :meth:`RolloutStepper.rerun` samples a turn again, optionally with another
+sampling config, sampling seed or system prompt: the agent's state is restored from a
+snapshot and the env is rewound by replaying the earlier turns' actions from its seed.
+
+Example::
+
+    stepper = RolloutStepper(env, agent, env_seed=0, sampling_seed=1)
+    turn = await stepper.step()            # or stepper.widget() for buttons
+    turn = await stepper.rerun(sampling=SamplingConfig(temperature=0.3, max_tokens=64))
+    rollout = stepper.to_rollout()
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from ludic_lab.agents.base_agent import ActResult, Agent
+from ludic_lab.envs.env import LudicEnv
+from ludic_lab.inference.request import InferenceSpec, SamplingConfig
+from ludic_lab.interaction.single_agent import (
+    act_before,
+    env_step,
+    env_system_prompt,
+    mark_truncated,
+    maybe_await,
+    oldest_policy_version,
+    parse_error_step,
+)
+from ludic_lab.lab.tasks import BackgroundTask, run_sync, start_background
+from ludic_lab.parsers import ParseResult
+from ludic_lab.token_html import fmt, sequence_html, view_html
+from ludic_lab.types import Message, Rollout, Step
+
+__all__ = ["RolloutStepper", "StepperWidget", "Turn"]
+
+_KEEP: Any = object()
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One stepped turn: what the model saw and said, and what came back."""
+
+    index: int
+    """Turn (step) index in the episode, from 0."""
+    act: ActResult
+    """The agent's act result (response, parse result, token trace, prompt messages)."""
+    step: Step
+    """The step exactly as the protocol records it."""
+    system_prompt: Optional[str]
+    """System prompt of the episode this turn belongs to."""
+    sampling: SamplingConfig
+    """Sampling config of the request (before the per-turn seed was applied)."""
+    attempt: int = 0
+    """0 for the first sample of this turn, n for its n-th re-run."""
+    tokenizer: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def prompt_messages(self) -> tuple[Message, ...]:
+        return self.act.prompt_messages
+
+    @property
+    def completion(self) -> str:
+        return self.act.text
+
+    @property
+    def parse_result(self) -> ParseResult:
+        return self.act.parse_result
+
+    @property
+    def format_reward(self) -> float:
+        return self.step.format_reward
+
+    @property
+    def env_reward(self) -> float:
+        """The env's reward (0 when parsing failed and the env was not called)."""
+        return self.step.env_reward
+
+    @property
+    def next_obs(self) -> Optional[str]:
+        return self.step.next_obs
+
+    @property
+    def reward(self) -> float:
+        return self.step.reward
+
+    @property
+    def done(self) -> bool:
+        return self.step.done
+
+    def _repr_html_(self) -> str:
+        return view_html(turn_html(self))
+
+
+def turn_html(t: Turn, *, open_prompt: bool = False) -> str:
+    """The body of a turn's view: prompt messages, completion tokens, parse and env results."""
+    s = t.step
+    flags = [f for f, on in (("terminated", s.terminated), ("truncated", s.truncated)) if on]
+    head = (
+        f"<div class='ll-head'><b>turn {t.index}</b>" + (f" (re-run {t.attempt})" if t.attempt else "")
+        + f" · reward <b>{fmt(s.reward)}</b> = env {fmt(s.env_reward)} + format {fmt(s.format_reward)}"
+        + f" · temperature {t.sampling.temperature:g}, max_tokens {t.sampling.max_tokens}"
+        + ("" if not flags else " · " + ", ".join(flags)) + "</div>"
+    )
+    msgs = "".join(
+        f"<div class='ll-msg'><b>{html.escape(str(m.get('role')))}</b>\n{html.escape(str(m.get('content')))}</div>"
+        for m in t.prompt_messages
+    )
+    prompt = (
+        f"<details{' open' if open_prompt else ''}><summary>prompt: {len(t.prompt_messages)} message(s)</summary>"
+        f"{msgs}</details>"
+    )
+    tr = t.act.trace
+    if tr is not None:
+        lps = tr.completion_logprobs
+        comp = sequence_html(
+            list(tr.completion_token_ids), tokenizer=t.tokenizer, logprobs=None if lps is None else list(lps)
+        )
+        comp = f"<div class='ll-head'>completion · {len(tr.completion_token_ids)} tokens ({tr.finish_reason})</div>{comp}"
+    else:
+        comp = f"<div class='ll-head'>completion</div><div class='ll-msg'>{html.escape(t.completion)}</div>"
+    pr = t.parse_result
+    if pr.action is None:
+        parse = (
+            f"<div class='ll-head'><span class='ll-err'>parse error</span> · format reward {fmt(pr.reward)}"
+            f" · env not called · feedback:</div><div class='ll-msg'>{html.escape(s.next_obs or '')}</div>"
+        )
+    else:
+        parse = (
+            f"<div class='ll-head'>parsed action: <code>{html.escape(repr(pr.action))}</code> · format reward "
+            f"{fmt(pr.reward)}</div><div class='ll-head'>env reward <b>{fmt(s.env_reward)}</b> · next observation:</div>"
+            f"<div class='ll-msg'>{html.escape(s.next_obs or '')}</div>"
+        )
+    return f"<div class='ll-card' data-turn='{t.index}'>{head}{prompt}{comp}{parse}</div>"
+
+
+class RolloutStepper:
+    """Steps ``agent`` through ``env`` (one agent id) one turn at a time.
+
+    ``env_seed``/``sampling_seed`` seed the episode as in ``SingleAgentSyncProtocol.run``;
+    ``sampling`` (or ``inference``) is the request config; ``system_prompt`` overrides the
+    agent's/env's prompt (``""`` = none). Async methods have ``*_sync`` twins for scripts.
+    Re-running a turn needs an env that replays deterministically from ``env_seed``.
+
+    Example: ``st = RolloutStepper(env, agent, env_seed=0); turn = await st.step(); st.to_rollout()``.
+    """
+
+    def __init__(
+        self,
+        env: LudicEnv,
+        agent: Agent,
+        *,
+        env_seed: Optional[int] = None,
+        sampling_seed: Optional[int] = None,
+        sampling: Optional[SamplingConfig] = None,
+        inference: Optional[InferenceSpec] = None,
+        system_prompt: Optional[str] = None,
+        max_steps: int = 8,
+        stop_on_parse_error: bool = False,
+    ) -> None:
+        if not isinstance(agent, Agent):
+            raise TypeError(f"RolloutStepper needs an Agent, got {type(agent).__name__}")
+        ids = list(env.agent_ids)
+        if len(ids) != 1:
+            raise ValueError(f"RolloutStepper needs an env with exactly one agent, {type(env).__name__} has {ids}")
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.env = env
+        self.agent = agent
+        self.agent_id = ids[0]
+        self.env_seed = env_seed
+        self.sampling_seed = sampling_seed
+        self.inference = inference or InferenceSpec()
+        if sampling is not None:
+            self.inference = replace(self.inference, sampling=sampling)
+        self._system_prompt = system_prompt
+        self.max_steps = max_steps
+        self.stop_on_parse_error = stop_on_parse_error
+        self.turns: list[Turn] = []
+        """The current episode's turns, in order."""
+        self.discarded: list[Turn] = []
+        """Turns replaced by re-runs (most recent last), for comparison."""
+        self.reruns = 0
+        self._snapshots: list[dict[str, Any]] = []
+        self._started = False
+        self._done = False
+        self._end: Optional[str] = None
+        self._broken: Optional[str] = None
+        self._first_obs: Optional[str] = None
+        self._obs: Optional[str] = None
+        self._episode_id = uuid.uuid4().hex
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling config of the next request."""
+        return self.inference.sampling or SamplingConfig()
+
+    @property
+    def system_prompt(self) -> Optional[str]:
+        """The system prompt the episode uses (override, else agent's, else env's)."""
+        if self._system_prompt is not None:
+            return self._system_prompt
+        return self.agent.system_prompt or env_system_prompt(self.env, self.agent_id)
+
+    @property
+    def done(self) -> bool:
+        """True once the episode ended (terminated, truncated, max_steps, parse-error stop)."""
+        return self._done
+
+    @property
+    def obs(self) -> Optional[str]:
+        """The observation the agent acts on next (``None`` before the first reset)."""
+        return self._obs
+
+    @property
+    def tokenizer(self) -> Any:
+        tpl = getattr(self.agent, "chat_template", None)
+        return getattr(tpl, "tokenizer", None)
+
+    # -- episode -----------------------------------------------------------------------------
+    async def reset(self, *, env_seed: Any = _KEEP, system_prompt: Any = _KEEP) -> str:
+        """Start a new episode (optionally with another env seed / system prompt); returns
+        the first observation. Turns of the previous episode are dropped."""
+        if env_seed is not _KEEP:
+            self.env_seed = env_seed
+        if system_prompt is not _KEEP:
+            self._system_prompt = system_prompt
+        self.turns, self._snapshots, self.discarded, self.reruns = [], [], [], 0
+        self._episode_id = uuid.uuid4().hex
+        await self._start_episode()
+        return self._obs  # type: ignore[return-value]
+
+    async def _start_episode(self) -> None:
+        self._broken = None
+        obs, info = (await maybe_await(self.env.reset(seed=self.env_seed)))[self.agent_id]
+        self.agent.reset(system_prompt=self.system_prompt)
+        self.agent.on_env_reset(obs, info)
+        self._first_obs = self._obs = obs
+        self._started, self._done, self._end = True, False, None
+
+    async def step(self) -> Turn:
+        """Run the next turn (resetting first if needed) and return it; raises once the
+        episode is over (see :meth:`to_rollout`, :meth:`reset`)."""
+        if self._broken:
+            raise RuntimeError(f"{self._broken}; call reset() to start again")
+        if not self._started:
+            await self._start_episode()
+        if self._done:
+            raise RuntimeError(f"the episode is over ({self._end}): use to_rollout(), rerun() or reset()")
+        t = len(self.turns)
+        if self.agent_id not in self.env.active_agents:
+            self._finish("agent_inactive")
+            raise RuntimeError("the env no longer lists the agent as active: the episode is over")
+        snap = _snapshot(self.agent)
+        obs = self._obs
+        try:
+            act = await act_before(self.agent, self.inference, self.sampling_seed, None)
+        except BaseException:
+            _restore(self.agent, snap)
+            raise
+        if act.parse_failed:
+            step = parse_error_step(t, obs, act, terminated=self.stop_on_parse_error)  # type: ignore[arg-type]
+            self.agent.on_after_step(step.next_obs, step.info)  # type: ignore[arg-type]
+            end = "parse_error" if self.stop_on_parse_error else None
+        else:
+            try:
+                outcomes = await maybe_await(self.env.step({self.agent_id: act.action}))
+                if self.agent_id not in outcomes:
+                    raise KeyError(f"env.step returned no outcome for {self.agent_id!r} (got {sorted(outcomes)})")
+            except BaseException as e:
+                self._broken = f"env.step failed at turn {t} ({type(e).__name__}: {e})"
+                _restore(self.agent, snap)
+                raise
+            out = outcomes[self.agent_id]
+            step = env_step(t, obs, act, out)  # type: ignore[arg-type]
+            end = ("terminated" if out.terminated else "truncated") if (out.terminated or out.truncated) else None
+            if end is None:
+                self.agent.on_after_step(out.obs, out.info)
+        if end is None and t + 1 >= self.max_steps:
+            step = mark_truncated(step, "max_steps")
+            end = "max_steps"
+        attempt = sum(1 for d in self.discarded if d.index == t)
+        turn = Turn(t, act, step, self.system_prompt, self.sampling, attempt, tokenizer=self.tokenizer)
+        self.turns.append(turn)
+        self._snapshots.append(snap)
+        self._obs = step.next_obs
+        if end is not None:
+            self._finish(end)
+        return turn
+
+    def _finish(self, end: str) -> None:
+        self._done, self._end = True, end
+        if end == "agent_inactive" and self.turns and not self.turns[-1].step.done:
+            last = self.turns[-1]
+            self.turns[-1] = replace(last, step=mark_truncated(last.step, end))
+
+    async def run(self) -> Rollout:
+        """Step until the episode ends and return :meth:`to_rollout`."""
+        while not self._done:
+            await self.step()
+        return self.to_rollout()
+
+    async def rerun(
+        self,
+        *,
+        sampling: Optional[SamplingConfig] = None,
+        system_prompt: Any = _KEEP,
+        sampling_seed: Any = _KEEP,
+        turn: Optional[int] = None,
+    ) -> Turn:
+        """Sample turn ``turn`` (default: the last one) again; later turns are discarded.
+
+        ``sampling`` / ``sampling_seed`` replace the config for this and later turns. A new
+        ``system_prompt`` changes what every turn saw, so the episode restarts from turn 0.
+        Same config and seeds reproduce the same sample; change the seed to get another.
+        """
+        if not self.turns:
+            raise RuntimeError("nothing to re-run yet: call step() first")
+        k = len(self.turns) - 1 if turn is None else int(turn)
+        if not 0 <= k < len(self.turns):
+            raise ValueError(f"turn must be in 0..{len(self.turns) - 1}, got {turn}")
+        if sampling is not None:
+            if not isinstance(sampling, SamplingConfig):
+                raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+            self.inference = replace(self.inference, sampling=sampling)
+        if sampling_seed is not _KEEP:
+            self.sampling_seed = sampling_seed
+        if system_prompt is not _KEEP and (system_prompt or None) != (self.system_prompt or None):
+            self._system_prompt = system_prompt
+            k = 0
+        await self._rewind(k)
+        self.reruns += 1
+        return await self.step()
+
+    async def _rewind(self, k: int) -> None:
+        """Put env and agent back to just before turn ``k``."""
+        dropped, keep = self.turns[k:], self.turns[:k]
+        if k == 0:
+            await self._start_episode()
+        else:
+            obs, _info = (await maybe_await(self.env.reset(seed=self.env_seed)))[self.agent_id]
+            self._check_replay(obs == self._first_obs, "the first observation differs")
+            for t in keep:
+                if t.step.info.get("parse_error"):
+                    continue
+                out = (await maybe_await(self.env.step({self.agent_id: t.step.parsed_action})))[self.agent_id]
+                self._check_replay(
+                    out.obs == t.step.next_obs and float(out.reward) == t.step.env_reward,
+                    f"turn {t.index} gave another observation or reward",
+                )
+            _restore(self.agent, self._snapshots[k])
+            self._obs = keep[-1].step.next_obs
+            self._done, self._end = False, None
+        self.turns, self._snapshots = keep, self._snapshots[:k]
+        self.discarded.extend(dropped)
+
+    def _check_replay(self, ok: bool, what: str) -> None:
+        if not ok:
+            self._broken = (
+                f"cannot rewind: replaying the env from env_seed={self.env_seed!r} diverged ({what}); "
+                "the env is not deterministic for this seed"
+            )
+            raise RuntimeError(self._broken + "; call reset() to start again")
+
+    def to_rollout(self) -> Rollout:
+        """The episode as the protocol would return it (an unfinished episode ends with its
+        last step marked truncated, reason ``"stopped"``)."""
+        if not self.turns:
+            raise RuntimeError("no turns yet: call step() first")
+        steps = [t.step for t in self.turns]
+        end = self._end
+        if not self._done:
+            end = "stopped"
+            if not steps[-1].done:
+                steps[-1] = mark_truncated(steps[-1], "stopped")
+        meta = {
+            "episode_id": self._episode_id,
+            "env": type(self.env).__name__,
+            "protocol": "SingleAgentSyncProtocol",
+            "agent_name": self.agent.name,
+            "end": end,
+            "num_parse_errors": sum(1 for s in steps if s.info.get("parse_error")),
+            "stepper": {"reruns": self.reruns, "discarded_turns": len(self.discarded)},
+        }
+        return Rollout(
+            steps=tuple(steps),
+            agent_id=str(self.agent_id),
+            env_seed=self.env_seed,
+            sampling_seed=self.sampling_seed,
+            policy_version=oldest_policy_version(steps),
+            meta=meta,
+        )
+
+    # -- sync twins -------------------------------------------------------------------------
+    def step_sync(self) -> Turn:
+        """:meth:`step` from sync code."""
+        return run_sync(self.step())
+
+    def rerun_sync(self, **kw: Any) -> Turn:
+        """:meth:`rerun` from sync code."""
+        return run_sync(self.rerun(**kw))
+
+    def reset_sync(self, **kw: Any) -> str:
+        """:meth:`reset` from sync code."""
+        return run_sync(self.reset(**kw))
+
+    def run_to_end_sync(self) -> Rollout:
+        """:meth:`run` from sync code."""
+        return run_sync(self.run())
+
+    # -- views ---------------------------------------------------------------------------
+    def transcript_html(self) -> str:
+        """The episode so far: one card per turn (newest prompt unfolded)."""
+        head = (
+            f"<div class='ll-head'><b>{html.escape(type(self.env).__name__)}</b> · env_seed {self.env_seed} · "
+            f"sampling_seed {self.sampling_seed} · {len(self.turns)}/{self.max_steps} turn(s)"
+            + (f" · episode over ({self._end})" if self._done else "")
+            + (f" · {self.reruns} re-run(s)" if self.reruns else "") + "</div>"
+        )
+        if not self._started:
+            body = "<div class='ll-head'>not started: press Step</div>"
+        else:
+            sp = self.system_prompt
+            body = (
+                f"<div class='ll-head'>system prompt:</div><div class='ll-msg'>{html.escape(sp or '(none)')}</div>"
+                + "".join(turn_html(t, open_prompt=(i == len(self.turns) - 1)) for i, t in enumerate(self.turns))
+            )
+            if not self._done and self._obs is not None and self.turns:
+                body += f"<div class='ll-head'>next observation:</div><div class='ll-msg'>{html.escape(self._obs)}</div>"
+        if self._broken:
+            body += f"<div class='ll-err'>{html.escape(self._broken)}</div>"
+        return view_html(head + body)
+
+    def _repr_html_(self) -> str:
+        return self.transcript_html()
+
+    def widget(self) -> "StepperWidget":
+        """Buttons and fields for stepping in a notebook (see :class:`StepperWidget`).
+
+        Example: ``stepper.widget()`` as the last line of a cell.
+        """
+        return StepperWidget(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutStepper({type(self.env).__name__}, turns={len(self.turns)}, done={self._done}, "
+            f"env_seed={self.env_seed}, sampling_seed={self.sampling_seed})"
+        )
+
+
+def _snapshot(agent: Agent) -> dict[str, Any]:
+    """A deep copy of the agent's state, sharing its client, parser and chat template."""
+    memo = {id(x): x for x in (agent.client, agent.parser, agent.chat_template) if x is not None}
+    try:
+        return copy.deepcopy(vars(agent), memo)
+    except Exception as e:  # noqa: BLE001 - re-raised with what to do
+        raise TypeError(
+            f"cannot snapshot {type(agent).__name__}'s state for re-runs ({type(e).__name__}: {e}); "
+            "keep non-copyable resources on the client, not on the agent or its context"
+        ) from e
+
+
+def _restore(agent: Agent, snap: dict[str, Any]) -> None:
+    memo = {id(x): x for x in (agent.client, agent.parser, agent.chat_template) if x is not None}
+    vars(agent).update(copy.deepcopy(snap, memo))
+
+
+class StepperWidget:
+    """An ipywidgets panel over a :class:`RolloutStepper`: system prompt, temperature,
+    max_tokens, top_p and sampling seed fields; Step / Re-run turn / Run to end / Reset
+    buttons; the transcript below. Each action runs as a background task (``pending``), so
+    the kernel stays responsive; ``wait()`` blocks until it is done (tests, scripts).
+
+    Example: ``ui = stepper.widget(); ui`` (displays), ``ui.step_button.click()``.
+    """
+
+    def __init__(self, stepper: RolloutStepper) -> None:
+        import ipywidgets as w
+
+        self.stepper = s = stepper
+        sc = s.sampling
+        full = w.Layout(width="98%")
+        self.system_prompt = w.Textarea(value=s.system_prompt or "", description="system", layout=w.Layout(width="98%", height="5em"))
+        self.temperature = w.BoundedFloatText(value=sc.temperature, min=0.0, max=10.0, step=0.1, description="temperature")
+        self.max_tokens = w.BoundedIntText(value=sc.max_tokens, min=1, max=1_000_000, description="max_tokens")
+        self.top_p = w.BoundedFloatText(value=sc.top_p, min=0.01, max=1.0, step=0.05, description="top_p")
+        self.seed = w.Text(value="" if s.sampling_seed is None else str(s.sampling_seed), description="seed", placeholder="none")
+        self.step_button = w.Button(description="Step", button_style="primary")
+        self.rerun_button = w.Button(description="Re-run turn")
+        self.run_button = w.Button(description="Run to end")
+        self.reset_button = w.Button(description="Reset")
+        self.status = w.HTML()
+        self.view = w.HTML(layout=full)
+        self.buttons = [self.step_button, self.rerun_button, self.run_button, self.reset_button]
+        self.step_button.on_click(lambda _b: self._launch("step"))
+        self.rerun_button.on_click(lambda _b: self._launch("rerun"))
+        self.run_button.on_click(lambda _b: self._launch("run"))
+        self.reset_button.on_click(lambda _b: self._launch("reset"))
+        self.box = w.VBox([
+            self.system_prompt,
+            w.HBox([self.temperature, self.max_tokens, self.top_p, self.seed]),
+            w.HBox([*self.buttons, self.status]),
+            self.view,
+        ])
+        self.pending: Optional[BackgroundTask] = None
+        self.last_error: Optional[BaseException] = None
+        self.refresh()
+
+    def _settings(self) -> tuple[SamplingConfig, Optional[int], str]:
+        raw = self.seed.value.strip()
+        try:
+            seed = None if raw in ("", "none", "None") else int(raw)
+        except ValueError:
+            raise ValueError(f"seed must be an integer or empty, got {raw!r}") from None
+        sampling = replace(
+            self.stepper.sampling,
+            temperature=float(self.temperature.value),
+            max_tokens=int(self.max_tokens.value),
+            top_p=float(self.top_p.value),
+        )
+        return sampling, seed, self.system_prompt.value
+
+    async def _do(self, action: str) -> None:
+        s = self.stepper
+        sampling, seed, sp = self._settings()
+        if action == "rerun":
+            await s.rerun(sampling=sampling, sampling_seed=seed, system_prompt=sp)
+            return
+        s.inference = replace(s.inference, sampling=sampling)
+        s.sampling_seed = seed
+        if action == "reset" or not s._started:
+            await s.reset(system_prompt=sp)
+            if action == "reset":
+                return
+        elif sp != (s.system_prompt or ""):
+            raise ValueError("the system prompt changed: press 'Re-run turn' (restarts from turn 0) or 'Reset'")
+        if action == "step":
+            await s.step()
+        elif action == "run":
+            await s.run()
+
+    def _launch(self, action: str) -> Optional[BackgroundTask]:
+        if self.pending is not None and not self.pending.done():
+            self.status.value = "<i>busy: wait for the current action</i>"
+            return None
+        self.last_error = None
+        for b in self.buttons:
+            b.disabled = True
+        self.status.value = f"<i>{action}…</i>"
+
+        async def job() -> None:
+            try:
+                await self._do(action)
+            except Exception as e:  # noqa: BLE001 - shown in the panel, kept in last_error
+                self.last_error = e
+            finally:
+                self.refresh()
+
+        self.pending = start_background(job(), output=False, name=f"stepper-{action}")
+        return self.pending
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Block until the current action is done (``TimeoutError`` after ``timeout`` s)."""
+        if self.pending is not None:
+            self.pending.wait(timeout)
+
+    def refresh(self) -> None:
+        """Redraw the transcript and the status line from the stepper's state."""
+        s = self.stepper
+        self.view.value = s.transcript_html()
+        for b in self.buttons:
+            b.disabled = False
+        self.step_button.disabled = s.done or bool(s._broken)
+        self.rerun_button.disabled = not s.turns
+        self.run_button.disabled = s.done or bool(s._broken)
+        if self.last_error is not None:
+            e = self.last_error
+            self.status.value = f"<span style='color:#b00020'>{html.escape(type(e).__name__)}: {html.escape(str(e))}</span>"
+        else:
+            self.status.value = "episode over" if s.done else f"turn {len(s.turns)}"
+
+    def _repr_mimebundle_(self, **kw: Any) -> Any:
+        return self.box._repr_mimebundle_(**kw)
+
+    def __repr__(self) -> str:
+        return f"StepperWidget({self.stepper!r})"

@@ -1,0 +1,450 @@
+"""Background tasks for notebooks: run long rollouts or training without blocking the cell.
+
+:func:`start_background` runs a coroutine (or a plain function) on its own thread — with
+its own event loop for coroutines — and returns a :class:`BackgroundTask` handle that can
+be awaited (from any event loop, e.g. a notebook cell), polled (``done()``, ``status``,
+``result()``) and cancelled. What the task prints goes to an ipywidgets ``Output`` through
+``append_stdout``/``append_stderr`` (never ``with out:`` from a thread, which would capture
+the wrong cell's output); :func:`show` sends rich objects there too.
+
+Also here: ``run_sync`` (re-exported from :mod:`ludic_lab.aio`: runs a coroutine to
+completion from sync code, in a script or in a live kernel) and
+:func:`enable_nested_asyncio`, the explicit opt-in to ``nest_asyncio`` for users' own code
+that calls ``asyncio.run()`` inside a cell.
+
+Example (in a notebook)::
+
+    from ludic_lab import lab
+    task = lab.start_background(trainer.train(50))   # returns at once; output below the cell
+    task.status                                      # 'running'
+    metrics = await task                             # or task.cancel()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import inspect
+import sys
+import threading
+import time
+from typing import Any, Awaitable, Callable, Generator, Optional, Union
+
+from ludic_lab.aio import run_sync
+
+__all__ = ["BackgroundTask", "enable_nested_asyncio", "run_sync", "show", "start_background"]
+
+STATUSES = ("pending", "running", "done", "failed", "cancelled")
+
+
+# -- output routing ----------------------------------------------------------------------------
+class _OutputSink:
+    """Writes a task's stdout/stderr into an ipywidgets ``Output`` (line-buffered, coalesced:
+    at most one widget update per ``interval_s`` plus one at the end), and keeps a full copy."""
+
+    def __init__(self, output: Any, interval_s: float = 0.2) -> None:
+        self.output = output
+        self.interval_s = interval_s
+        self.log: list[str] = []
+        self._pending: dict[str, str] = {"stdout": "", "stderr": ""}
+        self._lock = threading.Lock()
+        self._last = 0.0
+        self._timer: Optional[threading.Timer] = None
+
+    def write(self, name: str, text: str) -> None:
+        with self._lock:
+            self.log.append(text)
+            self._pending[name] += text
+            due = time.monotonic() - self._last >= self.interval_s
+            if not due and self._timer is None:
+                self._timer = threading.Timer(self.interval_s, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+        if due:
+            self.flush(partial=False)
+
+    def flush(self, partial: bool = True) -> None:
+        """Send complete lines (all text when ``partial``) to the widget."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            chunks = []
+            for name in ("stdout", "stderr"):
+                buf = self._pending[name]
+                cut = len(buf) if partial else buf.rfind("\n") + 1
+                if cut > 0:
+                    chunks.append((name, buf[:cut]))
+                    self._pending[name] = buf[cut:]
+            if chunks:
+                self._last = time.monotonic()
+        for name, text in chunks:
+            (self.output.append_stdout if name == "stdout" else self.output.append_stderr)(text)
+
+    def display(self, obj: Any) -> None:
+        self.flush()
+        self.output.append_display_data(obj)
+
+
+_SINK: contextvars.ContextVar[Optional[_OutputSink]] = contextvars.ContextVar("ludic_lab_task_sink", default=None)
+
+
+class _RoutedStream:
+    """Stands in for ``sys.stdout``/``sys.stderr``: writes from inside a task with a sink go
+    to that sink, every other write to the original stream."""
+
+    def __init__(self, original: Any, name: str) -> None:
+        self._original = original
+        self._name = name
+
+    def write(self, s: str) -> int:
+        sink = _SINK.get()
+        if sink is None:
+            return self._original.write(s)
+        sink.write(self._name, s)
+        return len(s)
+
+    def flush(self) -> None:
+        sink = _SINK.get()
+        if sink is not None:
+            sink.flush()
+        else:
+            self._original.flush()
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._original, attr)
+
+
+_route_lock = threading.Lock()
+_route_users = 0
+
+
+def _install_routing() -> None:
+    global _route_users
+    with _route_lock:
+        _route_users += 1
+        for name in ("stdout", "stderr"):
+            cur = getattr(sys, name)
+            if not isinstance(cur, _RoutedStream):
+                setattr(sys, name, _RoutedStream(cur, name))
+
+
+def _uninstall_routing() -> None:
+    global _route_users
+    with _route_lock:
+        _route_users -= 1
+        if _route_users > 0:
+            return
+        for name in ("stdout", "stderr"):
+            cur = getattr(sys, name)
+            if isinstance(cur, _RoutedStream):
+                setattr(sys, name, cur._original)
+
+
+def show(obj: Any) -> None:
+    """Display ``obj`` where the current code's output goes: the ``Output`` of the background
+    task running this code, else the notebook cell (``IPython.display.display``), else print.
+
+    Example (inside a task): ``lab.show(rollouts[0])``.
+    """
+    sink = _SINK.get()
+    if sink is not None:
+        sink.display(obj)
+        return
+    try:
+        from IPython.display import display
+    except ImportError:
+        print(obj)
+        return
+    display(obj)
+
+
+def _in_kernel() -> bool:
+    ipy = sys.modules.get("IPython")
+    shell = ipy.get_ipython() if ipy is not None else None
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _auto_output() -> Any:
+    """A fresh ``Output`` displayed in the current cell when running in a kernel, else ``None``."""
+    if not _in_kernel():
+        return None
+    try:
+        import ipywidgets as widgets
+        from IPython.display import display
+    except ImportError:
+        return None
+    out = widgets.Output(layout={"max_height": "24em", "overflow_y": "auto"})
+    display(out)
+    return out
+
+
+# -- the task ----------------------------------------------------------------------------------
+class BackgroundTask:
+    """Handle of work started by :func:`start_background`.
+
+    ``await task`` (from any event loop) gives the result or raises the task's exception
+    (``CancelledError`` if cancelled); interrupting the awaiting cell does not stop the task.
+    ``done()``, ``status`` and ``result()`` poll; ``wait(timeout)`` blocks (scripts);
+    ``cancel()`` stops a coroutine at its next ``await`` (a plain function cannot be stopped
+    from outside: ``cancel()`` then returns ``False``). ``log`` holds everything it printed.
+
+    Example: ``task = start_background(job()); task.status; task.cancel(); await task``.
+    """
+
+    def __init__(self, target: Union[Awaitable[Any], Callable[[], Any]], output: Any, name: str) -> None:
+        self.name = name
+        self.output = output
+        self._sink = _OutputSink(output) if output is not None else None
+        self._is_coro = inspect.iscoroutine(target)
+        self._target = target
+        self._future: concurrent.futures.Future = concurrent.futures.Future()
+        self._status = "pending"
+        self._lock = threading.Lock()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._task: Optional[asyncio.Task] = None
+        self._cancel_requested = False
+        self.started_at: Optional[float] = None
+        self.finished_at: Optional[float] = None
+        self._thread = threading.Thread(target=self._run, name=f"ludic-lab-task-{name}", daemon=True)
+
+    # -- running -----------------------------------------------------------------------
+    def _start(self) -> "BackgroundTask":
+        if self._sink is not None:
+            _install_routing()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        _SINK.set(self._sink)
+        self.started_at = time.time()
+        try:
+            if self._is_coro:
+                result = self._run_coroutine()
+            else:
+                with self._lock:
+                    if self._cancel_requested:
+                        raise asyncio.CancelledError()
+                    self._status = "running"
+                result = self._target()  # type: ignore[operator]
+                if inspect.iscoroutine(result):  # a function that returns a coroutine: run it too
+                    with self._lock:
+                        self._is_coro, self._target = True, result
+                    result = self._run_coroutine()
+        except asyncio.CancelledError:
+            self._finish("cancelled")
+        except BaseException as e:  # noqa: BLE001 - delivered to whoever awaits the task
+            if self._sink is not None:
+                import traceback
+
+                self._sink.write("stderr", "".join(traceback.format_exception(e)))
+            self._finish("failed", exc=e)
+        else:
+            self._finish("done", result=result)
+
+    def _run_coroutine(self) -> Any:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            with self._lock:
+                self._loop = loop
+                self._task = loop.create_task(self._target)  # type: ignore[arg-type]
+                self._status = "running"
+                if self._cancel_requested:
+                    self._task.cancel()
+            return loop.run_until_complete(self._task)
+        finally:
+            try:
+                rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                for t in rest:
+                    t.cancel()
+                if rest:
+                    loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                with self._lock:
+                    self._loop = None
+                asyncio.set_event_loop(None)
+                loop.close()
+
+    def _finish(self, status: str, *, result: Any = None, exc: Optional[BaseException] = None) -> None:
+        self.finished_at = time.time()
+        if self._sink is not None:
+            self._sink.flush()
+            _uninstall_routing()
+        with self._lock:
+            self._status = status
+        if status == "cancelled":
+            self._future.cancel()
+        elif exc is not None:
+            self._future.set_exception(exc)
+        else:
+            self._future.set_result(result)
+
+    # -- polling -------------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        """``"pending"``, ``"running"``, ``"done"``, ``"failed"`` or ``"cancelled"``."""
+        return self._status
+
+    def done(self) -> bool:
+        """True once the task finished (result, exception or cancelled)."""
+        return self._future.done()
+
+    def cancelled(self) -> bool:
+        return self._future.cancelled()
+
+    def result(self) -> Any:
+        """The result; re-raises the task's exception. Raises ``asyncio.InvalidStateError``
+        while it runs (use ``await task`` or ``task.wait()`` to wait)."""
+        if not self._future.done():
+            raise asyncio.InvalidStateError(f"task {self.name!r} is still {self._status}; await it or call wait()")
+        if self._future.cancelled():
+            raise asyncio.CancelledError(f"task {self.name!r} was cancelled")
+        return self._future.result()
+
+    def exception(self) -> Optional[BaseException]:
+        """The task's exception (``None`` if it succeeded); raises like :meth:`result` while running."""
+        if not self._future.done():
+            raise asyncio.InvalidStateError(f"task {self.name!r} is still {self._status}")
+        if self._future.cancelled():
+            raise asyncio.CancelledError(f"task {self.name!r} was cancelled")
+        return self._future.exception()
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Block until done and return :meth:`result` (``TimeoutError`` after ``timeout`` s).
+        For scripts; in a notebook cell prefer ``await task``, which keeps the kernel free."""
+        try:
+            return self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"task {self.name!r} still {self._status} after {timeout} s") from None
+        except concurrent.futures.CancelledError:
+            raise asyncio.CancelledError(f"task {self.name!r} was cancelled") from None
+
+    @property
+    def elapsed_s(self) -> Optional[float]:
+        """Seconds since the task started (until it finished); ``None`` before it starts."""
+        if self.started_at is None:
+            return None
+        return (self.finished_at or time.time()) - self.started_at
+
+    @property
+    def log(self) -> str:
+        """Everything the task printed so far (when it has an output)."""
+        return "".join(self._sink.log) if self._sink is not None else ""
+
+    # -- control ---------------------------------------------------------------------------
+    def cancel(self) -> bool:
+        """Request cancellation; returns ``False`` if the task already finished or is a
+        running plain function (which cannot be interrupted)."""
+        with self._lock:
+            if self._future.done():
+                return False
+            if not self._is_coro and self._status == "running":
+                return False
+            self._cancel_requested = True
+            loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop closed meanwhile
+                return False
+        return True
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._wait_async().__await__()
+
+    async def _wait_async(self) -> Any:
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+
+        def relay(f: concurrent.futures.Future) -> None:
+            def settle() -> None:
+                if waiter.done():
+                    return  # the awaiting coroutine was cancelled: the task keeps running
+                if f.cancelled():
+                    waiter.cancel()
+                elif f.exception() is not None:
+                    waiter.set_exception(f.exception())  # type: ignore[arg-type]
+                else:
+                    waiter.set_result(f.result())
+
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:  # the awaiting loop is gone
+                pass
+
+        self._future.add_done_callback(relay)
+        return await waiter
+
+    def __repr__(self) -> str:
+        el = self.elapsed_s
+        return f"<BackgroundTask {self.name!r} {self._status}" + ("" if el is None else f" {el:.1f}s") + ">"
+
+
+_counter = 0
+_counter_lock = threading.Lock()
+
+
+def start_background(
+    coro_or_fn: Union[Awaitable[Any], Callable[[], Any]],
+    output: Any = None,
+    *,
+    name: Optional[str] = None,
+) -> BackgroundTask:
+    """Start ``coro_or_fn`` on its own thread and return its :class:`BackgroundTask` at once.
+
+    A coroutine (or a function returning one) runs on a fresh event loop in that thread; a
+    plain function is called there. ``output``: an ipywidgets ``Output`` for what the task
+    prints; ``None`` creates and displays one under the cell when running in a Jupyter kernel
+    (no routing in a plain script); ``False`` never routes. Objects the task uses should not
+    be used concurrently from the notebook's own loop.
+
+    Example: ``task = start_background(engine.generate_rollouts(reqs)); rollouts = await task``.
+    """
+    global _counter
+    target: Any = coro_or_fn
+    if not inspect.iscoroutine(target):
+        if not callable(target):
+            raise TypeError(
+                f"start_background expects a coroutine or a callable, got {type(target).__name__}"
+            )
+        if inspect.iscoroutinefunction(target):
+            target = target()
+    if output is None:
+        output = _auto_output()
+    elif output is False:
+        output = None
+    elif not callable(getattr(output, "append_stdout", None)):
+        raise TypeError(f"output must be an ipywidgets Output (has append_stdout), got {type(output).__name__}")
+    with _counter_lock:
+        _counter += 1
+        n = _counter
+    if name is None:
+        inner = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
+        name = f"{inner}#{n}"
+    return BackgroundTask(target, output, name)._start()
+
+
+def enable_nested_asyncio(loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+    """Opt in to ``nest_asyncio`` so code calling ``asyncio.run()`` works inside a running
+    loop (a notebook cell). It patches ``asyncio`` process-wide and the given (default:
+    current) loop; ludic_lab never does this by itself — ``run_sync`` needs no patching.
+
+    Example: ``lab.enable_nested_asyncio()`` once, then legacy ``asyncio.run(main())`` in a cell.
+    """
+    try:
+        import nest_asyncio
+    except ImportError as e:
+        raise ImportError(
+            "enable_nested_asyncio needs the nest_asyncio package: pip install nest_asyncio "
+            "(or use `await coro` / ludic_lab.run_sync(coro), which need no patching)"
+        ) from e
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+    nest_asyncio.apply(loop)

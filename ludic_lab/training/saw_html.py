@@ -1,0 +1,137 @@
+"""HTML views of SAW items and batches: the per-token weights the loss will see.
+
+Tokens are coloured by ``weights[t] * action_mask[t]`` on a diverging scale centred on 0,
+fixed across a group (siblings share ``max |w|``); masked tokens are grey; hover shows token
+id, behaviour logprob, ratio (when the current policy's logprobs are given) and advantage.
+Siblings (same ``group_id``) are shown side by side with their reward and advantage.
+No torch here: ``logprobs`` are plain per-item float sequences aligned with ``input_ids``.
+
+Example::
+
+    from ludic_lab.training.saw_html import saw_batch_html
+    saw_batch_html(batch, tokenizer=client)                      # str
+    saw_batch_html(batch, tokenizer=client, logprobs=current)    # + ratios on hover
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Optional, Sequence
+
+from ludic_lab.token_html import fmt, legend_html, resolve_tokenizer, scale_of, sequence_html, view_html
+from ludic_lab.training.saw import SAWBatch, SAWItem
+
+
+def _effective(it: SAWItem) -> list[float]:
+    return [w * m for w, m in zip(it.weights, it.action_mask)]
+
+
+def item_ratios(it: SAWItem, logprobs: Optional[Sequence[float]]) -> Optional[list[Optional[float]]]:
+    """``exp(logprob - behaviour_logprob)`` on action tokens (``None`` elsewhere), or ``None``
+    without ``logprobs``; ``logprobs`` must align with ``it.input_ids``."""
+    if logprobs is None:
+        return None
+    if len(logprobs) != it.num_tokens:
+        raise ValueError(f"logprobs has {len(logprobs)} entries for an item of {it.num_tokens} tokens")
+    return [
+        math.exp(float(lp) - b) if m else None for lp, b, m in zip(logprobs, it.behaviour_logprobs, it.action_mask)
+    ]
+
+
+def _card(it: SAWItem, tok: Any, scale: float, logprobs: Optional[Sequence[float]]) -> str:
+    adv = it.weight
+    bits = [
+        f"<b>reward {fmt(it.reward)}</b>",
+        f"adv <b>{fmt(adv)}</b>",
+        f"{it.num_tokens} tokens ({it.num_action_tokens} action)",
+    ]
+    if it.policy_version is not None:
+        bits.append(f"policy v{it.policy_version}")
+    if it.rollout_id:
+        bits.append(f"<span title='{html.escape(it.rollout_id, quote=True)}'>{html.escape(it.rollout_id[:8])}"
+                    f"/step {it.step_index}</span>")
+    body = sequence_html(
+        it.input_ids,
+        tokenizer=tok,
+        mask=it.action_mask,
+        weights=it.weights,
+        logprobs=[b if m else None for b, m in zip(it.behaviour_logprobs, it.action_mask)],
+        ratios=item_ratios(it, logprobs),
+        advantage=adv,
+        scale=scale,
+    )
+    return (
+        f"<div class='ll-card' data-rollout-id='{html.escape(it.rollout_id, quote=True)}' "
+        f"data-reward='{it.reward!r}' data-adv='{adv!r}'><div class='ll-head'>{' · '.join(bits)}</div>{body}</div>"
+    )
+
+
+def _grouped(items: Sequence[tuple[int, SAWItem]]) -> list[list[tuple[int, SAWItem]]]:
+    groups: dict[Any, list[tuple[int, SAWItem]]] = {}
+    for k, it in items:
+        groups.setdefault(it.group_id if it.group_id is not None else ("__single__", k), []).append((k, it))
+    return list(groups.values())
+
+
+def saw_batch_html(
+    batch: SAWBatch | Sequence[SAWItem] | SAWItem,
+    *,
+    tokenizer: Any = None,
+    logprobs: Optional[Sequence[Sequence[float]]] = None,
+    max_items: int = 64,
+    title: Optional[str] = None,
+) -> str:
+    """The credit view of a batch (or items, or one item): groups of siblings side by side,
+    one colour scale per group; ``logprobs[i]`` (current policy, aligned with item ``i``'s
+    ``input_ids``) adds ratios. Shows at most ``max_items`` (says how many more)."""
+    if isinstance(batch, SAWItem):
+        items: list[SAWItem] = [batch]
+        meta: dict[str, Any] = {}
+    elif isinstance(batch, SAWBatch):
+        items, meta = list(batch.items), dict(batch.meta)
+    else:
+        items, meta = list(batch), {}
+    if logprobs is not None and len(logprobs) != len(items):
+        raise ValueError(f"logprobs has {len(logprobs)} sequences for {len(items)} items")
+    tok = resolve_tokenizer(tokenizer)
+    shown = list(enumerate(items[:max_items]))
+    parts = []
+    if title:
+        parts.append(f"<h3>{html.escape(title)}</h3>")
+    if len(items) > 1 or meta:
+        n_tok = sum(it.num_tokens for it in items)
+        n_act = sum(it.num_action_tokens for it in items)
+        summ = [f"<b>{len(items)} item(s)</b>", f"{n_tok} tokens", f"{n_act} action tokens"]
+        summ += [f"{html.escape(str(k))} {v:.4g}" for k, v in list(meta.items())[:6] if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        parts.append(f"<div class='ll-head'>{' · '.join(summ)}</div>")
+    if tok is None:
+        parts.append(
+            "<div class='ll-head'>token ids shown: call <code>ludic_lab.token_html.set_display_tokenizer(tokenizer)</code> "
+            "or pass <code>tokenizer=</code> to see text</div>"
+        )
+    parts.append(legend_html(scale_of([w for _, it in shown for w in _effective(it)])))
+    for group in _grouped(shown):
+        scale = scale_of([w for _, it in group for w in _effective(it)])
+        gid = group[0][1].group_id
+        if gid is not None:
+            rewards = [it.reward for _, it in group]
+            parts.append(
+                f"<div class='ll-ghead'>group <b>{html.escape(str(gid)[:12])}</b> · {len(group)} sibling(s) · "
+                f"reward mean {fmt(sum(rewards) / len(rewards))} · scale ±{scale:.3g}</div>"
+            )
+        cards = "".join(_card(it, tok, scale, None if logprobs is None else logprobs[k]) for k, it in group)
+        parts.append(
+            f"<div class='ll-group' data-group-id='{html.escape(str(gid), quote=True)}' data-scale='{scale!r}'>{cards}</div>"
+        )
+    if len(items) > max_items:
+        parts.append(f"<div class='ll-head'>… {len(items) - max_items} more item(s) not shown (max_items={max_items})</div>")
+    return view_html("".join(parts))
+
+
+def saw_item_html(item: SAWItem, **kw: Any) -> str:
+    """The credit view of one item (what ``SAWItem._repr_html_`` shows); see :func:`saw_batch_html`."""
+    return saw_batch_html(item, **kw)
+
+
+__all__ = ["item_ratios", "saw_batch_html", "saw_item_html"]

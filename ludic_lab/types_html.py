@@ -1,0 +1,153 @@
+"""HTML views of rollouts (layer 0): one rollout, or groups of siblings side by side.
+
+A step's prompt tokens are masked (grey, folded); its completion tokens are coloured by the
+step's credit when ``weights`` (a credit assigner's ``{(rollout_id, step_index): weight}``)
+is given, else left white, with token id and behaviour logprob on hover. Rollouts that
+share a ``group_id`` are shown side by side with one colour scale (the group's max ``|w|``).
+
+Example::
+
+    from ludic_lab.types_html import rollouts_html
+    HTMLView(rollouts_html(rollouts, weights=GroupNormalizedReturn()(rollouts), tokenizer=client))
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Mapping, Optional, Sequence
+
+from ludic_lab.token_html import fmt, legend_html, resolve_tokenizer, scale_of, sequence_html, view_html
+from ludic_lab.types import Rollout, Step
+
+Weights = Mapping[tuple[str, int], float]
+
+
+def _step_html(r: Rollout, s: Step, weights: Optional[Weights], tok: Any, scale: float) -> str:
+    w = None if weights is None else weights.get((r.id, s.index))
+    flags = [f for f, on in (("terminated", s.terminated), ("truncated", s.truncated)) if on]
+    if s.info.get("parse_error"):
+        flags.append("parse error")
+    head = (
+        f"<div class='ll-head'><b>step {s.index}</b> · reward {fmt(s.reward)} "
+        f"(env {fmt(s.env_reward)}, format {fmt(s.format_reward)})"
+        + ("" if w is None else f" · weight <b>{fmt(w)}</b>")
+        + ("" if not flags else " · " + ", ".join(flags))
+        + "</div>"
+    )
+    tr = s.trace
+    if tr is None:
+        body = (
+            f"<div class='ll-msg'>{html.escape(s.action)}</div>"
+            "<div class='ll-head'>(no token trace: sampled without token ids)</div>"
+        )
+    else:
+        P, C = len(tr.prompt_token_ids), len(tr.completion_token_ids)
+        lps = tr.completion_logprobs
+        body = sequence_html(
+            tr.input_ids,
+            tokenizer=tok,
+            mask=[0] * P + [1] * C,
+            weights=None if w is None else [0.0] * P + [float(w)] * C,
+            logprobs=None if lps is None else [None] * P + list(lps),
+            advantage=w,
+            scale=scale,
+            prompt_label=f"prompt ({tr.prompt_source})",
+        )
+    parsed = (
+        "<span class='ll-err'>parse error</span>" if s.parsed_action is None else html.escape(repr(s.parsed_action))
+    )
+    tail = f"<div class='ll-head'>parsed: {parsed}"
+    if s.next_obs is not None:
+        tail += f" · next obs: <span class='ll-msg' style='display:inline'>{html.escape(s.next_obs)}</span>"
+    return head + body + tail + "</div>"
+
+
+def _card_html(r: Rollout, weights: Optional[Weights], tok: Any, scale: float) -> str:
+    ws = [weights[(r.id, s.index)] for s in r.steps if weights is not None and (r.id, s.index) in weights]
+    adv = ""
+    if ws:
+        adv = f" · adv <b>{fmt(ws[0])}</b>" if len(set(ws)) == 1 else " · adv per step"
+    meta = " · ".join(
+        f"{k} {v}"
+        for k, v in (("env_seed", r.env_seed), ("sampling_seed", r.sampling_seed), ("policy v", r.policy_version))
+        if v is not None
+    )
+    head = (
+        f"<div class='ll-head'><b>reward {fmt(r.total_reward)}</b>{adv} · {r.length} step(s)"
+        + (f" · {html.escape(meta)}" if meta else "")
+        + f" · <span title='{html.escape(r.id, quote=True)}'>id {html.escape(r.id[:8])}</span></div>"
+    )
+    err = f"<div class='ll-err'>failed: {html.escape(r.error)}</div>" if r.error else ""
+    steps = "".join(_step_html(r, s, weights, tok, scale) for s in r.steps)
+    return (
+        f"<div class='ll-card' data-rollout-id='{html.escape(r.id, quote=True)}' data-reward='{r.total_reward!r}'>"
+        f"{head}{err}{steps}</div>"
+    )
+
+
+def _group_scale(rollouts: Sequence[Rollout], weights: Optional[Weights]) -> float:
+    if weights is None:
+        return 1.0
+    return scale_of([weights.get((r.id, s.index), 0.0) for r in rollouts for s in r.steps])
+
+
+def _groups(rollouts: Sequence[Rollout]) -> list[tuple[Optional[str], list[Rollout]]]:
+    order: dict[Any, list[Rollout]] = {}
+    for r in rollouts:
+        key = r.group_id if r.group_id is not None else ("__single__", r.id)
+        order.setdefault(key, []).append(r)
+    return [(rs[0].group_id, rs) for rs in order.values()]
+
+
+def rollouts_html(
+    rollouts: Sequence[Rollout] | Rollout,
+    *,
+    weights: Optional[Weights] = None,
+    tokenizer: Any = None,
+    max_rollouts: int = 64,
+    title: Optional[str] = None,
+) -> str:
+    """The token view of ``rollouts``: groups (by ``group_id``) of sibling cards side by side,
+    each with reward, advantage and its steps' tokens; one colour scale per group.
+
+    ``weights`` colours completion tokens by each step's credit; ``tokenizer`` (or the
+    display tokenizer) decodes token ids. Shows at most ``max_rollouts`` (says how many more).
+    """
+    rs = [rollouts] if isinstance(rollouts, Rollout) else list(rollouts)
+    tok = resolve_tokenizer(tokenizer)
+    shown, rest = rs[:max_rollouts], len(rs) - max_rollouts
+    parts = []
+    if title:
+        parts.append(f"<h3>{html.escape(title)}</h3>")
+    if tok is None:
+        parts.append(
+            "<div class='ll-head'>token ids shown: call <code>ludic_lab.token_html.set_display_tokenizer(tokenizer)</code> "
+            "or pass <code>tokenizer=</code> to see text</div>"
+        )
+    overall = _group_scale(shown, weights)
+    if weights is not None:
+        parts.append(legend_html(overall))
+    for gid, group in _groups(shown):
+        scale = _group_scale(group, weights)
+        rewards = [r.total_reward for r in group]
+        if len(group) > 1 or gid is not None:
+            mean = sum(rewards) / len(rewards)
+            parts.append(
+                f"<div class='ll-ghead'>group <b>{html.escape(str(gid)[:12])}</b> · {len(group)} rollout(s) · "
+                f"reward mean {fmt(mean)}" + ("" if weights is None else f" · scale ±{scale:.3g}") + "</div>"
+            )
+        cards = "".join(_card_html(r, weights, tok, scale) for r in group)
+        parts.append(
+            f"<div class='ll-group' data-group-id='{html.escape(str(gid), quote=True)}' data-scale='{scale!r}'>{cards}</div>"
+        )
+    if rest > 0:
+        parts.append(f"<div class='ll-head'>… {rest} more rollout(s) not shown (max_rollouts={max_rollouts})</div>")
+    return view_html("".join(parts))
+
+
+def rollout_html(rollout: Rollout, **kw: Any) -> str:
+    """The token view of one rollout (see :func:`rollouts_html`); what ``Rollout._repr_html_`` shows."""
+    return rollouts_html([rollout], **kw)
+
+
+__all__ = ["rollout_html", "rollouts_html"]
