@@ -16,6 +16,7 @@ import re
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
@@ -75,7 +76,9 @@ class _LoopBatcher:
         if not batch:
             return
         try:
-            results = await asyncio.to_thread(self.client._generate_isolated, [p.request for p in batch])
+            results = await asyncio.get_running_loop().run_in_executor(
+                self.client._executor, self.client._generate_isolated, [p.request for p in batch]
+            )
         except BaseException as e:  # noqa: BLE001 - delivered to every waiter of this batch
             for p in batch:
                 if not p.future.done():
@@ -149,6 +152,11 @@ class LocalChatClient:
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad if pad is not None else tokenizer.eos_token_id)
         self._global_rng = torch.Generator().manual_seed(int(time.time_ns()) % (2**63))
+        # Every batch runs on this one long-lived thread (whichever event loop submits it):
+        # torch's OpenMP worker team belongs to the calling thread, so a fresh thread per
+        # loop (asyncio.to_thread) would build a new team and leave the old one spinning.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ludic-generate")
+        weakref.finalize(self, self._executor.shutdown, wait=False)
 
     # -- ChatClient API ------------------------------------------------------------------
     async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
