@@ -55,7 +55,7 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 20.0) -> "RedisServer":
+    def start(self, timeout_s: float = 60.0) -> "RedisServer":
         cmd = [
             self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "yes",
             "--appendfsync", "always", "--dir", str(self.data_dir), "--protected-mode", "yes",
