@@ -7,15 +7,20 @@ or drifts at temperature 1, so the reward has room to rise within minutes on 2 c
 run evaluates on held-out countries before and after (greedy accuracy and sampled pass@k),
 prints the reward per step, and writes ``reward_curve.png``, ``rollouts.html``,
 ``metrics.jsonl`` and ``summary.json`` into the output folder.
+
+``--backend local`` samples in-process (:class:`LocalChatClient`); ``--backend vllm`` starts
+the bundled vLLM server on CPU, samples through :class:`VLLMChatClient`, pushes the new
+weights into it after every optimizer step and stops it at the end (also on error or Ctrl-C).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Literal
 
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
@@ -58,9 +63,11 @@ class DemoConfig:
     """Sampled evaluation: k samples per held-out question (pass@k); 0 to skip."""
     seed: int = 0
     """Seeds questions, sampling and initialisation."""
+    backend: Literal["local", "vllm"] = "local"
+    """Sampler: "local" (in-process transformers) or "vllm" (the bundled vLLM server on CPU, weights pushed each step)."""
 
 
-def _engine(client: LocalChatClient, rows: list[dict[str, Any]], verifier: Any) -> RolloutEngine:
+def _engine(client: Any, rows: list[dict[str, Any]], verifier: Any) -> RolloutEngine:
     def make_env() -> DatasetQAEnv:
         return DatasetQAEnv(rows, verifier=verifier, system_prompt=SYSTEM_PROMPT)
 
@@ -70,7 +77,7 @@ def _engine(client: LocalChatClient, rows: list[dict[str, Any]], verifier: Any) 
     return RolloutEngine({"capitals": make_env}, {"single_agent": make_protocol}, max_concurrency=64)
 
 
-async def _evaluate(client: LocalChatClient, rows: list[dict[str, Any]], cfg: DemoConfig, verifier: Any) -> dict[str, float]:
+async def _evaluate(client: Any, rows: list[dict[str, Any]], cfg: DemoConfig, verifier: Any) -> dict[str, float]:
     from ludic_lab.eval import evaluate_qa
 
     kw: dict[str, Any] = dict(
@@ -92,12 +99,60 @@ async def _evaluate(client: LocalChatClient, rows: list[dict[str, Any]], cfg: De
     return out
 
 
+BACKENDS = ("local", "vllm")
+
+
+async def _start_backend(cfg: DemoConfig, out: Path, stack: list[Callable[[], Any]]) -> tuple[Any, str]:
+    """``(client, model folder)`` of ``cfg.backend``; cleanups go onto ``stack``."""
+    if cfg.backend == "local":
+        client = LocalChatClient(cfg.model, max_batch_size=cfg.questions_per_step * cfg.group_size)
+        return client, str(client.model_path)
+    from ludic_lab.inference.models import resolve_model
+    from ludic_lab.inference.vllm_client import VLLMChatClient
+    from ludic_lab.inference.vllm_process import start_vllm_server, wait_for_vllm_health
+
+    path = resolve_model(cfg.model)
+    server = start_vllm_server(path, port=0, dtype="bfloat16", max_model_len=1024, log_file=str(out / "vllm_server.log"))
+    stack.append(server.stop)
+    await wait_for_vllm_health(server.api_base, timeout=900, process=server)
+    client = VLLMChatClient(path, api_base=server.api_base, enable_weight_updates=True)
+    stack.append(client.aclose)
+    return client, path
+
+
+def _publisher(cfg: DemoConfig, client: Any, policy: Any) -> Any:
+    """Where the trainer pushes its weights after each step."""
+    if cfg.backend == "local":
+        from ludic_lab.distributed import ClientPublisher
+
+        return ClientPublisher(client)
+    from ludic_lab.distributed.broadcast import BroadcastPolicyPublisher
+
+    # the model completes vLLM's fused layers (e.g. q/k/v biases) that LoRA leaves untouched
+    return BroadcastPolicyPublisher(client, model=policy)
+
+
 async def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the demo; returns the summary (also written to ``<out>/summary.json``)."""
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"unknown --backend {cfg.backend!r}; choose one of {list(BACKENDS)}")
+    cleanups: list[Callable[[], Any]] = []
+    try:
+        return await _run_demo(cfg, cleanups)
+    finally:
+        for fn in reversed(cleanups):  # the vLLM server is stopped on error and Ctrl-C too
+            try:
+                res = fn()
+                if asyncio.iscoroutine(res):
+                    await res
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                pass
+
+
+async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[str, Any]:
     from rich.console import Console
     from transformers import AutoModelForCausalLM
 
-    from ludic_lab.distributed import ClientPublisher
     from ludic_lab.reports import plot_metrics, write_rollouts_html
     from ludic_lab.training import PRESETS, RolloutBatchSource, Trainer, TrainerConfig
     from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger
@@ -106,10 +161,13 @@ async def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with console.status("loading the model (the first run materialises SmolLM2 into the cache)..."):
-        client = LocalChatClient(cfg.model, max_batch_size=cfg.questions_per_step * cfg.group_size)
-        policy = AutoModelForCausalLM.from_pretrained(client.model_path)
-    console.print(f"model [bold]{client.model_path}[/bold] loaded in {time.perf_counter() - t0:.1f}s")
+    what = "starting the vLLM server on CPU" if cfg.backend == "vllm" else "loading the model"
+    with console.status(f"{what} (the first run materialises SmolLM2 into the cache)..."):
+        client, model_path = await _start_backend(cfg, out, cleanups)
+        policy = AutoModelForCausalLM.from_pretrained(model_path)
+        publisher = _publisher(cfg, client, policy)
+    console.print(f"model [bold]{model_path}[/bold] ({cfg.backend} backend) ready in {time.perf_counter() - t0:.1f}s")
+    version_before = await client.get_policy_version()
 
     train_rows, test_rows = load_capitals("train"), load_capitals("test")
     verifier = capital_verifier()
@@ -157,7 +215,7 @@ async def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         algo,
         source,
         config=tcfg,
-        publisher=ClientPublisher(client),
+        publisher=publisher,
         loggers=[ConsoleLogger(keys=keys, console=console), JSONLLogger(out / "metrics.jsonl")],
         pad_token_id=client.pad_token_id,
     )
@@ -169,6 +227,9 @@ async def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     history = await trainer.train(cfg.steps, progress=False)
     train_s = time.perf_counter() - t1
     trainer.close()
+
+    version_after = await client.get_policy_version()
+    console.print(f"sampler policy version {version_before} -> {version_after} ({cfg.backend} backend)")
 
     with console.status("evaluating after training..."):
         after = await _evaluate(client, test_rows, cfg, verifier)
@@ -184,13 +245,15 @@ async def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         "reward_last_steps": sum(rewards[-k:]) / k if rewards else None,
         "train_seconds": train_s,
         "seconds_per_step": train_s / max(1, cfg.steps),
+        "policy_version_before": version_before,
+        "policy_version_after": version_after,
     }
     kind = "sampled" if "sampled_accuracy" in before else "greedy"
     plot_metrics(
         history,
         out / "reward_curve.png",
         keys=("reward_mean", "loss", "grad_norm"),
-        title=f"{cfg.algo} on {Path(client.model_path or cfg.model).name}",
+        title=f"{cfg.algo} on {Path(model_path or cfg.model).name}",
         hlines={
             f"eval before ({kind})": before[f"{kind}_accuracy"],
             f"eval after ({kind})": after[f"{kind}_accuracy"],
