@@ -11,8 +11,6 @@ batches (never mid-forward) and bumps the policy version.
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import threading
 import time
 import weakref
@@ -25,9 +23,9 @@ import torch
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.sampling import sample_rows
+from ludic_lab.inference.tool_calls import parse_tool_calls, tool_schemas
 from ludic_lab.types import ChatResponse
 
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @dataclass
@@ -222,7 +220,7 @@ class LocalChatClient:
         """The exact prompt ids for ``request`` (its own ids, or the chat template's render)."""
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
-        return self.chat_template.render_ids(request.messages, add_generation_prompt=True, tools=_tool_schemas(request))
+        return self.chat_template.render_ids(request.messages, add_generation_prompt=True, tools=tool_schemas(request))
 
     def _checked_prompt(self, request: ChatCompletionRequest) -> list[int]:
         ids = self.prompt_ids(request)
@@ -429,52 +427,4 @@ class LocalChatClient:
             return True
         return False
 
-    @staticmethod
-    def _tool_calls(text: str) -> tuple[Optional[tuple[dict[str, Any], ...]], str]:
-        """Hermes-style ``<tool_call>{json}</tool_call>`` blocks -> OpenAI tool calls.
-
-        A block whose JSON is invalid (or lacks a string ``name``, or whose ``arguments`` are
-        not an object) is left in the text, so the agent can report it to the model.
-        """
-        calls: list[dict[str, Any]] = []
-        kept: list[str] = []
-        last = 0
-        for m in _TOOL_CALL_RE.finditer(text):
-            try:
-                obj = json.loads(m.group(1))
-                name, args = obj["name"], obj.get("arguments", {})
-                if not isinstance(name, str) or not name:
-                    raise TypeError("name")
-                if isinstance(args, str):
-                    args = json.loads(args)  # arguments given as a JSON string
-                if not isinstance(args, dict):
-                    raise TypeError("arguments")
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
-            kept.append(text[last:m.start()])
-            last = m.end()
-            calls.append(
-                {
-                    "id": f"call_{len(calls)}",
-                    "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
-                }
-            )
-        if not calls:
-            return None, text
-        kept.append(text[last:])
-        return tuple(calls), "".join(kept).strip()
-
-
-def _tool_schemas(request: ChatCompletionRequest) -> Optional[list[dict[str, Any]]]:
-    """The request's tool schemas (a ``ToolRequest`` or a plain list of schemas), or None."""
-    t = request.tools
-    if t is None:
-        return None
-    schemas = getattr(t, "tools", t)
-    if not isinstance(schemas, (list, tuple)) or not all(isinstance(x, dict) for x in schemas):
-        raise TypeError(
-            "extensions['tools'] must be a ToolRequest(tools=[...]) or a list of OpenAI tool "
-            f"schemas (dicts), got {type(t).__name__}"
-        )
-    return list(schemas) or None
+    _tool_calls = staticmethod(parse_tool_calls)

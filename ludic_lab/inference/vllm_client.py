@@ -28,6 +28,7 @@ import httpx
 from ludic_lab.aio import run_sync
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
+from ludic_lab.inference.tool_calls import parse_tool_calls, tool_schemas
 from ludic_lab.types import ChatResponse
 
 POLICY_VERSION_HEADER = "X-Ludic-Policy-Version"
@@ -251,12 +252,10 @@ class VLLMChatClient:
     # -- ChatClient API -------------------------------------------------------------------
     def prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
         """The exact prompt ids for ``request`` (its own ids, or the chat template's render)."""
-        from ludic_lab.inference.local_client import _tool_schemas
-
         if request.prompt_token_ids is not None:
             ids = list(request.prompt_token_ids)
         else:
-            ids = self.chat_template.render_ids(request.messages, add_generation_prompt=True, tools=_tool_schemas(request))
+            ids = self.chat_template.render_ids(request.messages, add_generation_prompt=True, tools=tool_schemas(request))
         if not ids:
             raise ValueError(
                 "empty prompt: request.prompt_token_ids is empty; pass at least one token id "
@@ -337,8 +336,6 @@ class VLLMChatClient:
     def _parse_choice(
         self, request: ChatCompletionRequest, prompt: Sequence[int], data: dict[str, Any], version: Optional[int]
     ) -> ChatResponse:
-        from ludic_lab.inference.local_client import LocalChatClient
-
         try:
             choice = data["choices"][0]
             ids = [int(t) for t in choice["token_ids"]]
@@ -380,7 +377,7 @@ class VLLMChatClient:
         if isinstance(stop_reason, str):  # cut by a stop string: the text ends before it
             hits = [k for k in (text.find(s) for s in request.sampling.stop if s) if k >= 0]
             text = text[: min(hits)] if hits else str(choice.get("text", text))
-        tool_calls, text_out = LocalChatClient._tool_calls(text) if request.tools is not None else (None, text)
+        tool_calls, text_out = parse_tool_calls(text) if request.tools is not None else (None, text)
         want_ids = ret.return_token_ids or ret.return_chosen_logprobs
         return ChatResponse(
             text=text_out,
