@@ -379,8 +379,6 @@ def test_dataframes(batch):
 
 @pytest.mark.timeout(BATCH_TIMEOUT_S)
 def test_seeded_batch_replays_identically(batch, client):
-    if batch["model"] != "tiny":
-        pytest.skip("replay is checked on the tiny model (cheap)")
     again = run_sync(make_engine(client).generate_rollouts(batch["requests"]), timeout=120)
 
     def tokens(rs):
