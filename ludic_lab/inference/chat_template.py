@@ -95,3 +95,20 @@ class ChatTemplate:
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens skipped (what ``ChatResponse.text`` holds)."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def check_prompt_ids(ids: list[int], vocab_size: int) -> list[int]:
+    """``ids`` unchanged if they can be a prompt for a ``vocab_size`` model; else ``ValueError``
+    saying what is wrong (empty, or ids out of range: another model's tokenizer?)."""
+    if not ids:
+        raise ValueError(
+            "empty prompt: request.prompt_token_ids is empty; pass at least one token id "
+            "(or leave it None to render request.messages)"
+        )
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(
+            f"prompt token ids out of range [0, {vocab_size}): {bad[:5]}; were they made "
+            "by another model's tokenizer?"
+        )
+    return ids

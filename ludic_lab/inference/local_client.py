@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from ludic_lab.inference.chat_template import ChatTemplate
+from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.sampling import sample_rows
 from ludic_lab.inference.tool_calls import parse_tool_calls, tool_schemas
@@ -224,18 +224,7 @@ class LocalChatClient:
 
     def _checked_prompt(self, request: ChatCompletionRequest) -> list[int]:
         ids = self.prompt_ids(request)
-        if not ids:
-            raise ValueError(
-                "empty prompt: request.prompt_token_ids is empty; pass at least one token id "
-                "(or leave it None to render request.messages)"
-            )
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}; were they made "
-                "by another model's tokenizer?"
-            )
-        return ids
+        return check_prompt_ids(ids, self.vocab_size)
 
     def _generator(self, cfg: SamplingConfig) -> torch.Generator:
         g = torch.Generator()

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 import httpx
 
 from ludic_lab.aio import run_sync
-from ludic_lab.inference.chat_template import ChatTemplate
+from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.tool_calls import parse_tool_calls, tool_schemas
 from ludic_lab.types import ChatResponse
@@ -256,18 +256,7 @@ class VLLMChatClient:
             ids = list(request.prompt_token_ids)
         else:
             ids = self.chat_template.render_ids(request.messages, add_generation_prompt=True, tools=tool_schemas(request))
-        if not ids:
-            raise ValueError(
-                "empty prompt: request.prompt_token_ids is empty; pass at least one token id "
-                "(or leave it None to render request.messages)"
-            )
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}; were they made "
-                "by another model's tokenizer?"
-            )
-        return ids
+        return check_prompt_ids(ids, self.vocab_size)
 
     def completion_body(self, request: ChatCompletionRequest, prompt: Sequence[int]) -> dict[str, Any]:
         """The ``/v1/completions`` JSON body for ``request`` (prompt given as token ids)."""
