@@ -326,10 +326,27 @@ async def test_two_servers_a_kill_mid_rollout_and_a_restart(pusher, tiny_server,
             {"qa": lambda: DatasetQAEnv(rows)},
             {"one": lambda: SingleAgentSyncProtocol(Agent(other, FullDialog(), identity_parser))},
         )
-        inf = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=900), ReturnSpec.for_training())
+        # ignore_eos: the tiny random model can sample EOS early, and on a fast machine all 8
+        # episodes could end before the kill; 900 forced tokens each cannot.
+        inf = InferenceSpec(
+            SamplingConfig(temperature=1.0, max_tokens=900),
+            ReturnSpec.for_training(),
+            extensions={"extra_body": {"ignore_eos": True}},
+        )
         reqs = [RolloutRequest(env=EnvSpec("qa"), protocol=ProtocolSpec("one"), env_seed=i, inference=inf) for i in range(8)]
         run = asyncio.ensure_future(engine.generate_rollouts(reqs, max_steps=1))
-        await asyncio.sleep(1.0)
+        # kill as soon as the server says it is sampling (its Prometheus gauge), not after a guess
+        import httpx
+
+        deadline = time.monotonic() + 60
+        async with httpx.AsyncClient(timeout=5) as http:
+            while time.monotonic() < deadline and not run.done():
+                metrics = (await http.get(f"{own.base_url}/metrics")).text
+                running = [ln for ln in metrics.splitlines() if ln.startswith("vllm:num_requests_running")]
+                if running and any(float(ln.rsplit(" ", 1)[1]) > 0 for ln in running):
+                    break
+                await asyncio.sleep(0.05)
+        assert not run.done(), "the episodes ended before the server reported them running"
         own.stop()
         t = time.perf_counter()
         rollouts = await asyncio.wait_for(run, 60)
