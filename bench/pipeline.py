@@ -267,7 +267,9 @@ def main() -> None:
     p.add_argument("--actor-threads", type=int, default=1)
     p.add_argument("--trainer-threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", default="sync,pipelined")
+    p.add_argument("--modes", default="sync,sync1,pipelined",
+                   help="sync (default threads), sync1 (sync on 1 thread: each phase's speed on the one core "
+                        "a pipelined role gets, for the overlap bound), pipelined")
     p.add_argument("--json", default=None, help="also write the results here")
     # internal: the pipelined roles
     p.add_argument("--role", choices=("actor", "trainer"), help=argparse.SUPPRESS)
@@ -311,6 +313,14 @@ def main() -> None:
         print(f"sync       {s['wall_s']:7.1f} s for {a.steps} steps ({s['generation_s']:.1f} s generating, "
               f"{s['train_s']:.1f} s training; {s['torch_threads']} threads); CPU {s['cpu_s']:.1f} s = "
               f"{s['cpu_s'] / s['wall_s']:.2f} of {cores} cores busy")
+    if "sync1" in modes:
+        import copy
+
+        a1 = copy.copy(a)
+        a1.sync_threads = 1
+        s1 = res["sync1"] = asyncio.run(run_sync_mode(a1))
+        print(f"sync1      {s1['wall_s']:7.1f} s for {a.steps} steps ({s1['generation_s']:.1f} s generating, "
+              f"{s1['train_s']:.1f} s training; 1 thread); CPU {s1['cpu_s']:.1f} s")
     if "pipelined" in modes:
         q = res["pipelined"] = run_pipelined_mode(a)
         act, tr = q["actor"], q["trainer"]
@@ -330,6 +340,15 @@ def main() -> None:
         print(f"           perfect overlap at sync's per-phase speeds would give {ideal:.2f}x (max of generation "
               f"and training time); sync keeps {s['cpu_s'] / s['wall_s']:.2f} of {cores} cores busy, so the overlap "
               f"has {cores - s['cpu_s'] / s['wall_s']:.2f} idle cores to use")
+    if "sync" in res and "sync1" in res:
+        s, s1 = res["sync"], res["sync1"]
+        # the pipelined roles get one core each: a step can go no faster than the slower phase
+        # at one thread; sync runs both phases on every core in turn
+        bound = s["wall_s"] / max(s1["generation_s"], s1["train_s"])
+        res["overlap_bound"] = bound
+        g_scale, t_scale = s1["generation_s"] / max(s["generation_s"], 1e-9), s1["train_s"] / max(s["train_s"], 1e-9)
+        print(f"bound      one core per role: at most {bound:.2f}x (sync's wall over the slower one-thread phase); "
+              f"{cores} threads speed generation up {g_scale:.2f}x and training {t_scale:.2f}x over 1 thread")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
 

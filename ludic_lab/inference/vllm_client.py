@@ -531,8 +531,11 @@ class VLLMChatClient:
         spec = await self.param_spec()
         await self.init_communicator()
         sender = self._sender
+        t_prep = time.perf_counter()
         tensors = self._prepare(params, spec)
+        t_stage = time.perf_counter()
         body = await asyncio.to_thread(sender.stage, tensors, version=new_version)
+        t_staged = time.perf_counter()
         url = f"{self.server_url}/update_param_batch"
         hdr = self._control_headers()
         # the server removes the file of every request it received (also a refused one); the
@@ -569,6 +572,8 @@ class VLLMChatClient:
         self.policy_version = int(data["version"])
         self.last_sync = {
             "seconds": time.perf_counter() - t0,
+            "prepare_seconds": t_stage - t_prep,  # detach / cast to the server's dtype
+            "stage_seconds": t_staged - t_stage,  # shm: writing the file; nccl: ~0
             "server_seconds": float(data.get("seconds", float("nan"))),
             "load_seconds": float(data.get("load_seconds", float("nan"))),
             "num_params": n,

@@ -38,32 +38,39 @@ class LudicWorkerExtension:
         from ludic_lab.inference.weight_transfer.shm import iter_safetensors
 
         self.reload_weights(weights_iterator=iter_safetensors(path, list(names), rename))  # type: ignore[attr-defined]
-        self.ludic_refresh_tied()
+        self.ludic_refresh_tied([rename.get(n, n) for n in names])
         return len(names)
 
-    def ludic_refresh_tied(self) -> int:
+    def ludic_refresh_tied(self, loaded: Optional[Sequence[str]] = None) -> int:
         """Re-run weight post-processing of modules that share a weight with another module.
 
         A tied ``lm_head`` shares the embedding's parameter but is never loaded itself, so the
         layerwise reload skips its post-processing; on CPU that post-processing packs the
         weight into a separate GEMM buffer, which would keep the *old* embedding as output
-        projection. Returns the number of modules refreshed.
+        projection. ``loaded``: the names just reloaded -- a module loaded under its own name
+        was post-processed by the reload already and is skipped (when no name of a tied group
+        matches, e.g. the model renames weights, the whole group is refreshed). ``None``
+        refreshes every tied module. Returns the number of modules refreshed.
         """
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        owners: dict[int, list[Any]] = {}
-        for module in model.modules():
+        owners: dict[int, list[tuple[str, Any]]] = {}
+        for name, module in model.named_modules():
             w = module._parameters.get("weight")
             if w is not None and w.device.type != "meta" and w.numel():
-                owners.setdefault(w.data_ptr(), []).append(module)
+                owners.setdefault(w.data_ptr(), []).append((f"{name}.weight" if name else "weight", module))
+        done = set(loaded) if loaded is not None else None
         n = 0
         with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
             for mods in owners.values():
                 if len(mods) < 2:
                     continue
-                for m in mods:  # only embedding-style layers: their post-processing is idempotent
+                if done is not None and any(wname in done for wname, _ in mods):
+                    # (no name matched: HF and vLLM names may differ, so refresh them all)
+                    mods = [(wname, m) for wname, m in mods if wname not in done]
+                for _, m in mods:  # only embedding-style layers: their post-processing is idempotent
                     qm = getattr(m, "quant_method", None)
                     if isinstance(qm, UnquantizedEmbeddingMethod):
                         qm.process_weights_after_loading(m)
@@ -107,7 +114,7 @@ class LudicWorkerExtension:
             initialize_layerwise_reload(model)
             self.ludic_nccl_receiver.receive(metas, load)
             finalize_layerwise_reload(model, self.model_config)  # type: ignore[attr-defined]
-        self.ludic_refresh_tied()
+        self.ludic_refresh_tied([r for r in (rename.get(m.name, m.name) for m in metas) if r is not None])
         runner = self.model_runner  # type: ignore[attr-defined]
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
             fn = getattr(runner, reset, None)

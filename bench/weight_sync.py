@@ -1,0 +1,177 @@
+"""Weight sync into the bundled vLLM server vs copying the same bytes in memory.
+
+For each model (the tiny test model, SmolLM2-135M, optionally a randomly initialised
+SmolLM2-360M-shaped model) this starts ``python -m ludic_lab.inference.vllm_server`` on CPU and
+measures, best of ``--repeats``:
+
+  copy      copying every tensor of the state dict into preallocated tensors (``dst.copy_``)
+            -- the in-memory baseline: the same bytes, one memcpy, no server
+  push      ``VLLMChatClient.sync_weights(state_dict)`` end to end (the trainer's call): write
+            the safetensors file to /dev/shm, POST /update_param_batch, the server drains,
+            pauses the engine, reloads the weights in place (``reload_weights``), resets the
+            prefix cache, bumps the version and answers
+
+and breaks ``push`` down into: client staging (file write), the server's reload (vLLM's
+``reload_weights`` incl. its CPU weight repacking) and the rest (HTTP, drain, pause/resume,
+prefix-cache reset). It also pushes 1/4 and 1/2 of SmolLM2's decoder layers, so the cost per
+byte and the fixed cost per update can be fitted on one model. The state dicts are in the
+server's dtype already (the cast from a fp32 trainer is the trainer's cost, reported apart).
+
+    .venv/bin/python bench/weight_sync.py [--models tiny,default] [--with-360m] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+
+def copy_seconds(sd: dict[str, Any], repeats: int) -> float:
+    import torch
+
+    dst = {k: torch.empty_like(v) for k, v in sd.items()}
+    best = float("inf")
+    for _ in range(repeats + 1):  # +1: the first touches fresh pages
+        t = time.perf_counter()
+        for k, v in sd.items():
+            dst[k].copy_(v)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def build_360m(dst: str, src: str) -> str:
+    """A randomly initialised model with SmolLM2-360M's shape and SmolLM2's tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(src)
+    cfg.hidden_size, cfg.intermediate_size = 960, 2560
+    cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads = 32, 15, 5
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+    for name in ("generation_config.json",):
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), dst)
+    return dst
+
+
+def measure(path: str, label: str, dtype: str, repeats: int, fractions: tuple[float, ...]) -> list[dict[str, Any]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ludic_lab.inference.vllm_client import VLLMChatClient
+    from ludic_lab.inference.vllm_process import start_vllm_server
+
+    tdtype = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    sd32 = model.state_dict()
+    t = time.perf_counter()
+    cast: dict[int, Any] = {}  # one cast per storage: a tied lm_head stays the embedding's tensor
+    sd = {k: cast.setdefault(v.data_ptr(), v.detach().to(tdtype)) for k, v in sd32.items()}
+    cast_s = time.perf_counter() - t
+    n_layers = model.config.num_hidden_layers
+    del model
+    rows = []
+    server = start_vllm_server(path, port=0, dtype=dtype, max_model_len=512)
+    try:
+        server.wait_until_healthy(900)
+        client = VLLMChatClient(path, api_base=server.api_base, enable_weight_updates=True)
+        client.sync_weights(sd)  # warm-up: param spec, first file in /dev/shm
+        for frac in fractions:
+            if frac >= 1.0:
+                part = sd
+            else:
+                keep = {f"model.layers.{i}." for i in range(max(1, round(n_layers * frac)))}
+                part = {k: v for k, v in sd.items() if any(k.startswith(p) for p in keep)}
+            # a tied lm_head is the embedding's tensor: it is not sent twice, nor copied twice
+            sent = {k: v for k, v in part.items() if not (k == "lm_head.weight" and "model.embed_tokens.weight" in part
+                                                          and v.data_ptr() == part["model.embed_tokens.weight"].data_ptr())}
+            syncs = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                client.sync_weights(part)
+                wall = time.perf_counter() - t
+                syncs.append({**dict(client.last_sync or {}), "wall": wall})
+            best = min(syncs, key=lambda s: s["wall"])
+            nbytes = int(best["bytes"])
+            cp = copy_seconds(sent, repeats)
+            rows.append(
+                {
+                    "model": label,
+                    "fraction": frac,
+                    "tensors": len(sent),
+                    "mb": nbytes / 1e6,
+                    "copy_s": cp,
+                    "push_s": best["wall"],
+                    "push_median_s": statistics.median(s["wall"] for s in syncs),
+                    "stage_s": best.get("stage_seconds", float("nan")),
+                    "load_s": best["load_seconds"],
+                    "other_s": best["wall"] - best.get("stage_seconds", 0.0) - best["load_seconds"],
+                    "ratio": best["wall"] / cp,
+                    "cast_fp32_s": cast_s if frac >= 1.0 else float("nan"),
+                }
+            )
+        client.close()
+    finally:
+        server.stop()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="tiny,default", help="comma-separated: tiny, default (SmolLM2) or a folder")
+    ap.add_argument("--with-360m", action="store_true", help="also a random SmolLM2-360M-shaped model (~0.7 GB bf16)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    import torch
+
+    from ludic_lab.inference.models import resolve_model
+
+    rows: list[dict[str, Any]] = []
+    for name in [m for m in args.models.split(",") if m]:
+        path = resolve_model(name)
+        fr = (0.25, 0.5, 1.0) if name == "default" else (1.0,)
+        rows += measure(path, name, args.dtype, args.repeats, fr)
+    tmp = None
+    if args.with_360m:
+        tmp = tempfile.mkdtemp(prefix="ludic_360m_")
+        try:
+            rows += measure(build_360m(tmp, resolve_model("default")), "random-360m", args.dtype, args.repeats, (1.0,))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"\nweight sync via /dev/shm, dtype={args.dtype}, best of {args.repeats}, torch threads={torch.get_num_threads()}, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    hdr = f"{'model':<12} {'part':>5} {'tensors':>7} {'MB':>7} {'copy s':>7} {'push s':>7} {'stage s':>8} {'reload s':>8} {'other s':>8} {'push/copy':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(
+            f"{r['model']:<12} {r['fraction']:>5.2f} {r['tensors']:>7d} {r['mb']:>7.1f} {r['copy_s']:>7.3f} {r['push_s']:>7.3f} "
+            f"{r['stage_s']:>8.3f} {r['load_s']:>8.3f} {r['other_s']:>8.3f} {r['ratio']:>8.1f}x"
+        )
+    big = [r for r in rows if r["mb"] > 50]
+    if len(big) >= 2:  # least squares: push = fixed + bytes / rate
+        xs, ys = [r["mb"] for r in big], [r["push_s"] for r in big]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(sum((x - mx) ** 2 for x in xs), 1e-12)
+        print(f"\nfit over the >50 MB rows: push ~ {my - slope * mx:.3f} s + {slope * 1e3:.2f} ms/MB "
+              f"({1 / max(slope, 1e-12):.0f} MB/s; in-memory copy {statistics.fmean(r['mb'] / r['copy_s'] for r in big):.0f} MB/s)")
+    for r in rows:
+        if r["fraction"] >= 1.0 and r["model"] == "default":
+            print(f"SmolLM2 full push / in-memory copy: {r['ratio']:.1f}x (target <= 3x); "
+                  f"transport alone (stage + other) / copy: {(r['push_s'] - r['load_s']) / r['copy_s']:.1f}x; "
+                  f"fp32 -> {args.dtype} cast on the trainer side: {r['cast_fp32_s']:.3f}s")
+
+
+if __name__ == "__main__":
+    main()
