@@ -349,6 +349,12 @@ def main() -> None:
         g_scale, t_scale = s1["generation_s"] / max(s["generation_s"], 1e-9), s1["train_s"] / max(s["train_s"], 1e-9)
         print(f"bound      one core per role: at most {bound:.2f}x (sync's wall over the slower one-thread phase); "
               f"{cores} threads speed generation up {g_scale:.2f}x and training {t_scale:.2f}x over 1 thread")
+        # whatever the scheduling, N steps need at least their CPU work spread over every core;
+        # one thread per phase is the most CPU-efficient way to do that work
+        work = min(s["cpu_s"], s1["cpu_s"]) / cores
+        res["work_bound"] = s["wall_s"] / work
+        print(f"           any schedule on {cores} cores: at most {s['wall_s'] / work:.2f}x (the steps' CPU work, "
+              f"{min(s['cpu_s'], s1['cpu_s']):.0f} s, spread perfectly over {cores} cores = {work:.0f} s)")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
 

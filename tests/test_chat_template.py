@@ -27,6 +27,30 @@ def test_stop_token_ids_are_eos_and_im_end(tiny_tokenizer, ct):
     assert extra.stop_token_ids == frozenset({0, im_end})
 
 
+def test_generation_eos_ids_from_a_folder_a_config_or_a_model(tmp_path):
+    import json
+
+    from transformers import GenerationConfig
+
+    from ludic_lab.inference.chat_template import generation_eos_ids
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    assert generation_eos_ids(tmp_path) == [2, 0]
+    assert generation_eos_ids(str(tmp_path)) == [2, 0]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    assert generation_eos_ids(tmp_path) == [7]
+    assert generation_eos_ids(tmp_path / "missing") == []  # no generation config: nothing extra
+    (tmp_path / "generation_config.json").write_text("{not json")
+    assert generation_eos_ids(tmp_path) == []
+    assert generation_eos_ids(GenerationConfig(eos_token_id=[5, 6])) == [5, 6]
+
+    class Model:
+        generation_config = GenerationConfig(eos_token_id=3)
+
+    assert generation_eos_ids(Model()) == [3]
+    assert generation_eos_ids(GenerationConfig()) == []
+
+
 def test_tokenizer_without_chat_template_is_a_clear_error(tiny_tokenizer):
     bare = copy.deepcopy(tiny_tokenizer)
     bare.chat_template = None

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ludic_lab.lab import processes
+from ludic_lab.inference import processes
 
 PY = sys.executable
 
@@ -164,7 +164,7 @@ def test_kill_9_of_the_owner_leaves_no_server(tiny_model_dir: str, free_port: in
         f"""
         import json, time
         from ludic_lab.lab import VLLMServer
-        from ludic_lab.lab import processes
+        from ludic_lab.inference import processes
         s = VLLMServer(model={tiny_model_dir!r}, port={free_port}, max_model_len=512,
                        log_file={str(tmp_path / 'vllm.log')!r}, display=False)
         tree = processes.tree(s.pid, s.record.pgid)

@@ -311,6 +311,19 @@ def test_eos_ends_the_completion_and_is_in_ids_not_text(own_client):
     assert max(abs(x) for x in resp.completion_logprobs) < 1e-3  # forced tokens: probability ~1
 
 
+def test_generation_config_eos_ends_the_completion_too(own_client, tiny_model_dir):
+    # the tiny model's generation_config lists <|endoftext|> (0) next to <|im_end|>: vLLM stops
+    # on both, and so must this client, or the two backends give different completions
+    from ludic_lab.inference.chat_template import generation_eos_ids
+
+    assert 0 in generation_eos_ids(tiny_model_dir) and 0 in own_client.chat_template.stop_token_ids
+    body = enc(own_client, "Done")
+    with forced_tokens(own_client, body + [0] + enc(own_client, " never reached")):
+        resp, _ = own_client.complete_sync(req("hi", temperature=0.0, max_tokens=20))
+    assert list(resp.completion_token_ids) == body + [0]
+    assert resp.text == "Done" and resp.finish_reason == "stop"
+
+
 def test_eos_as_first_token_gives_empty_text(own_client):
     with forced_tokens(own_client, [im_end(own_client)]):
         resp, _ = own_client.complete_sync(req("hi", temperature=0.0, max_tokens=5))

@@ -407,6 +407,12 @@ async def test_weights_reach_a_local_client_through_redis(server: RedisServer, q
         assert await sub.latest_version() == 3
         nchunks = len(await r.keys(f"{queue}:weights:3:*"))
         assert nchunks > 1  # the 2.6 MB model spans several 256 kB chunks
+        # the tied lm_head travels once, as an alias of the embedding
+        import msgpack
+
+        manifest = msgpack.unpackb(await r.get(f"{queue}:weights"))
+        assert manifest["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}
+        assert manifest["nbytes"] < sum(v.numel() * v.element_size() for v in sd.values())
         assert await sub.maybe_update(actor_side) == 3 and actor_side.policy_version == 3
         got = actor_side.model.state_dict()
         assert all(torch.equal(got[k], v) for k, v in sd.items())

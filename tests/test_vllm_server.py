@@ -45,8 +45,8 @@ from vllm_helpers import (
 
 QWEN2_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 USER_PROMPTS = ["What is 2 + 3?", "Hello there", "Tell me a story about a cat", "Board: X O . Your turn."]
-# the tiny model's generation_config stops vLLM at <|im_end|> (2) and <|endoftext|> (0), while
-# LocalChatClient stops at <|im_end|> only: comparisons cut both at the first of these
+# the tiny model's generation_config stops at <|im_end|> (2) and <|endoftext|> (0) (vLLM and,
+# through generation_eos_ids, LocalChatClient); raw HF generate below ignores it: cut at either
 STOP_IDS = (0, 2)
 
 

@@ -7,6 +7,8 @@ Multi-turn RL must score the tokens the model actually saw. After a turn, the ne
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Optional, Sequence
 
 from ludic_lab.types import Message
@@ -14,11 +16,35 @@ from ludic_lab.types import Message
 _SENTINEL = "\u2063LUDIC_SENTINEL\u2063"
 
 
+def generation_eos_ids(source: Any) -> list[int]:
+    """The EOS ids of a model's generation config (``eos_token_id``, an int or a list).
+
+    ``source``: a model (its ``generation_config``), a ``GenerationConfig``, or a local model
+    folder (its ``generation_config.json``). Empty when there is none. vLLM stops on these ids
+    too, so both backends end a completion on the same tokens.
+    """
+    cfg = getattr(source, "generation_config", source)
+    if isinstance(source, (str, os.PathLike)):
+        path = os.path.join(os.fspath(source), "generation_config.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                eos = json.load(f).get("eos_token_id")
+        except (OSError, ValueError):
+            return []
+    else:
+        eos = getattr(cfg, "eos_token_id", None)
+    if eos is None:
+        return []
+    if isinstance(eos, int):
+        return [eos]
+    return [int(x) for x in eos if isinstance(x, int)]
+
+
 class ChatTemplate:
     """Wraps a Hugging Face tokenizer with a chat template.
 
     ``stop_token_ids`` are the ids that end an assistant turn (EOS and, for ChatML,
-    ``<|im_end|>``).
+    ``<|im_end|>``, plus any extra ids given, e.g. :func:`generation_eos_ids`).
     """
 
     def __init__(self, tokenizer: Any, stop_token_ids: Optional[Sequence[int]] = None) -> None:

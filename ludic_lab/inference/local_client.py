@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids
+from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.sampling import sample_rows
 from ludic_lab.inference.tool_calls import parse_tool_calls, tool_schemas
@@ -134,7 +134,8 @@ class LocalChatClient:
         self.model = model.to(device)
         self.model.eval()
         self.tokenizer = tokenizer
-        self.chat_template = ChatTemplate(tokenizer)
+        # the generation config's EOS ids end a completion too (vLLM stops on them as well)
+        self.chat_template = ChatTemplate(tokenizer, generation_eos_ids(self.model))
         self.device = torch.device(device)
         self.model_name = model_name
         self.max_batch_size = int(max_batch_size)

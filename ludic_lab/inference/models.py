@@ -411,7 +411,7 @@ def _tictactoe(rng: random.Random) -> str:
 
 def _chatml(rng: random.Random) -> str:
     q = _arithmetic(rng).split("\n")[0]
-    parts = [f"<|im_start|>system\nYou are a helpful assistant.<|im_end|>"]
+    parts = ["<|im_start|>system\nYou are a helpful assistant.<|im_end|>"]
     parts.append(f"<|im_start|>user\n{q}<|im_end|>")
     if rng.random() < 0.3:
         call = json.dumps({"name": rng.choice(_VERBS), "arguments": {"x": rng.randint(0, 99)}})

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 import httpx
 
 from ludic_lab.aio import run_sync
-from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids
+from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.tool_calls import parse_tool_calls, tool_schemas
 from ludic_lab.types import ChatResponse
@@ -159,7 +159,9 @@ class VLLMChatClient:
     def chat_template(self) -> ChatTemplate:
         """The served model's chat template (renders prompts to the ids sent to the server)."""
         if self._chat_template is None:
-            self._chat_template = ChatTemplate(self.tokenizer)
+            # the served model's generation-config EOS ids: vLLM stops on them, so the client's
+            # stop list (and a completion's "ended on a stop token") must include them
+            self._chat_template = ChatTemplate(self.tokenizer, generation_eos_ids(self.model_name))
         return self._chat_template
 
     @property

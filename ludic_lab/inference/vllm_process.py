@@ -58,6 +58,7 @@ class VLLMServerProcess:
         self.dtype = dtype  # the --dtype asked for (None: vLLM's "auto")
         self.command = list(command)
         self._log_fh = log_fh
+        self.watchdog_pid: Optional[int] = None  # see start_vllm_server(watchdog=)
         self._stopped = False
         self.started_at = time.time()
 
@@ -138,6 +139,10 @@ class VLLMServerProcess:
                 self._log_fh.close()
             except Exception:  # noqa: BLE001
                 pass
+            if self.watchdog_pid is not None:
+                from ludic_lab.inference import processes
+
+                processes.stop_watchdog(self.watchdog_pid)
             with _LIVE_LOCK:
                 _LIVE.discard(self)
 
@@ -246,6 +251,7 @@ def start_vllm_server(
     python: Optional[str] = None,
     wait: bool = False,
     timeout: float = 300.0,
+    watchdog: bool = True,
 ) -> VLLMServerProcess:
     """Start ``python -m ludic_lab.inference.vllm_server`` for ``model`` and return its handle.
 
@@ -253,6 +259,11 @@ def start_vllm_server(
     port. ``extra_args`` go to vLLM unchanged. Raises :class:`PortInUseError` at once when the
     port is taken. With ``wait=True`` returns only once ``/health`` answers (else stops the
     server and raises with the log tail).
+
+    The server runs in its own session (so ``stop()`` can take its whole process group);
+    ``stop()``, interpreter exit and, with ``watchdog=True``, a small watchdog process that
+    outlives this one (a ``kill -9`` of the caller) all stop it: no orphan server keeps the
+    port and the memory.
     """
     if port == 0:
         port = _free_port(host)
@@ -298,6 +309,14 @@ def start_vllm_server(
         log_fh.close()
         raise
     handle = VLLMServerProcess(popen, host=host, port=port, log_path=log_file, model=model_path, command=cmd, log_fh=log_fh, dtype=dtype)
+    if watchdog:
+        from ludic_lab.inference import processes
+
+        try:
+            rec = processes.ProcessRecord.for_process("vllm", popen.pid, info={"port": port, "log": log_file})
+            handle.watchdog_pid = processes.start_watchdog(rec)
+        except ProcessLookupError:
+            pass  # it died at once: wait_until_healthy / the log say why
     with _LIVE_LOCK:
         _LIVE.add(handle)
     if wait:

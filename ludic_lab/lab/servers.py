@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ludic_lab.lab import processes
+from ludic_lab.inference import processes
 
 _SERVERS: "set[VLLMServer]" = set()
 _LOCK = threading.Lock()
@@ -95,6 +95,7 @@ class VLLMServer:
             env=dict(env or {}),
             dtype=dtype,
             max_model_len=max_model_len,
+            watchdog=False,  # this class starts its own, tied to the PID record below
         )
         self.model = self.proc.model
         try:

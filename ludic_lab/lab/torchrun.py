@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ludic_lab.lab import processes
+from ludic_lab.inference import processes
 
 PathLike = Union[str, "os.PathLike[str]"]
 _RANK_PREFIX = re.compile(r"^\[(?:[A-Za-z_]\w*?)?(\d+)\]:")

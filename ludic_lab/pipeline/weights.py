@@ -9,7 +9,8 @@ Redis and the actor loads them between rollout rounds:
   the state dict into safetensors bytes and hands them to a writer thread (the trainer's
   event loop never blocks on Redis; if the writer falls behind, only the newest version is
   written). The bytes go into chunks ``<key>:<version>:<i>`` (Redis strings stop at 512 MB)
-  and then, atomically, a msgpack manifest ``<key>`` = ``{version, chunks, nbytes, sha256}``.
+  and then, atomically, a msgpack manifest ``<key>`` = ``{version, chunks, nbytes, sha256,
+  aliases}`` (``aliases``: tied names such as ``lm_head.weight``, written once).
   The previous version's chunks are kept so a reader in mid-fetch still finds them.
 - :class:`RedisWeightsSubscriber` (actor side): ``maybe_update(client)`` reads the manifest;
   when its version differs from ``client.policy_version`` (newer, or a restarted trainer's
@@ -41,17 +42,31 @@ log = logging.getLogger("ludic_lab.pipeline")
 _CHUNK_BYTES = 64 * 2**20
 
 
-def _weights_bytes(state_dict: Mapping[str, Any], dtype: Any = None) -> bytes:
+def _weights_bytes(state_dict: Mapping[str, Any], dtype: Any = None) -> tuple[bytes, dict[str, str]]:
+    """Safetensors bytes of ``state_dict`` and its aliases ``{name: name it repeats}``.
+
+    A tensor that is the very same view as an earlier one (a tied ``lm_head.weight``) is
+    written once and recorded as an alias, which the reader restores; ``save`` copies each
+    tensor exactly once (no intermediate clone).
+    """
     import torch
     from safetensors.torch import save
 
-    out = {}
+    out: dict[str, Any] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
     for k, v in state_dict.items():
         t = v.detach().to("cpu") if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+        ident = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) if t.numel() else None
+        if ident is not None and ident in seen:
+            aliases[k] = seen[ident]
+            continue
+        if ident is not None:
+            seen[ident] = k
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
-        out[k] = t.contiguous().clone()
-    return save(out)
+        out[k] = t.contiguous()
+    return save(out), aliases
 
 
 class RedisWeightsPublisher:
@@ -91,7 +106,7 @@ class RedisWeightsPublisher:
                 f"weights publisher: cannot reach Redis at {redact(redis_url)} ({type(e).__name__}: {e}); "
                 "is redis-server running there?"
             ) from None
-        self._q: "queue.Queue[Optional[tuple[int, bytes]]]" = queue.Queue(maxsize=1)
+        self._q: "queue.Queue[Optional[tuple[int, tuple[bytes, dict[str, str]]]]]" = queue.Queue(maxsize=1)
         self._error: Optional[BaseException] = None
         self._idle = threading.Event()
         self._idle.set()
@@ -161,15 +176,17 @@ class RedisWeightsPublisher:
             if self._q.empty():
                 self._idle.set()
 
-    def _write(self, version: int, data: bytes) -> None:
-        chunks = [data[i : i + self.chunk_bytes] for i in range(0, len(data), self.chunk_bytes)] or [b""]
+    def _write(self, version: int, payload: tuple[bytes, dict[str, str]]) -> None:
+        data, aliases = payload
+        view = memoryview(data)  # chunks without copying
+        chunks = [view[i : i + self.chunk_bytes] for i in range(0, len(data), self.chunk_bytes)] or [b""]
         p = self._r.pipeline(transaction=False)
         for i, c in enumerate(chunks):
             p.set(f"{self.key}:{version}:{i}", c)
         p.execute()
         old = self._r.get(self.key)
         manifest = {"version": version, "chunks": len(chunks), "nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                    "format": "safetensors", "written_at": time.time()}
+                    "format": "safetensors", "aliases": aliases, "written_at": time.time()}
         self._r.set(self.key, msgpack.packb(manifest))
         if old:  # drop the version before the previous one (readers may still be fetching the previous)
             prev = msgpack.unpackb(old)
@@ -215,10 +232,17 @@ class RedisWeightsSubscriber:
         if hashlib.sha256(data).hexdigest() != m["sha256"]:
             raise ValueError(f"weights v{version} under {self.key!r} fail their sha256 check (corrupt or foreign)")
 
+        aliases = dict(m.get("aliases") or {})
+
         def load() -> None:
             from safetensors.torch import load as st_load
 
-            client.sync_weights(st_load(data), version=version)
+            params = st_load(data)
+            for name, same in aliases.items():  # tied weights travel once
+                if same not in params:
+                    raise ValueError(f"weights v{version} under {self.key!r}: alias {name!r} -> missing {same!r}")
+                params[name] = params[same]
+            client.sync_weights(params, version=version)
 
         await asyncio.to_thread(load)
         self.updates += 1

@@ -161,7 +161,11 @@ def merged_lora_weights_from_state_dict(model: Any, state_dict: dict[str, torch.
             if adapter not in mod.lora_A:
                 continue
             if not isinstance(mod.lora_A[adapter], torch.nn.Linear) or mod.use_dora.get(adapter, False):
-                raise NotImplementedError(f"{full}: merging from a state dict supports plain LoRA on linear layers only")
+                raise ValueError(
+                    f"{full}: merging LoRA from a gathered state dict (the FSDP publishing path) supports plain "
+                    "LoRA on linear layers only, not DoRA or LoRA on embeddings/convolutions; target linear "
+                    "layers with use_dora=False, or train without FSDP (peft's own merge is used there)"
+                )
             a = state_dict[f"{full}.lora_A.{adapter}.weight"]
             b = state_dict[f"{full}.lora_B.{adapter}.weight"]
             cast = a.dtype in (torch.float16, torch.bfloat16)  # as peft: the product in fp32

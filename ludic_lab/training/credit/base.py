@@ -14,6 +14,7 @@ An assigner maps rollouts to ``{(rollout_id, step_index): weight}``. Shared rule
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Optional, Protocol, Sequence, runtime_checkable
@@ -126,7 +127,7 @@ def screen_rollouts(rollouts: Sequence[Rollout], on_nonfinite: OnNonFinite, owne
     return Screened(usable=usable, failed=failed, nonfinite=len(bad))
 
 
-class AssignerBase:
+class AssignerBase(abc.ABC):
     """Shared plumbing: ``last_stats`` and :meth:`compute_with_stats`.
 
     Subclasses implement ``compute`` and set ``self._last_stats`` in it.
@@ -139,8 +140,9 @@ class AssignerBase:
         """Stats of the most recent ``compute`` call (all zeros before the first)."""
         return self._last_stats if self._last_stats is not None else CreditStats()
 
-    def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]:
+        """Weight of every (rollout, step) of ``rollouts``."""
 
     def compute_with_stats(self, rollouts: list[Rollout]) -> tuple[dict[RolloutStepKey, float], CreditStats]:
         """``(compute(rollouts), last_stats)``."""

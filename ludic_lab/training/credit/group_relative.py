@@ -7,6 +7,7 @@ of the rollout gets that same advantage**. Standard deviations are population (`
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass
 
@@ -33,8 +34,9 @@ class _GroupAssigner(AssignerBase):
     allow_uneven: bool
     on_nonfinite: OnNonFinite
 
-    def _advantages(self, group: Group) -> list[float]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _advantages(self, group: Group) -> list[float]:
+        """One advantage per rollout of ``group``."""
 
     def _finish(self, advantages: dict[str, float], singleton_ids: set[str]) -> dict[str, float]:
         """Hook for batch-level post-processing of ``rollout_id -> advantage``."""

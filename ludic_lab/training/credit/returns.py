@@ -6,6 +6,7 @@ None of these needs group ids; failed rollouts and non-finite rewards follow the
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass
 
@@ -29,8 +30,9 @@ class _PerRollout(AssignerBase):
 
     on_nonfinite: OnNonFinite
 
-    def _step_weights(self, rollout: Rollout) -> list[float]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _step_weights(self, rollout: Rollout) -> list[float]:
+        """One weight per step of ``rollout``."""
 
     def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]:
         """One weight per step of every non-failed rollout (see the class docstring)."""

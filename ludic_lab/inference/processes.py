@@ -1,4 +1,4 @@
-"""Child processes the lab starts (vLLM servers, torchrun): identify, kill whole trees,
+"""Child processes ludic_lab starts (vLLM servers, torchrun): identify, kill whole trees,
 record them in PID files, reap orphans, and a watchdog that outlives its owner's ``kill -9``.
 
 A process is identified by its pid *and* its start time (``/proc/<pid>/stat``), so a reused
