@@ -48,7 +48,6 @@ def _background_loop() -> asyncio.AbstractEventLoop:
 
 
 def _stop_background_loop() -> None:
-    global _bg_loop
     loop = _bg_loop
     if loop is not None and not loop.is_closed():
         loop.call_soon_threadsafe(loop.stop)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
-import os
 import resource
 import sys
 import time
