@@ -302,7 +302,7 @@ async def test_two_servers_a_kill_mid_rollout_and_a_restart(pusher, tiny_server,
     from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 
     def start() -> Any:
-        return start_vllm_server(tiny_model_dir, port=free_port, dtype=SERVER_DTYPE, max_model_len=1024)
+        return start_vllm_server(tiny_model_dir, port=free_port, dtype=SERVER_DTYPE, max_model_len=4096)
 
     own = start()
     try:
@@ -326,12 +326,13 @@ async def test_two_servers_a_kill_mid_rollout_and_a_restart(pusher, tiny_server,
             {"qa": lambda: DatasetQAEnv(rows)},
             {"one": lambda: SingleAgentSyncProtocol(Agent(other, FullDialog(), identity_parser))},
         )
-        # ignore_eos: the tiny random model can sample EOS early, and on a fast machine all 8
-        # episodes could end before the kill; 900 forced tokens each cannot.
+        # The tiny model samples fast (8 x 900 tokens took ~2.4 s here) and can sample EOS or
+        # <|im_end|> early, so on a quick machine all 8 episodes could end before the kill.
+        # ignore_eos with no stop ids forces 3,500 tokens each: ~10 s of sampling at full batch.
         inf = InferenceSpec(
-            SamplingConfig(temperature=1.0, max_tokens=900),
+            SamplingConfig(temperature=1.0, max_tokens=3500),
             ReturnSpec.for_training(),
-            extensions={"extra_body": {"ignore_eos": True}},
+            extensions={"extra_body": {"ignore_eos": True, "stop_token_ids": []}},
         )
         reqs = [RolloutRequest(env=EnvSpec("qa"), protocol=ProtocolSpec("one"), env_seed=i, inference=inf) for i in range(8)]
         run = asyncio.ensure_future(engine.generate_rollouts(reqs, max_steps=1))
