@@ -184,12 +184,15 @@ def test_kill_9_of_the_owner_leaves_no_server(tiny_model_dir: str, free_port: in
         owner.wait(10)
         deadline = time.monotonic() + 60
         tree = {int(p): s for p, s in info["tree"].items()}
-        while time.monotonic() < deadline and any(processes.is_alive(p, s) for p, s in tree.items()):
+        record = Path(info["record"])
+        # the watchdog removes the record once the whole tree (and any straggler in its process
+        # group, which `tree` above may not have listed) is gone: wait for both
+        while time.monotonic() < deadline and (any(processes.is_alive(p, s) for p, s in tree.items()) or record.exists()):
             time.sleep(0.2)
         assert not any(processes.is_alive(p, s) for p, s in tree.items())
         assert _server_procs(free_port) == []
         assert _port_free(free_port)
-        assert not Path(info["record"]).exists()
+        assert not record.exists()
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -311,13 +311,15 @@ def stop_watchdog(pid: Optional[int]) -> None:
 def _watch(owner: tuple[int, int], target: tuple[int, int], pgid: int, record: Optional[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped by the owner: it handles the target
     while True:
-        if not is_alive(*target):
-            return 0
+        # the owner first: when both are gone (another watchdog, or the target's own exit, beat
+        # us to it) the record is still ours to remove -- nobody else will
         if not is_alive(*owner):
-            kill_tree(target[0], pgid=pgid, grace_s=5.0)
+            kill_tree(target[0], pgid=pgid, grace_s=5.0)  # a no-op on a tree that is gone
             if record:
                 Path(record).unlink(missing_ok=True)
             return 0
+        if not is_alive(*target):
+            return 0  # exited under a live owner, which removes the record when it stops it
         time.sleep(POLL_S)
 
 

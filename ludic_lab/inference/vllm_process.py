@@ -383,18 +383,9 @@ def wait_for_vllm_health_sync(
     interval: float = 0.5,
 ) -> None:
     """Blocking :func:`wait_for_vllm_health` (works inside a running event loop too)."""
-    url = _health_url(api_base)
-    deadline = time.monotonic() + timeout
-    while True:
-        if _probe(url, min(5.0, max(0.5, interval * 4))):
-            return
-        msg = _died(process)
-        if msg:
-            raise RuntimeError(msg)
-        if time.monotonic() > deadline:
-            tail = f"; log tail:\n{process.tail(30)}" if process is not None else ""
-            raise TimeoutError(f"{url} not healthy after {timeout:.0f}s{tail}")
-        time.sleep(interval)
+    from ludic_lab.aio import run_sync
+
+    run_sync(wait_for_vllm_health(api_base, timeout, process=process, interval=interval))
 
 
 @atexit.register

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ludic_lab.inference import processes
+from ludic_lab.lab.status_html import LiveStatus
 
 _SERVERS: "set[VLLMServer]" = set()
 _LOCK = threading.Lock()
@@ -44,7 +45,7 @@ class VLLMServerError(RuntimeError):
         return [f"\x1b[0;31mVLLMServerError\x1b[0m: {self}"]
 
 
-class VLLMServer:
+class VLLMServer(LiveStatus):
     """A vLLM server started from a cell (see the module docstring).
 
     ``model``: a local folder, ``"default"`` (SmolLM2-135M-Instruct) or ``"tiny"``. ``port``
@@ -83,7 +84,7 @@ class VLLMServer:
         self.log_path = Path(log_file).expanduser().resolve()
         self._stopped = False
         self._ready = False
-        self._handle: Any = None
+        self._handle = None
         self._last_html = ""
         self.started_at = time.time()
         self.proc = vllm_process.start_vllm_server(
@@ -181,32 +182,11 @@ class VLLMServer:
         self.stop()
 
     # -- display -------------------------------------------------------------------------
-    def show(self) -> "VLLMServer":
-        """Display the status below the current cell (updated in place)."""
-        from IPython.display import HTML, display
-
-        self._handle = display(HTML(self._repr_html_()), display_id=True)
-        return self
-
     def _refresh_while_starting(self) -> None:
         while not self._stopped and not self._ready and self.proc.poll() is None:
             self._draw()
             time.sleep(1.0)
         self._draw(force=True)
-
-    def _draw(self, force: bool = False) -> None:
-        if self._handle is None:
-            return
-        body = self._repr_html_()
-        if body == self._last_html and not force:
-            return
-        self._last_html = body
-        try:
-            from IPython.display import HTML
-
-            self._handle.update(HTML(body))
-        except Exception:  # noqa: BLE001 - the kernel may be shutting down
-            pass
 
     def _repr_html_(self) -> str:
         st = self.status

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ludic_lab.inference import processes
+from ludic_lab.lab.status_html import LiveStatus
 
 PathLike = Union[str, "os.PathLike[str]"]
 _RANK_PREFIX = re.compile(r"^\[(?:[A-Za-z_]\w*?)?(\d+)\]:")
@@ -92,7 +93,7 @@ class _JSONLTail:
         return rows
 
 
-class TorchrunRun:
+class TorchrunRun(LiveStatus):
     """A running (or finished) torchrun launch; see :func:`launch_torchrun`."""
 
     def __init__(
@@ -126,7 +127,7 @@ class TorchrunRun:
         self._rows: list[dict[str, Any]] = []
         self._live = live
         self._live_errors = 0
-        self._handle: Any = None
+        self._handle = None
         self._last_html = ""
         self._done = threading.Event()
         self._tree: dict[int, int] = {}
@@ -319,27 +320,6 @@ class TorchrunRun:
         return TorchrunError(msg, rank=rank, returncode=self.returncode)
 
     # -- display -------------------------------------------------------------------------
-    def show(self) -> "TorchrunRun":
-        """Display the run's status below the current cell (updated in place while it runs)."""
-        from IPython.display import HTML, display
-
-        self._handle = display(HTML(self._repr_html_()), display_id=True)
-        return self
-
-    def _draw(self, force: bool = False) -> None:
-        if self._handle is None:
-            return
-        body = self._repr_html_()
-        if body == self._last_html and not force:
-            return
-        self._last_html = body
-        try:
-            from IPython.display import HTML
-
-            self._handle.update(HTML(body))
-        except Exception:  # noqa: BLE001 - the kernel may be shutting down
-            pass
-
     def _repr_html_(self) -> str:
         colour = {"running": "#1f6feb", "succeeded": "#1a7f37", "failed": "#cf222e", "stopped": "#9a6700"}[self.status]
         elapsed = (self.ended_at or time.time()) - self.started_at
