@@ -314,7 +314,8 @@ def _watch(owner: tuple[int, int], target: tuple[int, int], pgid: int, record: O
         # the owner first: when both are gone (another watchdog, or the target's own exit, beat
         # us to it) the record is still ours to remove -- nobody else will
         if not is_alive(*owner):
-            kill_tree(target[0], pgid=pgid, grace_s=5.0)  # a no-op on a tree that is gone
+            if is_alive(*target):  # (checked by start time: a reused pid is never signalled)
+                kill_tree(target[0], pgid=pgid, grace_s=5.0)
             if record:
                 Path(record).unlink(missing_ok=True)
             return 0
