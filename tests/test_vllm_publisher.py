@@ -98,6 +98,8 @@ def pusher(tiny_model_dir, tiny_server, base_model) -> Iterator[VLLMChatClient]:
     yield client
     client.sync_weights(base_model.state_dict(), version=v0)
     assert run_sync(client.get_policy_version()) == v0
+    client.close()  # deletes its staging buffer in /dev/shm
+    assert shm_leftovers() == []
 
 
 # -- full state dicts -----------------------------------------------------------------------
@@ -120,9 +122,15 @@ async def test_pushed_weights_are_served_token_for_token_and_the_version_moves(p
     assert "lm_head.weight" in sd and pusher.last_sync["num_params"] == len(sd) - 1
     assert pusher.last_sync["version"] == v0 + 5
     # without a version the server counts up by one
+    first = shm_leftovers()
     assert pusher.sync_weights(sd) == str(v0 + 6)
     assert (await pusher.complete(req("Hello there")))[0].policy_version == v0 + 6
-    assert shm_leftovers() == []
+    # one staging buffer, overwritten in place by every update; the server loads it in place
+    assert len(first) == 1 and shm_leftovers() == first
+    assert pusher.last_sync["load_mode"] == "inplace", pusher.last_sync
+    assert pusher.last_sync["bytes"] == sum(t.numel() * 4 for k, t in sd.items() if k != "lm_head.weight")  # fp32 server
+    await pusher.aclose()
+    assert shm_leftovers() == []  # closing the client deletes it
 
 
 @pytest.mark.vllm
@@ -151,7 +159,9 @@ async def test_a_bad_update_is_refused_naming_the_param_and_old_weights_keep_ser
     assert isinstance(ei.value, ValueError)
     assert await pusher.get_policy_version() == v0
     assert await greedy(pusher) == base_greedy
-    assert shm_leftovers() == []  # the server removed the refused file
+    assert len(shm_leftovers()) == 1  # the server left the client's staging buffer alone ...
+    await pusher.aclose()
+    assert shm_leftovers() == []  # ... which the client deletes
 
 
 @pytest.mark.vllm
@@ -215,13 +225,20 @@ async def test_a_client_timeout_during_an_update_leaves_the_server_consistent(pu
             assert time.monotonic() < deadline, "the update never landed"
             await asyncio.sleep(0.05)
         assert await greedy(pusher) == await greedy(local_client(new, tiny_model_dir))
-    else:  # never fully sent: nothing changed, and the client removed its file
+    else:  # never fully sent: nothing changed
         assert await pusher.get_policy_version() == v0
     deadline = time.monotonic() + 60
     while await pusher.num_background_tasks():
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
-    assert shm_leftovers() == []
+    # the buffer of the timed-out update is never written again (the server may have been
+    # reading it): the next update stages into a new file, and the old one is deleted after
+    stale = shm_leftovers()
+    assert len(stale) == 1
+    assert pusher.sync_weights(base_model.state_dict(), version=v0 + 7) == str(v0 + 7)
+    now = shm_leftovers()
+    assert len(now) == 1 and (now != stale) == ei.value.sent
+    assert await greedy(pusher) == await greedy(local_client(base_model, tiny_model_dir))
 
 
 # -- the publisher ----------------------------------------------------------------------------

@@ -37,6 +37,19 @@ POLICY_VERSION_HEADER = "X-Ludic-Policy-Version"
 _TOKEN_PREFIX = "token_id:"
 
 
+def _body_bytes(body: Mapping[str, Any]) -> int:
+    """Bytes of the tensors an update body declares (in their wire dtypes)."""
+    from ludic_lab.inference.weight_transfer.base import torch_dtype
+
+    total = 0
+    for p in body.get("params", []):
+        n = 1
+        for d in p["shape"]:
+            n *= int(d)
+        total += n * torch_dtype(p["dtype"]).itemsize
+    return total
+
+
 class VLLMError(RuntimeError):
     """The vLLM server refused or failed a request; ``reason`` is the server's message."""
 
@@ -442,7 +455,7 @@ class VLLMChatClient:
         if self.device == "cpu":
             from ludic_lab.inference.weight_transfer.shm import ShmSender
 
-            return ShmSender(self._shm_dir)
+            return ShmSender(self._shm_dir, reuse=True)
         from ludic_lab.inference.weight_transfer.nccl import NcclSender
 
         return NcclSender(self.group_host, self.group_port, self.nccl_world_size)
@@ -492,10 +505,11 @@ class VLLMChatClient:
         finally:
             sender.close()
 
-    def _prepare(self, params: Mapping[str, Any], spec: Any) -> dict[str, Any]:
-        """Detached tensors in wire order; floating tensors cast to the server's dtype
-        (others are sent as they are, for the server to accept or refuse). A tied alias
-        (``lm_head.weight``) that is the very tensor of its embedding is not sent twice."""
+    def _prepare(self, params: Mapping[str, Any], spec: Any, *, cast: bool = True) -> dict[str, Any]:
+        """Detached tensors in wire order; with ``cast``, floating tensors cast to the server's
+        dtype (the shm sender casts while staging instead; others are sent as they are, for the
+        server to accept or refuse). A tied alias (``lm_head.weight``) that is the very tensor
+        of its embedding is not sent twice."""
         import torch
 
         target = getattr(torch, spec.dtype)
@@ -508,7 +522,7 @@ class VLLMChatClient:
                 continue
             t = v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
             t = t.detach()
-            if t.is_floating_point() and t.dtype != target:
+            if cast and t.is_floating_point() and t.dtype != target:
                 t = t.to(target)
             out[k] = t
         return out
@@ -534,15 +548,20 @@ class VLLMChatClient:
         await self.init_communicator()
         sender = self._sender
         t_prep = time.perf_counter()
-        tensors = self._prepare(params, spec)
+        shm = sender.transport == "shm"
+        tensors = self._prepare(params, spec, cast=not shm)
         t_stage = time.perf_counter()
-        body = await asyncio.to_thread(sender.stage, tensors, version=new_version)
+        if shm:  # the cast to the server's dtype happens while copying into shared memory
+            body = await asyncio.to_thread(sender.stage, tensors, version=new_version, dtype=spec.dtype)
+        else:
+            body = await asyncio.to_thread(sender.stage, tensors, version=new_version)
         t_staged = time.perf_counter()
         url = f"{self.server_url}/update_param_batch"
         hdr = self._control_headers()
-        # the server removes the file of every request it received (also a refused one); the
-        # client removes it only when the server surely never got the request
-        undelivered = False
+        # the server removes the one-shot file of every request it received (also a refused
+        # one); the client removes it only when the server surely never got the request. A
+        # reused staging buffer is written again only after the server answered.
+        undelivered, answered = False, False
         try:
             if sender.transport == "nccl":  # a refused update must not leave us broadcasting
                 await self._request("POST", f"{self.server_url}/validate_param_batch", json=body, headers=hdr, retry="connect")
@@ -550,7 +569,9 @@ class VLLMChatClient:
             if sender.transport == "nccl":
                 await asyncio.to_thread(sender.send, tensors)
             resp = await post
+            answered = True
         except VLLMError as e:
+            answered = e.status is not None
             if e.status == 400:
                 raise WeightUpdateRejected(f"sync_weights refused by {self.server_url}: {e.reason}", status=400) from None
             raise
@@ -567,6 +588,10 @@ class VLLMChatClient:
         finally:
             if undelivered:
                 sender.discard(body)  # nobody will read it
+            elif answered:
+                sender.release(body)
+            else:
+                sender.abandon(body)  # the server may still be reading it
         data = resp.json()
         n = int(data.get("num_params", -1))
         if n != len(tensors):
@@ -578,8 +603,12 @@ class VLLMChatClient:
             "stage_seconds": t_staged - t_stage,  # shm: writing the file; nccl: ~0
             "server_seconds": float(data.get("seconds", float("nan"))),
             "load_seconds": float(data.get("load_seconds", float("nan"))),
+            "load_mode": data.get("load_mode"),  # "inplace", "reload" (+ "reason"), ...
+            "pack_seconds": float(data.get("pack_seconds", float("nan"))),  # vLLM re-packing its CPU GEMM weights
             "num_params": n,
-            "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+            "load_reason": data.get("reason"),  # why not in place, when it was not
+            "server_phases": dict(data.get("phases") or {}),  # drain, pause, load, resume, reset_prefix_cache
+            "bytes": _body_bytes(body),
             "version": self.policy_version,
         }
         return str(self.policy_version)

@@ -25,13 +25,16 @@ HTTP routes added to vLLM's (``GET /health`` is vLLM's own):
 - ``POST /init_communicator`` ``{"transport": "shm"|"nccl", "host", "port", "world_size",
   "packed"?}`` -> ``{"ok": true, "transport": ..., "shm_dir"?}``; ``POST /close_communicator``.
 - ``POST /update_param_batch`` ``{"version": int|null, "transport": "shm"|"nccl",
-  "location": "/dev/shm/<file>.safetensors" (shm), "params": [{"name","dtype","shape"}]}`` ->
-  ``{"version", "num_params", "seconds", "load_seconds"}``. Every name, shape and dtype (the
+  "location": "/dev/shm/<file>.safetensors" (shm), "keep"?: bool, "params": [{"name","dtype","shape"}]}``
+  -> ``{"version", "num_params", "seconds", "load_seconds", "load_mode", ...}``. Every name, shape and dtype (the
   served ``--dtype``) is checked before any weight is touched (400 ``{"error": ...}`` naming
   the params; the old weights keep serving). Then admission of generation requests stops,
-  in-flight ones finish, the workers ``reload_weights`` in place, the prefix cache is reset,
-  the version becomes ``version`` (or +1), and admission resumes. The shm file is deleted
-  by the server, on error too. ``POST /validate_param_batch`` is the same check without
+  in-flight ones finish, the engine pauses, the workers load the weights in place (CPU:
+  zero-copy from the file and vLLM's re-packing, verified against ``reload_weights`` the
+  first time; otherwise ``reload_weights``; ``--ludic-weight-load reload`` forces the
+  latter), the prefix cache is reset, the version becomes ``version`` (or +1), and
+  admission resumes. The shm file is deleted by the server, on error too, unless
+  ``"keep": true`` (a sender's reused staging buffer, which the sender deletes). ``POST /validate_param_batch`` is the same check without
   loading (NCCL senders call it first so a refused update never leaves them broadcasting).
 - ``POST /reset_prefix_cache`` -> ``{"ok": true}`` (between requests, like an update).
 - Responses of the generation routes carry ``X-Ludic-Policy-Version``: the version the whole
@@ -58,7 +61,14 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Optional
 
 from ludic_lab.inference.weight_transfer.base import ParamMeta
-from ludic_lab.inference.weight_transfer.shm import SUFFIX, default_shm_dir, is_inside, read_safetensors_header, remove_quietly
+from ludic_lab.inference.weight_transfer.shm import (
+    SUFFIX,
+    default_shm_dir,
+    is_inside,
+    read_safetensors_header,
+    reap_stale_files,
+    remove_quietly,
+)
 from ludic_lab.inference.weight_transfer.spec import ModelParamSpec, UpdateRejected
 
 try:  # FastAPI resolves the endpoint annotation by name in this module's globals
@@ -100,6 +110,9 @@ class LudicServerOptions:
     """How long an update waits for in-flight generations before giving up (HTTP 503)."""
     initial_version: int = 0
     """Policy version of the weights the server starts with."""
+    weight_load: str = "auto"
+    """``"auto"``: CPU updates load in place when the worker can (else ``reload_weights``);
+    ``"reload"``: always vLLM's ``reload_weights``."""
 
 
 def is_loopback(host: Optional[str]) -> bool:
@@ -205,6 +218,7 @@ class LudicControlPlane:
 
     async def setup(self) -> None:
         """Ask the worker for the compute dtype and fused-layer map; read the checkpoint spec."""
+        reap_stale_files(self.opts.shm_dir)  # update files of trainers that died (kill -9)
         infos = await self.engine.collective_rpc("ludic_model_info")
         info = infos[0]
         self.device = str(info.get("device", "cpu"))
@@ -275,14 +289,16 @@ class LudicControlPlane:
     async def update_param_batch(self, body: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
         location = body.get("location") if isinstance(body, dict) else None
+        keep = bool(body.get("keep")) if isinstance(body, dict) else False
         try:
             metas, transport, location, version = self._parse_update(body)
         except (UpdateRejected, ValueError) as e:
-            self._remove_update_file(location)
+            if not keep:
+                self._remove_update_file(location)
             raise _HTTPError(400, str(e)) from None
         # shielded: a client that gives up (timeout) does not interrupt an update half-way;
-        # it completes (or fails) as a whole and the file is removed either way
-        task = self._track(self._apply(metas, transport, location, version))
+        # it completes (or fails) as a whole and the file is removed either way (unless kept)
+        task = self._track(self._apply(metas, transport, location, version, keep))
         try:
             result = await asyncio.shield(task)
         except DrainTimeout as e:
@@ -290,29 +306,60 @@ class LudicControlPlane:
         result["seconds"] = time.perf_counter() - t0
         return result
 
-    async def _apply(self, metas: list[ParamMeta], transport: str, location: Optional[str], version: Optional[int]) -> dict[str, Any]:
+    async def _apply(
+        self, metas: list[ParamMeta], transport: str, location: Optional[str], version: Optional[int], keep: bool = False
+    ) -> dict[str, Any]:
         assert self.spec is not None
+        phases: dict[str, float] = {}
         try:
             async with self._lock:
+                t = time.perf_counter()
                 await self.gate.close_and_drain(self.opts.drain_timeout_s)
+                phases["drain"] = time.perf_counter() - t
                 try:
-                    t_load = await self._load_exclusive(metas, transport, location)
+                    t_load, info = await self._load_exclusive(metas, transport, location, keep, phases)
+                    t = time.perf_counter()
                     await self._reset_prefix_cache_now()
+                    phases["reset_prefix_cache"] = time.perf_counter() - t
                     self.gate.version = int(version) if version is not None else self.gate.version + 1
                     if self.broken and self.spec.covers_all(metas):
                         self.broken = None
                 finally:
                     self.gate.reopen()
-            return {"version": self.gate.version, "num_params": len(metas), "load_seconds": t_load}
+            out = {"version": self.gate.version, "num_params": len(metas), "load_seconds": t_load, "phases": phases}
+            if info:
+                out["load_mode"] = info.get("mode")
+                out.update({k: v for k, v in info.items() if k in ("reason", "pack_seconds", "map_seconds")})
+            return out
         finally:
-            self._remove_update_file(location)
+            if not keep:
+                self._remove_update_file(location)
 
-    async def _load_exclusive(self, metas: list[ParamMeta], transport: str, location: Optional[str]) -> float:
-        """Load with the engine idle: pause (waiting out any straggler), reload, resume."""
+    async def _pause(self) -> None:
+        """Pause the scheduler, waiting out requests still inside the engine. (vLLM's
+        ``pause_generation`` adds a fixed 20 ms sleep for log ordering; the engine-core call
+        is all that correctness needs, so it is used directly when available.)"""
+        core = getattr(self.engine, "engine_core", None)
+        pause = getattr(core, "pause_scheduler_async", None)
+        if pause is None:
+            await self.engine.pause_generation(mode="wait", clear_cache=False)
+        else:
+            await pause(mode="wait", clear_cache=False)
+
+    async def _load_exclusive(
+        self, metas: list[ParamMeta], transport: str, location: Optional[str], keep: bool = False,
+        phases: Optional[dict[str, float]] = None,
+    ) -> tuple[float, dict[str, Any]]:
+        """Load with the engine idle: pause (waiting out any straggler), load, resume.
+        ``phases`` receives the seconds of pause, load and resume."""
         assert self.spec is not None
         order, rename = self.spec.load_plan(metas)
+        info: dict[str, Any] = {}
+        phases = phases if phases is not None else {}
+        t = time.perf_counter()
         try:
-            await asyncio.wait_for(self.engine.pause_generation(mode="wait", clear_cache=False), self.opts.drain_timeout_s)
+            await asyncio.wait_for(self._pause(), self.opts.drain_timeout_s)
+            phases["pause"] = time.perf_counter() - t
         except asyncio.TimeoutError:
             await self.engine.resume_generation()
             raise DrainTimeout(f"the engine did not become idle within {self.opts.drain_timeout_s:.0f}s; update not applied") from None
@@ -320,7 +367,8 @@ class LudicControlPlane:
             t0 = time.perf_counter()
             try:
                 if transport == "shm":
-                    await self.engine.collective_rpc("ludic_load_file", args=(location, order, rename))
+                    res = await self.engine.collective_rpc("ludic_load_file", args=(location, order, rename, keep, self.opts.weight_load))
+                    info = res[0] if res and isinstance(res[0], dict) else {}
                 else:
                     skip = {m.name: None for m in metas if m.name not in order}
                     await self.engine.collective_rpc(
@@ -333,9 +381,12 @@ class LudicControlPlane:
                 )
                 logger.error("ludic: %s", self.broken)
                 raise
-            return time.perf_counter() - t0
+            phases["load"] = time.perf_counter() - t0
+            return phases["load"], info
         finally:
+            t = time.perf_counter()
             await self.engine.resume_generation()
+            phases["resume"] = time.perf_counter() - t
 
     async def _reset_prefix_cache_now(self) -> None:
         ok = await self.engine.reset_prefix_cache()
@@ -539,6 +590,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ludic-shm-dir", default=None, help="folder shm update files must be in (default /dev/shm)")
     g.add_argument("--ludic-drain-timeout", type=float, default=600.0, help="seconds an update waits for in-flight requests")
     g.add_argument("--ludic-initial-version", type=int, default=0, help="policy version of the starting weights")
+    g.add_argument(
+        "--ludic-weight-load", choices=("auto", "reload"), default="auto",
+        help="auto: CPU updates load in place (verified against reload_weights once); reload: always vLLM's reload_weights",
+    )
     parser.set_defaults(host="127.0.0.1", logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION)
     return parser
 
@@ -561,6 +616,7 @@ def options_from_args(args: argparse.Namespace) -> LudicServerOptions:
         shm_dir=args.ludic_shm_dir or default_shm_dir(),
         drain_timeout_s=float(args.ludic_drain_timeout),
         initial_version=int(args.ludic_initial_version),
+        weight_load=str(args.ludic_weight_load),
     )
 
 

@@ -3,9 +3,11 @@
 vLLM mixes this class into each of its workers (``--worker-extension-cls
 ludic_lab.inference.vllm_worker.LudicWorkerExtension``); the server calls its methods through
 ``engine.collective_rpc("ludic_...")``. vLLM runs those calls between engine steps, never
-during a forward pass. Weights are applied with the worker's in-place
-``reload_weights`` (layerwise reload: vLLM's own repacking runs after loading), not with a
-bare ``model.load_weights``, which half-applies on CPU.
+during a forward pass. Shared-memory updates on CPU go through the in-place loader
+(:mod:`ludic_lab.inference.weight_transfer.inplace`: zero-copy views of the file, vLLM's own
+re-packing, verified against ``reload_weights`` the first time); everything else through the
+worker's in-place ``reload_weights`` (layerwise reload: vLLM's own repacking runs after
+loading), never a bare ``model.load_weights``, which half-applies on CPU.
 
 Every attribute is prefixed ``ludic_`` because vLLM refuses an extension whose names clash
 with the worker's. This module imports neither vLLM nor torch at import time.
@@ -20,6 +22,7 @@ class LudicWorkerExtension:
     """Methods vLLM adds to each worker (``self`` is the worker)."""
 
     ludic_nccl_receiver: Optional[Any] = None
+    ludic_inplace: Optional[Any] = None
 
     def ludic_model_info(self) -> dict[str, Any]:
         """What the server needs to check updates: compute dtype and vLLM's fused-layer map."""
@@ -33,13 +36,20 @@ class LudicWorkerExtension:
             "device": str(getattr(self, "device", "cpu")),
         }
 
-    def ludic_load_file(self, path: str, names: Sequence[str], rename: dict[str, str]) -> int:
-        """Reload ``names`` from the safetensors file at ``path`` in place; returns the count."""
-        from ludic_lab.inference.weight_transfer.shm import iter_safetensors
+    def ludic_load_file(
+        self, path: str, names: Sequence[str], rename: dict[str, str], keep: bool = False, mode: str = "auto"
+    ) -> dict[str, Any]:
+        """Load ``names`` from the safetensors file at ``path`` in place.
 
-        self.reload_weights(weights_iterator=iter_safetensors(path, list(names), rename))  # type: ignore[attr-defined]
-        self.ludic_refresh_tied([rename.get(n, n) for n in names])
-        return len(names)
+        ``keep``: the file is a reused staging buffer (it may stay mapped); ``mode``:
+        ``"auto"`` or ``"reload"`` (see :class:`~ludic_lab.inference.weight_transfer.inplace.InplaceLoader`).
+        Returns ``{"count", "mode", "seconds", ...}``.
+        """
+        from ludic_lab.inference.weight_transfer.inplace import InplaceLoader
+
+        if self.ludic_inplace is None:
+            self.ludic_inplace = InplaceLoader()
+        return self.ludic_inplace.load(self, path, list(names), dict(rename), keep=keep, mode=mode)
 
     def ludic_refresh_tied(self, loaded: Optional[Sequence[str]] = None) -> int:
         """Re-run weight post-processing of modules that share a weight with another module.

@@ -96,12 +96,12 @@ class WeightSender(Protocol):
     """Trainer side of one transport. A client drives an update like this::
 
         body = sender.stage(params, version=v)        # shm: writes the file; nccl: metadata only
-        try:
-            start POST /update_param_batch with body   # the server loads (shm) or receives (nccl)
-            sender.send(params)                        # nccl: broadcast while the POST is pending
-            wait for the POST
-        finally:
-            sender.discard(body)                       # shm: remove the file if the server did not
+        start POST /update_param_batch with body       # the server loads (shm) or receives (nccl)
+        sender.send(params)                            # nccl: broadcast while the POST is pending
+        wait for the POST, then exactly one of:
+            sender.release(body)   # the server answered (applied or refused)
+            sender.abandon(body)   # no answer, the server may still read the staged bytes
+            sender.discard(body)   # the request surely never arrived (shm: a one-shot file is removed)
 
     ``init_body()`` is the body of ``POST /init_communicator`` and ``connect()`` joins the
     transport's group; for NCCL both must run concurrently (the rendezvous needs both sides).
@@ -116,6 +116,10 @@ class WeightSender(Protocol):
     def stage(self, params: Mapping[str, Any], *, version: Optional[int] = None) -> dict[str, Any]: ...
 
     def send(self, params: Mapping[str, Any]) -> None: ...
+
+    def release(self, body: Mapping[str, Any]) -> None: ...
+
+    def abandon(self, body: Mapping[str, Any]) -> None: ...
 
     def discard(self, body: Mapping[str, Any]) -> None: ...
 

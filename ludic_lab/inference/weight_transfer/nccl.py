@@ -96,6 +96,12 @@ class NcclSender:
     def discard(self, body: Mapping[str, Any]) -> None:
         """Nothing is staged outside the broadcast."""
 
+    def release(self, body: Mapping[str, Any]) -> None:
+        """Nothing is staged outside the broadcast."""
+
+    def abandon(self, body: Mapping[str, Any]) -> None:
+        """Nothing is staged outside the broadcast."""
+
     def close(self) -> None:
         if self.comm is not None:
             destroy = getattr(self.comm, "destroy", None)

@@ -1,19 +1,32 @@
-"""Same-host shared-memory transport: one safetensors file in ``/dev/shm`` per update.
+"""Same-host shared-memory transport: safetensors files in ``/dev/shm``.
 
-The sender writes the tensors (in the order of the update's ``params``) to a fresh file under
-the shared-memory folder and posts its path as ``location``; the server validates the file's
-header against the declared metadata, loads it in the worker, and deletes it (on error too).
-``/dev/shm`` is RAM, so the bytes never touch a disk. No pickle: the file is plain
-safetensors (8-byte header length, JSON header, raw little-endian bytes).
+Two ways to use the folder, both plain safetensors (8-byte header length, JSON header, raw
+little-endian bytes; no pickle):
+
+- *one file per update* (``ShmSender()``): the sender writes the tensors to a fresh file and
+  posts its path as ``location``; the server validates the header against the declared
+  metadata, loads, and deletes the file (on error too).
+- *a reused staging buffer* (``ShmSender(reuse=True)``, what :class:`VLLMChatClient` uses):
+  the sender keeps one memory-mapped file per parameter layout and overwrites its bytes in
+  place for every update (``"keep": true`` in the body: the server leaves the file alone).
+  Its pages are faulted in once, so staging an update is one memcpy (with the cast to the
+  server's dtype folded in). A buffer whose update timed out is never written again (the
+  server may still be reading it); the sender deletes it once a later update has completed,
+  and files of dead processes are removed by the next sender in the folder.
+
+``/dev/shm`` is RAM, so the bytes never touch a disk.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import tempfile
 import uuid
+import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
@@ -50,6 +63,30 @@ def default_shm_dir() -> str:
     return tempfile.gettempdir()
 
 
+def _nbytes(m: ParamMeta) -> int:
+    numel = 1
+    for d in m.shape:
+        numel *= d
+    if m.dtype not in _ITEMSIZE:
+        raise ValueError(f"param {m.name!r}: dtype {m.dtype} cannot travel through shared memory")
+    return numel * _ITEMSIZE[m.dtype]
+
+
+def _header(metas: Sequence[ParamMeta]) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """The safetensors header (length prefix included) and each tensor's byte range in the file."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "writer": "ludic_lab"}}
+    ranges, offset = {}, 0
+    for m in metas:
+        nbytes = _nbytes(m)
+        header[m.name] = {"dtype": _CODES[m.dtype], "shape": list(m.shape), "data_offsets": [offset, offset + nbytes]}
+        ranges[m.name] = (offset, offset + nbytes)
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    start = 8 + len(raw)
+    return struct.pack("<Q", len(raw)) + raw, {k: (b + start, e + start) for k, (b, e) in ranges.items()}
+
+
 def write_safetensors(path: str, params: Mapping[str, Any]) -> list[ParamMeta]:
     """Write ``params`` (CPU or GPU tensors) to ``path`` as safetensors, in iteration order.
 
@@ -57,21 +94,13 @@ def write_safetensors(path: str, params: Mapping[str, Any]) -> list[ParamMeta]:
     failure (e.g. the folder is full) removes the partial file and re-raises.
     """
     metas = param_metas(params)
-    header: dict[str, Any] = {"__metadata__": {"format": "pt", "writer": "ludic_lab"}}
-    offset = 0
-    for m, t in zip(metas, params.values()):
-        nbytes = t.numel() * t.element_size()
-        header[m.name] = {"dtype": _CODES[m.dtype], "shape": list(m.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    head, _ = _header(metas)
     import torch
 
     tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
+            f.write(head)
             for t in params.values():
                 data = t.detach()
                 if data.device.type != "cpu":
@@ -147,19 +176,134 @@ def is_inside(path: str, folder: str) -> bool:
     return os.path.commonpath([p, d]) == d and p != d
 
 
+def _typed_view(u8: Any, begin: int, end: int, dtype: str, shape: Sequence[int]) -> Optional[Any]:
+    """A zero-copy ``dtype`` view of bytes ``[begin, end)`` of a uint8 tensor; ``None`` when
+    ``begin`` is not a multiple of the item size (torch cannot view it then)."""
+    import torch
+
+    tdt = getattr(torch, dtype)
+    if begin % _ITEMSIZE[dtype]:
+        return None
+    return u8[begin:end].view(tdt).view(tuple(shape))
+
+
+def _owner_pid(filename: str) -> Optional[int]:
+    """The pid in ``ludic_weights_<pid>_<id>...``; None for other names."""
+    if not filename.startswith(FILE_PREFIX):
+        return None
+    head = filename[len(FILE_PREFIX):].split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def reap_stale_files(folder: str) -> list[str]:
+    """Remove update files in ``folder`` left by processes that no longer run (e.g. a trainer
+    killed with -9 while it held a staging buffer). Returns the removed paths."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        pid = _owner_pid(name)
+        if pid is not None and pid != os.getpid() and not _pid_alive(pid):
+            path = os.path.join(folder, name)
+            try:
+                if remove_quietly(path):
+                    removed.append(path)
+            except OSError:  # another user's file in a shared folder
+                pass
+    return removed
+
+
+class StagingBuffer:
+    """One memory-mapped safetensors file in shared memory, laid out for a fixed list of
+    parameters and overwritten in place for every update."""
+
+    def __init__(self, path: str, metas: Sequence[ParamMeta]) -> None:
+        import torch
+
+        self.path = path
+        self.metas = tuple(metas)
+        head, self.ranges = _header(self.metas)
+        self.size = max(len(head), max((e for _, e in self.ranges.values()), default=0))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, self.size)
+            self._mm = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            remove_quietly(path)
+            raise
+        os.close(fd)  # the mapping keeps the file's pages
+        self._finalizer = weakref.finalize(self, remove_quietly, path)  # at GC or interpreter exit
+        self._mm[: len(head)] = head
+        self._u8: Any = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self.views = {m.name: _typed_view(self._u8, *self.ranges[m.name], m.dtype, m.shape) for m in self.metas}
+
+    def fill(self, params: Mapping[str, Any]) -> None:
+        """Copy (and cast) ``params`` into the buffer, in the buffer's order."""
+        import torch
+
+        for m in self.metas:
+            src = params[m.name].detach()
+            dst = self.views[m.name]
+            if dst is not None:
+                dst.copy_(src.reshape(dst.shape) if src.shape != dst.shape else src)
+            else:  # misaligned after an odd-sized tensor: cast first, then copy the bytes
+                flat = src.to(getattr(torch, m.dtype)).contiguous().reshape(-1)
+                b, e = self.ranges[m.name]
+                self._u8[b:e].copy_(flat.cpu().view(torch.uint8))
+
+    def close(self, *, unlink: bool = True) -> None:
+        """Unmap (and delete the file, unless ``unlink=False``)."""
+        self.views = {}
+        self._u8 = None
+        try:
+            self._mm.close()
+        except (BufferError, ValueError):  # a view is still alive somewhere: let GC unmap it
+            pass
+        if unlink:
+            self._finalizer()
+        else:
+            self._finalizer.detach()
+
+
 class ShmSender:
     """Trainer side of the shared-memory transport (the server must run on the same host).
 
-    ``stage()`` writes the tensors to ``<shm_dir>/ludic_weights_<id>.safetensors`` and returns
-    the ``/update_param_batch`` body; the server deletes the file after loading it (also when
-    it refuses the update). ``discard(body)`` removes it if the request never reached the server.
+    ``stage(params, dtype=...)`` puts the tensors (floating ones cast to ``dtype``) into
+    ``<shm_dir>/ludic_weights_<pid>_<id>.safetensors`` and returns the
+    ``/update_param_batch`` body. After the request the caller reports what happened:
+    ``release(body)`` (the server answered: the file may be reused), ``abandon(body)`` (no
+    answer but the server may be reading it: never write it again) or ``discard(body)`` (the
+    request surely never arrived).
+
+    ``reuse=False``: a fresh file per update, deleted by the server after loading (also when
+    it refuses the update). ``reuse=True``: one staging buffer per parameter layout, kept and
+    overwritten (see the module docstring); :meth:`close` deletes it.
     """
 
     transport = "shm"
 
-    def __init__(self, shm_dir: Optional[str] = None) -> None:
+    def __init__(self, shm_dir: Optional[str] = None, *, reuse: bool = False) -> None:
         self.shm_dir = shm_dir or default_shm_dir()
+        self.reuse = reuse
         Path(self.shm_dir).mkdir(parents=True, exist_ok=True)
+        self._buffer: Optional[StagingBuffer] = None
+        self._in_flight: Optional[str] = None  # path of the buffer a request is reading
+        self._abandoned: list[StagingBuffer] = []
+        if reuse:
+            reap_stale_files(self.shm_dir)
 
     def init_body(self) -> dict[str, Any]:
         return {"transport": "shm", "host": None, "port": None, "world_size": None}
@@ -167,21 +311,162 @@ class ShmSender:
     def connect(self) -> None:
         """Nothing to join: the file system is the channel."""
 
-    def stage(self, params: Mapping[str, Any], *, version: Optional[int] = None) -> dict[str, Any]:
+    def _new_path(self) -> str:
+        return os.path.join(self.shm_dir, f"{FILE_PREFIX}{os.getpid()}_{uuid.uuid4().hex}{SUFFIX}")
+
+    def stage(self, params: Mapping[str, Any], *, version: Optional[int] = None, dtype: Optional[str] = None) -> dict[str, Any]:
+        """Write ``params`` to shared memory; floating tensors are cast to ``dtype`` on the way."""
         if not params:
             raise ValueError("no parameters to send")
-        path = os.path.join(self.shm_dir, f"{FILE_PREFIX}{os.getpid()}_{uuid.uuid4().hex}{SUFFIX}")
-        metas = write_safetensors(path, params)
-        return update_body(metas, transport="shm", version=version, location=path)
+        if self._in_flight is not None:
+            raise RuntimeError("ShmSender.stage: the previous update was neither released, abandoned nor discarded")
+        metas = param_metas(params)
+        if dtype is not None:
+            target = dtype_name(dtype)
+            metas = [ParamMeta(m.name, target, m.shape) if _is_float(m.dtype) else m for m in metas]
+        if not self.reuse:
+            if dtype is not None:
+                import torch
+
+                params = {m.name: params[m.name].to(getattr(torch, m.dtype)) for m in metas}
+            path = self._new_path()
+            write_safetensors(path, params)
+            return update_body(metas, transport="shm", version=version, location=path)
+        buf = self._buffer
+        if buf is None or buf.metas != tuple(metas):
+            if buf is not None:
+                buf.close()
+            buf = self._buffer = None
+            buf = self._buffer = StagingBuffer(self._new_path(), metas)
+        try:
+            buf.fill(params)
+        except BaseException:
+            self._buffer = None
+            buf.close()
+            raise
+        self._in_flight = buf.path
+        return update_body(metas, transport="shm", version=version, location=buf.path, keep=True)
 
     def send(self, params: Mapping[str, Any]) -> None:
         """The bytes already travelled in :meth:`stage`."""
 
-    def discard(self, body: Mapping[str, Any]) -> None:
+    def release(self, body: Mapping[str, Any]) -> None:
+        """The server answered the request: its file is free again; earlier abandoned buffers
+        are deleted (the server applies updates one at a time, in order)."""
+        self._in_flight = None
+        while self._abandoned:
+            self._abandoned.pop().close()
+
+    def abandon(self, body: Mapping[str, Any]) -> None:
+        """No answer, but the server may still be reading the file: never write it again."""
+        self._in_flight = None
         loc = body.get("location")
-        if isinstance(loc, str):
+        if self._buffer is not None and self._buffer.path == loc:
+            self._abandoned.append(self._buffer)
+            self._buffer = None
+
+    def discard(self, body: Mapping[str, Any]) -> None:
+        """The request never reached the server: remove a one-shot file, keep a reused buffer."""
+        self._in_flight = None
+        loc = body.get("location")
+        if isinstance(loc, str) and not body.get("keep"):
             remove_quietly(loc)
 
     def close(self) -> None:
-        pass
+        """Delete the staging buffer and every abandoned one."""
+        self._in_flight = None
+        if self._buffer is not None:
+            self._buffer.close()
+            self._buffer = None
+        while self._abandoned:
+            self._abandoned.pop().close()
 
+
+def _is_float(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat"))
+
+
+class SafetensorsMap:
+    """Server side: a safetensors file mapped read-only (pages faulted in up front), its
+    tensors as zero-copy views. Valid while the file's inode and size are unchanged."""
+
+    def __init__(self, path: str) -> None:
+        import torch
+
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            st = os.fstat(fd)
+            self.key = (st.st_dev, st.st_ino, st.st_size)
+            if st.st_size < 8:
+                raise ValueError(f"{path} is not a safetensors file (shorter than 8 bytes)")
+            self._mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self.path = path
+        (n,) = struct.unpack("<Q", self._mm[:8])
+        if n > min(_MAX_HEADER_BYTES, st.st_size - 8):
+            self._mm.close()
+            raise ValueError(f"{path} is not a safetensors file (header length {n})")
+        header = json.loads(bytes(self._mm[8 : 8 + n]))
+        start = 8 + n
+        with warnings.catch_warnings():  # read-only memory: these views are never written
+            warnings.simplefilter("ignore", UserWarning)
+            self._u8: Any = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            b, e = (int(x) + start for x in info["data_offsets"])
+            self.entries[name] = (dtype_name(info["dtype"]), tuple(int(d) for d in info["shape"]), b, e)
+            if e > st.st_size or b < start:
+                self._mm.close()
+                raise ValueError(f"{path}: the bytes of {name!r} do not fit its header (truncated or malformed file)")
+
+    def still_valid(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino, st.st_size) == self.key
+
+    def tensor(self, name: str) -> Any:
+        """Zero-copy view of ``name`` (a private copy when its bytes are misaligned)."""
+        import torch
+
+        dt, shape, b, e = self.entries[name]
+        v = _typed_view(self._u8, b, e, dt, shape)
+        if v is None:
+            v = self._u8[b:e].clone().view(getattr(torch, dt)).view(shape)
+        return v
+
+    def concat_rows(self, names: Sequence[str]) -> Any:
+        """The tensors ``names`` stacked along dim 0: a zero-copy view when they lie back to
+        back in the file (as a state dict's q/k/v or gate/up do), else a concatenated copy."""
+        import torch
+
+        first = self.entries[names[0]]
+        dt, shape0 = first[0], first[1]
+        rows, contiguous, pos = 0, True, first[2]
+        for n in names:
+            d, shape, b, e = self.entries[n]
+            if d != dt or len(shape) != len(shape0) or tuple(shape[1:]) != tuple(shape0[1:]):
+                raise ValueError(f"cannot stack {list(names)}: dtypes or trailing shapes differ")
+            contiguous = contiguous and b == pos
+            pos, rows = e, rows + (shape[0] if shape else 1)
+        if contiguous:
+            v = _typed_view(self._u8, first[2], pos, dt, (rows, *shape0[1:]))
+            if v is not None:
+                return v
+        return torch.cat([self.tensor(n) for n in names], dim=0)
+
+    def contains(self, ptr: int) -> bool:
+        """Whether address ``ptr`` lies inside this mapping."""
+        base = self._u8.data_ptr() if self._u8 is not None else 0
+        return base <= ptr < base + len(self._mm) if base else False
+
+    def close(self) -> None:
+        self._u8 = None
+        try:
+            self._mm.close()
+        except (BufferError, ValueError):
+            pass

@@ -1,0 +1,342 @@
+"""In-place weight loading for vLLM's CPU workers: the fast path of a shared-memory update.
+
+vLLM's ``reload_weights`` rebuilds every layer it reloads: it puts the layer's parameters back
+on the meta device, materialises fresh tensors, loads into them, re-runs the layer's weight
+processing and copies the result back. On CPU that costs ~14x a memcpy of the weights for
+SmolLM2, most of it in fresh allocations. This loader does only what an update needs, with
+vLLM's own code for the parts that matter:
+
+- a linear layer whose weight vLLM packed for its CPU GEMM (oneDNN / AMX kernels keep only
+  the packed copy and drop the plain weight): it gets the new weight -- a zero-copy view of
+  the update file, fused q/k/v or gate/up read as one block when they lie back to back --
+  and vLLM's ``process_weights_after_loading`` packs it again;
+- plain parameters (norms, embeddings, biases): copied in place by the parameter's own
+  ``weight_loader``; embedding-style layers are then re-packed for their GEMM (the output
+  head at once; an input embedding, whose GEMM packing is only used if something calls it,
+  on first use);
+- anything else (another layer type, quantization, tensor parallelism, a name that does not
+  resolve): no plan, and the caller uses ``reload_weights``.
+
+Trust, but verify: the first time a set of names is loaded this way, the worker loads the
+same file with vLLM's ``reload_weights`` too and compares: every parameter, and every
+re-packed layer's output on a probe input, must be equal bit for bit. A difference disables
+the fast path for the rest of the server's life (logged) and leaves vLLM's result in place.
+Nothing loaded here may keep pointing into the update file (it is rewritten by the next
+update): that is checked after every re-pack.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+logger = logging.getLogger("ludic_lab.inference.weight_transfer.inplace")
+
+
+@dataclass
+class _Repack:
+    """A packed linear layer: its new weight is the rows of ``weights`` stacked."""
+
+    module: Any
+    weights: dict[int, str] = field(default_factory=dict)  # shard index -> checkpoint name
+    n_shards: int = 1
+
+
+@dataclass
+class _Copy:
+    """A plain parameter copied in place (``fused``: the next rows of a fused bias)."""
+
+    param: Any
+    name: str
+    fused: bool = False
+
+
+@dataclass
+class Plan:
+    repacks: dict[str, _Repack]
+    copies: list[_Copy]
+    embeddings_eager: list[Any]  # output heads: re-packed now
+    embeddings_lazy: list[Any]  # input embeddings: re-packed on first use of their GEMM
+
+
+def build_plan(model: Any, names: Sequence[str]) -> tuple[Optional[Plan], str]:
+    """How to load checkpoint ``names`` into ``model`` in place, or ``(None, why not)``."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+
+    packed = {str(k): [str(x) for x in v] for k, v in dict(getattr(model, "packed_modules_mapping", None) or {}).items()}
+    shard_of = {s: (fused, i) for fused, shards in packed.items() for i, s in enumerate(shards)}
+    repacks: dict[str, _Repack] = {}
+    biases: dict[str, dict[int, str]] = {}
+    copies: list[_Copy] = []
+    tied_weights: list[Any] = []
+    for n in names:
+        mod_path, _, pname = n.rpartition(".")
+        parent, _, leaf = mod_path.rpartition(".")
+        if leaf in shard_of:
+            fused, idx = shard_of[leaf]
+            target, n_shards = (f"{parent}.{fused}" if parent else fused), len(packed[fused])
+        else:
+            target, idx, n_shards = mod_path, 0, 1
+        try:
+            module = model.get_submodule(target)
+        except AttributeError:
+            return None, f"{n!r} does not resolve to a module of the served model"
+        qm = getattr(module, "quant_method", None)
+        if isinstance(qm, UnquantizedLinearMethod):
+            if pname == "weight":
+                w = module._parameters.get("weight")
+                if not hasattr(module, "cpu_linear") or w is None or w.numel() != 0:
+                    return None, f"{target} is not a packed CPU linear layer"
+                rp = repacks.setdefault(target, _Repack(module, n_shards=n_shards))
+                rp.weights[idx] = n
+            elif pname == "bias" and module._parameters.get("bias") is not None:
+                biases.setdefault(target, {})[idx] = n
+            else:
+                return None, f"{n!r}: unexpected parameter of a linear layer"
+        elif isinstance(qm, UnquantizedEmbeddingMethod) and pname == "weight" and n_shards == 1:
+            copies.append(_Copy(module.weight, n))
+            tied_weights.append(module.weight)
+        elif qm is None and n_shards == 1:
+            p = module._parameters.get(pname)
+            if p is None or p.numel() == 0:
+                return None, f"{n!r} is not a plain parameter of {target}"
+            copies.append(_Copy(p, n))
+        else:
+            return None, f"{target} ({type(module).__name__}) has no in-place loader"
+    for target, rp in repacks.items():
+        if sorted(rp.weights) != list(range(rp.n_shards)):
+            return None, f"{target} is loaded as one piece and the update has only part of it"
+    for target, shards in biases.items():
+        module = model.get_submodule(target)
+        n_shards = len(packed.get(target.rpartition(".")[2], [None]))
+        if sorted(shards) != list(range(n_shards)):
+            return None, f"the bias of {target} is loaded as one piece and the update has only part of it"
+        if n_shards == 1:
+            copies.append(_Copy(module.bias, shards[0]))
+        else:  # rows of the fused bias, in shard order; offsets come from the file's shapes
+            for i in range(n_shards):
+                copies.append(_Copy(module.bias, shards[i], fused=True))
+    eager, lazy = [], []
+    seen = {id(w) for w in tied_weights}
+    for _, module in model.named_modules():
+        w = module._parameters.get("weight")
+        if w is not None and id(w) in seen and isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
+            (eager if isinstance(module, ParallelLMHead) else lazy).append(module)
+    return Plan(repacks, copies, eager, lazy), ""
+
+
+def _repack(module: Any, weight: Any) -> None:
+    import torch
+
+    module.weight = torch.nn.Parameter(weight, requires_grad=False)
+    module.quant_method.process_weights_after_loading(module)
+
+
+def _lazy_gemm(module: Any) -> None:
+    """Re-pack ``module``'s GEMM weight on the first call of its ``cpu_linear`` (exactly what
+    an eager re-pack would build, from the weights current at that time)."""
+
+    def first_use(x: Any, weight: Any, bias: Any) -> Any:
+        module.quant_method.process_weights_after_loading(module)  # installs the packed cpu_linear
+        return module.cpu_linear(x, weight, bias)
+
+    module.cpu_linear = first_use
+
+
+def _points_into(module: Any, fmap: Any) -> bool:
+    """Whether a tensor held by ``module`` (parameters, buffers, its GEMM closure) aliases the file."""
+    import torch
+
+    tensors = list(module._parameters.values()) + list(module._buffers.values())
+    fn = getattr(module, "cpu_linear", None)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            tensors.append(cell.cell_contents)
+        except ValueError:
+            pass
+    return any(isinstance(t, torch.Tensor) and t.numel() and fmap.contains(t.data_ptr()) for t in tensors)
+
+
+def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str]) -> dict[str, float]:
+    """Load the tensors of ``fmap`` (a :class:`~.shm.SafetensorsMap`) as ``plan`` says.
+
+    ``rename`` maps a checkpoint name in the plan back to the name in the file (a tied
+    ``lm_head.weight`` loaded as the embedding). Returns the seconds spent re-packing.
+    """
+    import torch
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    back = {v: k for k, v in rename.items()}
+    src = lambda n: fmap.tensor(back.get(n, n))  # noqa: E731
+    pack_s = 0.0
+    with torch.no_grad():
+        offsets: dict[int, int] = {}
+        for c in plan.copies:
+            t = src(c.name)
+            if not c.fused:
+                getattr(c.param, "weight_loader", default_weight_loader)(c.param, t)
+            else:  # consecutive shards of a fused bias
+                r = offsets.get(id(c.param), 0)
+                c.param.data[r : r + t.shape[0]].copy_(t)
+                offsets[id(c.param)] = r + t.shape[0]
+        for pid, rows in offsets.items():
+            param = next(c.param for c in plan.copies if id(c.param) == pid)
+            if rows != param.shape[0]:
+                raise RuntimeError(f"fused bias rows {rows} != {param.shape[0]}")
+        t0 = time.perf_counter()
+        for target, rp in plan.repacks.items():
+            m = rp.module
+            w = fmap.concat_rows([back.get(rp.weights[i], rp.weights[i]) for i in range(rp.n_shards)])
+            want = (int(m.output_size_per_partition), int(m.input_size_per_partition))
+            if tuple(w.shape) != want or w.dtype != m.params_dtype:
+                raise RuntimeError(f"{target}: assembled weight {tuple(w.shape)} {w.dtype}, expected {want} {m.params_dtype}")
+            _repack(m, w)
+            if _points_into(m, fmap):  # the kernel kept the view: give it a private copy
+                _repack(m, w.clone())
+        for m in plan.embeddings_eager:
+            m.quant_method.process_weights_after_loading(m)
+        for m in plan.embeddings_lazy:
+            _lazy_gemm(m)
+        pack_s = time.perf_counter() - t0
+    return {"pack_seconds": pack_s}
+
+
+def snapshot(model: Any, plan: Plan, seed: int = 0) -> dict[str, Any]:
+    """Every non-empty parameter (cloned) and each re-packed layer's output on a probe input."""
+    import torch
+
+    out: dict[str, Any] = {f"param:{k}": v.detach().clone() for k, v in model.named_parameters() if v.numel()}
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, m in [(k, rp.module) for k, rp in plan.repacks.items()] + [
+            (f"embedding:{i}", m) for i, m in enumerate(plan.embeddings_eager + plan.embeddings_lazy)
+        ]:
+            k = int(getattr(m, "input_size_per_partition", 0) or m.weight.shape[1])
+            x = torch.randn(5, k, generator=g).to(getattr(m, "params_dtype", None) or m.weight.dtype)
+            bias = getattr(m, "bias", None) if not getattr(m, "skip_bias_add", False) else None
+            out[f"out:{name}"] = m.quant_method.apply(m, x, bias).clone()
+    return out
+
+
+def differences(ref: Mapping[str, Any], got: Mapping[str, Any]) -> list[str]:
+    """Keys whose tensors differ (or are missing on one side)."""
+    import torch
+
+    bad = sorted(set(ref) ^ set(got))
+    for k in set(ref) & set(got):
+        a, b = ref[k], got[k]
+        if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+            bad.append(k)
+    return sorted(bad)
+
+
+class InplaceLoader:
+    """Per-worker state of the fast path: plans by name set, which are verified, mapped files."""
+
+    MAX_MAPS = 2
+
+    def __init__(self) -> None:
+        self.plans: dict[Any, tuple[Optional[Plan], str]] = {}
+        self.verified: set[Any] = set()
+        self.disabled: Optional[str] = None
+        self.maps: dict[str, Any] = {}
+
+    # -- mapped update files -----------------------------------------------------------------
+    def _map(self, path: str, keep: bool) -> Any:
+        from ludic_lab.inference.weight_transfer.shm import SafetensorsMap
+
+        for p in list(self.maps):  # drop files that were replaced or deleted since
+            if not self.maps[p].still_valid():
+                self.maps.pop(p).close()
+        fmap = self.maps.get(path)
+        if fmap is None:
+            fmap = SafetensorsMap(path)
+            if keep:  # a reused staging buffer: keep it mapped (its pages stay faulted in)
+                while len(self.maps) >= self.MAX_MAPS:
+                    self.maps.pop(next(iter(self.maps))).close()
+                self.maps[path] = fmap
+        return fmap
+
+    def close(self) -> None:
+        while self.maps:
+            self.maps.popitem()[1].close()
+
+    # -- loading ------------------------------------------------------------------------------
+    @staticmethod
+    def applicable(worker: Any) -> str:
+        """Why the fast path cannot serve this worker ("" when it can)."""
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return "not a CPU worker"
+        pc = worker.parallel_config
+        if pc.tensor_parallel_size != 1 or pc.pipeline_parallel_size != 1:
+            return "tensor or pipeline parallelism"
+        if getattr(worker.vllm_config, "lora_config", None) is not None:
+            return "LoRA adapters are enabled"
+        if getattr(worker.model_config, "quantization", None):
+            return "a quantized model"
+        return ""
+
+    def load(self, worker: Any, path: str, names: Sequence[str], rename: Mapping[str, str], *, keep: bool, mode: str) -> dict[str, Any]:
+        """Load ``names`` from the safetensors file at ``path`` into ``worker``'s model.
+
+        ``mode``: ``"auto"`` (in place when possible, verified against vLLM's reload the first
+        time a name set is seen) or ``"reload"`` (always vLLM's ``reload_weights``).
+        """
+        from vllm.config import set_current_vllm_config
+
+        from ludic_lab.inference.weight_transfer.shm import iter_safetensors
+
+        t0 = time.perf_counter()
+        model = worker.model_runner.get_model()
+
+        def vllm_reload() -> None:
+            worker.reload_weights(weights_iterator=iter_safetensors(path, list(names), dict(rename)))
+            worker.ludic_refresh_tied([rename.get(n, n) for n in names])
+
+        why = "" if mode == "auto" else f"mode {mode!r}"
+        why = why or self.disabled or self.applicable(worker)
+        key = (tuple(names), tuple(sorted(rename.items())))
+        if not why:
+            if key not in self.plans:
+                self.plans[key] = build_plan(model, [rename.get(n, n) for n in names])
+            plan, why = self.plans[key]
+        if why:
+            vllm_reload()
+            return {"count": len(names), "mode": "reload", "reason": why, "seconds": time.perf_counter() - t0}
+        assert plan is not None
+        t_map = time.perf_counter()
+        fmap = self._map(path, keep)
+        map_s = time.perf_counter() - t_map
+        try:
+            with set_current_vllm_config(worker.vllm_config):
+                if key in self.verified:
+                    info = apply_plan(plan, fmap, rename)
+                    mode_used = "inplace"
+                else:
+                    vllm_reload()
+                    ref = snapshot(model, plan)
+                    info = apply_plan(plan, fmap, rename)
+                    bad = differences(ref, snapshot(model, plan))
+                    if bad:
+                        raise RuntimeError(f"the in-place load differs from vLLM's reload in {len(bad)} tensors, e.g. {bad[:3]}")
+                    self.verified.add(key)
+                    mode_used = "inplace (verified against reload)"
+        except Exception as e:  # noqa: BLE001 - vLLM's reload of the same file restores a consistent state
+            self.disabled = f"the in-place load was disabled after an error: {type(e).__name__}: {e}"
+            logger.warning("ludic: %s; using vLLM's reload_weights from now on", self.disabled)
+            vllm_reload()
+            return {"count": len(names), "mode": "reload", "reason": self.disabled, "seconds": time.perf_counter() - t0}
+        finally:
+            if path not in self.maps:
+                fmap.close()
+        runner = worker.model_runner
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            fn = getattr(runner, reset, None)
+            if callable(fn):
+                fn()
+        return {"count": len(names), "mode": mode_used, "map_seconds": map_s, "seconds": time.perf_counter() - t0, **info}
