@@ -161,6 +161,74 @@ def test_shm_writer_roundtrip_and_sender(tmp_path):
         sender.stage({})
 
 
+def test_reused_staging_buffer(tmp_path):
+    """ShmSender(reuse=True): one file per parameter layout, overwritten in place (cast on the
+    way), never rewritten after an abandoned request, deleted on close; the server-side map
+    gives zero-copy views (and stacked q/k/v-style blocks) of it."""
+    from safetensors.torch import load_file
+
+    from ludic_lab.inference.weight_transfer.shm import SafetensorsMap
+
+    s = ShmSender(str(tmp_path), reuse=True)
+    a = {"q.weight": torch.randn(4, 3), "k.weight": torch.randn(2, 3), "flag": torch.tensor([True, False, True]), "n.weight": torch.randn(5)}
+    body = s.stage(a, version=3, dtype="bfloat16")
+    path = body["location"]
+    assert body["keep"] is True and body["version"] == 3
+    assert [p["dtype"] for p in body["params"]] == ["bfloat16", "bfloat16", "bool", "bfloat16"]
+    with pytest.raises(RuntimeError, match="neither released"):
+        s.stage(a)
+    s.release(body)
+    back = load_file(path)  # plain safetensors; the bool leaves n.weight misaligned for a view
+    assert torch.equal(back["q.weight"], a["q.weight"].bfloat16()) and torch.equal(back["flag"], a["flag"])
+    assert torch.equal(back["n.weight"], a["n.weight"].bfloat16())
+
+    m = SafetensorsMap(path)
+    q = m.tensor("q.weight")
+    assert m.contains(q.data_ptr()) and torch.equal(q, a["q.weight"].bfloat16())
+    qk = m.concat_rows(["q.weight", "k.weight"])  # back to back in the file: a view
+    assert m.contains(qk.data_ptr()) and torch.equal(qk, torch.cat([a["q.weight"], a["k.weight"]]).bfloat16())
+    kq = m.concat_rows(["k.weight", "q.weight"])  # not in file order: a copy
+    assert not m.contains(kq.data_ptr()) and torch.equal(kq, torch.cat([a["k.weight"], a["q.weight"]]).bfloat16())
+    assert torch.equal(m.tensor("n.weight"), a["n.weight"].bfloat16())
+
+    b = {k: (v + 1 if v.is_floating_point() else ~v) for k, v in a.items()}
+    body = s.stage(b, dtype="bfloat16")  # same layout: same file, new bytes (seen through the map)
+    assert body["location"] == path and m.still_valid()
+    assert torch.equal(m.tensor("q.weight"), b["q.weight"].bfloat16()) and torch.equal(m.tensor("flag"), b["flag"])
+    s.discard(body)  # never delivered: the buffer stays for reuse
+    assert os.path.exists(path)
+    body = s.stage(a, dtype="bfloat16")
+    s.abandon(body)  # no answer: the server may still read it, so it is never written again
+    body2 = s.stage(a, dtype="bfloat16")
+    assert body2["location"] != path and os.path.exists(path)
+    s.release(body2)  # a later update completed: the abandoned file goes
+    assert not os.path.exists(path) and not m.still_valid()
+    m.close()
+    body3 = s.stage({"x": torch.ones(2)})  # another layout: a new file replaces the old
+    s.release(body3)
+    assert not os.path.exists(body2["location"]) and os.path.exists(body3["location"])
+    s.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_update_files_of_dead_processes_are_reaped(tmp_path):
+    import subprocess
+    import sys
+
+    from ludic_lab.inference.weight_transfer.shm import reap_stale_files
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    stale = tmp_path / f"ludic_weights_{int(dead.stdout)}_abc.safetensors"
+    mine = tmp_path / f"ludic_weights_{os.getpid()}_def.safetensors"
+    other = tmp_path / "unrelated.safetensors"
+    for f in (stale, mine, other):
+        f.write_bytes(b"x")
+    assert reap_stale_files(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and mine.exists() and other.exists()
+    ShmSender(str(tmp_path), reuse=True)  # a new reusing sender reaps too
+    assert mine.exists()
+
+
 async def test_version_gate_drains_in_flight_and_blocks_admission():
     from ludic_lab.inference.vllm_server import DrainTimeout, VersionGate
 
@@ -312,6 +380,45 @@ def test_pushed_weights_give_the_same_greedy_tokens_as_local(tiny_server, tiny_l
     tiny_local.sync_weights(part)
     got, header_v = _server_greedy(tiny_server, prompts, n)
     assert header_v == 1001 and got == _local_greedy(tiny_local, prompts, n)
+
+
+@pytest.mark.vllm
+def test_inplace_load_equals_vllms_reload_and_a_wrong_plan_falls_back(tiny_server, tiny_model_dir, prompts):
+    """The in-place CPU load serves exactly what vLLM's reload_weights does (same tokens, same
+    logprobs to the bit); a worker whose in-place plan is wrong (fused shards swapped) is
+    caught by the first-use verification and falls back to reload_weights, saying why."""
+    from ludic_lab.inference.vllm_process import start_vllm_server
+    from vllm_helpers import VLLM_START_TIMEOUT_S
+
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)}
+    common = dict(port=0, dtype="float32", max_model_len=1024, wait=True, timeout=VLLM_START_TIMEOUT_S)
+    servers = {"auto": tiny_server}
+    try:
+        servers["reload"] = start_vllm_server(tiny_model_dir, extra_args=["--ludic-weight-load", "reload"], **common)
+        servers["wrong"] = start_vllm_server(
+            tiny_model_dir, extra_args=["--worker-extension-cls", "vllm_fault_extension.SwappedShardsExtension"], env=env, **common
+        )
+        ckpt = checkpoint_state_dict(tiny_model_dir)
+        for seed in (11, 12):
+            new = _perturbed(ckpt, seed=seed)
+            ans = {k: push_weights(srv, new) for k, srv in servers.items()}
+            print(f"\nseed {seed}: " + "; ".join(f"{k}: {a['load_mode']} ({a.get('reason', '')})" for k, a in ans.items()))
+            assert ans["auto"]["load_mode"] in ("inplace", "inplace (verified against reload)")
+            assert ans["reload"]["load_mode"] == "reload" and "mode 'reload'" in ans["reload"]["reason"]
+            assert ans["wrong"]["load_mode"] == "reload"
+            assert ("differs from vLLM's reload" if seed == 11 else "disabled") in ans["wrong"]["reason"]
+            outs = {}
+            for k, srv in servers.items():
+                choices = [completion(srv, p, max_tokens=12)[0] for p in prompts]
+                outs[k] = [(c["token_ids"], c["logprobs"]["token_logprobs"]) for c in choices]
+            assert outs["auto"] == outs["reload"] == outs["wrong"]
+        assert ans["auto"]["load_mode"] == "inplace"  # verified once per name set, then trusted
+    finally:
+        for k in ("reload", "wrong"):
+            if k in servers:
+                servers[k].stop()
+        restore_original_weights(tiny_server)
 
 
 @pytest.mark.vllm

@@ -17,8 +17,10 @@ file and asks the server (``POST /update_param_batch``) to load them between eng
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
+import ssl
 import time
 import weakref
 from typing import Any, Mapping, Optional, Sequence
@@ -35,6 +37,16 @@ POLICY_VERSION_HEADER = "X-Ludic-Policy-Version"
 """Response header carrying the policy version a completion was sampled under."""
 
 _TOKEN_PREFIX = "token_id:"
+
+
+@functools.lru_cache(maxsize=1)
+def _tls_context() -> ssl.SSLContext:
+    """One verifying TLS context per process. httpx builds a new one (loading the CA bundle,
+    10-40 ms) for every client, and a sync call from a script gets a fresh event loop and so
+    a fresh client each time."""
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 def _body_bytes(body: Mapping[str, Any]) -> int:
@@ -198,7 +210,9 @@ class VLLMChatClient:
         c = self._http.get(loop)
         if c is None or c.is_closed:
             limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
-            c = self._http[loop] = httpx.AsyncClient(limits=limits, headers=self._headers(), trust_env=False)
+            c = self._http[loop] = httpx.AsyncClient(
+                limits=limits, headers=self._headers(), trust_env=False, verify=_tls_context()
+            )
         return c
 
     async def _request(
