@@ -329,7 +329,7 @@ class LudicControlPlane:
             out = {"version": self.gate.version, "num_params": len(metas), "load_seconds": t_load, "phases": phases}
             if info:
                 out["load_mode"] = info.get("mode")
-                out.update({k: v for k, v in info.items() if k in ("reason", "pack_seconds", "map_seconds")})
+                out.update({k: v for k, v in info.items() if k in ("reason", "pack_seconds", "map_seconds", "pack_threads")})
             return out
         finally:
             if not keep:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 logger = logging.getLogger("ludic_lab.inference.weight_transfer.inplace")
 
@@ -160,11 +160,13 @@ def _points_into(module: Any, fmap: Any) -> bool:
     return any(isinstance(t, torch.Tensor) and t.numel() and fmap.contains(t.data_ptr()) for t in tensors)
 
 
-def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str]) -> dict[str, float]:
+def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str], helpers: Sequence[Any] = ()) -> dict[str, float]:
     """Load the tensors of ``fmap`` (a :class:`~.shm.SafetensorsMap`) as ``plan`` says.
 
     ``rename`` maps a checkpoint name in the plan back to the name in the file (a tied
-    ``lm_head.weight`` loaded as the embedding). Returns the seconds spent re-packing.
+    ``lm_head.weight`` loaded as the embedding). ``helpers``: executors (one thread each, on
+    cores the worker does not use) that share the re-packing. Returns the seconds spent
+    re-packing.
     """
     import torch
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
@@ -172,9 +174,18 @@ def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str]) -> dict[str, fl
     back = {v: k for k, v in rename.items()}
     src = lambda n: fmap.tensor(back.get(n, n))  # noqa: E731
     pack_s = 0.0
+    # an embedding's copy and the re-packing of the output heads sharing its weight are one
+    # job, run alongside the linear layers' re-packing; other copies are small: done here
+    heads: dict[int, list[Any]] = {}
+    for m in plan.embeddings_eager:
+        heads.setdefault(id(m.weight), []).append(m)
     with torch.no_grad():
         offsets: dict[int, int] = {}
+        deferred: list[_Copy] = []
         for c in plan.copies:
+            if not c.fused and id(c.param) in heads:
+                deferred.append(c)
+                continue
             t = src(c.name)
             if not c.fused:
                 getattr(c.param, "weight_loader", default_weight_loader)(c.param, t)
@@ -187,21 +198,122 @@ def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str]) -> dict[str, fl
             if rows != param.shape[0]:
                 raise RuntimeError(f"fused bias rows {rows} != {param.shape[0]}")
         t0 = time.perf_counter()
+        jobs: list[tuple[int, Callable[[], None]]] = []  # (bytes, job): re-packs are independent
+
+        def repack_job(target: str, rp: _Repack) -> Callable[[], None]:
+            def run() -> None:
+                m = rp.module
+                w = fmap.concat_rows([back.get(rp.weights[i], rp.weights[i]) for i in range(rp.n_shards)])
+                want = (int(m.output_size_per_partition), int(m.input_size_per_partition))
+                if tuple(w.shape) != want or w.dtype != m.params_dtype:
+                    raise RuntimeError(f"{target}: assembled weight {tuple(w.shape)} {w.dtype}, expected {want} {m.params_dtype}")
+                _repack(m, w)
+                if _points_into(m, fmap):  # the kernel kept the view: give it a private copy
+                    _repack(m, w.clone())
+
+            return run
+
         for target, rp in plan.repacks.items():
-            m = rp.module
-            w = fmap.concat_rows([back.get(rp.weights[i], rp.weights[i]) for i in range(rp.n_shards)])
-            want = (int(m.output_size_per_partition), int(m.input_size_per_partition))
-            if tuple(w.shape) != want or w.dtype != m.params_dtype:
-                raise RuntimeError(f"{target}: assembled weight {tuple(w.shape)} {w.dtype}, expected {want} {m.params_dtype}")
-            _repack(m, w)
-            if _points_into(m, fmap):  # the kernel kept the view: give it a private copy
-                _repack(m, w.clone())
-        for m in plan.embeddings_eager:
-            m.quant_method.process_weights_after_loading(m)
+            nbytes = sum(fmap.entries[back.get(n, n)][3] - fmap.entries[back.get(n, n)][2] for n in rp.weights.values())
+            jobs.append((nbytes, repack_job(target, rp)))
+        def head_job(c: _Copy) -> Callable[[], None]:
+            def run() -> None:
+                getattr(c.param, "weight_loader", default_weight_loader)(c.param, src(c.name))
+                for m in heads[id(c.param)]:
+                    m.quant_method.process_weights_after_loading(m)
+
+            return run
+
+        for c in deferred:
+            jobs.append((2 * c.param.numel() * c.param.element_size(), head_job(c)))
+        copied = {id(c.param) for c in deferred}
+        for pid, ms in heads.items():  # heads tied to a weight this update does not copy (none today)
+            if pid not in copied:
+                jobs.extend((m.weight.numel() * m.weight.element_size(), lambda m=m: m.quant_method.process_weights_after_loading(m)) for m in ms)
+        run_parallel(jobs, helpers)
         for m in plan.embeddings_lazy:
             _lazy_gemm(m)
         pack_s = time.perf_counter() - t0
     return {"pack_seconds": pack_s}
+
+
+def run_parallel(jobs: Sequence[tuple[int, Callable[[], None]]], helpers: Sequence[Any]) -> None:
+    """Run ``(cost, job)`` pairs on this thread and ``helpers`` (executors), largest first,
+    each to the least loaded thread; re-raises the first error after all have finished."""
+    lanes: list[list[Callable[[], None]]] = [[] for _ in range(len(helpers) + 1)]
+    load = [0] * len(lanes)
+    for cost, job in sorted(jobs, key=lambda j: -j[0]):
+        i = load.index(min(load))
+        lanes[i].append(job)
+        load[i] += cost
+
+    def run_lane(lane: list[Callable[[], None]]) -> None:
+        for job in lane:
+            job()
+
+    futures = [ex.submit(run_lane, lane) for ex, lane in zip(helpers, lanes[1:]) if lane]
+    errors: list[BaseException] = []
+    try:
+        run_lane(lanes[0])
+    except BaseException as e:  # noqa: BLE001 - wait for the helpers before raising
+        errors.append(e)
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+def _openmp_set_num_threads() -> Optional[Callable[[int], None]]:
+    """``omp_set_num_threads`` of the OpenMP runtime loaded in this process (it sets the
+    calling thread's team size only), or None when none is found."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if ("libgomp" in line or "libiomp" in line) and "/" in line}
+    except OSError:
+        return None
+    for lib in sorted(libs):
+        try:
+            fn = ctypes.CDLL(lib).omp_set_num_threads
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.c_int]
+        return fn
+    return None
+
+
+def make_helpers() -> list[Any]:
+    """One single-threaded executor per online core this worker's threads are not bound to.
+
+    vLLM binds a CPU worker's threads to its cores (leaving one for the server process); while
+    an update runs, generation is paused and the other cores are idle, so they share the
+    re-packing. Each helper thread pins itself to its core and runs OpenMP with one thread.
+    Empty when there is no other core or no way to size the helper's OpenMP team.
+    """
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        own = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return []
+    spare = sorted(set(range(os.cpu_count() or 1)) - own)
+    set_threads = _openmp_set_num_threads() if spare else None
+    if set_threads is None:
+        return []
+
+    def pin(core: int) -> None:
+        try:
+            os.sched_setaffinity(0, {core})
+        except OSError:
+            pass
+        set_threads(1)
+
+    return [ThreadPoolExecutor(1, thread_name_prefix="ludic-pack", initializer=pin, initargs=(c,)) for c in spare]
 
 
 def snapshot(model: Any, plan: Plan, seed: int = 0) -> dict[str, Any]:
@@ -243,6 +355,7 @@ class InplaceLoader:
         self.verified: set[Any] = set()
         self.disabled: Optional[str] = None
         self.maps: dict[str, Any] = {}
+        self.helpers: Optional[list[Any]] = None
 
     # -- mapped update files -----------------------------------------------------------------
     def _map(self, path: str, keep: bool) -> Any:
@@ -263,6 +376,9 @@ class InplaceLoader:
     def close(self) -> None:
         while self.maps:
             self.maps.popitem()[1].close()
+        for ex in self.helpers or ():
+            ex.shutdown(wait=False)
+        self.helpers = None
 
     # -- loading ------------------------------------------------------------------------------
     @staticmethod
@@ -309,18 +425,20 @@ class InplaceLoader:
             vllm_reload()
             return {"count": len(names), "mode": "reload", "reason": why, "seconds": time.perf_counter() - t0}
         assert plan is not None
+        if self.helpers is None:
+            self.helpers = make_helpers()
         t_map = time.perf_counter()
         fmap = self._map(path, keep)
         map_s = time.perf_counter() - t_map
         try:
             with set_current_vllm_config(worker.vllm_config):
                 if key in self.verified:
-                    info = apply_plan(plan, fmap, rename)
+                    info = apply_plan(plan, fmap, rename, self.helpers)
                     mode_used = "inplace"
                 else:
                     vllm_reload()
                     ref = snapshot(model, plan)
-                    info = apply_plan(plan, fmap, rename)
+                    info = apply_plan(plan, fmap, rename, self.helpers)
                     bad = differences(ref, snapshot(model, plan))
                     if bad:
                         raise RuntimeError(f"the in-place load differs from vLLM's reload in {len(bad)} tensors, e.g. {bad[:3]}")
@@ -339,4 +457,7 @@ class InplaceLoader:
             fn = getattr(runner, reset, None)
             if callable(fn):
                 fn()
-        return {"count": len(names), "mode": mode_used, "map_seconds": map_s, "seconds": time.perf_counter() - t0, **info}
+        return {
+            "count": len(names), "mode": mode_used, "map_seconds": map_s, "pack_threads": 1 + len(self.helpers),
+            "seconds": time.perf_counter() - t0, **info,
+        }
