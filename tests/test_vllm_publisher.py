@@ -131,6 +131,11 @@ async def test_pushed_weights_are_served_token_for_token_and_the_version_moves(p
     assert pusher.last_sync["bytes"] == sum(t.numel() * 4 for k, t in sd.items() if k != "lm_head.weight")  # fp32 server
     await pusher.aclose()
     assert shm_leftovers() == []  # closing the client deletes it
+    # without a reused buffer: a fresh file per update, deleted by the server once loaded
+    oneshot = VLLMChatClient(tiny_model_dir, api_base=pusher.api_base, enable_weight_updates=True, reuse_staging_buffer=False)
+    assert oneshot.sync_weights(sd, version=v0 + 9) == str(v0 + 9) and shm_leftovers() == []
+    assert oneshot.last_sync["load_mode"] == "inplace" and await greedy(oneshot) == got
+    await oneshot.aclose()
 
 
 @pytest.mark.vllm

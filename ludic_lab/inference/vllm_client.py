@@ -108,7 +108,11 @@ class VLLMChatClient:
     ``enable_weight_updates`` allows :meth:`sync_weights`: ``device="cpu"`` uses the
     shared-memory transport (server on the same host); a CUDA device the NCCL transport, the
     trainer joining as rank 0 of ``nccl_world_size`` on ``group_host:group_port`` (this path
-    needs GPUs and is not exercised on CPU machines). ``request_timeout_s`` bounds one HTTP
+    needs GPUs and is not exercised on CPU machines). With ``reuse_staging_buffer`` (default)
+    the shared-memory transport keeps one staging file of the model's size in ``/dev/shm``
+    for the client's life and overwrites it per update (one memcpy; :meth:`close` deletes
+    it); ``False`` writes a fresh file per update, which the server deletes (no RAM held
+    between updates, but every update pays for fresh pages). ``request_timeout_s`` bounds one HTTP
     attempt; ``max_retries`` and ``backoff_s`` bound the retries of transient errors (waits
     about ``backoff_s * 2**i``, at most ``max_backoff_s``).
     """
@@ -132,6 +136,7 @@ class VLLMChatClient:
         max_connections: int = 256,
         group_host: str = "127.0.0.1",
         nccl_world_size: int = 2,
+        reuse_staging_buffer: bool = True,
     ) -> None:
         if not api_base.startswith(("http://", "https://")):
             raise ValueError(f"api_base must be an http(s) URL ending in /v1, got {api_base!r}")
@@ -143,6 +148,7 @@ class VLLMChatClient:
         self.group_port = int(group_port)
         self.group_host = str(group_host)
         self.nccl_world_size = int(nccl_world_size)
+        self.reuse_staging_buffer = bool(reuse_staging_buffer)
         self.enable_weight_updates = bool(enable_weight_updates)
         self.device = str(device)
         self.request_timeout_s = float(request_timeout_s)
@@ -469,7 +475,7 @@ class VLLMChatClient:
         if self.device == "cpu":
             from ludic_lab.inference.weight_transfer.shm import ShmSender
 
-            return ShmSender(self._shm_dir, reuse=True)
+            return ShmSender(self._shm_dir, reuse=self.reuse_staging_buffer)
         from ludic_lab.inference.weight_transfer.nccl import NcclSender
 
         return NcclSender(self.group_host, self.group_port, self.nccl_world_size)
