@@ -211,6 +211,23 @@ def test_reused_staging_buffer(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_full_shm_folder_is_a_clear_error_and_leaves_no_file(tmp_path, monkeypatch):
+    import errno
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)  # (filling the real /dev/shm would fill RAM)
+    s = ShmSender(str(tmp_path), reuse=True)
+    with pytest.raises(OSError, match="no room for a .* weight staging buffer .*--shm-size"):
+        s.stage({"x": torch.ones(1000)})
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    body = s.stage({"x": torch.ones(1000)})  # and the sender still works once there is room
+    s.release(body)
+    s.close()
+
+
 def test_stale_update_files_of_dead_processes_are_reaped(tmp_path):
     import subprocess
     import sys

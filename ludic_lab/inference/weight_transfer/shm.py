@@ -19,6 +19,7 @@ little-endian bytes; no pickle):
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -225,6 +226,21 @@ def reap_stale_files(folder: str) -> list[str]:
     return removed
 
 
+def _reserve(fd: int, size: int, path: str) -> None:
+    """Allocate the file's pages up front; ``OSError`` with advice when the folder is full."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise OSError(
+                e.errno,
+                f"no room for a {size / 1e6:.0f} MB weight staging buffer in {os.path.dirname(path)} ({e.strerror}); "
+                "free space there (containers often give /dev/shm only 64 MB: docker run --shm-size=...), point "
+                "$LUDIC_SHM_DIR / --ludic-shm-dir at a bigger RAM folder, or pass reuse_staging_buffer=False",
+            ) from None
+        # a file system without fallocate: pages are allocated on first write instead
+
+
 class StagingBuffer:
     """One memory-mapped safetensors file in shared memory, laid out for a fixed list of
     parameters and overwritten in place for every update."""
@@ -239,6 +255,7 @@ class StagingBuffer:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, self.size)
+            _reserve(fd, self.size, path)  # a full tmpfs is an error here, not a SIGBUS on first write
             self._mm = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
