@@ -414,13 +414,18 @@ class InplaceLoader:
             worker.reload_weights(weights_iterator=iter_safetensors(path, list(names), dict(rename)))
             worker.ludic_refresh_tied([rename.get(n, n) for n in names])
 
-        why = "" if mode == "auto" else f"mode {mode!r}"
-        why = why or self.disabled or self.applicable(worker)
         key = (tuple(names), tuple(sorted(rename.items())))
-        if not why:
-            if key not in self.plans:
-                self.plans[key] = build_plan(model, [rename.get(n, n) for n in names])
-            plan, why = self.plans[key]
+        plan: Optional[Plan] = None
+        try:
+            why = "" if mode == "auto" else f"mode {mode!r}"
+            why = why or self.disabled or self.applicable(worker)
+            if not why:
+                if key not in self.plans:
+                    self.plans[key] = build_plan(model, [rename.get(n, n) for n in names])
+                plan, why = self.plans[key]
+        except Exception as e:  # noqa: BLE001 - nothing was touched yet: vLLM's reload serves
+            why = f"no in-place plan ({type(e).__name__}: {e})"
+            self.plans[key] = (None, why)
         if why:
             vllm_reload()
             return {"count": len(names), "mode": "reload", "reason": why, "seconds": time.perf_counter() - t0}
