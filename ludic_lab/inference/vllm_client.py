@@ -51,15 +51,9 @@ def _tls_context() -> ssl.SSLContext:
 
 def _body_bytes(body: Mapping[str, Any]) -> int:
     """Bytes of the tensors an update body declares (in their wire dtypes)."""
-    from ludic_lab.inference.weight_transfer.base import torch_dtype
+    from ludic_lab.inference.weight_transfer.base import ParamMeta
 
-    total = 0
-    for p in body.get("params", []):
-        n = 1
-        for d in p["shape"]:
-            n *= int(d)
-        total += n * torch_dtype(p["dtype"]).itemsize
-    return total
+    return sum(ParamMeta.from_json(p).nbytes for p in body.get("params", []))
 
 
 class VLLMError(RuntimeError):

@@ -125,12 +125,16 @@ class LudicWorkerExtension:
             self.ludic_nccl_receiver.receive(metas, load)
             finalize_layerwise_reload(model, self.model_config)  # type: ignore[attr-defined]
         self.ludic_refresh_tied([r for r in (rename.get(m.name, m.name) for m in metas) if r is not None])
+        self.ludic_reset_caches()
+        return len(metas)
+
+    def ludic_reset_caches(self) -> None:
+        """Drop state derived from the old weights (what vLLM's ``reload_weights`` drops too)."""
         runner = self.model_runner  # type: ignore[attr-defined]
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
             fn = getattr(runner, reset, None)
             if callable(fn):
                 fn()
-        return len(metas)
 
     def ludic_close_nccl(self) -> None:
         """Leave the NCCL group (no-op when none is open)."""

@@ -30,6 +30,9 @@ _SAFETENSORS_CODES = {
 }
 WIRE_DTYPES = frozenset(_SAFETENSORS_CODES.values())
 """Every dtype name a parameter may declare (``"float32"``, ``"bfloat16"``, ...)."""
+ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2}
+ITEMSIZE.update({"int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1})
+"""Bytes per element of each wire dtype."""
 
 
 def dtype_name(dtype: Any) -> str:
@@ -60,6 +63,16 @@ class ParamMeta:
     """Wire dtype name, e.g. ``"float32"``; the tensor travels in exactly this dtype."""
     shape: tuple[int, ...]
     """Full (unsharded) shape."""
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the tensor's bytes; ``ValueError`` for a dtype not in :data:`ITEMSIZE`."""
+        if self.dtype not in ITEMSIZE:
+            raise ValueError(f"param {self.name!r}: unknown dtype {self.dtype!r}")
+        numel = 1
+        for d in self.shape:
+            numel *= d
+        return numel * ITEMSIZE[self.dtype]
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}

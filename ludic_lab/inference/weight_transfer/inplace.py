@@ -373,13 +373,6 @@ class InplaceLoader:
                 self.maps[path] = fmap
         return fmap
 
-    def close(self) -> None:
-        while self.maps:
-            self.maps.popitem()[1].close()
-        for ex in self.helpers or ():
-            ex.shutdown(wait=False)
-        self.helpers = None
-
     # -- loading ------------------------------------------------------------------------------
     @staticmethod
     def applicable(worker: Any) -> str:
@@ -457,11 +450,7 @@ class InplaceLoader:
         finally:
             if path not in self.maps:
                 fmap.close()
-        runner = worker.model_runner
-        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
-            fn = getattr(runner, reset, None)
-            if callable(fn):
-                fn()
+        worker.ludic_reset_caches()
         return {
             "count": len(names), "mode": mode_used, "map_seconds": map_s, "pack_threads": 1 + len(self.helpers),
             "seconds": time.perf_counter() - t0, **info,

@@ -31,7 +31,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from ludic_lab.inference.weight_transfer.base import ParamMeta, dtype_name, param_metas, update_body
+from ludic_lab.inference.weight_transfer.base import ITEMSIZE, ParamMeta, dtype_name, param_metas, update_body
 
 _CODES = {
     "float64": "F64",
@@ -47,8 +47,6 @@ _CODES = {
     "float8_e4m3fn": "F8_E4M3",
     "float8_e5m2": "F8_E5M2",
 }
-_ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2}
-_ITEMSIZE.update({"int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1})
 FILE_PREFIX = "ludic_weights_"
 SUFFIX = ".safetensors"
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -64,21 +62,12 @@ def default_shm_dir() -> str:
     return tempfile.gettempdir()
 
 
-def _nbytes(m: ParamMeta) -> int:
-    numel = 1
-    for d in m.shape:
-        numel *= d
-    if m.dtype not in _ITEMSIZE:
-        raise ValueError(f"param {m.name!r}: dtype {m.dtype} cannot travel through shared memory")
-    return numel * _ITEMSIZE[m.dtype]
-
-
 def _header(metas: Sequence[ParamMeta]) -> tuple[bytes, dict[str, tuple[int, int]]]:
     """The safetensors header (length prefix included) and each tensor's byte range in the file."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt", "writer": "ludic_lab"}}
     ranges, offset = {}, 0
     for m in metas:
-        nbytes = _nbytes(m)
+        nbytes = m.nbytes
         header[m.name] = {"dtype": _CODES[m.dtype], "shape": list(m.shape), "data_offsets": [offset, offset + nbytes]}
         ranges[m.name] = (offset, offset + nbytes)
         offset += nbytes
@@ -116,37 +105,45 @@ def write_safetensors(path: str, params: Mapping[str, Any]) -> list[ParamMeta]:
     return metas
 
 
+def _parse_header(raw: bytes, data_size: int, path: str) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+    """``{name: (wire dtype, shape, begin, end)}`` from a JSON header (offsets relative to the
+    data section of ``data_size`` bytes); ``ValueError`` for a malformed or truncated file."""
+    try:
+        header = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"{path} is not a safetensors file (bad JSON header: {e})") from None
+    out: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        meta = ParamMeta(name, dtype_name(info["dtype"]), tuple(int(d) for d in info["shape"]))
+        begin, end = (int(x) for x in info["data_offsets"])
+        wrong_len = meta.dtype in ITEMSIZE and end - begin != meta.nbytes
+        if wrong_len or end > data_size or begin < 0:
+            raise ValueError(f"{path}: the bytes of {name!r} do not fit its header (truncated or malformed file)")
+        out[name] = (meta.dtype, meta.shape, begin, end)
+    return out
+
+
+def _header_length(head: bytes, file_size: int, path: str) -> int:
+    if len(head) != 8:
+        raise ValueError(f"{path} is not a safetensors file (shorter than 8 bytes)")
+    (n,) = struct.unpack("<Q", head)
+    if n > min(_MAX_HEADER_BYTES, file_size - 8):
+        raise ValueError(f"{path} is not a safetensors file (header length {n})")
+    return n
+
+
 def read_safetensors_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``{name: (wire dtype, shape)}`` of a safetensors file, in file order, from its header only.
 
     ``ValueError`` when the file is not safetensors or is shorter than its header says.
     """
+    size = os.path.getsize(path)
     with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise ValueError(f"{path} is not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", head)
-        if n > _MAX_HEADER_BYTES:
-            raise ValueError(f"{path} is not a safetensors file (header length {n})")
-        try:
-            header = json.loads(f.read(n))
-        except ValueError as e:
-            raise ValueError(f"{path} is not a safetensors file (bad JSON header: {e})") from None
-    size = os.path.getsize(path) - 8 - n
-    out: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dt, shape = dtype_name(info["dtype"]), tuple(int(d) for d in info["shape"])
-        begin, end = (int(x) for x in info["data_offsets"])
-        numel = 1
-        for d in shape:
-            numel *= d
-        wrong_len = dt in _ITEMSIZE and end - begin != numel * _ITEMSIZE[dt]
-        if wrong_len or end > size or begin < 0:
-            raise ValueError(f"{path}: the bytes of {name!r} do not fit its header (truncated or malformed file)")
-        out[name] = (dt, shape)
-    return out
+        n = _header_length(f.read(8), size, path)
+        entries = _parse_header(f.read(n), size - 8 - n, path)
+    return {k: (dt, shape) for k, (dt, shape, _, _) in entries.items()}
 
 
 def iter_safetensors(path: str, names: Sequence[str], rename: Optional[Mapping[str, str]] = None) -> Iterator[tuple[str, Any]]:
@@ -183,7 +180,7 @@ def _typed_view(u8: Any, begin: int, end: int, dtype: str, shape: Sequence[int])
     import torch
 
     tdt = getattr(torch, dtype)
-    if begin % _ITEMSIZE[dtype]:
+    if begin % ITEMSIZE[dtype]:
         return None
     return u8[begin:end].view(tdt).view(tuple(shape))
 
@@ -352,8 +349,8 @@ class ShmSender:
         buf = self._buffer
         if buf is None or buf.metas != tuple(metas):
             if buf is not None:
+                self._buffer = None
                 buf.close()
-            buf = self._buffer = None
             buf = self._buffer = StagingBuffer(self._new_path(), metas)
         try:
             buf.fill(params)
@@ -420,24 +417,19 @@ class SafetensorsMap:
         finally:
             os.close(fd)
         self.path = path
-        (n,) = struct.unpack("<Q", self._mm[:8])
-        if n > min(_MAX_HEADER_BYTES, st.st_size - 8):
+        try:
+            n = _header_length(self._mm[:8], st.st_size, path)
+            start = 8 + n
+            self.entries = {
+                k: (dt, shape, b + start, e + start)
+                for k, (dt, shape, b, e) in _parse_header(bytes(self._mm[8:start]), st.st_size - start, path).items()
+            }
+        except BaseException:
             self._mm.close()
-            raise ValueError(f"{path} is not a safetensors file (header length {n})")
-        header = json.loads(bytes(self._mm[8 : 8 + n]))
-        start = 8 + n
+            raise
         with warnings.catch_warnings():  # read-only memory: these views are never written
             warnings.simplefilter("ignore", UserWarning)
             self._u8: Any = torch.frombuffer(self._mm, dtype=torch.uint8)
-        self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            b, e = (int(x) + start for x in info["data_offsets"])
-            self.entries[name] = (dtype_name(info["dtype"]), tuple(int(d) for d in info["shape"]), b, e)
-            if e > st.st_size or b < start:
-                self._mm.close()
-                raise ValueError(f"{path}: the bytes of {name!r} do not fit its header (truncated or malformed file)")
 
     def still_valid(self) -> bool:
         try:
