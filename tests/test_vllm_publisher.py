@@ -65,6 +65,15 @@ def perturbed(model: Any, scale: float = 0.05, seed: int = 0) -> Any:
     return m
 
 
+def running_requests(server_url: str) -> float:
+    """``vllm:num_requests_running`` from the server's Prometheus metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(server_url + "/metrics", timeout=30) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(l.rsplit(" ", 1)[1]) for l in lines if l.startswith("vllm:num_requests_running"))
+
+
 def shm_leftovers() -> list[str]:
     return [f for f in os.listdir("/dev/shm") if f.startswith(f"ludic_weights_{os.getpid()}_")]
 
@@ -218,7 +227,12 @@ async def test_a_client_timeout_during_an_update_leaves_the_server_consistent(pu
         v0 + 1: (await local_client(new, tiny_model_dir).complete(req("Hello there", 1000)))[0].completion_token_ids,
     }
     long = asyncio.ensure_future(pusher.complete(req("Hello there", max_tokens=1000)))
-    await asyncio.sleep(0.05)
+    # push only once the generation runs inside the engine: an in-place update of the tiny
+    # model alone takes less than the 10 ms timeout, so without a drain it could land in time
+    deadline = time.monotonic() + 60
+    while await asyncio.to_thread(running_requests, pusher.server_url) < 1:
+        assert time.monotonic() < deadline and not long.done(), "the long generation never started"
+        await asyncio.sleep(0.005)
     with pytest.raises(RequestTimeout, match="applied whole or not at all") as ei:
         await pusher.sync_weights_async(new.state_dict(), version=v0 + 1, timeout_s=0.01)
     r, _ = await long
