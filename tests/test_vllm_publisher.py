@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
-import threading
 import time
 from typing import Any, Iterator
 
@@ -64,24 +63,6 @@ def perturbed(model: Any, scale: float = 0.05, seed: int = 0) -> Any:
         for p in m.parameters():
             p.add_(scale * torch.randn(p.shape, generator=g))
     return m
-
-
-def stream_completion(client: Any, first_chunk: threading.Event) -> None:
-    """A streamed 1000-token completion (EOS ignored) on ``client``'s server; sets
-    ``first_chunk`` when the first chunk arrives (and at the end, whatever happened)."""
-    import json
-    import urllib.request
-
-    body = {"model": client.model_name, "prompt": [1, 10, 20], "max_tokens": 1000, "temperature": 0.0,
-            "stream": True, "ignore_eos": True}
-    r = urllib.request.Request(client.api_base + "/completions", data=json.dumps(body).encode(),
-                               headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(r, timeout=300) as resp:
-            for _ in resp:
-                first_chunk.set()
-    finally:
-        first_chunk.set()
 
 
 def shm_leftovers() -> list[str]:
@@ -236,20 +217,11 @@ async def test_a_client_timeout_during_an_update_leaves_the_server_consistent(pu
         v0: (await local_client(base_model, tiny_model_dir).complete(req("Hello there", 1000)))[0].completion_token_ids,
         v0 + 1: (await local_client(new, tiny_model_dir).complete(req("Hello there", 1000)))[0].completion_token_ids,
     }
-    # a streamed generation that has sent its first token is surely admitted: the update must
-    # drain it (~2 s), so it cannot land within the 10 ms timeout (an in-place update of the
-    # tiny model alone takes ~5 ms)
-    streaming = threading.Event()
-    blocker = threading.Thread(target=stream_completion, args=(pusher, streaming), daemon=True)
-    blocker.start()
-    assert await asyncio.to_thread(streaming.wait, 60), "the streamed generation never started"
     long = asyncio.ensure_future(pusher.complete(req("Hello there", max_tokens=1000)))
     await asyncio.sleep(0.05)
     with pytest.raises(RequestTimeout, match="applied whole or not at all") as ei:
         await pusher.sync_weights_async(new.state_dict(), version=v0 + 1, timeout_s=0.01)
     r, _ = await long
-    await asyncio.to_thread(blocker.join, 120)
-    assert not blocker.is_alive()
     print(f"\nupdate request reached the server: {ei.value.sent}; in-flight generation served by version {r.policy_version - v0:+d}")
     assert r.completion_token_ids == want[r.policy_version]  # entirely one version's weights
     if ei.value.sent:  # the server got it: it lands by itself, whole
