@@ -218,7 +218,13 @@ async def test_a_client_timeout_during_an_update_leaves_the_server_consistent(pu
         v0 + 1: (await local_client(new, tiny_model_dir).complete(req("Hello there", 1000)))[0].completion_token_ids,
     }
     long = asyncio.ensure_future(pusher.complete(req("Hello there", max_tokens=1000)))
-    await asyncio.sleep(0.05)
+    # push only once the server has admitted the generation (its gate counts it; ~2 s of
+    # decoding left): an in-place update of the tiny model alone takes less than the 10 ms
+    # timeout, so without a generation to drain it could land in time
+    deadline = time.monotonic() + 60
+    while (await pusher.get_runtime_state())["inflight_requests"] < 1:
+        assert time.monotonic() < deadline and not long.done(), "the long generation was never admitted"
+        await asyncio.sleep(0.002)
     with pytest.raises(RequestTimeout, match="applied whole or not at all") as ei:
         await pusher.sync_weights_async(new.state_dict(), version=v0 + 1, timeout_s=0.01)
     r, _ = await long

@@ -254,14 +254,17 @@ async def test_version_gate_drains_in_flight_and_blocks_admission():
     drain = asyncio.ensure_future(gate.close_and_drain(10))
     await asyncio.sleep(0.05)
     assert not drain.done()  # waits for the request
+    assert gate.inflight == 1 and gate.update_pending
     late = asyncio.ensure_future(gate.admit())
     await asyncio.sleep(0.05)
     assert not late.done()  # admission is closed while the update is pending
     gate.release()
     await asyncio.wait_for(drain, 1)
+    assert gate.inflight == 0 and gate.update_pending  # drained; the update holds admission until it reopens
     gate.version = 6  # the update
     gate.reopen()
     assert await asyncio.wait_for(late, 1) == 6  # the late request sees the new version
+    assert gate.inflight == 1 and not gate.update_pending
     # in-flight requests that never finish: the update gives up and admission reopens
     with pytest.raises(DrainTimeout, match="1 generation request"):
         await gate.close_and_drain(0.05)
@@ -376,6 +379,7 @@ def test_pushed_weights_give_the_same_greedy_tokens_as_local(tiny_server, tiny_l
     a = _perturbed(tiny_local.model.state_dict(), seed=1)
     answer = push_weights(tiny_server, a)
     assert answer["version"] == v0 + 1 and answer["num_params"] == 27 and answer["seconds"] > 0
+    assert answer["drained_requests"] == 0  # nothing was generating
     tiny_local.sync_weights(a)
     want = _local_greedy(tiny_local, prompts, n)
     got, header_v = _server_greedy(tiny_server, prompts, n)
@@ -537,6 +541,7 @@ def test_concurrent_generation_during_an_update_never_mixes_versions(tiny_server
         assert ids == ref[v][i], f"prompt {i} under version {v} gave a sequence of neither version"
     # the update really waited for requests that were running when it was posted
     assert any(v == va and t1 > t_update for _, _, v, _, t1 in results)
+    assert answer["drained_requests"] >= 1 and answer["phases"]["drain"] > 0
 
 
 @pytest.mark.vllm
@@ -640,7 +645,8 @@ def test_public_bind_needs_the_token_and_stop_leaves_no_process(tiny_model_dir):
         status, js, _ = http_json(h.base_url + "/update_param_batch", body)
         assert status == 401 and "control token" in js["error"]
         assert http_json(h.base_url + "/update_param_batch", body, token=token)[1]["version"] == 1
-        assert http_json(h.base_url + "/runtime_version")[1] == {"version": 1}  # reads need no token
+        state = http_json(h.base_url + "/runtime_version")[1]  # reads need no token
+        assert state == {"version": 1, "inflight_requests": 0, "update_pending": False}
         choice, v = completion(h, [1, 10, 20], max_tokens=3)  # neither does generation
         assert v == 1
         segments = _shared_memory_of_group(h.pgid)

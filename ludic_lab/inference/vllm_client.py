@@ -419,10 +419,16 @@ class VLLMChatClient:
 
     async def get_policy_version(self) -> int:
         """The version of the weights the server samples with now (``GET /runtime_version``)."""
+        return int((await self.get_runtime_state())["version"])
+
+    async def get_runtime_state(self) -> dict[str, Any]:
+        """``GET /runtime_version`` whole: ``version``; on the bundled server also
+        ``inflight_requests`` (generations admitted and not yet answered: an update waits for
+        them) and ``update_pending`` (an update holds new requests back)."""
         r = await self._request("GET", f"{self.server_url}/runtime_version", timeout_s=self.connect_timeout_s + 30)
-        v = int(r.json()["version"])
-        self.policy_version = v
-        return v
+        state = dict(r.json())
+        self.policy_version = int(state["version"])
+        return state
 
     async def num_background_tasks(self) -> int:
         """Background tasks the server is running (``GET /get_num_background_tasks``)."""
@@ -622,6 +628,7 @@ class VLLMChatClient:
             "num_params": n,
             "load_reason": data.get("reason"),  # why not in place, when it was not
             "server_phases": dict(data.get("phases") or {}),  # drain, pause, load, resume, reset_prefix_cache
+            "drained_requests": data.get("drained_requests"),  # generations the update waited for
             "bytes": _body_bytes(body),
             "version": self.policy_version,
         }

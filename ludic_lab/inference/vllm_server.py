@@ -190,6 +190,11 @@ class VersionGate:
     def reopen(self) -> None:
         self._open.set()
 
+    @property
+    def update_pending(self) -> bool:
+        """True while an update holds admission closed (draining or loading)."""
+        return not self._open.is_set()
+
 
 # ---------------------------------------------------------------------------------------------
 # the control plane
@@ -314,6 +319,7 @@ class LudicControlPlane:
         try:
             async with self._lock:
                 t = time.perf_counter()
+                drained = self.gate.inflight
                 await self.gate.close_and_drain(self.opts.drain_timeout_s)
                 phases["drain"] = time.perf_counter() - t
                 try:
@@ -326,7 +332,13 @@ class LudicControlPlane:
                         self.broken = None
                 finally:
                     self.gate.reopen()
-            out = {"version": self.gate.version, "num_params": len(metas), "load_seconds": t_load, "phases": phases}
+            out = {
+                "version": self.gate.version,
+                "num_params": len(metas),
+                "load_seconds": t_load,
+                "phases": phases,
+                "drained_requests": drained,  # generations in flight when the update closed admission
+            }
             if info:
                 out["load_mode"] = info.get("mode")
                 out.update({k: v for k, v in info.items() if k in ("reason", "pack_seconds", "map_seconds", "pack_threads")})
@@ -465,7 +477,11 @@ class LudicControlPlane:
             return endpoint
 
         async def runtime_version() -> dict[str, Any]:
-            return {"version": self.gate.version}
+            return {
+                "version": self.gate.version,
+                "inflight_requests": self.gate.inflight,  # generation requests admitted, not yet answered
+                "update_pending": self.gate.update_pending,
+            }
 
         async def num_background_tasks() -> dict[str, Any]:
             return {"num_background_tasks": len(self.tasks)}
