@@ -16,9 +16,10 @@ and breaks ``push`` down into: client staging (the copy into shared memory), the
 -- of which ``pack``, vLLM's own re-packing of the weights into its CPU GEMM layout, which any
 update must redo because vLLM keeps only the packed copy (the floor of this design) -- and
 the rest (HTTP, drain, pause/resume, prefix-cache reset). Every push sends different values
-(two perturbed state dicts alternate). Pushes are 1.2 s apart: vLLM's worker busy-waits for 1 s
-after each message on the core it shares with the trainer, which would slow the next staging
-copy several-fold; in training, rollouts and an optimizer step separate pushes anyway.
+(two perturbed state dicts alternate). Pushes are 0.3 s apart, as rollouts and an optimizer
+step separate them in training (the server's worker stops busy-waiting 20 ms after its last
+message: ``--ludic-worker-idle-spin``; with vLLM's own 1 s it would still hold the core the
+trainer stages on, and the next staging copy would run several times slower).
 
 It also pushes 1/4 and 1/2 of SmolLM2's decoder layers, so the cost per byte and the fixed
 cost per update can be fitted on one model, and the full fp32 state dict (the usual trainer
@@ -116,7 +117,7 @@ def measure(path: str, label: str, dtype: str, repeats: int, fractions: tuple[fl
             client.sync_weights(parts[1])  # first push of this name set (a new staging buffer)
             syncs = []
             for r in range(repeats):
-                time.sleep(1.2)
+                time.sleep(0.3)
                 t = time.perf_counter()
                 client.sync_weights(parts[r % 2])
                 wall = time.perf_counter() - t

@@ -363,6 +363,44 @@ def test_runtime_endpoints_and_version_header(tiny_server, prompts):
     assert runtime_version(tiny_server) == v  # none of this changed the weights' version
 
 
+def _group_cpu_seconds(pgid):
+    """CPU seconds (user + system) used so far by the live processes of group ``pgid``."""
+    ticks = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+            fields = stat[stat.rfind(")") + 2:].split()
+            if int(fields[2]) == pgid:
+                ticks += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.vllm
+def test_the_server_stops_spinning_soon_after_generation(tiny_server, prompts):
+    """vLLM's worker busy-waits for 1 s after each message; the bundled server cuts that to
+    20 ms (--ludic-worker-idle-spin), so a trainer on the same host gets the core back as soon
+    as generation stops -- and the next request is still served at once."""
+    for p in prompts:
+        completion(tiny_server, p, max_tokens=8)
+    before = _group_cpu_seconds(tiny_server.pgid)
+    time.sleep(1.0)
+    used = _group_cpu_seconds(tiny_server.pgid) - before
+    print(f"\nserver CPU in the second after generation: {used:.2f} s (vLLM's default spin: ~1 s)")
+    assert used < 0.4
+    t = time.monotonic()
+    choice, _ = completion(tiny_server, prompts[0], max_tokens=8)  # the sleeping worker wakes up
+    assert len(choice["token_ids"]) >= 1 and time.monotonic() - t < 2.0
+    from ludic_lab.inference.vllm_server import build_parser, options_from_args
+
+    parse = build_parser().parse_args
+    assert options_from_args(parse(["--model", "m"])).worker_idle_spin_s == 0.02
+    assert options_from_args(parse(["--model", "m", "--ludic-worker-idle-spin", "-1"])).worker_idle_spin_s is None  # vLLM's
+
+
 @pytest.mark.vllm
 def test_pushed_weights_give_the_same_greedy_tokens_as_local(tiny_server, tiny_local, prompts, tiny_model_dir, tmp_path):
     from ludic_lab.inference.models import build_tiny_model
