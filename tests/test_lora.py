@@ -3,6 +3,7 @@ sampler then agrees with the trainer, the KL reference (base model, adapters dis
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,69 @@ def test_lora_with_gradient_checkpointing_gives_the_same_update(tiny_model_dir: 
     for k in plain:
         torch.testing.assert_close(ckpt[k], plain[k], rtol=1e-4, atol=1e-6)
     assert any(float(v.abs().max()) > 0 for k, v in plain.items() if "lora_B" in k)
+
+
+def test_merged_weights_reuse_buffers_and_match_peft_on_every_path(tiny_model_dir: str) -> None:
+    """``merged_lora_weights(out=...)`` writes into the same tensors call after call; the fused
+    fp32 path (``addmm``) and the general path (two adapters at once) both equal peft's own
+    ``merge_and_unload``."""
+    model = apply_lora(load_model(tiny_model_dir), r=4, alpha=12.0, target_modules=TARGETS)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(std=0.1, generator=torch.Generator().manual_seed(len(n)))
+    bufs: dict[str, torch.Tensor] = {}
+    first = merged_lora_weights(model, out=bufs)
+    assert first.keys() == bufs.keys() and all(first[k] is bufs[k] for k in first)
+    ptrs = {k: v.data_ptr() for k, v in first.items()}
+    with torch.no_grad():  # a training step: the adapters move
+        for n, p in model.named_parameters():
+            if "lora_A" in n:
+                p.mul_(1.5)
+    second = merged_lora_weights(model, out=bufs)
+    assert {k: v.data_ptr() for k, v in second.items()} == ptrs  # written in place
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()
+    for k, v in second.items():
+        torch.testing.assert_close(v, reference[k], rtol=1e-6, atol=1e-6)
+    # two active adapters: peft's general delta path, summed
+    from peft import LoraConfig
+
+    before = {k: v.clone() for k, v in second.items()}
+    model.add_adapter("second", LoraConfig(r=2, lora_alpha=4, target_modules=list(TARGETS), init_lora_weights=False))
+    model.base_model.set_adapter(["default", "second"])
+    both = merged_lora_weights(model, out=bufs)
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()
+    for k, v in both.items():
+        torch.testing.assert_close(v, reference[k], rtol=1e-6, atol=1e-6)
+    assert all(not torch.equal(both[k], before[k]) for k in both)  # the second adapter counts
+
+
+class _Recorder:
+    """A publisher that records the tensors it is handed (their storage and a copy); it keeps
+    them alive, so fresh tensors of a later call cannot land at the same addresses."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict[str, int], dict[str, torch.Tensor]]] = []
+        self.kept: list[Any] = []
+
+    def publish(self, state_dict: Any, version: Any = None) -> None:
+        self.kept.append(dict(state_dict))
+        self.calls.append(({k: v.data_ptr() for k, v in state_dict.items()}, {k: v.clone() for k, v in state_dict.items()}))
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_the_trainer_publishes_each_step_s_merge_into_the_same_tensors(tiny_model_dir: str, reuse: bool) -> None:
+    items = random_items(6, vocab_size=V, seed=4)
+    rec = _Recorder()
+    cfg = TrainerConfig(lr=5e-2, max_seq_len=64, lora_r=4, lora_alpha=8, reuse_publish_buffers=reuse)
+    t = Trainer(load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]), config=cfg, publisher=rec)
+    t.train_sync(1, progress=False)
+    first = rec.calls[-1][1]
+    t.train_sync(1, progress=False)
+    ptrs, values = rec.calls[-1]
+    assert (ptrs == rec.calls[0][0]) == reuse  # the same storage when reused, fresh tensors otherwise
+    want = merged_lora_weights(t.model)  # what the current adapters give
+    assert values.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(values[k], want[k], rtol=0, atol=0)
+    assert any(not torch.equal(values[k], first[k]) for k in want)  # the second step's weights, not the first's

@@ -61,31 +61,65 @@ def _tied_output_embedding_name(model: Any) -> Optional[str]:
 
 
 @torch.no_grad()
-def merged_lora_weights(model: Any) -> dict[str, torch.Tensor]:
-    """Dense merged weights of every LoRA-adapted linear, named as in the base model."""
+def merged_lora_weights(model: Any, out: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+    """Dense merged weights of every LoRA-adapted linear, named as in the base model.
+
+    ``out``: the result of an earlier call, to write into (entries whose shape, dtype or
+    device no longer match are replaced; missing ones are added). On CPU a fresh copy of every
+    adapted weight costs more in page faults than the merge itself (SmolLM2 with LoRA on all
+    linears: 425 MB, 0.4-0.8 s per publish after a training step, against 0.07 s reused); the
+    returned tensors are then overwritten by the next call, so consumers must copy them.
+    """
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
-    out: dict[str, torch.Tensor] = {}
+    result: dict[str, torch.Tensor] = {}
     for name, mod in base.named_modules():
         if not isinstance(mod, LoraLayer):
             continue
-        layer = mod.get_base_layer()
-        w = layer.weight.detach().clone()
-        for adapter in mod.active_adapters:
-            if adapter in mod.lora_A:
-                w += mod.get_delta_weight(adapter).to(w.dtype)
-        out[f"{name}.weight"] = w
-    if not out:
+        key = f"{name}.weight"
+        w = mod.get_base_layer().weight.detach()
+        dst = out.get(key) if out is not None else None
+        if dst is None or dst.shape != w.shape or dst.dtype != w.dtype or dst.device != w.device:
+            dst = torch.empty_like(w)
+            if out is not None:
+                out[key] = dst
+        active = [a for a in mod.active_adapters if a in mod.lora_A]
+        if len(active) == 1 and _plain_fp32_lora(mod, active[0], w):
+            a = active[0]  # W + scaling * B @ A in one pass over W
+            torch.addmm(w, mod.lora_B[a].weight, mod.lora_A[a].weight, alpha=mod.scaling[a], out=dst)
+        else:
+            dst.copy_(w)
+            for a in active:
+                dst += mod.get_delta_weight(a).to(dst.dtype)
+        result[key] = dst
+    if not result:
         raise ValueError("the peft model has no LoRA layers to merge")
-    return out
+    return result
+
+
+def _plain_fp32_lora(mod: Any, adapter: str, w: torch.Tensor) -> bool:
+    """True when peft's delta for ``adapter`` is exactly ``scaling * B @ A`` (linear LoRA, no
+    DoRA, no transposed layout) with every tensor fp32 (peft upcasts half-precision products)."""
+    A, B = mod.lora_A[adapter], mod.lora_B[adapter]
+    return (
+        isinstance(A, torch.nn.Linear)
+        and isinstance(B, torch.nn.Linear)
+        and not mod.use_dora.get(adapter, False)
+        and not getattr(mod, "fan_in_fan_out", False)
+        and w.dim() == 2
+        and w.dtype == A.weight.dtype == B.weight.dtype == torch.float32
+        and w.device == A.weight.device == B.weight.device
+    )
 
 
 @torch.no_grad()
-def policy_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """What to publish: merged LoRA weights (partial) or the full state dict (detached)."""
+def policy_state_dict(model: Any, out: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+    """What to publish: merged LoRA weights (partial) or the full state dict (detached).
+    ``out``: buffers of an earlier call, reused for the merged weights (see
+    :func:`merged_lora_weights`)."""
     if is_peft_model(model):
-        return merged_lora_weights(model)
+        return merged_lora_weights(model, out=out)
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 

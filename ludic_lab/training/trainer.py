@@ -155,6 +155,10 @@ class Trainer:
         self.counters = {"stale_dropped": 0, "truncated": 0, "dropped_too_long": 0, "skipped_steps": 0, "nonfinite_skips": 0}
         self.scoring_temperature = algo.scoring_temperature or cfg.scoring_temperature
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        # merged LoRA weights are written into the same CPU tensors at every publish (a fresh
+        # copy per step costs more in page faults than the merge); publishers copy what they get
+        reuse = cfg.reuse_publish_buffers and self.device.type == "cpu"
+        self._publish_buffers: Optional[dict[str, torch.Tensor]] = {} if reuse else None
 
     # -- public API ----------------------------------------------------------------------
     async def train(self, steps: int, *, progress: bool | str | ProgressView = True) -> list[dict[str, Any]]:
@@ -207,7 +211,7 @@ class Trainer:
         rank calls it: the full weights are gathered onto rank 0, which alone pushes them."""
         if self._fsdp is None:
             if self.publisher is not None:
-                self.publisher.publish(policy_state_dict(self.model), self.policy_version)
+                self.publisher.publish(policy_state_dict(self.model, out=self._publish_buffers), self.policy_version)
             return
         if not self._gather_to_publish:
             return
