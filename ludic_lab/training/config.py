@@ -23,7 +23,7 @@ class TrainerConfig:
     reuse_publish_buffers: bool = True
     """LoRA on CPU: write each publish's merged weights into the tensors of the previous one
     (one extra copy of the adapted weights stays allocated) instead of allocating them anew,
-    which after a training step page-faults every byte (SmolLM2, all linears: 0.4-0.8 s)."""
+    which between steps often page-faults every byte again (SmolLM2, all linears: up to 0.8 s)."""
     max_lag: Optional[int] = None
     """Drop items sampled more than this many policy versions ago (None = keep all)."""
 

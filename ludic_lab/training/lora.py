@@ -67,7 +67,7 @@ def merged_lora_weights(model: Any, out: Optional[dict[str, torch.Tensor]] = Non
     ``out``: the result of an earlier call, to write into (entries whose shape, dtype or
     device no longer match are replaced; missing ones are added). On CPU a fresh copy of every
     adapted weight costs more in page faults than the merge itself (SmolLM2 with LoRA on all
-    linears: 425 MB, 0.4-0.8 s per publish after a training step, against 0.07 s reused); the
+    linears: 425 MB, up to 0.8 s per publish in the demo, against ~0.12 s reused); the
     returned tensors are then overwritten by the next call, so consumers must copy them.
     """
     from peft.tuners.lora import LoraLayer
