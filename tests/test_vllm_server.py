@@ -395,6 +395,11 @@ def test_the_server_stops_spinning_soon_after_generation(tiny_server, prompts):
     choice, _ = completion(tiny_server, prompts[0], max_tokens=8)  # the sleeping worker wakes up
     assert len(choice["token_ids"]) >= 1 and time.monotonic() - t < 2.0
     from ludic_lab.inference.vllm_server import build_parser, options_from_args
+    from ludic_lab.inference.vllm_worker import LudicWorkerExtension
+
+    # outside a vLLM worker there is no queue to tune: a no-op that says so (the server then
+    # logs a warning and keeps vLLM's default), never an error
+    assert LudicWorkerExtension().ludic_set_idle_spin(0.02) == {"readers": 0, "previous": None}
 
     parse = build_parser().parse_args
     assert options_from_args(parse(["--model", "m"])).worker_idle_spin_s == 0.02

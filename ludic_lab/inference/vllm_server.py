@@ -242,7 +242,10 @@ class LudicControlPlane:
         infos = await self.engine.collective_rpc("ludic_model_info")
         info = infos[0]
         if self.opts.worker_idle_spin_s is not None:
-            spins = await self.engine.collective_rpc("ludic_set_idle_spin", args=(self.opts.worker_idle_spin_s, WORKER_RECHECK_S))
+            try:  # best effort: it reaches into vLLM internals
+                spins = await self.engine.collective_rpc("ludic_set_idle_spin", args=(self.opts.worker_idle_spin_s, WORKER_RECHECK_S))
+            except Exception as e:  # noqa: BLE001 - the server works without it
+                spins = [{"readers": 0, "previous": None, "error": f"{type(e).__name__}: {e}"}]
             if any(s["readers"] == 0 for s in spins):
                 logger.warning("ludic: --ludic-worker-idle-spin: no worker message queue found (%s); vLLM's default stays", spins)
             else:

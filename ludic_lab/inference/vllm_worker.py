@@ -99,27 +99,30 @@ class LudicWorkerExtension:
         """
         import sys
 
-        from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+        try:  # vLLM internals (0.32): a later vLLM may have moved them; then nothing changes
+            from vllm.distributed.device_communicators import shm_broadcast
+            from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+        except ImportError as e:
+            return {"readers": 0, "previous": None, "error": f"{type(e).__name__}: {e}"}
 
         conds: list[Any] = []
         frame = sys._getframe(1)
         while frame is not None:  # the worker loop's queue: WorkerProc.worker_busy_loop's self
             mq = getattr(frame.f_locals.get("self"), "rpc_broadcast_mq", None)
             cond = getattr(mq, "_spin_condition", None)
-            if isinstance(cond, SpinCondition) and cond.is_reader:
+            if isinstance(cond, SpinCondition) and getattr(cond, "is_reader", False):
                 conds.append(cond)
                 break
             frame = frame.f_back
         if not conds:  # another executor layout: every reader in this process
             import gc
 
-            conds = [o for o in gc.get_objects() if isinstance(o, SpinCondition) and o.is_reader]
+            conds = [o for o in gc.get_objects() if isinstance(o, SpinCondition) and getattr(o, "is_reader", False)]
+        conds = [c for c in conds if hasattr(c, "busy_loop_s")]
         previous = [c.busy_loop_s for c in conds]
         for c in conds:
             c.busy_loop_s = float(seconds)
-        if recheck_s is not None:
-            from vllm.distributed.device_communicators import shm_broadcast
-
+        if recheck_s is not None and conds and hasattr(shm_broadcast, "SHM_READER_RECHECK_INTERVAL_MS"):
             shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS = max(1, int(recheck_s * 1000))
         return {"readers": len(conds), "previous": previous[0] if previous else None}
 
