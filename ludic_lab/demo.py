@@ -223,6 +223,12 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
         f"training {cfg.algo} for {cfg.steps} steps: {cfg.questions_per_step} questions x {cfg.group_size} samples, "
         f"LoRA r={cfg.lora_r}, lr={cfg.lr}"
     )
+    if type(algo.credit_assigner).__name__ in ("GroupNormalizedReturn", "HybridNormalizedReturn"):
+        console.print(
+            "[dim](the loss column stays near 0: advantages are normalized within each group, so they "
+            "average to zero, and on freshly sampled data the importance ratio is 1 -- its gradient is not zero; "
+            "watch reward_mean and grad_norm)[/dim]"
+        )
     t1 = time.perf_counter()
     history = await trainer.train(cfg.steps, progress=False)
     train_s = time.perf_counter() - t1
