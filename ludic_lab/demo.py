@@ -223,7 +223,9 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
         f"training {cfg.algo} for {cfg.steps} steps: {cfg.questions_per_step} questions x {cfg.group_size} samples, "
         f"LoRA r={cfg.lora_r}, lr={cfg.lr}"
     )
-    if type(algo.credit_assigner).__name__ in ("GroupNormalizedReturn", "HybridNormalizedReturn"):
+    from ludic_lab.training.credit import GroupNormalizedReturn, HybridNormalizedReturn
+
+    if isinstance(algo.credit_assigner, (GroupNormalizedReturn, HybridNormalizedReturn)):
         console.print(
             "[dim](the loss column stays near 0: advantages are normalized within each group, so they "
             "average to zero, and on freshly sampled data the importance ratio is 1 -- its gradient is not zero; "

@@ -632,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ludic-drain-timeout", type=float, default=600.0, help="seconds an update waits for in-flight requests")
     g.add_argument("--ludic-initial-version", type=int, default=0, help="policy version of the starting weights")
     g.add_argument(
-        "--ludic-worker-idle-spin", type=float, default=0.02, metavar="SECONDS",
+        "--ludic-worker-idle-spin", type=float, default=LudicServerOptions.worker_idle_spin_s, metavar="SECONDS",
         help="how long vLLM's worker busy-waits for its next step before sleeping (vLLM's own: 1.0; "
         "a negative value leaves vLLM's); short frees its core for a trainer on the same host",
     )
