@@ -1,4 +1,11 @@
-"""``ludic-lab``: the command-line entry point (each subcommand is derived from a config dataclass)."""
+"""``ludic-lab``: the command-line entry point (each subcommand is derived from a config dataclass).
+
+Each subcommand needs only its own dependencies: building the parser imports config classes
+alone (``ludic-lab --help`` and every ``ludic-lab <command> --help`` work on the core
+install), and a command whose optional extra is missing (``actor``/``trainer`` need
+``pipeline``, ``demo --backend vllm`` needs ``vllm``) exits with one line naming the
+``pip install`` to run.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import sys
 from typing import Optional, Sequence
 
 from ludic_lab.config import add_dataclass_args, dataclass_from_args
+from ludic_lab.extras import missing_extra_message
 
 
 def _cmd_demo(ns: argparse.Namespace) -> int:
@@ -72,12 +80,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def subcommands() -> list[str]:
+    """The names of every ``ludic-lab`` subcommand (CI runs ``--help`` of each)."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``ludic-lab ARGV``; a missing optional extra is one line on stderr and exit status 1."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["export"]:  # its own parser (ludic_lab.lab.export.main) handles every flag
-        return _cmd_export(argparse.Namespace(export_args=argv[1:]))
-    ns = build_parser().parse_args(argv)
-    return int(ns.func(ns) or 0)
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    try:
+        if command == "export":  # its own parser (ludic_lab.lab.export.main) handles every flag
+            return _cmd_export(argparse.Namespace(export_args=argv[1:]))
+        ns = build_parser().parse_args(argv)
+        return int(ns.func(ns) or 0)
+    except ImportError as exc:
+        msg = missing_extra_message(exc, what=f"ludic-lab {command}" if command else "ludic-lab")
+        if msg is None:
+            raise
+        print(f"error: {msg}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -127,8 +127,15 @@ async def run_actor(cfg: PipelineActorConfig) -> dict[str, Any]:
 
 
 def main(config: PipelineActorConfig) -> int:
-    """Entry point of ``ludic-lab actor``: run the actor, print its statistics as JSON."""
+    """Entry point of ``ludic-lab actor``: run the actor, print its statistics as JSON.
+
+    Raises :class:`~ludic_lab.extras.MissingExtraError` (one line naming the ``pip install``)
+    when the ``pipeline`` extra is not installed.
+    """
     from ludic_lab.aio import run_sync
+    from ludic_lab.extras import require_extra
+
+    require_extra("pipeline", what="the pipeline actor (ludic-lab actor)")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stats = run_sync(run_actor(config))

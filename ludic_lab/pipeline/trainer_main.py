@@ -209,8 +209,15 @@ async def run_trainer(cfg: PipelineTrainerConfig) -> dict[str, Any]:
 
 
 def main(config: PipelineTrainerConfig) -> int:
-    """Entry point of ``ludic-lab trainer``: train, print a JSON summary."""
+    """Entry point of ``ludic-lab trainer``: train, print a JSON summary.
+
+    Raises :class:`~ludic_lab.extras.MissingExtraError` (one line naming the ``pip install``)
+    when the ``pipeline`` extra is not installed.
+    """
     from ludic_lab.aio import run_sync
+    from ludic_lab.extras import require_extra
+
+    require_extra("pipeline", what="the pipeline trainer (ludic-lab trainer)")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     summary = run_sync(run_trainer(config))

