@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import inspect
 import threading
 from typing import Any, Coroutine, Optional, TypeVar
 
@@ -51,6 +52,12 @@ def _stop_background_loop() -> None:
     loop = _bg_loop
     if loop is not None and not loop.is_closed():
         loop.call_soon_threadsafe(loop.stop)
+
+
+async def maybe_await(x: Any) -> Any:
+    """Await ``x`` if it is awaitable, else return it: one call site for sync and async
+    implementations (``env.reset``/``env.step`` return awaitables for ``async def`` envs)."""
+    return await x if inspect.isawaitable(x) else x
 
 
 def in_running_loop() -> bool:

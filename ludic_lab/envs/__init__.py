@@ -1,8 +1,9 @@
 """Environments (layer 2): the :class:`LudicEnv` kernel, :class:`SingleAgentEnv`, shipped envs
 (:class:`DatasetQAEnv`, :class:`TicTacToeEnv`, :class:`TicTacToeMultiAgentEnv`), answer
-verifiers and the :func:`check_env` conformance checker."""
+verifiers and the :func:`check_env` conformance checker (:func:`check_env_async` in a
+running event loop)."""
 
-from ludic_lab.envs.checker import EnvCheckError, EnvCheckReport, check_env
+from ludic_lab.envs.checker import EnvCheckError, EnvCheckReport, check_env, check_env_async
 from ludic_lab.envs.dataset_qa_env import DatasetQAEnv
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
@@ -18,6 +19,7 @@ __all__ = [
     "TicTacToeGame",
     "TicTacToeRewards",
     "check_env",
+    "check_env_async",
     "EnvCheckError",
     "EnvCheckReport",
     "Verifier",

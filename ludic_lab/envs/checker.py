@@ -25,6 +25,11 @@ rule broken. Rules (the ``rule`` attribute of the error):
 
 With ``seed=None`` the two determinism rules are skipped (an env may legitimately vary).
 
+Async envs (``async def`` ``reset``/``step``, or a :class:`SingleAgentEnv` with ``async def``
+``env_reset``/``env_step``/``env_current_obs``) are checked by the same rules: every call is
+awaited when it returns an awaitable. Malformed calls (wrong keys) may raise either at once
+or when awaited.
+
 Actions come from ``actions`` (a list of strings, or ``(agent_id, obs, rng) -> str``), else
 from the env's optional ``sample_action(agent_id, rng)`` hook, else from a pool of plain and
 garbage strings.
@@ -38,6 +43,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
+from ludic_lab.aio import maybe_await, run_sync
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.types import StepOutcome
@@ -132,15 +138,15 @@ def _active(env: LudicEnv, where: str, ids: set) -> list:
     return active
 
 
-def _step(env: LudicEnv, acts: dict, where: str) -> Any:
+async def _step(env: LudicEnv, acts: dict, where: str) -> Any:
     try:
-        return env.step(acts)
+        return await maybe_await(env.step(acts))
     except Exception as e:  # noqa: BLE001 - reported as a rule failure
         _fail("step_raised", f"{where}: step({ {a: f'{v!r:.40}' for a, v in acts.items()} }) raised {type(e).__name__}: {e}")
 
 
-def _reset(env: LudicEnv, seed: Optional[int], ids: set) -> dict:
-    res = env.reset(seed=seed)
+async def _reset(env: LudicEnv, seed: Optional[int], ids: set) -> dict:
+    res = await maybe_await(env.reset(seed=seed))
     if not isinstance(res, dict) or set(res) != ids:
         got = sorted(map(repr, res)) if isinstance(res, dict) else type(res).__name__
         _fail("reset_agents", f"reset must return {{agent_id: (obs, info)}} for every agent id {sorted(map(repr, ids))}; got {got}")
@@ -164,7 +170,26 @@ def check_env(
 
     Plays one episode from ``seed`` with ``actions`` (see the module docstring) for at most
     ``max_steps`` steps. Leaves the env reset-able but mid-episode state is not restored.
+    Sync and async envs alike: the whole check runs in one event loop (via ``run_sync``);
+    in a notebook, ``await check_env_async(env)`` checks an env bound to the notebook's loop.
     """
+    return run_sync(
+        check_env_async(
+            env, seed=seed, actions=actions, max_steps=max_steps, garbage_probe=garbage_probe, check_replay=check_replay
+        )
+    )
+
+
+async def check_env_async(
+    env: LudicEnv,
+    *,
+    seed: Optional[int] = 0,
+    actions: Union[None, Sequence[str], ActionFn] = None,
+    max_steps: int = 1000,
+    garbage_probe: bool = True,
+    check_replay: bool = True,
+) -> EnvCheckReport:
+    """:func:`check_env` as a coroutine: awaits ``reset``/``step``/``env_current_obs`` of async envs."""
     name = type(env).__name__
     rules: list[str] = []
 
@@ -180,25 +205,25 @@ def check_env(
             _fail("sysprompt", f"suggested_sysprompt for {a!r} must be str or None, got {type(sp).__name__}")
     rules.append("sysprompt")
 
-    first = _reset(env, seed, ids)
+    first = await _reset(env, seed, ids)
     rules += ["reset_agents", "reset_types", "info_json"]
 
-    def check_current_obs(expected: Mapping[Any, str], where: str) -> None:
+    async def check_current_obs(expected: Mapping[Any, str], where: str) -> None:
         if isinstance(env, SingleAgentEnv):
-            got = env.env_current_obs()
+            got = await maybe_await(env.env_current_obs())
             if got != expected[env.agent_id]:
                 _fail("current_obs", f"{where}: env_current_obs() returned {got!r:.120}, expected {expected[env.agent_id]!r:.120}")
         elif callable(getattr(env, "current_obs", None)):
             for a, obs in expected.items():
-                got = env.current_obs(a)  # type: ignore[attr-defined]
+                got = await maybe_await(env.current_obs(a))  # type: ignore[attr-defined]
                 if got != obs:
                     _fail("current_obs", f"{where}: current_obs({a!r}) returned {got!r:.120}, expected {obs!r:.120}")
 
     if not _active(env, "after reset", ids):
         _fail("active_agents", "no agent is active right after reset; at least one must act")
-    check_current_obs({a: v[0] for a, v in first.items()}, "after reset")
+    await check_current_obs({a: v[0] for a, v in first.items()}, "after reset")
 
-    second = _reset(env, seed, ids)
+    second = await _reset(env, seed, ids)
     for a in ids_list if seed is not None else ():
         if second[a][0] != first[a][0]:
             _fail("determinism", f"reset(seed={seed}) gave different observations for {a!r}: {first[a][0]!r:.120} vs {second[a][0]!r:.120}")
@@ -218,9 +243,9 @@ def check_env(
     if inactive:
         probes.append((f"inactive agent {inactive[0]!r} instead of the active ones", {inactive[0]: "A1"}))
     for what, acts in probes:
-        _reset(env, seed, ids)
+        await _reset(env, seed, ids)
         try:
-            env.step(acts)
+            await maybe_await(env.step(acts))
         except Exception:  # noqa: BLE001 - any error is the expected refusal
             continue
         _fail("step_rejects_wrong_keys", f"step accepted {what} (keys {sorted(map(repr, acts))}); it must raise unless the keys are exactly active_agents")
@@ -229,10 +254,10 @@ def check_env(
     # -- arbitrary text must not crash the env ---------------------------------------------------
     if garbage_probe:
         for g in GARBAGE_ACTIONS:
-            _reset(env, seed, ids)
+            await _reset(env, seed, ids)
             acts = {a: g for a in _active(env, "after reset", ids)}
             try:
-                outs = env.step(acts)
+                outs = await maybe_await(env.step(acts))
             except Exception as e:  # noqa: BLE001 - reported as a rule failure
                 _fail("step_accepts_any_text", f"step raised {type(e).__name__}: {e} on action {g!r:.60}; return a penalised outcome instead")
             if isinstance(outs, dict):
@@ -254,7 +279,7 @@ def check_env(
             return sampler(agent, rng)
         return rng.choice(GARBAGE_ACTIONS)
 
-    start = _reset(env, seed, ids)
+    start = await _reset(env, seed, ids)
     obs = {a: v[0] for a, v in start.items()}
     returns = {repr(a) if not isinstance(a, str) else a: 0.0 for a in ids_list}
     done: set = set()
@@ -269,7 +294,7 @@ def check_env(
             break
         acts = {a: choose(a, obs[a], steps) for a in active}
         where = f"step {steps}"
-        outs = _step(env, acts, where)
+        outs = await _step(env, acts, where)
         if not isinstance(outs, dict):
             _fail("outcome_keys", f"{where}: step returned a {type(outs).__name__}, expected {{agent_id: StepOutcome}}")
         if not set(acts) <= set(outs) or not set(outs) <= ids:
@@ -280,7 +305,7 @@ def check_env(
             returns[a if isinstance(a, str) else repr(a)] += float(o.reward)
             if o.terminated or o.truncated:
                 done.add(a)
-        check_current_obs({a: o.obs for a, o in outs.items()}, where)
+        await check_current_obs({a: o.obs for a, o in outs.items()}, where)
         still = set(_active(env, where, ids)) & done
         if still:
             _fail("active_agents", f"{where}: {sorted(map(repr, still))} ended (terminated/truncated) but are still in active_agents")
@@ -293,9 +318,9 @@ def check_env(
     rules += ["outcome_keys", "outcome_types", "current_obs", "active_agents", "step_raised", "episode_ends"]
 
     if check_replay and seed is not None:
-        _reset(env, seed, ids)
+        await _reset(env, seed, ids)
         for t, acts in enumerate(played):
-            sig = _signature(_step(env, acts, f"replay step {t}"))
+            sig = _signature(await _step(env, acts, f"replay step {t}"))
             if sig != trace[t]:
                 _fail("replay_determinism", f"replaying the same actions from seed={seed} gave a different outcome at step {t}: {sig!r:.200} vs {trace[t]!r:.200}")
         rules.append("replay_determinism")
@@ -303,4 +328,4 @@ def check_env(
     return EnvCheckReport(env=name, agent_ids=tuple(map(str, ids_list)), seed=seed, num_steps=steps, returns=returns, rules=tuple(rules))
 
 
-__all__ = ["check_env", "EnvCheckError", "EnvCheckReport", "GARBAGE_ACTIONS"]
+__all__ = ["check_env", "check_env_async", "EnvCheckError", "EnvCheckReport", "GARBAGE_ACTIONS"]

@@ -4,6 +4,10 @@ An environment is a pure state machine with rewards: it knows nothing of prompts
 tokenizers or models. Each call to :meth:`step` takes one action per *active* agent and
 returns one :class:`~ludic_lab.types.StepOutcome` per agent that acted (and may also report
 outcomes for agents whose episode ended because of another agent's move).
+
+``reset`` and ``step`` may be ``async def`` (or return an awaitable): protocols, the rollout
+engine and ``check_env`` await whatever is awaitable, so an env can await a sandbox or a
+server without blocking the event loop that runs the other episodes.
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@ with ``Rollout.error`` set — so the engine can record the failure with its evi
 from __future__ import annotations
 
 import asyncio
-import inspect
 import uuid
 from dataclasses import replace
 from typing import Any, Optional, Sequence
 
 from ludic_lab.agents.base_agent import ActResult, Agent
+from ludic_lab.aio import maybe_await  # noqa: F401 - re-exported: protocols and the lab stepper use it
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.inference.request import InferenceSpec
 from ludic_lab.interaction.base import InteractionProtocol
@@ -67,11 +67,6 @@ def oldest_policy_version(steps: Sequence[Step]) -> Optional[int]:
     """Minimum ``trace.policy_version`` over the steps that know it (``None`` if none do)."""
     versions = [s.trace.policy_version for s in steps if s.trace is not None and s.trace.policy_version is not None]
     return min(versions) if versions else None
-
-
-async def maybe_await(x: Any) -> Any:
-    """Await ``x`` if it is awaitable (envs may implement ``reset``/``step`` as coroutines)."""
-    return await x if inspect.isawaitable(x) else x
 
 
 async def act_before(
