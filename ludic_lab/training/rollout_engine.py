@@ -6,6 +6,11 @@ per-episode timeout, always closes the env, and stamps each rollout with the req
 group id, the episode's seeds and metadata. An episode that raises or times out becomes a
 *failed* rollout (``error="<ExcType>: message"``, with the steps collected so far when the
 exception carries them) and the batch goes on: a failure is recorded, never lost or fatal.
+That includes an ``asyncio.CancelledError`` raised by the episode's own client, env or
+protocol: every request comes back as a rollout unless the batch itself is being cancelled
+(then the cancellation propagates). Episodes are bounded by default
+(:data:`DEFAULT_EPISODE_TIMEOUT_S`), so one hung call cannot hang the batch; a timeout's
+error says which call was waiting and for how long.
 A carried rollout that already has its own ``error`` (the protocol's, e.g. naming the phase)
 keeps it; ``meta["error_type"]``, ``meta["error_traceback"]`` and, when the exception has a
 ``phase`` attribute, ``meta["error_phase"]`` describe the failure in any case.
@@ -33,6 +38,10 @@ EnvFactory = Callable[..., LudicEnv]
 ProtocolFactory = Callable[..., InteractionProtocol]
 
 _TRACEBACK_CHARS = 4000
+
+DEFAULT_EPISODE_TIMEOUT_S = 600.0
+"""Default bound on one episode (seconds): generous for multi-turn CPU episodes, finite so a
+hung client or env call fails its episode instead of hanging the batch. ``None`` disables it."""
 
 
 class UnknownKindError(KeyError, ValueError):
@@ -73,8 +82,8 @@ class RolloutEngine:
     """Runs episodes described by requests; stateless apart from its registries.
 
     ``max_concurrency`` bounds episodes in flight; ``episode_timeout_s`` bounds each
-    episode's ``protocol.run`` (a protocol blocking the event loop in sync code cannot be
-    interrupted); ``jsonl_path``, when set, gets every rollout appended (in completion order,
+    episode's ``protocol.run`` (default :data:`DEFAULT_EPISODE_TIMEOUT_S`; ``None`` for no
+    bound; a protocol blocking the event loop in sync code cannot be interrupted); ``jsonl_path``, when set, gets every rollout appended (in completion order,
     readable with :func:`ludic_lab.types.load_rollouts`).
     """
 
@@ -84,7 +93,7 @@ class RolloutEngine:
         protocol_registry: Optional[Mapping[str, ProtocolFactory]] = None,
         *,
         max_concurrency: int = 16,
-        episode_timeout_s: Optional[float] = None,
+        episode_timeout_s: Optional[float] = DEFAULT_EPISODE_TIMEOUT_S,
         jsonl_path: Optional[str | os.PathLike[str]] = None,
     ) -> None:
         self.env_registry: dict[str, EnvFactory] = {}
@@ -244,12 +253,29 @@ class RolloutEngine:
                     **({"timeout_s": timeout} if timeout is not None and _accepts_timeout(protocol) else {}),
                 )
             rollouts = _check_output(out, req.protocol.kind)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the batch (or its caller) is being cancelled: stop, record nothing
+            # raised by the episode's own client/env/protocol: a failure of this episode only
+            cause = exc
+            error = asyncio.CancelledError(
+                f"the episode raised CancelledError {_where(exc)} although the batch was not cancelled "
+                "(a client or env cancelled its own work); recorded as a failed episode"
+            )
+            rollouts = partial_rollouts(exc) or [Rollout(steps=())]
         except Exception as exc:  # noqa: BLE001 - recorded on the rollout, the batch goes on
             cause = exc
             error = exc
             if isinstance(exc, TimeoutError) and deadline.expired():
-                error = TimeoutError(f"episode exceeded the episode timeout of {timeout:g} s")
+                error = TimeoutError(
+                    f"episode exceeded the episode timeout of {timeout:g} s (stopped after {backstop:g} s); "
+                    f"it was waiting {_where(exc.__cause__ or exc.__context__ or exc)}"
+                )
             rollouts = partial_rollouts(exc) or [Rollout(steps=())]
+            if getattr(exc, "phase", None) == "timeout" and timeout is not None:
+                error = _protocol_timeout(exc, timeout)
+                rollouts = [replace(r, error=f"timeout: {format_error(error)}") for r in rollouts]
         finally:
             if env is not None:
                 try:
@@ -292,6 +318,40 @@ class RolloutEngine:
         lines = "".join(r.to_json() + "\n" for r in rollouts)  # all or nothing per episode
         with open(self.jsonl_path, "a", encoding="utf-8") as f:
             f.write(lines)
+
+
+def _where(exc: Optional[BaseException]) -> str:
+    """Where ``exc`` was raised: ``"in <function> (<file>:<line>)"`` of the innermost frame
+    outside asyncio, plus the asyncio call it was awaiting (e.g. ``"at asyncio.sleep"``)."""
+    tb = exc.__traceback__ if exc is not None else None
+    if tb is None:
+        return "(no traceback)"
+    ours, awaiting = None, None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if f"{os.sep}asyncio{os.sep}" in code.co_filename:
+            awaiting = awaiting or code.co_name
+        else:
+            ours, awaiting = tb, None
+        tb = tb.tb_next
+    if ours is None:
+        return f"at asyncio.{awaiting}"
+    code = ours.tb_frame.f_code
+    name = getattr(code, "co_qualname", code.co_name)
+    return f"in {name} ({Path(code.co_filename).name}:{ours.tb_lineno})" + (f" at asyncio.{awaiting}" if awaiting else "")
+
+
+def _protocol_timeout(exc: BaseException, timeout: float) -> TimeoutError:
+    """The error of a protocol that stopped at the episode timeout (``phase == "timeout"``):
+    which call was waiting, the timeout, the steps done, and the protocol's own detail."""
+    steps = max((len(r.steps) for r in partial_rollouts(exc)), default=0)
+    inner = exc.__cause__ if exc.__cause__ is not None else exc
+    detail = str(inner).strip()
+    return TimeoutError(
+        f"the model call (agent.act) did not return within the episode timeout of {timeout:g} s "
+        f"after {steps} completed step(s)" + (f" ({detail})" if detail else "")
+        + "; raise RolloutEngine(episode_timeout_s=...) if episodes are legitimately this slow"
+    )
 
 
 def _check_output(out: Any, kind: str) -> list[Rollout]:
