@@ -187,6 +187,28 @@ async def test_stale_items_are_dropped_counted_and_not_redelivered(server: Redis
         await src.aclose()
 
 
+async def test_sample_filter_drops_commits_and_counts_by_name(server: RedisServer, queue: str) -> None:
+    from dataclasses import replace
+
+    from ludic_lab.training.filters import drop_incomplete_completions, drop_truncated
+
+    flags = [{}, {"truncated": True}, {"finish_reason": "length"}, {}, {"truncated": True}, {}]
+    its = [replace(it, meta=m) for it, m in zip(items(6), flags)]
+    push(server, queue, its)
+    src = source(server, queue, 3, sample_filter=drop_truncated & drop_incomplete_completions)
+    try:
+        batch = await src.next_batch()
+        assert [it.rollout_id for it in batch.items] == ["r0", "r3", "r5"]
+        assert batch.meta["filtered_samples"] == 3 and src.counters["filtered_samples"] == 3
+        assert batch.meta["filtered_samples/drop_truncated"] == 2
+        assert batch.meta["filtered_samples/drop_incomplete_completions"] == 1
+        assert pending(server, queue) == 3  # the dropped ones are committed, never redelivered
+        done = server.client().zrange(f"{queue}:done", 0, -1)
+        assert sorted(done) == sorted(item_id(its[i]).encode() for i in (1, 2, 4))
+    finally:
+        await src.aclose()
+
+
 async def test_bad_entries_go_to_the_dead_letter_stream(server: RedisServer, queue: str) -> None:
     r = server.client()
     good = items(2)

@@ -4,8 +4,10 @@ Per turn: the agent acts; a reply the parser rejects (``action is None``) does *
 the env — a synthetic step is recorded (``info["parse_error"] = True``, reward = the
 parser's, ``next_obs`` = the parser's feedback) and the feedback is fed back into the
 agent's context; otherwise ``env.step({agent_id: action})`` runs and the step's reward is
-env reward + parser (format) reward. Hitting ``max_steps`` without a terminal outcome marks
-the last step ``truncated`` with ``info["max_steps_reached"] = True``.
+env reward + parser (format) reward. A reply cut at ``max_tokens`` (``finish_reason ==
+"length"``) is marked ``info["incomplete_completion"] = True`` on its step (else False).
+Hitting ``max_steps`` without a terminal outcome marks the last step ``truncated`` with
+``info["max_steps_reached"] = True``.
 
 Failures are never swallowed: any exception from the env, the agent or its client is
 re-raised as :class:`EpisodeError`, which carries the partial rollout(s) — the steps so far,
@@ -29,7 +31,7 @@ from ludic_lab.types import Info, Rollout, Step, StepOutcome
 PARSE_ERROR_FEEDBACK = "Invalid action: your reply could not be parsed. Answer in the required format."
 """Observation fed back after a parse failure when the parser gives no feedback of its own."""
 
-RESERVED_INFO_KEYS = ("parse_error", "agent", "max_steps_reached", "truncation_reason")
+RESERVED_INFO_KEYS = ("parse_error", "incomplete_completion", "agent", "max_steps_reached", "truncation_reason")
 """Step-info keys the protocols own; an env's own value for one is kept as ``env_<key>``."""
 
 
@@ -98,11 +100,22 @@ def merge_info(env_info: Info, **ours: Any) -> Info:
     return out
 
 
+def incomplete_completion(act: ActResult) -> bool:
+    """True when the reply was cut at ``max_tokens`` (``finish_reason == "length"``).
+
+    Every step records it as ``info["incomplete_completion"]`` (whether the env saw the
+    reply or the agent rejected it), so batch filters can drop such samples by name.
+    """
+    if act.info.get("finish_reason") == "length":
+        return True
+    return getattr(act.response, "finish_reason", None) == "length"
+
+
 def parse_error_step(index: int, prev_obs: str, act: ActResult, *, terminated: bool = False) -> Step:
     """The synthetic step of a rejected reply: env not called, parser reward and feedback."""
     pr = act.parse_result
     feedback = pr.obs if pr.obs else PARSE_ERROR_FEEDBACK
-    info = merge_info({}, parse_error=True, agent=act.info)
+    info = merge_info({}, parse_error=True, incomplete_completion=incomplete_completion(act), agent=act.info)
     if terminated:
         info["terminated_by"] = "parse_error"
     return Step(
@@ -133,7 +146,12 @@ def env_step(index: int, prev_obs: str, act: ActResult, outcome: StepOutcome) ->
         reward=float(outcome.reward) + float(pr.reward),
         truncated=bool(outcome.truncated),
         terminated=bool(outcome.terminated),
-        info=merge_info(dict(outcome.info or {}), parse_error=False, agent=act.info),
+        info=merge_info(
+            dict(outcome.info or {}),
+            parse_error=False,
+            incomplete_completion=incomplete_completion(act),
+            agent=act.info,
+        ),
         trace=act.trace,
         env_reward=float(outcome.reward),
         format_reward=float(pr.reward),

@@ -67,6 +67,7 @@ async def run_pipeline_actor(
     *,
     request_strategy: Any = None,
     filter_fn: Optional[Callable[[Any], bool]] = None,
+    sample_filter: Any = None,
     client: Any = None,
     weights_key: Optional[str] = None,
     max_rounds: Optional[int] = None,
@@ -84,7 +85,8 @@ async def run_pipeline_actor(
     ``max_steps`` is the turn limit per episode and ``concurrency`` the episodes in flight
     (as in ``RolloutBatchSource``). ``client`` + ``weights_key``: load newer weights written
     by a :class:`~ludic_lab.pipeline.weights.RedisWeightsPublisher` before each round.
-    ``on_push(item_ids)`` is called after each successful push.
+    ``on_push(item_ids)`` is called after each successful push. ``filter_fn`` / ``sample_filter``
+    drop rollouts / items before they are pushed, as in ``RolloutBatchSource``.
     """
     if max_queue_items < 1:
         raise ValueError(f"max_queue_items must be >= 1, got {max_queue_items}")
@@ -92,7 +94,7 @@ async def run_pipeline_actor(
         raise ValueError("weights_key needs client= (the in-process sampler to load weights into)")
     source = RolloutBatchSource(
         engine, requests_fn, credit_assigner, request_strategy=request_strategy, max_steps=max_steps,
-        concurrency=concurrency, filter_fn=filter_fn,
+        concurrency=concurrency, filter_fn=filter_fn, sample_filter=sample_filter,
     )
     keys = QueueKeys(queue_key)
     actor_id = actor_id or default_actor_id()

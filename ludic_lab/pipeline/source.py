@@ -17,11 +17,14 @@ Delivery guarantees, and how they are kept:
 - **Bad input never crashes the trainer.** An entry that is foreign, malformed, not a valid
   item, or was delivered more than ``max_deliveries`` times is moved to the dead-letter
   stream ``<queue_key>:dead`` with its original fields and a ``dead_reason``.
+- **Sample filters.** ``sample_filter`` (see :mod:`ludic_lab.training.filters`) drops items
+  the same way as stale ones (committed, not trained) and counts them per filter name.
 - **Staleness.** With ``max_lag`` and ``policy_version_fn`` (the trainer's current version),
   items sampled more than ``max_lag`` versions ago are dropped (committed, not trained) and
   counted; the batch is refilled with fresh ones.
 
-``batch.meta`` counts everything per batch (``stale_dropped``, ``duplicates_dropped``,
+``batch.meta`` counts everything per batch (``stale_dropped``, ``filtered_samples``
+(+ ``filtered_samples/<filter name>``), ``duplicates_dropped``,
 ``dead_lettered``, ``reclaimed``, ``wait_s``, ``queue_len``, ``lag_mean``, ...);
 ``counters`` holds the running totals.
 """
@@ -41,12 +44,13 @@ from ludic_lab.pipeline.connection import QueueKeys, Reconnector, close_client, 
 from ludic_lab.pipeline.wire import WireFormatError, decode_entry
 from ludic_lab.training.batching.base import EmptyBatchError
 from ludic_lab.training.batching.batch_stats import item_stats
+from ludic_lab.training.filters import FilterSpec, as_filter
 from ludic_lab.training.saw import SAWBatch, SAWItem
 
 log = logging.getLogger("ludic_lab.pipeline")
 
 _COUNTERS = (
-    "batches", "items", "acked", "stale_dropped", "duplicates_dropped", "dead_lettered", "reclaimed", "redelivered",
+    "batches", "items", "acked", "stale_dropped", "filtered_samples", "duplicates_dropped", "dead_lettered", "reclaimed", "redelivered",
 )
 
 
@@ -84,6 +88,7 @@ class PipelineBatchSource:
         reconnect_timeout_s: float = 300.0,
         dedup_max_ids: int = 1_000_000,
         on_ack: Optional[Callable[[list[str]], None]] = None,
+        sample_filter: FilterSpec = None,
     ) -> None:
         from ludic_lab.pipeline.connection import check_redis_url
 
@@ -112,6 +117,7 @@ class PipelineBatchSource:
         self.connect_timeout_s = connect_timeout_s
         self.dedup_max_ids = dedup_max_ids
         self.on_ack = on_ack
+        self.sample_filter = as_filter(sample_filter)
         self.counters: dict[str, int] = {k: 0 for k in _COUNTERS}
         self._rc = Reconnector(f"PipelineBatchSource[{self.consumer}]", redis_url, timeout_s=reconnect_timeout_s)
         self._r: Any = None
@@ -390,7 +396,27 @@ class PipelineBatchSource:
         if stale:
             await self._commit_raw([(sid, iid) for sid, iid, _ in stale])
             self._bump(per, "stale_dropped", len(stale))
+        if self.sample_filter is not None and fresh:
+            fresh, unwanted = self._split_filtered(fresh, per)
+            if unwanted:
+                await self._commit_raw([(sid, iid) for sid, iid, _ in unwanted])
         return fresh
+
+    def _split_filtered(
+        self, items: list[tuple[bytes, str, SAWItem]], per: dict[str, int]
+    ) -> tuple[list[tuple[bytes, str, SAWItem]], list[tuple[bytes, str, SAWItem]]]:
+        """``(kept, dropped)`` by ``sample_filter``; drops are counted per filter name."""
+        assert self.sample_filter is not None
+        kept, dropped = [], []
+        for entry in items:
+            why = self.sample_filter.rejected_by(entry[2])
+            if why is None:
+                kept.append(entry)
+            else:
+                dropped.append(entry)
+                self._bump(per, "filtered_samples")
+                self._bump(per, f"filtered_samples/{why}")
+        return kept, dropped
 
     def _split_stale(self, items: list[tuple[bytes, str, SAWItem]]) -> tuple[list, list]:
         if self.max_lag is None or self.policy_version_fn is None:
@@ -466,7 +492,7 @@ class PipelineBatchSource:
 
     def _bump(self, per: dict[str, int], key: str, n: int = 1) -> None:
         per[key] += n
-        self.counters[key] += n
+        self.counters[key] = self.counters.get(key, 0) + n
 
     def _meta(self, items: list[SAWItem], per: Mapping[str, int], wait_s: float, queue_len: int) -> dict[str, Any]:
         now = self.policy_version_fn() if self.policy_version_fn is not None else None
@@ -479,6 +505,8 @@ class PipelineBatchSource:
             "wait_s": wait_s,
             "queue_len": int(queue_len),
             "stale_dropped": int(per.get("stale_dropped", 0)),
+            "filtered_samples": int(per.get("filtered_samples", 0)),
+            **{k: int(v) for k, v in per.items() if k.startswith("filtered_samples/")},
             "duplicates_dropped": int(per.get("duplicates_dropped", 0)),
             "dead_lettered": int(per.get("dead_lettered", 0)),
             "reclaimed": int(per.get("reclaimed", 0)),

@@ -15,6 +15,7 @@ from ludic_lab.training.batching import BatchSource, DataExhaustedError, EmptyBa
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.credit import *  # noqa: F403
 from ludic_lab.training.credit import __all__ as _credit_all
+from ludic_lab.training.filters import drop_incomplete_completions, drop_parse_errors, drop_truncated
 from ludic_lab.training.rejection_sampling import RejectionSamplingFilter, rejection_sample
 from ludic_lab.training.request_strategies import GRPORequestStrategy, IdentityStrategy, RequestStrategy
 from ludic_lab.training.rollout_engine import RolloutEngine, UnknownKindError
@@ -45,6 +46,7 @@ __all__ = [
     "make_dr_grpo", "make_dapo", "make_gspo", "make_cispo", "make_scalerl", "make_sft",
     "BatchSource", "DataExhaustedError", "EmptyBatchError", "OfflineBatchSource", "RolloutBatchSource",
     "TrainerConfig", "RejectionSamplingFilter", "rejection_sample",
+    "drop_truncated", "drop_parse_errors", "drop_incomplete_completions",
     "GRPORequestStrategy", "IdentityStrategy", "RequestStrategy", "RolloutEngine", "UnknownKindError",
     "RolloutStepKey", "SAWBatch", "SAWItem", "saw_items_from_rollouts", "EnvSpec", "ProtocolSpec", "RolloutRequest",
     *_credit_all, *_LAZY,

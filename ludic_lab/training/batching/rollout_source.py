@@ -4,9 +4,15 @@ One ``next_batch()``: ``requests_fn()`` gives fresh logical requests, the reques
 expands them (e.g. into GRPO groups), the engine runs the episodes, the credit assigner
 weights every step, ``filter_fn`` (optional) drops rollouts after credit is assigned (so
 group baselines still saw every sibling), and each weighted step with a token trace becomes
-a :class:`SAWItem`. Nothing is lost silently: ``batch.meta`` counts every skipped step by
-reason (``skipped/...``), the credit assigner's own counts (``credit/...``) and the rollout
-and item statistics (:mod:`ludic_lab.training.batching.batch_stats`).
+a :class:`SAWItem` whose ``meta`` carries the step's flags (``truncated``, ``parse_error``,
+``incomplete_completion``, ``finish_reason``: :func:`~ludic_lab.training.filters.sample_meta`).
+``sample_filter`` (optional; e.g. ``drop_truncated & drop_incomplete_completions`` from
+:mod:`ludic_lab.training.filters`, or a list) then drops items, again after credit.
+Nothing is lost silently: ``batch.meta`` counts every skipped step by reason
+(``skipped/...``; sample-filter drops as ``skipped/filtered_samples`` and
+``skipped/filtered_samples/<filter name>``), the credit assigner's own counts
+(``credit/...``) and the rollout and item statistics
+(:mod:`ludic_lab.training.batching.batch_stats`).
 
 Empty batches: when fewer than ``min_items`` items come out, the source tries again with
 fresh requests, up to ``max_attempts`` generations in total, accumulating items; if still
@@ -19,12 +25,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 from ludic_lab.aio import run_sync
 from ludic_lab.training.batching.base import EmptyBatchError
 from ludic_lab.training.batching.batch_stats import item_stats, prefixed, rollout_stats
 from ludic_lab.training.credit.base import CreditAssigner
+from ludic_lab.training.filters import FilterSpec, as_filter, filter_items, sample_meta
 from ludic_lab.training.request_strategies import IdentityStrategy, RequestStrategy
 from ludic_lab.training.rollout_engine import RolloutEngine
 from ludic_lab.training.saw import SAWBatch, SAWItem, saw_items_from_rollouts
@@ -46,7 +54,8 @@ class RolloutBatchSource:
 
     ``requests_fn()`` must return new requests each call (new seeds, next questions);
     ``max_steps`` is the turn limit for requests without their own; ``concurrency``
-    overrides the engine's. After each call ``last_rollouts`` holds every rollout generated
+    overrides the engine's. ``filter_fn`` drops whole rollouts, ``sample_filter`` single
+    items (see :mod:`ludic_lab.training.filters`). After each call ``last_rollouts`` holds every rollout generated
     for that batch (failed ones included) and ``last_stats`` its ``meta``.
     """
 
@@ -60,6 +69,7 @@ class RolloutBatchSource:
         max_steps: int = 1,
         concurrency: Optional[int] = None,
         filter_fn: Optional[RolloutFilter] = None,
+        sample_filter: FilterSpec = None,
         min_items: int = 1,
         max_attempts: int = 1,
         progress: bool = False,
@@ -82,6 +92,7 @@ class RolloutBatchSource:
         self.max_steps = _check_int("max_steps", max_steps, 1)
         self.concurrency = None if concurrency is None else _check_int("concurrency", concurrency, 1)
         self.filter_fn = filter_fn
+        self.sample_filter = as_filter(sample_filter)
         self.min_items = _check_int("min_items", min_items, 1)
         self.max_attempts = _check_int("max_attempts", max_attempts, 1)
         self.progress = progress
@@ -133,6 +144,11 @@ class RolloutBatchSource:
                 kept = [r for r in new if r.failed or self.filter_fn(r)]
                 skipped["filtered_rollouts"] += len(new) - len(kept)
             new_items, counts = saw_items_from_rollouts(kept, weights)
+            new_items = with_sample_meta(new_items, kept)
+            if self.sample_filter is not None:
+                new_items, dropped = filter_items(new_items, self.sample_filter)
+                skipped["filtered_samples"] += sum(dropped.values())
+                skipped.update({f"filtered_samples/{k}": v for k, v in dropped.items()})
             credit_s += time.perf_counter() - t1
             skipped.update(counts)
             items.extend(new_items)
@@ -172,6 +188,20 @@ _SKIP_KEYS = (
     "steps_without_trace",
     "steps_without_weight",
     "empty_completions",
+    "steps_without_logprobs",
+    "invalid_steps",
     "filtered_rollouts",
+    "filtered_samples",
 )
 """Skip reasons always present in ``meta`` (as ``skipped/<reason>``), zero when nothing was skipped."""
+
+
+def with_sample_meta(items: Sequence[SAWItem], rollouts: Sequence[Rollout]) -> list[SAWItem]:
+    """``items`` with their step's flags (:func:`~ludic_lab.training.filters.sample_meta`) in
+    ``meta``; keys the item already has win."""
+    steps = {(r.id, s.index): (r, s) for r in rollouts for s in r.steps}
+    out: list[SAWItem] = []
+    for it in items:
+        found = steps.get((it.rollout_id, it.step_index))
+        out.append(it if found is None else replace(it, meta={**sample_meta(*found), **it.meta}))
+    return out

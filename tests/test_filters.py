@@ -1,0 +1,195 @@
+"""Sample filters: step flags for cut completions, the shipped filters and how they combine,
+and ``sample_filter=`` on ``RolloutBatchSource`` with every drop counted in ``batch.meta``."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ludic_lab.agents import Agent
+from ludic_lab.context import FullDialog
+from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
+from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
+from ludic_lab.parsers import ParseResult
+from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.training.batch_sources import EmptyBatchError, RolloutBatchSource
+from ludic_lab.training.credit_assignment import ConstantCredit
+from ludic_lab.training.filters import (
+    ItemFilter,
+    any_of,
+    apply_filter,
+    as_filter,
+    combine,
+    drop_incomplete_completions,
+    drop_parse_errors,
+    drop_truncated,
+    filter_items,
+    keep_all,
+    sample_meta,
+)
+from ludic_lab.training.saw import SAWItem
+from ludic_lab.types import Rollout, Step
+from tests.helpers import CountingEnv, Reply, ScriptedChatClient, TurnGameEnv, chatml_template
+
+SPEC = InferenceSpec(sampling=SamplingConfig(temperature=1.0, max_tokens=8), return_=ReturnSpec.for_training())
+
+
+def strict_parser(text: str) -> ParseResult:
+    if text == "bad":
+        return ParseResult(action=None, reward=-0.5, obs="Use a single word.")
+    return ParseResult(action=text, reward=0.0)
+
+
+def item(**meta) -> SAWItem:
+    return SAWItem(input_ids=(1, 2), action_mask=(0, 1), weights=(0.0, 1.0), behaviour_logprobs=(0.0, -0.1),
+                   meta=meta)
+
+
+# -- the step records a completion cut at max_tokens ------------------------------------------
+
+
+async def test_cut_completion_is_flagged_on_its_step():
+    client = ScriptedChatClient([Reply("gue", finish_reason="length"), "win"], chat_template=chatml_template())
+    [r] = await SingleAgentSyncProtocol(Agent(client, FullDialog(), strict_parser)).run(env=CountingEnv(), max_steps=4)
+    cut, done = r.steps
+    assert cut.info["incomplete_completion"] is True and cut.info["agent"]["finish_reason"] == "length"
+    assert done.info["incomplete_completion"] is False and done.terminated
+
+
+async def test_cut_completion_is_flagged_on_a_rejected_step_too():
+    client = ScriptedChatClient([Reply("bad", finish_reason="length"), "win"], chat_template=chatml_template())
+    [r] = await SingleAgentSyncProtocol(Agent(client, FullDialog(), strict_parser)).run(env=CountingEnv(), max_steps=4)
+    assert r.steps[0].info["parse_error"] and r.steps[0].info["incomplete_completion"] is True
+
+
+async def test_multi_agent_steps_carry_the_flag():
+    tpl = chatml_template()
+    agents = {a: Agent(ScriptedChatClient(s, chat_template=tpl), FullDialog(), strict_parser)
+              for a, s in {"A": [Reply("a1", finish_reason="length"), "win"], "B": ["b1"]}.items()}
+    ra, rb = await MultiAgentProtocol(agents).run(env=TurnGameEnv(), max_steps=5)
+    assert [s.info["incomplete_completion"] for s in ra.steps] == [True, False]
+    assert rb.steps[0].info["incomplete_completion"] is False
+
+
+# -- filters on items -------------------------------------------------------------------------
+
+
+def test_shipped_filters_read_item_meta():
+    clean, trunc, bad, cut = item(), item(truncated=True), item(parse_error=True), item(finish_reason="length")
+    flagged = item(incomplete_completion=True)
+    assert all(f(clean) for f in (keep_all, drop_truncated, drop_parse_errors, drop_incomplete_completions))
+    assert not drop_truncated(trunc) and drop_truncated(bad)
+    assert not drop_parse_errors(bad) and drop_parse_errors(cut)
+    assert not drop_incomplete_completions(cut) and not drop_incomplete_completions(flagged)
+
+
+def test_filters_combine_with_operators_lists_and_functions():
+    its = [item(), item(truncated=True), item(parse_error=True), item(finish_reason="length"),
+           item(truncated=True, parse_error=True)]
+    both = drop_truncated & drop_parse_errors
+    assert [both(i) for i in its] == [True, False, False, True, False]
+    listed = as_filter([drop_truncated, drop_parse_errors, drop_incomplete_completions])
+    assert [listed(i) for i in its] == [True, False, False, False, False]
+    assert combine(drop_truncated, drop_parse_errors, drop_incomplete_completions).name == listed.name
+    either = drop_truncated | drop_parse_errors
+    assert [either(i) for i in its] == [True, True, True, True, False]
+    assert [(~drop_truncated)(i) for i in its] == [False, True, False, False, True]
+
+    def short_enough(it: SAWItem) -> bool:  # a plain function composes too
+        return len(it.input_ids) < 10
+
+    mixed = short_enough & drop_truncated
+    assert isinstance(mixed, ItemFilter) and mixed.name == "short_enough & drop_truncated"
+    assert apply_filter(its, mixed) == [its[0], its[2], its[3]]
+    assert any_of(drop_truncated)(its[0]) and combine()(its[1])
+
+
+def test_filter_items_counts_each_drop_under_the_first_filter_that_rejected_it():
+    its = [item(), item(truncated=True), item(parse_error=True), item(truncated=True, parse_error=True),
+           item(finish_reason="length")]
+    kept, dropped = filter_items(its, [drop_truncated, drop_parse_errors, drop_incomplete_completions])
+    assert kept == [its[0]]
+    assert dropped == {"drop_truncated": 2, "drop_parse_errors": 1, "drop_incomplete_completions": 1}
+    assert sum(dropped.values()) + len(kept) == len(its)  # nothing disappears uncounted
+    assert filter_items(its, None) == (its, {})
+    kept, dropped = filter_items(its, lambda it: not it.meta)
+    assert kept == [its[0]] and dropped == {"<lambda>": 4}
+    with pytest.raises(TypeError, match="sample_filter must be"):
+        as_filter("drop_truncated")  # type: ignore[arg-type]
+
+
+def test_sample_meta_reads_the_step_and_its_episode():
+    s0 = Step(index=0, prev_obs="o", action="a", parsed_action=None, next_obs="fb", reward=0.0,
+              info={"parse_error": True, "agent": {"finish_reason": "length"}})
+    s1 = Step(index=1, prev_obs="fb", action="b", parsed_action="b", next_obs="o2", reward=0.0, truncated=True,
+              info={"parse_error": False, "incomplete_completion": False})
+    r = Rollout(steps=(s0, s1))
+    m0, m1 = sample_meta(r, s0), sample_meta(r, s1)
+    assert m0 == {"truncated": True, "step_truncated": False, "parse_error": True,
+                  "incomplete_completion": True, "finish_reason": "length"}
+    assert m1["truncated"] and m1["step_truncated"] and not m1["parse_error"] and not m1["incomplete_completion"]
+    ended = Rollout(steps=(s0, Step(index=1, prev_obs="", action="", parsed_action="", next_obs="", reward=1.0,
+                                    terminated=True)))
+    assert sample_meta(ended, s0)["truncated"] is False
+
+
+# -- RolloutBatchSource(sample_filter=...) ------------------------------------------------------
+
+SCRIPTS = {  # env seed -> the agent's replies, turn by turn
+    0: ["win"],  # clean, terminated
+    1: ["bad", "win"],  # a parse error, then done
+    2: [Reply("wi", finish_reason="length"), "win"],  # a cut completion, then done
+    3: ["guess", "guess"],  # truncated at max_steps=2
+}
+
+
+def _reply(request) -> Reply:
+    seed = int(re.search(r"seed=(\d+)", request.messages[1]["content"]).group(1))
+    turn = sum(1 for m in request.messages if m["role"] == "assistant")
+    r = SCRIPTS[seed][turn]
+    return r if isinstance(r, Reply) else Reply(r)
+
+
+def _source(**kw) -> RolloutBatchSource:
+    client = ScriptedChatClient(_reply, chat_template=chatml_template())
+    engine = RolloutEngine({"count": CountingEnv},
+                           {"agent": lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), strict_parser))})
+    reqs = lambda: [RolloutRequest(env=EnvSpec("count"), protocol=ProtocolSpec("agent"), env_seed=s, inference=SPEC)
+                    for s in SCRIPTS]  # noqa: E731
+    return RolloutBatchSource(engine, reqs, ConstantCredit(), max_steps=2, **kw)
+
+
+async def test_items_carry_step_flags_without_a_filter():
+    batch = await _source().next_batch()
+    assert len(batch) == 7 and batch.meta["skipped/filtered_samples"] == 0
+    flags = sorted((it.meta["truncated"], it.meta["parse_error"], it.meta["incomplete_completion"])
+                   for it in batch.items)
+    assert flags.count((True, False, False)) == 2 and flags.count((False, True, False)) == 1
+    assert flags.count((False, False, True)) == 1 and flags.count((False, False, False)) == 3
+
+
+async def test_rollout_batch_source_drops_and_counts_by_filter():
+    src = _source(sample_filter=[drop_truncated, drop_parse_errors, drop_incomplete_completions])
+    batch = await src.next_batch()
+    m = batch.meta
+    assert len(batch) == 3 and m["num_items"] == 3
+    assert m["skipped/filtered_samples"] == 4
+    assert m["skipped/filtered_samples/drop_truncated"] == 2
+    assert m["skipped/filtered_samples/drop_parse_errors"] == 1
+    assert m["skipped/filtered_samples/drop_incomplete_completions"] == 1
+    assert not any(it.meta["truncated"] or it.meta["parse_error"] or it.meta["incomplete_completion"]
+                   for it in batch.items)
+    assert len(src.last_rollouts) == 4  # the rollouts are all still there to look at
+
+
+async def test_a_filter_that_drops_everything_is_an_empty_batch_error_with_reasons():
+    src = _source(sample_filter=lambda it: False, max_attempts=2)
+    with pytest.raises(EmptyBatchError) as ei:
+        await src.next_batch()
+    assert ei.value.reasons["filtered_samples"] == 14 and ei.value.reasons["filtered_samples/<lambda>"] == 14
+
+
+def test_bad_sample_filter_is_refused_at_construction():
+    with pytest.raises(TypeError, match="sample_filter"):
+        _source(sample_filter=42)
