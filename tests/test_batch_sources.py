@@ -145,7 +145,8 @@ async def test_rollout_batch_source_end_to_end_items_align_with_traces(tiny_clie
     assert m["credit/num_groups"] == 2 and m["attempts"] == 1 and m["generation_s"] > 0
     assert {k: v for k, v in m.items() if k.startswith("skipped/")} == {
         "skipped/failed_rollouts": 0, "skipped/steps_without_trace": 0, "skipped/steps_without_weight": 0,
-        "skipped/empty_completions": 0, "skipped/filtered_rollouts": 0, "skipped/filtered_samples": 0}
+        "skipped/empty_completions": 0, "skipped/steps_without_logprobs": 0, "skipped/invalid_steps": 0,
+        "skipped/filtered_rollouts": 0, "skipped/filtered_samples": 0}
     assert source.last_stats is m
     json.dumps(m)  # loggable
     nxt = await source.next_batch()  # fresh requests: new questions

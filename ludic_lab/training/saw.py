@@ -10,6 +10,7 @@ corrections). Items are pure data (no torch), so they travel through Redis or JS
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -180,13 +181,23 @@ def saw_items_from_rollouts(
     *,
     skip_failed: bool = True,
 ) -> tuple[list[SAWItem], dict[str, int]]:
-    """Items for every ``(rollout, step)`` that has a weight and a trace.
+    """Items for every ``(rollout, step)`` that has a weight, a trace and behaviour logprobs.
 
     Returns ``(items, counts)``; ``counts`` says how many steps were skipped and why
-    (failed rollout, no trace, no weight), so nothing disappears silently.
+    (failed rollout, no trace, no weight, empty completion, token ids without logprobs, an
+    inconsistent trace), so nothing disappears silently. One bad step never loses the batch:
+    it is skipped, counted, and the first such step's reason is warned about once per call.
     """
     items: list[SAWItem] = []
-    counts = {"failed_rollouts": 0, "steps_without_trace": 0, "steps_without_weight": 0, "empty_completions": 0}
+    counts = {
+        "failed_rollouts": 0,
+        "steps_without_trace": 0,
+        "steps_without_weight": 0,
+        "empty_completions": 0,
+        "steps_without_logprobs": 0,
+        "invalid_steps": 0,
+    }
+    first_invalid: Optional[str] = None
     for r in rollouts:
         if r.failed and skip_failed:
             counts["failed_rollouts"] += 1
@@ -202,5 +213,24 @@ def saw_items_from_rollouts(
             if not s.trace.completion_token_ids:
                 counts["empty_completions"] += 1
                 continue
-            items.append(SAWItem.from_step(r, s, weights[key]))
+            if s.trace.completion_logprobs is None:  # sampled without ReturnSpec.for_training()
+                counts["steps_without_logprobs"] += 1
+                continue
+            try:
+                items.append(SAWItem.from_step(r, s, weights[key]))
+            except (ValueError, TypeError) as exc:  # a trace from_step cannot turn into an item
+                counts["invalid_steps"] += 1
+                first_invalid = first_invalid or f"rollout {r.id} step {s.index}: {exc}"
+    if counts["steps_without_logprobs"]:
+        warnings.warn(
+            f"saw_items_from_rollouts: skipped {counts['steps_without_logprobs']} step(s) with token ids but no "
+            "behaviour logprobs; sample with ReturnSpec.for_training() (return_chosen_logprobs=True)",
+            stacklevel=2,
+        )
+    if first_invalid is not None:
+        warnings.warn(
+            f"saw_items_from_rollouts: skipped {counts['invalid_steps']} step(s) whose trace cannot be an item; "
+            f"first: {first_invalid}",
+            stacklevel=2,
+        )
     return items, counts
