@@ -27,8 +27,9 @@ $(VENV)/.ludic-test-installed: $(VENV)/.ludic-installed scripts/install_system_d
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
 
+# DEMO_ARGS: extra flags for `ludic-lab demo` (CI runs a one-step demo this way).
 demo: setup
-	$(VENV)/bin/ludic-lab demo
+	$(VENV)/bin/ludic-lab demo $(DEMO_ARGS)
 
 test: setup-test
 	$(PY) -m pytest -q -ra
