@@ -2,7 +2,12 @@
 
 A checkpoint is a folder ``<root>/step-<N>`` written under a temporary name and renamed into
 place only when complete, so a killed trainer never leaves a half-written checkpoint that
-looks valid. ``<root>/latest`` names the newest one. Tensors are stored as safetensors /
+looks valid. ``<root>/latest`` names the newest one. Every change is a rename, so a kill at
+any instant leaves a complete copy of every checkpoint: re-saving a step moves the old
+folder aside (``.old-step-<N>-*``) before the new one is renamed in, and pruning moves a
+folder aside (``.del-step-<N>-*``) before deleting it. :func:`recover_checkpoints` (run by
+:func:`latest_checkpoint` and :func:`load_checkpoint`) puts a complete copy back where a
+kill left ``step-<N>`` missing and removes leftovers. Tensors are stored as safetensors /
 ``torch.save`` of plain tensor dicts (loaded with ``weights_only=True``); the rest is JSON.
 
 Under FSDP2 (``sharded_root`` given) every rank takes part in gathering the full weights and
@@ -139,19 +144,76 @@ def _write_checkpoint(
         }
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         (tmp / _COMPLETE).write_text("ok")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    # a re-save of an existing step: the old folder is renamed aside, never deleted first,
+    # so a kill between the two renames leaves two complete copies (recover_checkpoints)
+    aside = _move_aside(final) if final.exists() else None
+    os.replace(tmp, final)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
     latest_tmp = root / f".latest-{uuid.uuid4().hex[:8]}"
     latest_tmp.write_text(final.name)
     os.replace(latest_tmp, root / "latest")
     if keep > 0:
         for old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(_move_aside(old, ".del-"), ignore_errors=True)  # never a half-deleted step-*
     return CheckpointInfo(str(final), int(step), int(policy_version))
+
+
+def _move_aside(folder: Path, prefix: str = ".old-") -> Path:
+    """Rename ``folder`` to ``<prefix><name>-<id>`` next to it (atomic) and return the new path."""
+    aside = folder.parent / f"{prefix}{folder.name}-{uuid.uuid4().hex[:8]}"
+    os.replace(folder, aside)
+    return aside
+
+
+def _stray_step(name: str) -> Optional[str]:
+    """``step-<N>`` of a ``.tmp-``/``.old-``/``.del-step-<N>-<id>`` folder name, else None."""
+    for prefix in (".tmp-", ".old-", ".del-"):
+        if name.startswith(prefix + "step-"):
+            return name[len(prefix):].rsplit("-", 1)[0]
+    return None
+
+
+def recover_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Repair what a trainer killed mid-save left under ``root``; returns the recovered folders.
+
+    Where ``step-<N>`` is missing but a complete copy of it exists, the copy is renamed into
+    place: the new one (``.tmp-step-<N>-*``) if complete, else the old one (``.old-step-<N>-*``).
+    ``.old-*`` leftovers of steps that are in place, and ``.del-*`` folders (pruned, maybe
+    half deleted: never restored), are deleted. Incomplete ``.tmp-*``
+    folders are left alone (a writer may still be filling them). Best effort: an
+    unwritable ``root`` is left as it is.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    stray: dict[str, list[Path]] = {}
+    for p in root.iterdir():
+        step = _stray_step(p.name)
+        if step is not None and p.is_dir():
+            stray.setdefault(step, []).append(p)
+    recovered: list[Path] = []
+    for step, copies in sorted(stray.items()):
+        final = root / step
+        try:
+            if not (final / _COMPLETE).is_file():
+                complete = [c for c in copies if not c.name.startswith(".del-") and (c / _COMPLETE).is_file()]
+                # the newer copy (.tmp-) first; among equals, the latest written
+                complete.sort(key=lambda c: (c.name.startswith(".tmp-"), (c / _COMPLETE).stat().st_mtime))
+                if complete:
+                    if final.exists():  # an incomplete folder under the final name (never written by us)
+                        _move_aside(final)
+                    os.replace(complete[-1], final)
+                    recovered.append(final)
+            for c in copies:
+                if c.exists() and c.name.startswith((".old-", ".del-")):
+                    shutil.rmtree(c, ignore_errors=True)
+        except OSError:  # read-only or racing another process: leave it
+            continue
+    return recovered
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -163,10 +225,15 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Optional[Path]:
-    """The newest complete checkpoint under ``root`` (or ``root`` itself if it is one)."""
+    """The newest complete checkpoint under ``root`` (or ``root`` itself if it is one),
+    after :func:`recover_checkpoints` repaired an interrupted save."""
     root = Path(root)
     if (root / _COMPLETE).is_file():
         return root
+    if root.name.startswith("step-") and not root.exists():  # a checkpoint folder a kill moved aside
+        recover_checkpoints(root.parent)
+        return root if (root / _COMPLETE).is_file() else None
+    recover_checkpoints(root)
     ptr = root / "latest"
     if ptr.is_file():
         p = root / ptr.read_text().strip()
