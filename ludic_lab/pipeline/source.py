@@ -371,8 +371,9 @@ class PipelineBatchSource:
                 continue
             try:
                 iid, item = decode_entry(fields, vocab_size=self.vocab_size)
-            except WireFormatError as e:
-                await self._dead_letter(sid, fields, e.reason)
+            except Exception as e:  # noqa: BLE001 - any undecodable entry is dead-lettered at once
+                reason = e.reason if isinstance(e, WireFormatError) else f"undecodable entry ({type(e).__name__}: {e})"
+                await self._dead_letter(sid, fields, reason)
                 self._bump(per, "dead_lettered")
                 continue
             if iid in seen:

@@ -127,7 +127,21 @@ def check_schema(fields: Mapping[Any, Any]) -> None:
 
 def decode_entry(fields: Mapping[Any, Any], *, vocab_size: Optional[int] = None) -> tuple[str, SAWItem]:
     """``(item_id, item)`` of one stream entry; raises :class:`WireFormatError` with the reason
-    when the entry is foreign, malformed or not trainable (see the module docstring)."""
+    when the entry is foreign, malformed or not trainable (see the module docstring).
+
+    :class:`WireFormatError` is the only exception an entry's content can cause (e.g. a
+    ``step_index`` of ``inf`` or ``1e400``), so a reader dead-letters every undecodable entry
+    at once instead of stopping on it.
+    """
+    try:
+        return _decode_entry(fields, vocab_size)
+    except WireFormatError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the bytes hold, it is a malformed entry
+        raise WireFormatError(f"undecodable entry ({type(e).__name__}: {e})") from None
+
+
+def _decode_entry(fields: Mapping[Any, Any], vocab_size: Optional[int]) -> tuple[str, SAWItem]:
     from safetensors.numpy import load
 
     check_schema(fields)
@@ -184,6 +198,6 @@ def decode_entry(fields: Mapping[Any, Any], *, vocab_size: Optional[int] = None)
             group_id=None if meta.get("group_id") is None else str(meta["group_id"]),
             meta=item_meta,
         )
-    except (TypeError, ValueError) as e:
-        raise WireFormatError(f"not a valid SAWItem: {e}") from None
+    except (TypeError, ValueError, OverflowError) as e:  # e.g. int(inf) for step_index
+        raise WireFormatError(f"not a valid SAWItem: {type(e).__name__}: {e}") from None
     return iid, item
