@@ -281,7 +281,7 @@ def tokens_html(
             attrs["data-adv"] = _num(advantage)
             title.append(f"adv {fmt(advantage)}")
         if masked:
-            title.append("masked (not trained)")
+            title.append("masked (not trained: prompt, observation or tool result)")
             style = f"background:{MASKED_BG};color:{MASKED_FG}"
         else:
             if w_piece is not None:

@@ -105,10 +105,22 @@ class TokenTrace:
     prompt_source: PromptSource = "fresh"
     policy_version: Optional[int] = None
     finish_reason: str = "stop"
+    completion_mask: Optional[tuple[int, ...]] = None
+    """1 where a completion token was sampled by the model, 0 where it was inserted (a tool
+    result and the chat template's glue around it, in a multi-call tool turn). ``None``: every
+    completion token was sampled. Inserted tokens carry logprob 0 and are never trained on."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", _tuple_ints(self.prompt_token_ids))
         object.__setattr__(self, "completion_token_ids", _tuple_ints(self.completion_token_ids))
+        if self.completion_mask is not None:
+            mask = _tuple_ints(self.completion_mask)
+            if len(mask) != len(self.completion_token_ids) or any(m not in (0, 1) for m in mask):
+                raise ValueError(
+                    f"TokenTrace.completion_mask must hold one 0/1 per completion token "
+                    f"({len(self.completion_token_ids)}), got {len(mask)} entries"
+                )
+            object.__setattr__(self, "completion_mask", mask)
         if self.completion_logprobs is not None:
             object.__setattr__(self, "completion_logprobs", _tuple_floats(self.completion_logprobs))
             if len(self.completion_logprobs) != len(self.completion_token_ids):
@@ -125,6 +137,51 @@ class TokenTrace:
     def input_ids(self) -> tuple[int, ...]:
         """Prompt followed by completion: the sequence the trainer runs forward on."""
         return self.prompt_token_ids + self.completion_token_ids
+
+    @property
+    def sampled_mask(self) -> tuple[int, ...]:
+        """Per completion token, 1 if the model sampled it (``completion_mask`` or all ones)."""
+        if self.completion_mask is None:
+            return (1,) * len(self.completion_token_ids)
+        return self.completion_mask
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        """How many completion tokens the model sampled (inserted tool tokens excluded)."""
+        return sum(self.sampled_mask)
+
+    def model_turns(self) -> list["TokenTrace"]:
+        """The trace of each model call inside this one (a tool turn holds several).
+
+        Turn ``k``'s prompt is this prompt plus every completion token before its first
+        sampled token (so earlier turns and the inserted tool results), its completion the
+        run of sampled tokens: exactly what that call was conditioned on and produced.
+        A trace without a mask is one turn (itself).
+        """
+        if self.completion_mask is None:
+            return [self]
+        out: list[TokenTrace] = []
+        ids, mask, lps = self.completion_token_ids, self.completion_mask, self.completion_logprobs
+        i, n = 0, len(ids)
+        while i < n:
+            if not mask[i]:
+                i += 1
+                continue
+            j = i
+            while j < n and mask[j]:
+                j += 1
+            out.append(
+                TokenTrace(
+                    prompt_token_ids=self.prompt_token_ids + ids[:i],
+                    completion_token_ids=ids[i:j],
+                    completion_logprobs=lps[i:j] if lps is not None else None,
+                    prompt_source=self.prompt_source if not out else "extended",
+                    policy_version=self.policy_version,
+                    finish_reason=self.finish_reason if j == n else "stop",
+                )
+            )
+            i = j
+        return out
 
     @classmethod
     def from_response(
@@ -235,7 +292,8 @@ class Rollout:
 
     @property
     def num_completion_tokens(self) -> int:
-        return sum(len(s.trace.completion_token_ids) for s in self.steps if s.trace is not None)
+        """Tokens the model sampled over all steps (inserted tool results not counted)."""
+        return sum(s.trace.num_sampled_tokens for s in self.steps if s.trace is not None)
 
     def with_meta(self, **kw: Any) -> "Rollout":
         """A copy whose ``meta`` is updated with ``kw``."""
@@ -281,6 +339,8 @@ def _step_to_dict(s: Step) -> dict[str, Any]:
         d["trace"]["completion_token_ids"] = list(s.trace.completion_token_ids)
         if s.trace.completion_logprobs is not None:
             d["trace"]["completion_logprobs"] = list(s.trace.completion_logprobs)
+        if s.trace.completion_mask is not None:
+            d["trace"]["completion_mask"] = list(s.trace.completion_mask)
     return d
 
 

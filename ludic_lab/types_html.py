@@ -41,14 +41,15 @@ def _step_html(r: Rollout, s: Step, weights: Optional[Weights], tok: Any, scale:
             "<div class='ll-head'>(no token trace: sampled without token ids)</div>"
         )
     else:
-        P, C = len(tr.prompt_token_ids), len(tr.completion_token_ids)
+        P = len(tr.prompt_token_ids)
+        sampled = list(tr.sampled_mask)  # a tool turn's inserted results are 0: context, grey
         lps = tr.completion_logprobs
         body = sequence_html(
             tr.input_ids,
             tokenizer=tok,
-            mask=[0] * P + [1] * C,
-            weights=None if w is None else [0.0] * P + [float(w)] * C,
-            logprobs=None if lps is None else [None] * P + list(lps),
+            mask=[0] * P + sampled,
+            weights=None if w is None else [0.0] * P + [float(w) * m for m in sampled],
+            logprobs=None if lps is None else [None] * P + [lp if m else None for m, lp in zip(sampled, lps)],
             advantage=w,
             scale=scale,
             prompt_label=f"prompt ({tr.prompt_source})",

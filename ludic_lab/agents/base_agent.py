@@ -14,6 +14,7 @@ is rendered again (``"retokenized"``); the first turn is rendered ``"fresh"``.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
@@ -23,6 +24,10 @@ from ludic_lab.inference.client import ChatClient
 from ludic_lab.inference.request import ChatCompletionRequest, InferenceSpec, SamplingConfig, ToolRequest
 from ludic_lab.parsers import ParseResult, Parser
 from ludic_lab.types import ChatResponse, Info, Message, Observation, PromptSource, TokenTrace
+
+
+INCOMPLETE_FEEDBACK = "Your reply was cut off at the token limit before it was complete. Answer more briefly."
+"""Feedback after a completion cut at ``max_tokens`` when ``reject_incomplete_completions``."""
 
 
 def derive_seed(seed: int, *keys: Any) -> int:
@@ -93,6 +98,9 @@ class Agent:
         tools: Optional[Sequence[dict[str, Any]] | ToolRequest] = None,
         system_prompt: Optional[str] = None,
         name: Optional[str] = None,
+        reject_incomplete_completions: bool = False,
+        incomplete_completion_penalty: float = -0.1,
+        incomplete_completion_feedback: str = INCOMPLETE_FEEDBACK,
     ) -> None:
         if not callable(getattr(client, "complete", None)):
             raise TypeError(f"client must implement ChatClient.complete(request), got {type(client).__name__}")
@@ -113,6 +121,11 @@ class Agent:
             self.tools = ToolRequest(tools=tuple(tools))
         self._system_prompt = system_prompt
         self.name = name or type(self).__name__
+        if not math.isfinite(incomplete_completion_penalty):
+            raise ValueError(f"incomplete_completion_penalty must be finite, got {incomplete_completion_penalty}")
+        self.reject_incomplete_completions = bool(reject_incomplete_completions)
+        self.incomplete_completion_penalty = float(incomplete_completion_penalty)
+        self.incomplete_completion_feedback = incomplete_completion_feedback
         self._turn = 0
         self._last: Optional[_LastTurn] = None
 
@@ -152,14 +165,30 @@ class Agent:
 
         With ``sampling_seed`` the request's seed is ``derive_seed(sampling_seed, turn)``
         (reproducible, and different per turn). Errors from the client propagate; the
-        context is then left without the reply.
+        context is then left without the reply. A reply cut at ``max_tokens`` is rejected
+        (parse failure with ``incomplete_completion_penalty`` and feedback, the env is not
+        stepped) when ``reject_incomplete_completions`` is set; either way
+        ``info["incomplete_completion"]`` says so.
         """
-        inf = inference or InferenceSpec()
         messages = self.ctx.on_before_act()
         if not messages:
             raise RuntimeError("the context is empty: call agent.reset() and agent.on_env_reset(obs, info) first")
         prompt_ids, source = self._prompt_ids(messages)
+        response, trace, info = await self._sample(messages, prompt_ids, source, inference, sampling_seed)
+        self.ctx.on_after_act(response)
+        return ActResult(self._parse_final(response, info), response, trace, info, tuple(messages))
 
+    async def _sample(
+        self,
+        messages: Sequence[Message],
+        prompt_ids: Optional[list[int]],
+        source: PromptSource,
+        inference: Optional[InferenceSpec],
+        sampling_seed: Optional[int],
+    ) -> tuple[ChatResponse, Optional[TokenTrace], Info]:
+        """One model call on ``messages`` (token-in when ``prompt_ids`` is given); advances the
+        turn counter and remembers the call so the next prompt can extend it."""
+        inf = inference or InferenceSpec()
         sampling = inf.sampling or SamplingConfig()
         turn_seed = sampling.seed
         if sampling_seed is not None:
@@ -182,7 +211,6 @@ class Agent:
         trace: Optional[TokenTrace] = None
         if response.prompt_token_ids is not None and response.completion_token_ids is not None:
             trace = TokenTrace.from_response(response, prompt_source=source)
-        self.ctx.on_after_act(response)
         self._last = _LastTurn(
             messages=tuple(messages),
             prompt_ids=response.prompt_token_ids,
@@ -195,13 +223,23 @@ class Agent:
             "prompt_source": source,
             "finish_reason": response.finish_reason,
         }
+        if response.finish_reason == "length":
+            info["incomplete_completion"] = True
         if client_info:
             info["client"] = dict(client_info)
         self._turn += 1
+        return response, trace, info
+
+    def _parse_final(self, response: ChatResponse, info: Info) -> ParseResult:
+        """The parser's verdict on a final reply (or the incomplete-completion rejection)."""
+        if self.reject_incomplete_completions and response.finish_reason == "length":
+            return ParseResult(
+                action=None, reward=self.incomplete_completion_penalty, obs=self.incomplete_completion_feedback
+            )
         parse_result = self.parser(response.text)
         if not isinstance(parse_result, ParseResult):
             raise TypeError(f"parser returned {type(parse_result).__name__}, expected ParseResult")
-        return ActResult(parse_result, response, trace, info, tuple(messages))
+        return parse_result
 
     # -- token-in bookkeeping ----------------------------------------------------------------
     def _prompt_ids(self, messages: list[Message]) -> tuple[Optional[list[int]], PromptSource]:
@@ -209,7 +247,7 @@ class Agent:
         tpl = self.chat_template
         if tpl is None:
             return None, "fresh"
-        tool_schemas = list(self.tools.tools) if self.tools is not None else None
+        tool_schemas = self._template_tools()
         last = self._last
         if last is None:
             return tpl.render_ids(messages, tools=tool_schemas), "fresh"
@@ -221,6 +259,10 @@ class Agent:
             list(last.messages), new, completion_ended_with_stop=ended_with_stop, tools=tool_schemas
         )
         return [*last.prompt_ids, *last.completion_ids, *cont], "extended"
+
+    def _template_tools(self) -> Optional[list[dict[str, Any]]]:
+        """Tool schemas the chat template renders into prompts (``None``: none)."""
+        return list(self.tools.tools) if self.tools is not None else None
 
     @staticmethod
     def _check_prompt_ids(response: ChatResponse, sent: Optional[tuple[int, ...]]) -> ChatResponse:

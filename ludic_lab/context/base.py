@@ -3,7 +3,11 @@
 The protocol drives it through five hooks, in this order per episode::
 
     reset(system_prompt) -> on_env_reset(obs, info)
-    -> [on_before_act() -> on_after_act(response) -> on_after_step(obs, info)]*
+    -> [on_before_act() -> on_after_act(response) [-> on_tool_result(msg)* -> on_after_act ...]
+        -> on_after_step(obs, info)]*
+
+(the bracketed part only for tool agents: the results of the reply's tool calls, then the
+model's next reply, within one env step).
 
 ``messages`` is always the full, unedited history; ``on_before_act`` returns the prompt,
 which a strategy may rewrite (e.g. trim old reasoning). The agent compares consecutive
@@ -13,7 +17,7 @@ prompts to decide whether it can extend the previous turn's token ids exactly.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Optional
+from typing import Optional, Sequence
 
 from ludic_lab.types import ChatResponse, Info, Message, Observation
 
@@ -23,11 +27,28 @@ class ContextStrategy(ABC):
 
     ``system_prompt`` given here is the default used by :meth:`reset` when it is called
     without one (an agent's own prompt wins over an env's suggestion in the protocols).
+    ``examples`` are few-shot messages (user / assistant / tool turns) that start every
+    episode's history after the system prompt: a small model follows a shown tool-call
+    exchange far more reliably than a described one.
     """
 
-    def __init__(self, system_prompt: Optional[str] = None) -> None:
+    def __init__(self, system_prompt: Optional[str] = None, *, examples: Sequence[Message] = ()) -> None:
+        for m in examples:
+            if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "tool") or not isinstance(
+                m.get("content"), str
+            ):
+                raise ValueError(
+                    "examples must be chat messages {'role': 'user'|'assistant'|'tool', 'content': str}, "
+                    f"got {m!r}"
+                )
         self._default_system_prompt = system_prompt
-        self._messages: list[Message] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self._examples: tuple[Message, ...] = tuple(dict(m) for m in examples)
+        self._messages: list[Message] = self._start(system_prompt)
+
+    def _start(self, prompt: Optional[str]) -> list[Message]:
+        """A fresh history: the system prompt (if any), then the few-shot ``examples``."""
+        head: list[Message] = [{"role": "system", "content": prompt}] if prompt else []
+        return head + [dict(m) for m in self._examples]
 
     # -- lifecycle ----------------------------------------------------------------------
     @property
@@ -38,7 +59,7 @@ class ContextStrategy(ABC):
     def reset(self, system_prompt: Optional[str] = None) -> None:
         """Clear the history and start it with ``system_prompt`` (else the default, if any)."""
         prompt = system_prompt if system_prompt is not None else self._default_system_prompt
-        self._messages = [{"role": "system", "content": prompt}] if prompt else []
+        self._messages = self._start(prompt)
 
     # -- event hooks ----------------------------------------------------------------------
     @abstractmethod
@@ -56,6 +77,14 @@ class ContextStrategy(ABC):
     @abstractmethod
     def on_after_step(self, obs: Observation, info: Info) -> None:
         """Record the observation that follows a step (env's, or a parser's feedback)."""
+
+    def on_tool_result(self, message: Message) -> None:
+        """Record a ``role="tool"`` message (a tool's result after the reply that called it).
+
+        The default appends it verbatim; a tool agent's next prompt extends the previous one
+        with exactly this message, so a strategy that overrides it should keep it as given.
+        """
+        self._messages.append(dict(message))
 
     # -- views ----------------------------------------------------------------------------
     @property

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
 from ludic_lab.context.full_dialog import FullDialog
 from ludic_lab.types import Message
@@ -30,8 +30,10 @@ class TruncatedThinkingContext(FullDialog):
     had a ``<think>`` block.
     """
 
-    def __init__(self, system_prompt: Optional[str] = None, *, placeholder: str = DEFAULT_PLACEHOLDER) -> None:
-        super().__init__(system_prompt)
+    def __init__(
+        self, system_prompt: Optional[str] = None, *, placeholder: str = DEFAULT_PLACEHOLDER, examples: Sequence[Message] = ()
+    ) -> None:
+        super().__init__(system_prompt, examples=examples)
         self.placeholder = placeholder
 
     def on_before_act(self) -> list[Message]:

@@ -112,7 +112,8 @@ class SAWItem:
         *,
         meta: Optional[Mapping[str, Any]] = None,
     ) -> "SAWItem":
-        """The item of one rollout step with scalar credit ``weight`` on every action token.
+        """The item of one rollout step with scalar credit ``weight`` on every action token
+        (the tokens the model sampled; a tool turn's inserted results are context).
 
         Raises if the step has no token trace or no behaviour logprobs (sample with
         ``ReturnSpec.for_training()``).
@@ -130,11 +131,15 @@ class SAWItem:
         P, C = len(tr.prompt_token_ids), len(tr.completion_token_ids)
         if C == 0:
             raise ValueError(f"rollout {rollout.id} step {step.index} has an empty completion")
+        # Only sampled tokens are actions: tool results inserted between a tool turn's model
+        # calls (mask 0) are context, with weight 0 and no behaviour logprob.
+        mask = tr.sampled_mask
+        w = float(weight)
         return cls(
             input_ids=tr.prompt_token_ids + tr.completion_token_ids,
-            action_mask=(0,) * P + (1,) * C,
-            weights=(0.0,) * P + (float(weight),) * C,
-            behaviour_logprobs=(0.0,) * P + tuple(tr.completion_logprobs),
+            action_mask=(0,) * P + mask,
+            weights=(0.0,) * P + tuple(w if m else 0.0 for m in mask),
+            behaviour_logprobs=(0.0,) * P + tuple(lp if m else 0.0 for m, lp in zip(mask, tr.completion_logprobs)),
             policy_version=tr.policy_version if tr.policy_version is not None else rollout.policy_version,
             reward=rollout.total_reward,
             rollout_id=rollout.id,

@@ -1,0 +1,318 @@
+"""``ToolAgent``: an :class:`Agent` whose model may call Python functions before it answers.
+
+One :meth:`ToolAgent.act` is one env step: the model is sampled; if its reply holds Hermes
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, the calls run and their
+results join the conversation as ``role="tool"`` messages, and the model is sampled again —
+until a reply without a tool call (the parser turns it into the env action) or
+``max_tool_turns`` rounds of tools.
+
+Token-in/token-out across the calls: every model call's prompt *extends* the previous call's
+prompt + completion with the tool messages as the chat template renders them. The step's
+:class:`~ludic_lab.types.TokenTrace` is the whole exchange: the first prompt, then every
+completion token with ``completion_mask`` 1 where the model sampled it and 0 where a tool
+result (and the template's glue) was inserted. The trainer scores this one sequence once;
+only sampled tokens are actions. ``trace.model_turns()`` gives each call's own exact trace.
+
+Why one step per env step (not one per model call): credit assigners see env transitions
+(a discount does not count tool calls as time), and the whole exchange is one forward pass
+for the trainer instead of one per call over an ever-longer prompt.
+
+Failures never end the loop: an unknown tool, a malformed block, arguments that do not match
+the schema, a tool that raises, times out or returns something that is not text/JSON — each
+becomes a tool message saying what went wrong, counted in ``info["tools"]``, with
+``tool_error_penalty`` each added to the step's format reward.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Callable, Optional, Sequence
+
+from ludic_lab.agents.base_agent import ActResult, Agent
+from ludic_lab.agents.tools import ExternalToolHandler, Tool, ToolResult, run_tool_call
+from ludic_lab.inference.request import InferenceSpec
+from ludic_lab.inference.tool_calls import ToolCallScan, scan_tool_calls
+from ludic_lab.parsers import ParseResult
+from ludic_lab.types import ChatResponse, Info, Message, TokenTrace
+
+TOOL_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to help you. Their signatures, one JSON object "
+    "per line:\n<tools>\n{tools}\n</tools>\n\nTo call a function, reply with\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>\n'
+    "and wait for its result. When you have what you need, give your answer without a tool call."
+)
+"""The tool description added to the system prompt when the chat template renders none."""
+
+
+class ToolAgent(Agent):
+    """An :class:`Agent` with tools: ``tools`` run by the agent, ``external_tools`` advertised
+    to the model but executed by whoever the protocol connects (the env).
+
+    ``tools``/``external_tools``: callables with type hints and a Google-style docstring (their
+    schema comes from transformers' ``get_json_schema``), or :class:`Tool` objects.
+    ``tool_timeout_s`` bounds each call; ``max_tool_result_chars`` cuts long results;
+    ``max_tool_calls_per_turn`` caps the calls run from one reply (the rest are refused);
+    ``max_prompt_tokens`` ends the step with ``context_overflow_reward`` (a parse failure,
+    ``info["context_overflow"]``) when the next prompt would be longer.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        ctx: Any,
+        parser: Callable[[str], ParseResult],
+        *,
+        tools: Sequence[Callable[..., Any] | Tool] = (),
+        external_tools: Sequence[Callable[..., Any] | Tool] = (),
+        max_tool_turns: int = 4,
+        tool_timeout_s: Optional[float] = 30.0,
+        tool_error_penalty: float = 0.0,
+        max_tool_result_chars: Optional[int] = 4000,
+        max_tool_calls_per_turn: int = 8,
+        max_prompt_tokens: Optional[int] = None,
+        context_overflow_reward: float = 0.0,
+        **agent_kwargs: Any,
+    ) -> None:
+        if agent_kwargs.get("tools") is not None:
+            raise TypeError("pass callables as tools=...; schemas are built from them")
+        super().__init__(client, ctx, parser, **agent_kwargs)
+        self.internal_tools = {t.name: t for t in map(Tool.from_callable, tools)}
+        self.external_tools = {t.name: t for t in map(Tool.from_callable, external_tools)}
+        clash = set(self.internal_tools) & set(self.external_tools)
+        if clash or len(self.internal_tools) != len(tools) or len(self.external_tools) != len(external_tools):
+            raise ValueError(f"tool names must be unique across tools and external_tools (clash: {sorted(clash)})")
+        _check_int("max_tool_turns", max_tool_turns, 0)
+        _check_int("max_tool_calls_per_turn", max_tool_calls_per_turn, 1)
+        if max_prompt_tokens is not None:
+            _check_int("max_prompt_tokens", max_prompt_tokens, 1)
+        if max_tool_result_chars is not None:
+            _check_int("max_tool_result_chars", max_tool_result_chars, 1)
+        if tool_timeout_s is not None and not (math.isfinite(tool_timeout_s) and tool_timeout_s > 0):
+            raise ValueError(f"tool_timeout_s must be a positive number of seconds (or None), got {tool_timeout_s}")
+        for name, x in (("tool_error_penalty", tool_error_penalty), ("context_overflow_reward", context_overflow_reward)):
+            if not math.isfinite(x):
+                raise ValueError(f"{name} must be finite, got {x}")
+        self.max_tool_turns = max_tool_turns
+        self.tool_timeout_s = tool_timeout_s
+        self.tool_error_penalty = float(tool_error_penalty)
+        self.max_tool_result_chars = max_tool_result_chars
+        self.max_tool_calls_per_turn = max_tool_calls_per_turn
+        self.max_prompt_tokens = max_prompt_tokens
+        self.context_overflow_reward = float(context_overflow_reward)
+        self.tool_schemas: list[dict[str, Any]] = [t.schema for t in (*self.internal_tools.values(), *self.external_tools.values())]
+        self._template_renders_tools = self._probe_template()
+
+    # -- prompts -----------------------------------------------------------------------------
+    def _probe_template(self) -> bool:
+        """Does the chat template render ``tools=`` itself? (Else the system prompt says it.)"""
+        tpl = self.chat_template
+        if tpl is None or not self.tool_schemas:
+            return False
+        msgs = [{"role": "user", "content": "x"}]
+        try:
+            return tpl.render_text(msgs, tools=self.tool_schemas) != tpl.render_text(msgs)
+        except Exception:  # a template that cannot render tools at all  # noqa: BLE001
+            return False
+
+    def _template_tools(self) -> Optional[list[dict[str, Any]]]:
+        return list(self.tool_schemas) if self._template_renders_tools else None
+
+    def tool_prompt(self) -> str:
+        """The tool description put in the system prompt when the template has no tool format."""
+        return TOOL_PROMPT.format(tools="\n".join(json.dumps(s, ensure_ascii=False) for s in self.tool_schemas))
+
+    def reset(self, system_prompt: Optional[str] = None) -> None:
+        prompt = system_prompt if system_prompt is not None else self._system_prompt
+        if self.tool_schemas and not self._template_renders_tools:
+            prompt = f"{prompt}\n\n{self.tool_prompt()}" if prompt else self.tool_prompt()
+        super().reset(system_prompt=prompt)
+
+    # -- acting ------------------------------------------------------------------------------
+    async def act(
+        self,
+        inference: Optional[InferenceSpec] = None,
+        *,
+        sampling_seed: Optional[int] = None,
+        external_tool_handler: Optional[ExternalToolHandler] = None,
+    ) -> ActResult:
+        """Sample, run tool calls, sample again ... until a reply without tool calls; parse it.
+
+        ``external_tool_handler(name, arguments)`` answers calls to ``external_tools`` (the
+        protocols pass the env's ``handle_tool_call``). ``info["tools"]`` counts the calls,
+        failures by kind and model turns; ``info["tool_calls"]`` lists every call's record.
+        """
+        messages = self.ctx.on_before_act()
+        if not messages:
+            raise RuntimeError("the context is empty: call agent.reset() and agent.on_env_reset(obs, info) first")
+        first_messages = tuple(messages)
+        prompt_ids, source = self._prompt_ids(messages)
+        traces: list[Optional[TokenTrace]] = []
+        records: list[ToolResult] = []
+        flags: Info = {}
+        turn = 0
+        while True:
+            response, trace, info = await self._sample(messages, prompt_ids, source, inference, sampling_seed)
+            self.ctx.on_after_act(response)
+            traces.append(trace)
+            scan = scan_tool_calls(response.text)
+            if turn >= self._tool_turn_budget():
+                if scan.found:  # tools are withdrawn: the reply goes to the parser as it is
+                    flags["tool_turn_limit_reached"] = True
+                parse_result = self._parse_final(response, info)
+                break
+            if not scan.found:
+                parse_result = self._parse_final(response, info)
+                break
+            early = self._before_tools(scan, flags)
+            if early is not None:
+                parse_result = early
+                break
+            results = await self._run_calls(scan, external_tool_handler)
+            records.extend(results)
+            tool_msgs = [r.message() for r in results]
+            for m in tool_msgs:
+                self.ctx.on_tool_result(m)
+            extra = self._messages_before_turn(turn + 1)
+            for m in extra:
+                self.ctx.on_after_step(m["content"], {"injected_by": type(self).__name__})
+            messages = [*messages, _assistant(response), *tool_msgs, *extra]
+            prompt_ids, source = self._prompt_ids(messages)
+            if prompt_ids is not None and source != "extended":
+                raise RuntimeError(
+                    f"{type(self).__name__}: the prompt of a tool turn did not extend the previous one "
+                    f"({source}); the chat template must render tool messages after the assistant turn"
+                )
+            turn += 1
+            if self.max_prompt_tokens is not None and prompt_ids is not None and len(prompt_ids) > self.max_prompt_tokens:
+                flags["context_overflow"] = True
+                parse_result = ParseResult(
+                    action=None,
+                    reward=self.context_overflow_reward,
+                    obs=f"The conversation exceeded {self.max_prompt_tokens} tokens; answer more briefly.",
+                )
+                break
+        n_failed = sum(not r.ok for r in records)
+        penalty = self.tool_error_penalty * n_failed
+        if penalty:
+            parse_result = ParseResult(parse_result.action, float(parse_result.reward) + penalty, parse_result.obs)
+        info = {**info, **flags}
+        info["tools"] = tool_summary(records, model_turns=len(traces), penalty=penalty)
+        info["tool_calls"] = [r.to_info() for r in records]
+        return ActResult(parse_result, response, merge_traces(traces), info, first_messages)
+
+    # -- hooks for subclasses (ReActAgent) ----------------------------------------------------
+    def _tool_turn_budget(self) -> int:
+        """Index of the first model turn whose tool calls are no longer run."""
+        return self.max_tool_turns
+
+    def _before_tools(self, scan: ToolCallScan, flags: Info) -> Optional[ParseResult]:
+        """A verdict that ends the step before the calls run (``None``: run them)."""
+        return None
+
+    def _messages_before_turn(self, next_turn: int) -> list[Message]:
+        """Messages to add before model turn ``next_turn`` (after the tool results)."""
+        return []
+
+    # -- tools ---------------------------------------------------------------------------------
+    async def _run_calls(self, scan: ToolCallScan, handler: Optional[ExternalToolHandler]) -> list[ToolResult]:
+        results: list[ToolResult] = []
+        for k, (raw, why) in enumerate(scan.errors):
+            results.append(
+                ToolResult(
+                    f"invalid_{k}", "", raw, f"Error: could not read your tool call: {why}. Write "
+                    '<tool_call>{"name": <function-name>, "arguments": {...}}</tool_call>.', error="invalid_call",
+                )
+            )
+        for k, call in enumerate(scan.calls):
+            if k >= self.max_tool_calls_per_turn:
+                fn = call["function"]
+                results.append(
+                    ToolResult(
+                        call["id"], fn["name"], fn["arguments"],
+                        f"Error: at most {self.max_tool_calls_per_turn} tool calls per reply; this one was not run.",
+                        error="invalid_call",
+                    )
+                )
+                continue
+            results.append(
+                await run_tool_call(
+                    call,
+                    self.internal_tools,
+                    external=self.external_tools,
+                    external_handler=handler,
+                    timeout_s=self.tool_timeout_s,
+                    max_result_chars=self.max_tool_result_chars,
+                )
+            )
+        return results
+
+    def __repr__(self) -> str:
+        names = [*self.internal_tools, *(f"{n} (external)" for n in self.external_tools)]
+        return f"{type(self).__name__}(name={self.name!r}, tools={names}, turn={self._turn})"
+
+
+def _assistant(response: ChatResponse) -> Message:
+    """The assistant message of a reply exactly as sampled (tool-call blocks included)."""
+    return {"role": "assistant", "content": response.text}
+
+
+def _check_int(name: str, value: Any, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+
+
+def tool_summary(records: Sequence[ToolResult], *, model_turns: int, penalty: float = 0.0) -> dict[str, Any]:
+    """Counts for a step's info: calls, ok, failed, failures by kind, model turns, penalty."""
+    by_error: dict[str, int] = {}
+    for r in records:
+        if r.error is not None:
+            by_error[r.error] = by_error.get(r.error, 0) + 1
+    return {
+        "calls": len(records),
+        "ok": sum(r.ok for r in records),
+        "failed": sum(not r.ok for r in records),
+        "errors": by_error,
+        "truncated": sum(r.truncated for r in records),
+        "abandoned_threads": sum(r.abandoned for r in records),
+        "model_turns": model_turns,
+        "penalty": penalty,
+    }
+
+
+def merge_traces(traces: Sequence[Optional[TokenTrace]]) -> Optional[TokenTrace]:
+    """One trace for a tool step: the first prompt, then each call's completion (mask 1) with
+    the inserted tokens between calls (mask 0). ``None`` if any call has no trace; a call
+    whose prompt does not extend the sequence so far is an error (nothing re-tokenized)."""
+    if not traces or any(t is None for t in traces):
+        return None
+    first = traces[0]
+    assert first is not None
+    if len(traces) == 1:
+        return first
+    seq = list(first.input_ids)
+    ids, mask, lps = list(first.completion_token_ids), [1] * len(first.completion_token_ids), []
+    have_lps = all(t is not None and t.completion_logprobs is not None for t in traces)
+    if have_lps:
+        lps = list(first.completion_logprobs or ())
+    for t in traces[1:]:
+        assert t is not None
+        prompt = list(t.prompt_token_ids)
+        if prompt[: len(seq)] != seq:
+            raise RuntimeError("a tool turn's prompt does not extend the previous turn's ids; cannot merge traces")
+        inserted = prompt[len(seq):]
+        ids += inserted + list(t.completion_token_ids)
+        mask += [0] * len(inserted) + [1] * len(t.completion_token_ids)
+        if have_lps:
+            lps += [0.0] * len(inserted) + list(t.completion_logprobs or ())
+        seq = prompt + list(t.completion_token_ids)
+    versions = [t.policy_version for t in traces if t is not None and t.policy_version is not None]
+    return TokenTrace(
+        prompt_token_ids=first.prompt_token_ids,
+        completion_token_ids=tuple(ids),
+        completion_logprobs=tuple(lps) if have_lps else None,
+        prompt_source=first.prompt_source,
+        policy_version=min(versions) if versions else None,
+        finish_reason=traces[-1].finish_reason,  # type: ignore[union-attr]
+        completion_mask=tuple(mask),
+    )
