@@ -13,7 +13,7 @@ server without blocking the event loop that runs the other episodes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Generic, Mapping, Optional, TypeVar
+from typing import Any, Generic, Mapping, Optional, TypeVar
 
 from ludic_lab.types import Info, StepOutcome
 
@@ -27,7 +27,8 @@ class LudicEnv(ABC, Generic[AgentIDT, ObsT, ActionT]):
 
     Contract: ``reset(seed)`` starts an episode and returns ``{agent_id: (obs, info)}`` for
     every agent in ``agent_ids``; ``step(actions)`` requires exactly the agents in
-    ``active_agents`` as keys and returns ``{agent_id: StepOutcome}``. After an outcome with
+    ``active_agents`` (less the ``env_driven_agents``, which the env moves itself) as keys
+    and returns ``{agent_id: StepOutcome}``. After an outcome with
     ``terminated`` or ``truncated`` for an agent, that agent is no longer active.
     """
 
@@ -49,9 +50,32 @@ class LudicEnv(ABC, Generic[AgentIDT, ObsT, ActionT]):
     def step(self, actions: Mapping[AgentIDT, ActionT]) -> dict[AgentIDT, StepOutcome]:
         """Apply one action per active agent."""
 
+    @property
+    def env_driven_agents(self) -> list[AgentIDT]:
+        """Ids the env acts for itself (bots, scripted opponents); empty by default.
+
+        For an env with such ids, ``step`` takes actions for exactly the *other* active
+        agents — an empty dict when only env-driven ids are active — and makes the moves of
+        its own active ids inside that call. Protocols give Agents only for the other ids.
+        """
+        return []
+
     def suggested_sysprompt(self, agent_id: Optional[AgentIDT] = None) -> Optional[str]:
         """A system prompt the env's author recommends for ``agent_id`` (or ``None``)."""
         return None
+
+    def handle_tool_call(self, agent_id: AgentIDT, name: str, arguments: dict[str, Any]) -> Any:
+        """Answer an agent's call to one of its ``external_tools`` (may be ``async def``).
+
+        Tool agents route calls to tools they advertise but do not run themselves here (a
+        search index, a game's query, a sandbox the env owns). Return text or a JSON-ready
+        value; raising is reported to the model as a failed tool call. The default says
+        that this env handles no tool.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} handles no tool calls: implement handle_tool_call (or env_tool_call "
+            "on a SingleAgentEnv) to answer the agent's external tools"
+        )
 
     def close(self) -> None:
         """Release resources (subprocesses, files). Safe to call twice."""

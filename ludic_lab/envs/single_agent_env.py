@@ -52,6 +52,14 @@ class SingleAgentEnv(LudicEnv[str, str, str]):
         """A recommended system prompt for this task (or ``None``)."""
         return None
 
+    def env_tool_call(self, name: str, arguments: dict[str, Any]) -> Any:
+        """Answer a call to one of the agent's ``external_tools`` (may be ``async def``);
+        override it in envs that own tools. The default handles none."""
+        return LudicEnv.handle_tool_call(self, self.agent_id, name, arguments)
+
+    def handle_tool_call(self, agent_id: str, name: str, arguments: dict[str, Any]) -> Any:
+        return self.env_tool_call(name, arguments)
+
     # -- LudicEnv kernel ------------------------------------------------------------
     @property
     def agent_ids(self) -> list[str]:

@@ -17,6 +17,7 @@ with ``Rollout.error`` set — so the engine can record the failure with its evi
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from dataclasses import replace
 from typing import Any, Optional, Sequence
@@ -72,15 +73,28 @@ def oldest_policy_version(steps: Sequence[Step]) -> Optional[int]:
 
 
 async def act_before(
-    agent: Agent, inference: Optional[InferenceSpec], sampling_seed: Optional[int], deadline: Optional[float]
+    agent: Agent,
+    inference: Optional[InferenceSpec],
+    sampling_seed: Optional[int],
+    deadline: Optional[float],
+    *,
+    env: Optional[LudicEnv] = None,
+    agent_id: Any = None,
 ) -> ActResult:
-    """``agent.act`` bounded by a loop-time ``deadline`` (raises ``TimeoutError`` past it)."""
+    """``agent.act`` bounded by a loop-time ``deadline`` (raises ``TimeoutError`` past it).
+
+    With ``env``, a tool agent's calls to its ``external_tools`` go to
+    ``env.handle_tool_call(agent_id, name, arguments)``.
+    """
+    kw: dict[str, Any] = {"sampling_seed": sampling_seed}
+    if env is not None and getattr(agent, "external_tools", None):
+        kw["external_tool_handler"] = functools.partial(env.handle_tool_call, agent_id)
     if deadline is None:
-        return await agent.act(inference, sampling_seed=sampling_seed)
+        return await agent.act(inference, **kw)
     remaining = deadline - asyncio.get_running_loop().time()
     if remaining <= 0:
         raise TimeoutError("episode deadline passed before the agent could act")
-    return await asyncio.wait_for(agent.act(inference, sampling_seed=sampling_seed), remaining)
+    return await asyncio.wait_for(agent.act(inference, **kw), remaining)
 
 
 def deadline_from(timeout_s: Optional[float]) -> Optional[float]:
@@ -233,7 +247,7 @@ class SingleAgentSyncProtocol(InteractionProtocol):
                     end = "agent_inactive"
                     break
                 phase = "agent.act"
-                act = await act_before(agent, inference, sampling_seed, deadline)
+                act = await act_before(agent, inference, sampling_seed, deadline, env=env, agent_id=agent_id)
                 if act.parse_failed:
                     step = parse_error_step(t, obs, act, terminated=self.stop_on_parse_error)
                     steps.append(step)
