@@ -119,3 +119,19 @@ async def test_episode_timeout_while_a_tool_runs_is_a_failed_rollout_with_its_st
     assert r.failed and "timeout" in r.error
     assert len(r.steps) == 1 and r.steps[0].action == "guess"  # the step before the hung tool is kept
     _gate.set()
+
+
+async def test_the_notebook_stepper_runs_a_tool_turn_exactly_as_the_protocol() -> None:
+    from ludic_lab.lab.stepper import RolloutStepper
+
+    script = [call("lookup", key="rome"), "Italy"]
+    (via_protocol,) = await SingleAgentSyncProtocol(agent_for(script, external_tools=[lookup])).run(env=TableEnv(), max_steps=2)
+    env = TableEnv()
+    stepper = RolloutStepper(env, agent_for(script, external_tools=[lookup]), max_steps=2)
+    turn = await stepper.step()
+    assert env.tool_calls == [("lookup", {"key": "rome"})] and stepper.done
+    stepped = stepper.to_rollout()
+    a, b = via_protocol.steps[0], stepped.steps[0]
+    assert a.trace == b.trace and a.reward == b.reward == 1.0 and a.action == b.action
+    assert a.info["agent"]["tools"] == b.info["agent"]["tools"] == turn.act.info["tools"]
+    assert b.trace is not None and b.trace.completion_mask is not None and 0 in b.trace.completion_mask

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 from ludic_lab.agents.base_agent import ActResult, Agent
@@ -184,6 +184,66 @@ def error_text(phase: str, exc: BaseException) -> str:
     return f"{phase}: {type(exc).__name__}: {exc}"
 
 
+# -- one turn, shared by the protocol and the notebook stepper ---------------------------------
+
+
+class TurnFailed(Exception):
+    """A turn raised in ``phase`` (``"agent.act"``, ``"env.step"``, ``"agent.on_after_step"``);
+    the original exception is ``__cause__``."""
+
+    def __init__(self, phase: str) -> None:
+        super().__init__(phase)
+        self.phase = phase
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """What one turn produced: the agent's act, the recorded step, and why the episode ends
+    (``"terminated"``, ``"truncated"``, ``"parse_error"``) or ``None`` if it goes on."""
+
+    act: ActResult
+    step: Step
+    end: Optional[str] = None
+
+
+async def run_turn(
+    agent: Agent,
+    env: LudicEnv,
+    agent_id: Any,
+    index: int,
+    obs: Any,
+    *,
+    inference: Optional[InferenceSpec],
+    sampling_seed: Optional[int],
+    deadline: Optional[float] = None,
+    stop_on_parse_error: bool = False,
+) -> TurnResult:
+    """One single-agent turn: act (tools included), then either the parse-error step (env not
+    called, feedback to the agent) or ``env.step`` and its step; the next observation goes to
+    the agent unless the episode ended. Failures raise :class:`TurnFailed` naming the phase."""
+    phase = "agent.act"
+    try:
+        act = await act_before(agent, inference, sampling_seed, deadline, env=env, agent_id=agent_id)
+        if act.parse_failed:
+            step = parse_error_step(index, obs, act, terminated=stop_on_parse_error)
+            phase = "agent.on_after_step"
+            agent.on_after_step(step.next_obs, step.info)
+            return TurnResult(act, step, "parse_error" if stop_on_parse_error else None)
+        phase = "env.step"
+        outcomes = await maybe_await(env.step({agent_id: act.action}))
+        if agent_id not in outcomes:
+            raise KeyError(f"env.step returned no outcome for {agent_id!r} (got {sorted(outcomes)})")
+        out = outcomes[agent_id]
+        step = env_step(index, obs, act, out)
+        if out.terminated or out.truncated:
+            return TurnResult(act, step, "terminated" if out.terminated else "truncated")
+        phase = "agent.on_after_step"
+        agent.on_after_step(out.obs, out.info)
+        return TurnResult(act, step, None)
+    except Exception as e:
+        raise TurnFailed(phase) from e
+
+
 # -- the protocol ------------------------------------------------------------------------------
 
 
@@ -246,31 +306,19 @@ class SingleAgentSyncProtocol(InteractionProtocol):
                 if agent_id not in env.active_agents:
                     end = "agent_inactive"
                     break
-                phase = "agent.act"
-                act = await act_before(agent, inference, sampling_seed, deadline, env=env, agent_id=agent_id)
-                if act.parse_failed:
-                    step = parse_error_step(t, obs, act, terminated=self.stop_on_parse_error)
-                    steps.append(step)
-                    phase = "agent.on_after_step"
-                    agent.on_after_step(step.next_obs, step.info)
-                    obs = step.next_obs
-                    if self.stop_on_parse_error:
-                        end = "parse_error"
-                        break
-                    continue
-                phase = "env.step"
-                outcomes = await maybe_await(env.step({agent_id: act.action}))
-                if agent_id not in outcomes:
-                    raise KeyError(f"env.step returned no outcome for {agent_id!r} (got {sorted(outcomes)})")
-                out = outcomes[agent_id]
-                steps.append(env_step(t, obs, act, out))
-                if out.terminated or out.truncated:
-                    end = "terminated" if out.terminated else "truncated"
+                phase = "turn"
+                turn = await run_turn(
+                    agent, env, agent_id, t, obs, inference=inference, sampling_seed=sampling_seed,
+                    deadline=deadline, stop_on_parse_error=self.stop_on_parse_error,
+                )
+                steps.append(turn.step)
+                obs = turn.step.next_obs
+                if turn.end is not None:
+                    end = turn.end
                     break
-                phase = "agent.on_after_step"
-                agent.on_after_step(out.obs, out.info)
-                obs = out.obs
         except Exception as e:
+            if isinstance(e, TurnFailed):
+                phase, e = e.phase, e.__cause__  # type: ignore[assignment]
             phase = "timeout" if isinstance(e, TimeoutError) and phase == "agent.act" else phase
             partial = self._rollout(steps, agent_id, env_seed, sampling_seed, {**meta, "end": "error"})
             partial = replace(partial, error=error_text(phase, e))

@@ -1,7 +1,8 @@
 """``RolloutStepper``: run an agent in an env one turn at a time, look, change, re-run.
 
-Each :meth:`RolloutStepper.step` is one turn of :class:`SingleAgentSyncProtocol`, made with
-the protocol's own helpers (same parse-error steps, rewards, truncation at ``max_steps``),
+Each :meth:`RolloutStepper.step` is one turn of :class:`SingleAgentSyncProtocol`, made by
+the protocol's own turn function (:func:`~ludic_lab.interaction.single_agent.run_turn`: same
+parse-error steps, tool loops, rewards; truncation at ``max_steps`` as the protocol does),
 so :meth:`RolloutStepper.to_rollout` gives the ``Rollout`` — token traces included — the
 protocol produces for the same env, agent and seeds. A :class:`Turn` shows the prompt
 messages, the completion, the parse result and format reward, the env's reward and next
@@ -29,13 +30,12 @@ from ludic_lab.agents.base_agent import ActResult, Agent
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.inference.request import InferenceSpec, SamplingConfig
 from ludic_lab.interaction.single_agent import (
-    act_before,
-    env_step,
+    TurnFailed,
     env_system_prompt,
     mark_truncated,
     maybe_await,
     oldest_policy_version,
-    parse_error_step,
+    run_turn,
 )
 from ludic_lab.lab.tasks import BackgroundTask, run_sync, start_background
 from ludic_lab.parsers import ParseResult
@@ -265,28 +265,20 @@ class RolloutStepper:
         snap = _snapshot(self.agent)
         obs = self._obs
         try:
-            act = await act_before(self.agent, self.inference, self.sampling_seed, None)
+            result = await run_turn(
+                self.agent, self.env, self.agent_id, t, obs, inference=self.inference,
+                sampling_seed=self.sampling_seed, stop_on_parse_error=self.stop_on_parse_error,
+            )
+        except TurnFailed as e:
+            if e.phase != "agent.act":  # the env moved (or the agent half-updated): replay is unsafe
+                cause = e.__cause__
+                self._broken = f"{e.phase} failed at turn {t} ({type(cause).__name__}: {cause})"
+            _restore(self.agent, snap)
+            raise e.__cause__ from None  # type: ignore[misc]
         except BaseException:
             _restore(self.agent, snap)
             raise
-        if act.parse_failed:
-            step = parse_error_step(t, obs, act, terminated=self.stop_on_parse_error)  # type: ignore[arg-type]
-            self.agent.on_after_step(step.next_obs, step.info)  # type: ignore[arg-type]
-            end = "parse_error" if self.stop_on_parse_error else None
-        else:
-            try:
-                outcomes = await maybe_await(self.env.step({self.agent_id: act.action}))
-                if self.agent_id not in outcomes:
-                    raise KeyError(f"env.step returned no outcome for {self.agent_id!r} (got {sorted(outcomes)})")
-            except BaseException as e:
-                self._broken = f"env.step failed at turn {t} ({type(e).__name__}: {e})"
-                _restore(self.agent, snap)
-                raise
-            out = outcomes[self.agent_id]
-            step = env_step(t, obs, act, out)  # type: ignore[arg-type]
-            end = ("terminated" if out.terminated else "truncated") if (out.terminated or out.truncated) else None
-            if end is None:
-                self.agent.on_after_step(out.obs, out.info)
+        act, step, end = result.act, result.step, result.end
         if end is None and t + 1 >= self.max_steps:
             step = mark_truncated(step, "max_steps")
             end = "max_steps"
