@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from ludic_lab.config import add_dataclass_args, dataclass_from_args
+from ludic_lab.config import add_dataclass_args, config_or_usage_error
 from ludic_lab.extras import missing_extra_message
 
 
@@ -21,7 +21,7 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
     from ludic_lab.aio import run_sync
     from ludic_lab.demo import DemoConfig, run_demo
 
-    run_sync(run_demo(dataclass_from_args(DemoConfig, ns)))
+    run_sync(run_demo(config_or_usage_error(ns.parser, DemoConfig, ns)))
     return 0
 
 
@@ -35,13 +35,13 @@ def _cmd_model_path(ns: argparse.Namespace) -> int:
 def _cmd_actor(ns: argparse.Namespace) -> int:
     from ludic_lab.pipeline.actor_main import PipelineActorConfig, main as actor_main
 
-    return int(actor_main(dataclass_from_args(PipelineActorConfig, ns)) or 0)
+    return int(actor_main(config_or_usage_error(ns.parser, PipelineActorConfig, ns)) or 0)
 
 
 def _cmd_trainer(ns: argparse.Namespace) -> int:
     from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig, main as trainer_main
 
-    return int(trainer_main(dataclass_from_args(PipelineTrainerConfig, ns)) or 0)
+    return int(trainer_main(config_or_usage_error(ns.parser, PipelineTrainerConfig, ns)) or 0)
 
 
 def _cmd_export(ns: argparse.Namespace) -> int:
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help=DemoConfig.__doc__.strip().splitlines()[0])
     add_dataclass_args(d, DemoConfig)
-    d.set_defaults(func=_cmd_demo)
+    d.set_defaults(func=_cmd_demo, parser=d)
     m = sub.add_parser("model-path", help="materialise a model (default: SmolLM2) and print its local path")
     m.add_argument("name", nargs="?", default="default", help='"default", "tiny" or a local directory')
     m.set_defaults(func=_cmd_model_path)
@@ -66,10 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("actor", help="pipeline RL actor: generate rollouts, push SAW items to Redis")
     add_dataclass_args(a, PipelineActorConfig)
-    a.set_defaults(func=_cmd_actor)
+    a.set_defaults(func=_cmd_actor, parser=a)
     t = sub.add_parser("trainer", help="pipeline RL trainer: train from the Redis queue, publish weights")
     add_dataclass_args(t, PipelineTrainerConfig)
-    t.set_defaults(func=_cmd_trainer)
+    t.set_defaults(func=_cmd_trainer, parser=t)
     e = sub.add_parser(
         "export",
         help="export a notebook's training cell (+ its #| export cells) to a standalone script",

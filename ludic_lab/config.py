@@ -92,7 +92,17 @@ def parse_config(cls: type[C], argv: Optional[Sequence[str]] = None, *, descript
     """Parse ``argv`` into an instance of dataclass ``cls``."""
     p = argparse.ArgumentParser(description=description or (cls.__doc__ or "").strip().split("\n")[0])
     add_dataclass_args(p, cls)
-    return dataclass_from_args(cls, p.parse_args(argv))
+    return config_or_usage_error(p, cls, p.parse_args(argv))
+
+
+def config_or_usage_error(parser: argparse.ArgumentParser, cls: type[C], ns: argparse.Namespace) -> C:
+    """:func:`dataclass_from_args`, with a value the config refuses (its ``__post_init__``
+    raising ``ValueError``) reported as a usage error of ``parser`` (one line, exit status 2)."""
+    try:
+        return dataclass_from_args(cls, ns)
+    except ValueError as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits
 
 
 def field_docs(cls: type) -> dict[str, str]:

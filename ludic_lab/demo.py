@@ -66,6 +66,14 @@ class DemoConfig:
     backend: Literal["local", "vllm"] = "local"
     """Sampler: "local" (in-process transformers) or "vllm" (the bundled vLLM server on CPU, weights pushed each step)."""
 
+    def __post_init__(self) -> None:
+        from ludic_lab.validation import check_config
+
+        check_config(self, {
+            "steps": ">= 1", "questions_per_step": ">= 1", "group_size": ">= 1", "max_tokens": ">= 1",
+            "temperature": "> 0", "lr": "> 0", "lora_r": ">= 0", "eval_k": ">= 0",
+        }, hints={"temperature": "the trainer scores at the sampling temperature", "lora_r": "0 trains all weights"})
+
 
 def _engine(client: Any, rows: list[dict[str, Any]], verifier: Any) -> RolloutEngine:
     def make_env() -> DatasetQAEnv:

@@ -6,6 +6,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 from ludic_lab.types import Message
+from ludic_lab.validation import check_config
+
+_SAMPLING_RANGES = {
+    "temperature": ">= 0",
+    "top_p": "(0, 1]",
+    "max_tokens": ">= 1",
+    "frequency_penalty": "[-2, 2]",
+    "presence_penalty": "[-2, 2]",
+}
+"""What each numeric field of :class:`SamplingConfig` allows (the OpenAI/vLLM ranges; never NaN/inf)."""
 
 
 @dataclass(frozen=True)
@@ -31,12 +41,11 @@ class SamplingConfig:
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
             object.__setattr__(self, "stop", tuple(self.stop))
-        if self.temperature < 0:
-            raise ValueError(f"SamplingConfig.temperature must be >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"SamplingConfig.max_tokens must be >= 1, got {self.max_tokens}")
+        # NaN or infinite values would sample garbage (NaN logprobs) instead of failing
+        check_config(self, _SAMPLING_RANGES, hints={"temperature": "0 means greedy"})
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"SamplingConfig.stop must hold non-empty strings, got {self.stop!r}")
 
     def with_seed(self, seed: Optional[int]) -> "SamplingConfig":
         return replace(self, seed=seed)
@@ -49,6 +58,9 @@ class ReturnSpec:
     return_token_ids: bool = False
     return_chosen_logprobs: bool = False
     top_logprobs_k: int = 0
+
+    def __post_init__(self) -> None:
+        check_config(self, {"top_logprobs_k": ">= 0"})
 
     @classmethod
     def for_training(cls, top_logprobs_k: int = 0) -> "ReturnSpec":
@@ -75,6 +87,12 @@ class InferenceSpec:
     sampling: Optional[SamplingConfig] = None
     return_: ReturnSpec = field(default_factory=ReturnSpec.for_training)
     extensions: Optional[dict[str, Any]] = None
+
+    def __post_init__(self) -> None:
+        if self.sampling is not None and not isinstance(self.sampling, SamplingConfig):
+            raise TypeError(f"InferenceSpec.sampling must be a SamplingConfig or None, got {type(self.sampling).__name__}")
+        if not isinstance(self.return_, ReturnSpec):
+            raise TypeError(f"InferenceSpec.return_ must be a ReturnSpec, got {type(self.return_).__name__}")
 
 
 @dataclass(frozen=True)

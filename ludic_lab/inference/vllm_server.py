@@ -129,6 +129,13 @@ class LudicServerOptions:
     None leaves it). Steps of a running generation follow each other within a millisecond or
     two, so 20 ms keeps generation at full speed and frees the core for a co-located trainer."""
 
+    def __post_init__(self) -> None:
+        from ludic_lab.validation import check_config
+
+        check_config(self, {"drain_timeout_s": "> 0", "initial_version": ">= 0", "worker_idle_spin_s": ">= 0"})
+        if self.weight_load not in ("auto", "reload"):
+            raise ValueError(f"LudicServerOptions.weight_load must be 'auto' or 'reload', got {self.weight_load!r}")
+
 
 def is_loopback(host: Optional[str]) -> bool:
     """True for 127.0.0.0/8, ::1 and ``localhost``; False for ``0.0.0.0``, ``""`` and other hosts."""

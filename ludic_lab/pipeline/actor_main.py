@@ -70,6 +70,17 @@ class PipelineActorConfig:
     reconnect_timeout_s: float = 300.0
     """Give up after Redis has been unreachable this long (it is retried with backoff before)."""
 
+    def __post_init__(self) -> None:
+        from ludic_lab.pipeline.connection import check_redis_url
+        from ludic_lab.validation import check_config
+
+        check_config(self, {
+            "prompts_per_round": ">= 1", "group_size": ">= 1", "max_tokens": ">= 1", "temperature": ">= 0",
+            "concurrency": ">= 1", "max_rounds": ">= 0", "max_queue_items": ">= 1", "threads": ">= 0",
+            "connect_timeout_s": "> 0", "reconnect_timeout_s": "> 0",
+        })
+        check_redis_url(self.redis_url)
+
 
 def _client(cfg: PipelineActorConfig) -> Any:
     if cfg.vllm_url:

@@ -90,6 +90,18 @@ class PipelineTrainerConfig:
     reconnect_timeout_s: float = 300.0
     """Give up after Redis has been unreachable this long (it is retried with backoff before)."""
 
+    def __post_init__(self) -> None:
+        from ludic_lab.pipeline.connection import check_redis_url
+        from ludic_lab.validation import check_config
+
+        check_config(self, {
+            "steps": ">= 1", "batch_size": ">= 1", "grad_accum_steps": ">= 1", "lr": "> 0", "lora_r": ">= 0",
+            "max_lag": ">= -1", "max_seq_len": ">= 2", "micro_token_budget": ">= 2", "temperature": "> 0",
+            "max_tokens": ">= 1", "checkpoint_every": ">= 0", "claim_idle_s": "> 0", "batch_timeout_s": ">= 0",
+            "threads": ">= 0", "connect_timeout_s": "> 0", "reconnect_timeout_s": "> 0",
+        }, hints={"max_lag": "-1 keeps every item", "lora_r": "0 trains all weights"})
+        check_redis_url(self.redis_url)
+
 
 class FanoutPublisher:
     """Publishes to several publishers in turn (vLLM servers and Redis for local actors)."""

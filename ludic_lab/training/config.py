@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Optional
 
+from ludic_lab.validation import check_config
+
 
 @dataclass
 class TrainerConfig:
@@ -95,29 +97,24 @@ class TrainerConfig:
     """Free-form values recorded with the run."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"TrainerConfig.lr must be > 0, got {self.lr}")
-        if self.max_seq_len < 2:
-            raise ValueError("TrainerConfig.max_seq_len must be >= 2")
+        """Refuse values that cannot work or would silently train differently (see
+        :func:`~ludic_lab.validation.check_config`): NaN/inf, negatives, unknown choices."""
+        check_config(self, _RANGES, hints=_HINTS)
         if self.micro_token_budget < self.max_seq_len:
             raise ValueError(
                 f"micro_token_budget ({self.micro_token_budget}) must be >= max_seq_len ({self.max_seq_len}) "
                 "so that one full-length sequence fits in a micro-batch"
             )
-        if self.grad_accum_steps < 1:
-            raise ValueError("TrainerConfig.grad_accum_steps must be >= 1")
         if self.lr_schedule != "constant" and not self.total_steps:
-            raise ValueError(f"lr_schedule={self.lr_schedule!r} needs total_steps")
-        if self.max_lag is not None and self.max_lag < 0:
-            raise ValueError("TrainerConfig.max_lag must be >= 0 or None")
-        if self.scoring_temperature <= 0:
-            raise ValueError("TrainerConfig.scoring_temperature must be > 0")
-        if self.fsdp not in ("auto", "off"):
-            raise ValueError(f"TrainerConfig.fsdp must be 'auto' or 'off', got {self.fsdp!r}")
-        if self.batch_split not in ("global", "per_rank"):
-            raise ValueError(f"TrainerConfig.batch_split must be 'global' or 'per_rank', got {self.batch_split!r}")
-        if self.dist_timeout_s <= 0:
-            raise ValueError("TrainerConfig.dist_timeout_s must be > 0")
+            raise ValueError(f"lr_schedule={self.lr_schedule!r} needs total_steps (the horizon it decays over)")
+        if self.lr_schedule != "constant" and self.warmup_steps > self.total_steps:
+            raise ValueError(
+                f"TrainerConfig.warmup_steps ({self.warmup_steps}) must be <= total_steps ({self.total_steps})"
+            )
+        if len(tuple(self.adam_betas)) != 2:
+            raise ValueError(f"TrainerConfig.adam_betas must be two numbers (beta1, beta2), got {self.adam_betas!r}")
+        if self.lora_r > 0 and not self.lora_target_modules:
+            raise ValueError("TrainerConfig.lora_target_modules must name at least one module when lora_r > 0")
         self.adam_betas = tuple(self.adam_betas)
         self.lora_target_modules = tuple(self.lora_target_modules)
         self.fsdp_block_classes = tuple(self.fsdp_block_classes)
@@ -128,3 +125,38 @@ class TrainerConfig:
         d["lora_target_modules"] = list(self.lora_target_modules)
         d["fsdp_block_classes"] = list(self.fsdp_block_classes)
         return d
+
+
+_RANGES = {
+    "lr": "> 0",
+    "max_seq_len": ">= 2",
+    "micro_token_budget": ">= 2",
+    "sync_every_steps": ">= 0",
+    "max_lag": ">= 0",
+    "grad_accum_steps": ">= 1",
+    "max_grad_norm": "> 0",
+    "weight_decay": ">= 0",
+    "adam_betas": "[0, 1)",
+    "adam_eps": "> 0",
+    "warmup_steps": ">= 0",
+    "total_steps": ">= 1",
+    "scoring_temperature": "> 0",
+    "logprob_chunk_size": ">= 1",
+    "lora_r": ">= 0",
+    "lora_alpha": "> 0",
+    "lora_dropout": "[0, 1)",
+    "dist_timeout_s": "> 0",
+    "log_every": ">= 1",
+    "checkpoint_every": ">= 0",
+    "keep_checkpoints": ">= 0",
+}
+"""What each numeric field of :class:`TrainerConfig` allows (NaN and infinities never)."""
+
+_HINTS = {
+    "max_grad_norm": "None turns clipping off; a negative norm would flip every gradient",
+    "lora_r": "0 trains all weights",
+    "sync_every_steps": "0 never publishes",
+    "checkpoint_every": "0 saves only when asked",
+    "keep_checkpoints": "0 keeps every checkpoint",
+    "max_lag": "None keeps every item",
+}

@@ -18,6 +18,7 @@ from ludic_lab.training.losses.base import (
 )
 from ludic_lab.training.losses.importance import ratio_anchor, ratio_stats
 from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.validation import check_config
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class CISPOLoss:
     name: ClassVar[str] = "cispo"
 
     def __post_init__(self) -> None:
+        check_config(self, {"clip_eps_high": ">= 0", "clip_eps_low": "[0, 1)", "max_tokens": ">= 1", "tis_cap": "> 0"},
+                     allow_inf={"clip_eps_high", "tis_cap"})
         check_aggregation(self.aggregation, self.max_tokens)
         if self.clip_eps_high < 0 or (self.clip_eps_low is not None and not 0 <= self.clip_eps_low < 1):
             raise ValueError(

@@ -33,6 +33,11 @@ from ludic_lab.training.losses.base import (
 )
 from ludic_lab.training.losses.importance import ratio_anchor, ratio_stats
 from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.validation import check_config
+
+
+_RANGES = {"clip_eps_low": "[0, 1)", "clip_eps_high": ">= 0", "max_tokens": ">= 1", "tis_cap": "> 0"}
+"""The clip losses' numeric fields (NaN never; ``tis_cap``/``ratio_clip`` may be inf = no cap)."""
 
 
 def _check_eps(low: float, high: float, tis_cap: Optional[float]) -> None:
@@ -78,6 +83,7 @@ class TokenClippedSurrogateLoss:
     name: ClassVar[str] = "clipped"
 
     def __post_init__(self) -> None:
+        check_config(self, _RANGES, allow_inf={"tis_cap", "ratio_clip"})
         check_aggregation(self.aggregation, self.max_tokens)
         _check_eps(self.clip_eps_low, self.clip_eps_high, self.tis_cap)
         if self.ratio_clip is not None and not self.ratio_clip > 1.0 + self.clip_eps_high:
@@ -123,6 +129,7 @@ class SequenceClippedSurrogateLoss:
     name: ClassVar[str] = "gspo"
 
     def __post_init__(self) -> None:
+        check_config(self, _RANGES, allow_inf={"tis_cap"})
         check_aggregation(self.aggregation, self.max_tokens)
         _check_eps(self.clip_eps_low, self.clip_eps_high, self.tis_cap)
 

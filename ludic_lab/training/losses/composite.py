@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ludic_lab.training.losses.base import Loss, Stats
 from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.validation import check_config
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,9 @@ class LossTerm:
     name: str
     loss: Loss
     weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_config(self)
 
 
 TermLike = Union[LossTerm, tuple[float, Loss], tuple[str, float, Loss]]

@@ -10,6 +10,7 @@ from torch import Tensor
 from ludic_lab.training.losses.aggregation import aggregate, check_aggregation
 from ludic_lab.training.losses.base import Stats, action_mask, checked, masked_mean
 from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.validation import check_config
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class EntropyBonus:
     def __post_init__(self, coef: Optional[float]) -> None:
         if coef is not None:
             object.__setattr__(self, "coeff", float(coef))
+        check_config(self, {"max_tokens": ">= 1"})
         check_aggregation(self.aggregation, self.max_tokens)
 
     def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]:

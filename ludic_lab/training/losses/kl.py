@@ -10,6 +10,7 @@ from torch import Tensor
 from ludic_lab.training.losses.aggregation import aggregate, check_aggregation
 from ludic_lab.training.losses.base import Stats, action_mask, checked, masked_mean, on_actions
 from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.validation import check_config
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -50,6 +51,7 @@ class TokenKLLoss:
     def __post_init__(self, coef: Optional[float]) -> None:
         if coef is not None:
             object.__setattr__(self, "coeff", float(coef))
+        check_config(self, {"max_tokens": ">= 1"})
         if self.estimator not in KL_ESTIMATORS:
             raise ValueError(f"estimator={self.estimator!r} is not one of {KL_ESTIMATORS}")
         check_aggregation(self.aggregation, self.max_tokens)

@@ -21,6 +21,7 @@ from ludic_lab.training.losses.base import (
 )
 from ludic_lab.training.losses.importance import ratio_stats, truncated_is_weights
 from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.validation import check_config
 
 
 def _check_tis(tis_cap: Optional[float]) -> None:
@@ -77,6 +78,7 @@ class ReinforceLoss:
     name: ClassVar[str] = "reinforce"
 
     def __post_init__(self) -> None:
+        check_config(self, {"max_tokens": ">= 1", "tis_cap": "> 0"}, allow_inf={"tis_cap"})
         check_aggregation(self.aggregation, self.max_tokens)
         _check_tis(self.tis_cap)
 
@@ -106,6 +108,7 @@ class ReinforceBaselineLoss:
     name: ClassVar[str] = "reinforce_baseline"
 
     def __post_init__(self) -> None:
+        check_config(self, {"max_tokens": ">= 1", "tis_cap": "> 0"}, allow_inf={"tis_cap"})
         check_aggregation(self.aggregation, self.max_tokens)
         _check_tis(self.tis_cap)
 

@@ -11,6 +11,7 @@ from torch import Tensor
 from ludic_lab.training.losses.aggregation import aggregate, check_aggregation
 from ludic_lab.training.losses.base import Stats, action_mask, masked_mean, on_actions, weights_of
 from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.validation import check_config
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class MaskedCrossEntropyLoss:
     name: ClassVar[str] = "sft"
 
     def __post_init__(self) -> None:
+        check_config(self, {"max_tokens": ">= 1"})
         check_aggregation(self.aggregation, self.max_tokens)
 
     def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]:
