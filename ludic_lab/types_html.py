@@ -27,6 +27,10 @@ def _step_html(r: Rollout, s: Step, weights: Optional[Weights], tok: Any, scale:
     flags = [f for f, on in (("terminated", s.terminated), ("truncated", s.truncated)) if on]
     if s.info.get("parse_error"):
         flags.append("parse error")
+    tools = (s.info.get("agent") or {}).get("tools") if isinstance(s.info.get("agent"), dict) else None
+    if isinstance(tools, dict) and tools.get("calls"):
+        failed = f", {tools.get('failed', 0)} failed" if tools.get("failed") else ""
+        flags.append(f"{tools['calls']} tool call(s){failed} (results grey: context, not trained)")
     head = (
         f"<div class='ll-head'><b>step {s.index}</b> · reward {fmt(s.reward)} "
         f"(env {fmt(s.env_reward)}, format {fmt(s.format_reward)})"

@@ -135,3 +135,17 @@ async def test_the_notebook_stepper_runs_a_tool_turn_exactly_as_the_protocol() -
     assert a.trace == b.trace and a.reward == b.reward == 1.0 and a.action == b.action
     assert a.info["agent"]["tools"] == b.info["agent"]["tools"] == turn.act.info["tools"]
     assert b.trace is not None and b.trace.completion_mask is not None and 0 in b.trace.completion_mask
+
+
+async def test_credit_view_shows_tool_results_as_context() -> None:
+    import re
+
+    from ludic_lab.types_html import rollout_html
+
+    agent = agent_for([call("lookup", key="rome"), "Italy"], external_tools=[lookup])
+    (r,) = await SingleAgentSyncProtocol(agent).run(env=TableEnv(), max_steps=2)
+    page = rollout_html(r, weights={(r.id, 0): 0.8}, tokenizer=agent.chat_template.tokenizer)
+    assert "1 tool call(s)" in page
+    masks = "".join(re.findall(r'data-mask="(\d)"', page))
+    # prompt (masked), the call (actions), the inserted tool result (masked), the answer (actions)
+    assert re.fullmatch(r"0+1+0+1+", masks), masks
