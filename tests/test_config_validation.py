@@ -109,6 +109,12 @@ def test_losses_refuse_nan_and_infinite_parameters() -> None:
     with pytest.raises(ValueError, match="LossTerm.weight must be a finite number, got nan"):
         LossTerm("kl", TokenKLLoss(), NAN)
     assert TokenClippedSurrogateLoss(tis_cap=INF).tis_cap == INF  # an infinite cap means no cap: allowed
+    from ludic_lab.training.algorithm import RLAlgorithm, make_grpo
+
+    with pytest.raises(ValueError, match="RLAlgorithm.scoring_temperature must be a finite number > 0 .or None., got nan"):
+        RLAlgorithm("x", make_grpo().credit_assigner, make_grpo().loss, scoring_temperature=NAN)
+    with pytest.raises(ValueError, match="TokenKLLoss.coeff must be a finite number, got nan"):
+        make_grpo(kl_coeff=NAN)
 
 
 # -- every config dataclass, every field ----------------------------------------------------

@@ -23,6 +23,11 @@ class RLAlgorithm:
     scoring_temperature: Optional[float] = None
     """When set, the trainer scores tokens at this temperature (match the sampler's)."""
 
+    def __post_init__(self) -> None:
+        from ludic_lab.validation import check_config
+
+        check_config(self, {"scoring_temperature": "> 0"})
+
 
 # -- presets ---------------------------------------------------------------------------------
 # Each preset composes a credit assigner and a loss; ``kl_coeff`` adds a k3 KL penalty to the
