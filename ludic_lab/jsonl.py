@@ -8,6 +8,23 @@ from pathlib import Path
 from typing import Any
 
 
+def json_line(obj: Any) -> str:
+    """``obj`` as one JSON line (no newline) that always encodes as UTF-8.
+
+    Non-ASCII text stays readable (``ensure_ascii=False``); a string holding a lone surrogate
+    (e.g. text decoded from broken model bytes with ``surrogateescape``), which UTF-8 cannot
+    encode, makes the whole line ASCII-escaped instead (``"\\ud800"``): still valid JSON that
+    ``json.loads`` turns back into exactly the same string. NaN/inf are written as JSON's
+    ``NaN``/``Infinity`` extensions (Python reads them back).
+    """
+    line = json.dumps(obj, ensure_ascii=False, allow_nan=True)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(obj, ensure_ascii=True, allow_nan=True)
+    return line
+
+
 def read_jsonl(path: str | os.PathLike, *, what: str = "JSONL file") -> list[dict[str, Any]]:
     """Read a JSONL file of objects; a bad line is an error naming file and line number.
 

@@ -352,12 +352,16 @@ def _step_from_dict(d: Mapping[str, Any]) -> Step:
 
 
 def save_rollouts(rollouts: Iterable[Rollout], path: str | os.PathLike, *, append: bool = False) -> int:
-    """Write rollouts as JSONL (one rollout per line); returns how many were written."""
+    """Write rollouts as JSONL (one rollout per line); returns how many were written.
+
+    Any text round-trips, a lone surrogate included (see :func:`ludic_lab.jsonl.json_line`).
+    """
+    from ludic_lab.jsonl import json_line
+
     n = 0
     with open(path, "a" if append else "w", encoding="utf-8") as f:
         for r in rollouts:
-            f.write(r.to_json())
-            f.write("\n")
+            f.write(json_line(r.to_dict()) + "\n")
             n += 1
     return n
 

@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from ludic_lab.aio import run_sync
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.interaction.base import InteractionProtocol
+from ludic_lab.jsonl import json_line
 from ludic_lab.training.types import RolloutRequest
 from ludic_lab.types import Rollout
 
@@ -315,7 +316,7 @@ class RolloutEngine:
 
     def _append_jsonl(self, rollouts: Sequence[Rollout]) -> None:
         assert self.jsonl_path is not None
-        lines = "".join(r.to_json() + "\n" for r in rollouts)  # all or nothing per episode
+        lines = "".join(json_line(r.to_dict()) + "\n" for r in rollouts)  # all or nothing per episode
         with open(self.jsonl_path, "a", encoding="utf-8") as f:
             f.write(lines)
 
