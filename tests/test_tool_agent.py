@@ -296,3 +296,18 @@ async def test_react_through_the_protocol_feedback_and_env_untouched() -> None:
     assert s0.info["parse_error"] is True and s0.reward == -1.0 and "Invalid tool call" in s0.next_obs
     assert s1.parsed_action == "win" and s1.info["agent"]["tools"]["ok"] == 1 and s1.terminated
     assert env.actions == ["win"] and r.error is None
+
+
+async def test_another_tool_call_format_through_tool_call_parser() -> None:
+    from ludic_lab.inference.tool_calls import ToolCallScan
+
+    def bracket_parser(text: str) -> ToolCallScan:  # e.g. a model trained on "[CALL] {json}"
+        if not text.startswith("[CALL] "):
+            return ToolCallScan()
+        obj = json.loads(text[len("[CALL] "):])
+        fn = {"name": obj["name"], "arguments": json.dumps(obj["arguments"])}
+        return ToolCallScan(calls=({"id": "call_0", "type": "function", "function": fn},))
+
+    agent, _ = make_agent(['[CALL] {"name": "add", "arguments": {"a": 4, "b": 5}}', "9"], tool_call_parser=bracket_parser)
+    res = await agent.act()
+    assert [m["content"] for m in tool_messages(agent)] == ["9"] and res.action == "9"

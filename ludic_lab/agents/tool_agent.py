@@ -55,6 +55,9 @@ class ToolAgent(Agent):
     ``max_tool_calls_per_turn`` caps the calls run from one reply (the rest are refused);
     ``max_prompt_tokens`` ends the step with ``context_overflow_reward`` (a parse failure,
     ``info["context_overflow"]``) when the next prompt would be longer.
+    ``tool_call_parser`` finds the calls in a reply (default: Hermes ``<tool_call>`` blocks,
+    :func:`~ludic_lab.inference.tool_calls.scan_tool_calls`); give another for a model
+    trained on another format (it returns a ``ToolCallScan`` of calls and malformed blocks).
     """
 
     def __init__(
@@ -72,10 +75,9 @@ class ToolAgent(Agent):
         max_tool_calls_per_turn: int = 8,
         max_prompt_tokens: Optional[int] = None,
         context_overflow_reward: float = 0.0,
+        tool_call_parser: Callable[[str], ToolCallScan] = scan_tool_calls,
         **agent_kwargs: Any,
     ) -> None:
-        if agent_kwargs.get("tools") is not None:
-            raise TypeError("pass callables as tools=...; schemas are built from them")
         super().__init__(client, ctx, parser, **agent_kwargs)
         self.internal_tools = {t.name: t for t in map(Tool.from_callable, tools)}
         self.external_tools = {t.name: t for t in map(Tool.from_callable, external_tools)}
@@ -100,6 +102,7 @@ class ToolAgent(Agent):
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self.max_prompt_tokens = max_prompt_tokens
         self.context_overflow_reward = float(context_overflow_reward)
+        self.tool_call_parser = tool_call_parser
         self.tool_schemas: list[dict[str, Any]] = [t.schema for t in (*self.internal_tools.values(), *self.external_tools.values())]
         self._template_renders_tools = self._probe_template()
 
@@ -155,7 +158,9 @@ class ToolAgent(Agent):
             response, trace, info = await self._sample(messages, prompt_ids, source, inference, sampling_seed)
             self.ctx.on_after_act(response)
             traces.append(trace)
-            scan = scan_tool_calls(response.text)
+            scan = self.tool_call_parser(response.text)
+            if not isinstance(scan, ToolCallScan):
+                raise TypeError(f"tool_call_parser must return a ToolCallScan, got {type(scan).__name__}")
             if turn >= self._tool_turn_budget():
                 if scan.found:  # tools are withdrawn: the reply goes to the parser as it is
                     flags["tool_turn_limit_reached"] = True
