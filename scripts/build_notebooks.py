@@ -142,10 +142,43 @@ def render(src: Path) -> str:
     return nbformat.writes(build_notebook(parse_myst(src.read_text(encoding="utf-8")))) + "\n"
 
 
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
+_NAMES = {"\t": "TAB (\\t)", "\x08": "backspace (\\b)", "\x0c": "form feed (\\f)", "\r": "carriage return (\\r)",
+          "\x0b": "vertical tab (\\v)", "\x07": "bell (\\a)"}
+
+
+def control_characters(src: Path) -> list[str]:
+    """Control characters in a source: anywhere in markdown (a TAB included), and in code
+    besides TAB. They are nearly always an escape gone wrong: ``"\\text"`` written as
+    ``"\text"`` in Python becomes TAB + ``ext`` and renders as "ext" in the math."""
+    problems = []
+    text = src.read_text(encoding="utf-8")
+    in_code = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if _FENCE_OPEN.match(line):
+            in_code = True
+        elif in_code and line == "```":
+            in_code = False
+        for m in _CONTROL.finditer(line):
+            ch = m.group()
+            if in_code and ch == "\t":
+                continue
+            name = _NAMES.get(ch, f"control character U+{ord(ch):04X}")
+            where = "code" if in_code else "markdown"
+            problems.append(
+                f"{src.relative_to(ROOT)}:{n}:{m.start() + 1}: a {name} in {where} (before {line[m.end():m.end() + 12]!r}): "
+                "an escape gone wrong? write a backslash as \\\\ (or use a raw string) where this text is generated"
+            )
+    return problems
+
+
 def check() -> list[str]:
-    """Problems (empty when every committed notebook equals its source's build and has a source)."""
+    """Problems (empty when every committed notebook equals its source's build and has a
+    source, and no source holds a control character, see :func:`control_characters`)."""
     problems = []
     pairs = sources()
+    for src, _ in pairs:
+        problems += control_characters(src)
     for src, out in pairs:
         if not out.is_file():
             problems.append(f"{out.relative_to(ROOT)} is missing (build it: python scripts/build_notebooks.py)")
@@ -180,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems:
             print(p, file=sys.stderr)
         return 1 if problems else 0
+    bad = [p for src, _ in sources() for p in control_characters(src)]
+    if bad:
+        for p in bad:
+            print(p, file=sys.stderr)
+        return 1
     for src, out in sources():
         text = render(src)
         if not out.is_file() or out.read_text(encoding="utf-8") != text:
