@@ -7,7 +7,8 @@ from ludic_lab.envs.checker import EnvCheckError, EnvCheckReport, check_env, che
 from ludic_lab.envs.dataset_qa_env import DatasetQAEnv
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
-from ludic_lab.envs.tic_tac_toe import TicTacToeEnv, TicTacToeGame, TicTacToeMultiAgentEnv, TicTacToeRewards
+from ludic_lab.envs.tic_tac_toe import TicTacToeEnv, TicTacToeGame, TicTacToeRewards
+from ludic_lab.envs.tic_tac_toe_multi import TicTacToeMultiAgentEnv
 from ludic_lab.envs.verifiers import Verifier, exact_match, numeric_match
 
 __all__ = [

@@ -13,7 +13,10 @@ rule broken. Rules (the ``rule`` attribute of the error):
 - ``current_obs``: ``env_current_obs()`` (SingleAgentEnv) or ``current_obs(agent_id)``
   (multi-agent envs that define it) equals the reset obs and each step's outcome obs.
 - ``determinism``: the same seed gives the same reset observations and infos.
-- ``step_rejects_wrong_keys``: ``step`` raises when the keys are not exactly the active agents.
+- ``env_driven_agents``: the ids the env acts for itself (``env_driven_agents``, default none)
+  are agent ids, and not all of them.
+- ``step_rejects_wrong_keys``: ``step`` raises when the keys are not exactly the active agents
+  less the env-driven ones (an empty dict is right when only env-driven agents are active).
 - ``step_accepts_any_text``: ``step`` does not raise on arbitrary text (empty, unicode,
   huge): an env receives raw model output and must answer with a (penalised) outcome.
 - ``outcome_keys``: ``step`` returns a dict covering every agent that acted, within ``agent_ids``.
@@ -199,6 +202,18 @@ async def check_env_async(
     ids = set(ids_list)
     rules.append("agent_ids")
 
+    driven_list = list(getattr(env, "env_driven_agents", None) or [])
+    if not set(driven_list) <= ids:
+        _fail("env_driven_agents", f"env_driven_agents {driven_list!r} must be a subset of agent_ids {ids_list!r}")
+    driven = set(driven_list)
+    if driven == ids:
+        _fail("env_driven_agents", "the env drives every agent id itself; at least one role must be left to an agent")
+    rules.append("env_driven_agents")
+
+    def expected_keys(active: Sequence[Any]) -> list:
+        """The keys ``step`` takes: the active agents the env does not drive itself."""
+        return [a for a in active if a not in driven]
+
     for a in ids_list:
         sp = _sysprompt(env, a)
         if sp is not None and not isinstance(sp, str):
@@ -234,28 +249,31 @@ async def check_env_async(
 
     # -- wrong keys must be refused ---------------------------------------------------------
     active = _active(env, "after reset", ids)
+    keys = expected_keys(active)
     bogus = "__check_env_not_an_agent__"
-    probes: list[tuple[str, dict]] = [
-        ("an extra unknown agent", {**{a: "A1" for a in active}, bogus: "A1"}),
-        ("no actions at all", {}),
-    ]
-    inactive = [a for a in ids_list if a not in active]
+    probes: list[tuple[str, dict]] = [("an extra unknown agent", {**{a: "A1" for a in keys}, bogus: "A1"})]
+    if keys:
+        probes.append(("no actions at all", {}))
+    inactive = [a for a in ids_list if a not in active and a not in driven]
     if inactive:
         probes.append((f"inactive agent {inactive[0]!r} instead of the active ones", {inactive[0]: "A1"}))
+    bots_active = [a for a in active if a in driven]
+    if bots_active:
+        probes.append((f"an action for env-driven agent {bots_active[0]!r}", {**{a: "A1" for a in keys}, bots_active[0]: "A1"}))
     for what, acts in probes:
         await _reset(env, seed, ids)
         try:
             await maybe_await(env.step(acts))
         except Exception:  # noqa: BLE001 - any error is the expected refusal
             continue
-        _fail("step_rejects_wrong_keys", f"step accepted {what} (keys {sorted(map(repr, acts))}); it must raise unless the keys are exactly active_agents")
+        _fail("step_rejects_wrong_keys", f"step accepted {what} (keys {sorted(map(repr, acts))}); it must raise unless the keys are exactly active_agents (less env_driven_agents)")
     rules.append("step_rejects_wrong_keys")
 
     # -- arbitrary text must not crash the env ---------------------------------------------------
     if garbage_probe:
         for g in GARBAGE_ACTIONS:
             await _reset(env, seed, ids)
-            acts = {a: g for a in _active(env, "after reset", ids)}
+            acts = {a: g for a in expected_keys(_active(env, "after reset", ids))}
             try:
                 outs = await maybe_await(env.step(acts))
             except Exception as e:  # noqa: BLE001 - reported as a rule failure
@@ -292,7 +310,7 @@ async def check_env_async(
             _fail("active_agents", f"step {steps}: {sorted(map(repr, done & set(active)))} still active after their episode ended")
         if not active:
             break
-        acts = {a: choose(a, obs[a], steps) for a in active}
+        acts = {a: choose(a, obs[a], steps) for a in expected_keys(active)}
         where = f"step {steps}"
         outs = await _step(env, acts, where)
         if not isinstance(outs, dict):

@@ -1,6 +1,6 @@
 """Tic-Tac-Toe: a pure game (:class:`TicTacToeGame`), a single-agent env against a built-in
-opponent (:class:`TicTacToeEnv`) and a two-player env for two LLM agents
-(:class:`TicTacToeMultiAgentEnv`).
+opponent (:class:`TicTacToeEnv`) and a two-player env for two LLM agents, or one agent and
+a built-in bot (:class:`~ludic_lab.envs.tic_tac_toe_multi.TicTacToeMultiAgentEnv`).
 
 Coordinates are a column letter ``A``-``C`` (left to right) then a row number ``1``-``3``
 (top to bottom): ``B2`` is the centre. Moves are read leniently (``" b2 "``, ``"B2."``,
@@ -17,9 +17,8 @@ import random
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Callable, Literal, Mapping, Optional, Union
+from typing import Callable, Literal, Optional, Union
 
-from ludic_lab.envs.env import LudicEnv
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.parsers import Parser, xml_tag_parser
 from ludic_lab.types import Info, StepOutcome
@@ -329,118 +328,12 @@ class TicTacToeEnv(SingleAgentEnv):
         return "\n".join(parts)
 
 
-# ---------------------------------------------------------------------------------------
-# two agents
-# ---------------------------------------------------------------------------------------
+def __getattr__(name: str):  # the two-player env lives in its own module (which imports this one)
+    if name == "TicTacToeMultiAgentEnv":
+        from ludic_lab.envs.tic_tac_toe_multi import TicTacToeMultiAgentEnv
 
-
-class TicTacToeMultiAgentEnv(LudicEnv[str, str, str]):
-    """Two agents, ``"X"`` and ``"O"``, alternate; ``active_agents`` is the player to move.
-
-    Every step returns outcomes for both players: the mover's (its reward, the board after
-    its move) and the other player's (reward 0 and its new view: the move just played, the
-    board, its legal moves), which a multi-agent protocol feeds to the waiting agent. The
-    final step (win, draw or an illegal move) ends both episodes, so each rollout gets its
-    terminal reward. :meth:`current_obs` gives any player's view at any time.
-    """
-
-    def __init__(self, *, first: Literal["X", "O"] = "X", rewards: TicTacToeRewards = TicTacToeRewards()) -> None:
-        if first not in ("X", "O"):
-            raise ValueError(f"first must be 'X' or 'O', got {first!r}")
-        self.first = first
-        self.rewards = rewards
-        self.game = TicTacToeGame(to_move=first)
-        self._done = True
-        self._last_move: dict[str, Optional[str]] = {"X": None, "O": None}
-        self._final: dict[str, str] = {}
-
-    @property
-    def agent_ids(self) -> list[str]:
-        return ["X", "O"]
-
-    @property
-    def active_agents(self) -> list[str]:
-        return [] if self._done else [self.game.to_move]
-
-    def suggested_sysprompt(self, agent_id: Optional[str] = None) -> Optional[str]:
-        mark = agent_id if agent_id in ("X", "O") else "X"
-        return _sysprompt(mark, f"another player, {other(mark)}")
-
-    @classmethod
-    def recommended_parser(cls, *, success_reward: float = 0.0, error_reward: float = -1.0) -> Parser:
-        """Parser matching :meth:`suggested_sysprompt`: the text inside ``<move>...</move>``."""
-        return recommended_move_parser(success_reward=success_reward, error_reward=error_reward)
-
-    def sample_action(self, agent_id: str, rng: random.Random) -> str:
-        """A random legal move (used by :func:`~ludic_lab.envs.check_env`)."""
-        return index_to_coord(rng.choice(self.game.legal_moves())) if not self.game.is_over else "A1"
-
-    def reset(self, seed: Optional[int] = None) -> dict[str, tuple[str, Info]]:
-        """Start a game (deterministic: ``seed`` is accepted for the API but unused)."""
-        self.game = TicTacToeGame(to_move=self.first)
-        self._done = False
-        self._last_move = {"X": None, "O": None}
-        self._final = {}
-        return {a: (self.current_obs(a), {"mark": a, "first": self.first}) for a in self.agent_ids}
-
-    def current_obs(self, agent_id: str) -> str:
-        """What ``agent_id`` sees now: the board, the opponent's last move, whose turn it is."""
-        if agent_id not in ("X", "O"):
-            raise KeyError(f"unknown agent {agent_id!r}; agents are 'X' and 'O'")
-        if agent_id in self._final:
-            return self._final[agent_id]
-        opp = other(agent_id)
-        parts = [f"Opponent ({opp}) played {self._last_move[opp]}."] if self._last_move[opp] else []
-        parts += ["Board:", self.game.render()]
-        if self.game.to_move == agent_id:
-            parts += [f"You are {agent_id}. Your move.", f"Legal moves: {', '.join(self.game.legal_coords())}"]
-        else:
-            parts.append(f"You are {agent_id}. Waiting for {opp} to move.")
-        return "\n".join(parts)
-
-    def step(self, actions: Mapping[str, str]) -> dict[str, StepOutcome]:
-        if self._done:
-            raise RuntimeError("TicTacToeMultiAgentEnv.step called after the game ended; call reset() first")
-        mover = self.game.to_move
-        if set(actions) != {mover}:
-            raise ValueError(f"it is {mover!r}'s turn: step expects exactly {{{mover!r}: move}}, got keys {sorted(actions)}")
-        opp = other(mover)
-        action = actions[mover]
-        idx, why = read_move(self.game, action)
-        if idx is None:
-            self._done = True
-            board = self.game.render()
-            self._final = {
-                mover: f"Board:\n{board}\nYou are {mover}. Illegal move: {why}. You lose.",
-                opp: f"Board:\n{board}\nYou are {opp}. {mover} made an illegal move; the game is over.",
-            }
-            base = {"illegal_move": True, "error": why, "move": _shown(action), "mover": mover}
-            return {
-                mover: StepOutcome(self._final[mover], self.rewards.illegal, False, True, {**base, "result": "illegal"}),
-                opp: StepOutcome(
-                    self._final[opp], self.rewards.opponent_illegal, False, True, {**base, "result": "opponent_illegal"}
-                ),
-            }
-        coord = index_to_coord(idx)
-        self.game = self.game.play(idx)
-        self._last_move[mover] = coord
-        if not self.game.is_over:
-            info = {"move": coord, "mover": mover}
-            return {
-                mover: StepOutcome(self.current_obs(mover), self.rewards.step, False, False, info),
-                opp: StepOutcome(self.current_obs(opp), 0.0, False, False, {**info, "your_turn": True}),
-            }
-        self._done = True
-        out: dict[str, StepOutcome] = {}
-        for a in self.agent_ids:
-            w = self.game.winner
-            result = "draw" if w is None else ("win" if w == a else "loss")
-            reward = {"win": self.rewards.win, "draw": self.rewards.draw, "loss": self.rewards.loss}[result]
-            msg = {"win": "You win!", "draw": "Draw.", "loss": "You lose."}[result]
-            self._final[a] = f"{mover} played {coord}.\nBoard:\n{self.game.render()}\nYou are {a}. {msg}"
-            info: Info = {"move": coord, "mover": mover, "result": result}
-            out[a] = StepOutcome(self._final[a], reward, False, True, info)
-        return out
+        return TicTacToeMultiAgentEnv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

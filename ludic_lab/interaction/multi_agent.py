@@ -14,14 +14,29 @@ and ``env_reward`` added, ``terminated``/``truncated`` set, ``next_obs`` replace
 outcome appended to ``info["delivered"]`` — so a terminal reward lands in the rollout that
 credit assignment sees. (An outcome for an agent with no step yet cannot be attached; it is
 reported in the rollouts' ``meta["unattached_rewards"]``.)
+
+A rejected reply's synthetic step is never folded into: it keeps the parser's feedback as
+``next_obs`` and the parser's reward (``env_reward == 0``: the env never saw that reply). An
+outcome that reaches such an agent afterwards — in the same round, from the other agents'
+moves — is recorded as an *observation step* right after it: no action and no token trace
+(``action=""``, ``trace=None``), ``info["observation_only"] = True``, ``prev_obs`` = the
+feedback, ``next_obs``/reward/end flags = the env's. Its reward stays in the agent's
+rollout (returns and totals see it); it is never trained on as a sample (no tokens).
+
+Env-driven agents (bots): an env lists the ids it acts for itself in
+``env.env_driven_agents`` (:class:`~ludic_lab.envs.env.LudicEnv`; empty by default), and
+``agents`` holds an Agent for each *other* id. Contract: each round the protocol calls
+``env.step`` with the actions of the active ids it has Agents for — an *empty* dict when only
+env-driven ids are active — and the env acts for its own active ids inside that call. A
+round where only env-driven ids act counts toward ``max_steps`` like any round (a move is a
+move, whoever makes it). Outcomes for env-driven ids are not recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import replace
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional
 
 from ludic_lab.agents.base_agent import ActResult, Agent, derive_seed
 from ludic_lab.envs.env import LudicEnv
@@ -36,122 +51,15 @@ from ludic_lab.interaction.single_agent import (
     error_text,
     mark_truncated,
     maybe_await,
-    oldest_policy_version,
     parse_error_step,
 )
-from ludic_lab.types import Rollout, Step, StepOutcome
-
-
-class TraceCollector:
-    """Per-agent step lists of one episode, turned into one :class:`Rollout` per agent.
-
-    ``meta`` is shared by every rollout (episode id, env name, ...). Steps are re-indexed
-    per agent on :meth:`add`, so each rollout's indices run 0, 1, 2, ...
-    """
-
-    def __init__(self, agent_ids: Iterable[Any], *, meta: Optional[Mapping[str, Any]] = None) -> None:
-        self._steps: dict[Any, list[Step]] = {a: [] for a in agent_ids}
-        self._unattached: dict[Any, float] = {}
-        self.meta: dict[str, Any] = dict(meta or {})
-
-    def _list(self, agent_id: Any) -> list[Step]:
-        if agent_id not in self._steps:
-            raise KeyError(f"TraceCollector: unknown agent {agent_id!r}; known: {list(self._steps)}")
-        return self._steps[agent_id]
-
-    def add(self, agent_id: Any, step: Step) -> Step:
-        """Append ``step`` to ``agent_id``'s trajectory (re-indexed); returns the stored step."""
-        steps = self._list(agent_id)
-        step = replace(step, index=len(steps))
-        steps.append(step)
-        return step
-
-    def steps(self, agent_id: Any) -> tuple[Step, ...]:
-        return tuple(self._list(agent_id))
-
-    def last(self, agent_id: Any) -> Optional[Step]:
-        steps = self._list(agent_id)
-        return steps[-1] if steps else None
-
-    def replace_last(self, agent_id: Any, step: Step) -> None:
-        """Overwrite ``agent_id``'s last step (e.g. to mark it truncated)."""
-        steps = self._list(agent_id)
-        if not steps:
-            raise IndexError(f"TraceCollector: agent {agent_id!r} has no step to replace")
-        steps[-1] = replace(step, index=len(steps) - 1)
-
-    def deliver(self, agent_id: Any, outcome: StepOutcome) -> bool:
-        """Fold an outcome ``agent_id`` received without acting into its last step.
-
-        Returns ``False`` (and remembers the reward as unattached) when it has no step yet.
-        """
-        last = self.last(agent_id)
-        if last is None:
-            if outcome.reward:
-                self._unattached[agent_id] = self._unattached.get(agent_id, 0.0) + float(outcome.reward)
-            return False
-        record = {
-            "obs": outcome.obs,
-            "reward": float(outcome.reward),
-            "terminated": bool(outcome.terminated),
-            "truncated": bool(outcome.truncated),
-            "info": dict(outcome.info or {}),
-        }
-        self.replace_last(
-            agent_id,
-            replace(
-                last,
-                reward=last.reward + float(outcome.reward),
-                env_reward=last.env_reward + float(outcome.reward),
-                terminated=last.terminated or bool(outcome.terminated),
-                truncated=last.truncated or bool(outcome.truncated),
-                next_obs=outcome.obs,
-                info={**last.info, "delivered": [*last.info.get("delivered", []), record]},
-            ),
-        )
-        return True
-
-    @property
-    def unattached_rewards(self) -> dict[Any, float]:
-        """Rewards delivered to agents that had no step to attach them to."""
-        return dict(self._unattached)
-
-    def rollouts(
-        self,
-        agent_ids: Optional[Sequence[Any]] = None,
-        *,
-        env_seed: Optional[int] = None,
-        sampling_seed: Optional[int] = None,
-        error: Optional[str] = None,
-        per_agent_meta: Optional[Mapping[Any, Mapping[str, Any]]] = None,
-        keep_empty: bool = False,
-    ) -> list[Rollout]:
-        """One rollout per agent in ``agent_ids`` (default: all, in order); agents without
-        steps are skipped unless ``keep_empty``."""
-        out: list[Rollout] = []
-        meta = dict(self.meta)
-        if self._unattached:
-            meta["unattached_rewards"] = {str(k): v for k, v in self._unattached.items()}
-        for a in self._steps if agent_ids is None else agent_ids:
-            steps = self._list(a)
-            if not steps and not keep_empty:
-                continue
-            out.append(
-                Rollout(
-                    steps=tuple(steps),
-                    agent_id=str(a),
-                    env_seed=env_seed,
-                    sampling_seed=sampling_seed,
-                    policy_version=oldest_policy_version(steps),
-                    error=error,
-                    meta={**meta, **dict((per_agent_meta or {}).get(a, {}))},
-                )
-            )
-        return out
+from ludic_lab.interaction.step_collector import TraceCollector, observation_step  # noqa: F401 - re-exported
+from ludic_lab.types import Rollout, StepOutcome
 
 
 class MultiAgentProtocol(InteractionProtocol):
-    """Drives one Agent per env role; returns rollouts for ``trained_agents`` (default all).
+    """Drives one Agent per env role the env does not drive itself; returns rollouts for
+    ``trained_agents`` (default all given agents). See the module docstring for bots.
 
     ``max_steps`` bounds *rounds* (each active agent acts at most once per round; in a
     turn-based game a round is one move). Each agent samples with its own seed derived from
@@ -194,25 +102,18 @@ class MultiAgentProtocol(InteractionProtocol):
         ``env_seed`` and ``meta["episode_id"]``. Raises :class:`EpisodeError` on failure."""
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-        env_ids = list(env.agent_ids)
-        missing = [a for a in env_ids if a not in self.agents]
-        extra = [a for a in self.agents if a not in env_ids]
-        if missing or extra:
-            raise ValueError(
-                f"agents must match {type(env).__name__}.agent_ids {env_ids}: "
-                f"missing {missing}, not in env {extra}"
-            )
+        ids, driven = self._roles(env)
         deadline = deadline_from(timeout_s)
-        seeds = {a: None if sampling_seed is None else derive_seed(sampling_seed, "agent", str(a)) for a in env_ids}
-        collector = TraceCollector(
-            env_ids,
-            meta={
-                "episode_id": uuid.uuid4().hex,
-                "env": type(env).__name__,
-                "protocol": type(self).__name__,
-                "agents": [str(a) for a in env_ids],
-            },
-        )
+        seeds = {a: None if sampling_seed is None else derive_seed(sampling_seed, "agent", str(a)) for a in ids}
+        meta: dict[str, Any] = {
+            "episode_id": uuid.uuid4().hex,
+            "env": type(env).__name__,
+            "protocol": type(self).__name__,
+            "agents": [str(a) for a in ids],
+        }
+        if driven:
+            meta["env_driven_agents"] = [str(a) for a in driven]
+        collector = TraceCollector(ids, meta=meta)
         current_obs: dict[Any, str] = {}
         finished: set[Any] = set()
         phase = "env.reset"
@@ -220,7 +121,7 @@ class MultiAgentProtocol(InteractionProtocol):
         try:
             resets = await maybe_await(env.reset(seed=env_seed))
             phase = "agent.reset"
-            for a in env_ids:
+            for a in ids:
                 if a not in resets:
                     raise KeyError(f"env.reset returned no observation for {a!r}")
                 obs, info = resets[a]
@@ -229,10 +130,11 @@ class MultiAgentProtocol(InteractionProtocol):
                 agent.on_env_reset(obs, info)
                 current_obs[a] = obs
             for _ in range(max_steps):
-                active = [a for a in env.active_agents if a not in finished]
-                if not active:
+                active_all = [a for a in env.active_agents if a not in finished]
+                if not active_all:
                     end = "episode_over"
                     break
+                active = [a for a in active_all if a in self.agents]
                 phase = "agent.act"
                 acts, failures = await self._act_all(active, inference, seeds, deadline)
                 if failures:
@@ -240,7 +142,7 @@ class MultiAgentProtocol(InteractionProtocol):
                     raise failures[0][1]
                 actions = {a: r.action for a, r in acts.items() if not r.parse_failed}
                 outcomes: Mapping[Any, StepOutcome] = {}
-                if actions:
+                if actions or not active:  # only env-driven ids active: step({}) lets the env move them
                     phase = "env.step"
                     outcomes = await maybe_await(env.step(actions))
                     lost = [a for a in actions if a not in outcomes]
@@ -260,13 +162,13 @@ class MultiAgentProtocol(InteractionProtocol):
                 for a, out in outcomes.items():
                     if a in actions or a not in self.agents or a in finished:
                         continue
-                    collector.deliver(a, out)
+                    collector.deliver(a, out)  # after a rejected reply: an observation step
                     if out.terminated or out.truncated:
                         finished.add(a)
                     else:
                         self.agents[a].on_after_step(out.obs, dict(out.info or {}))
                         current_obs[a] = out.obs
-                if finished.issuperset(env_ids):
+                if finished.issuperset(ids):
                     end = "terminated"
                     break
             else:
@@ -280,7 +182,7 @@ class MultiAgentProtocol(InteractionProtocol):
                 env_seed=env_seed,
                 sampling_seed=sampling_seed,
                 error=error_text(phase, e),
-                per_agent_meta={a: {"agent_sampling_seed": seeds[a], "end": "error"} for a in env_ids},
+                per_agent_meta={a: {"agent_sampling_seed": seeds[a], "end": "error"} for a in ids},
                 keep_empty=True,
             )
             raise EpisodeError(
@@ -290,7 +192,7 @@ class MultiAgentProtocol(InteractionProtocol):
                 phase=phase,
             ) from e
         reason = "max_steps" if end == "max_steps" else "episode_over"
-        for a in env_ids:
+        for a in ids:
             last = collector.last(a)
             if last is not None and not last.done:
                 collector.replace_last(a, mark_truncated(last, reason))
@@ -301,11 +203,29 @@ class MultiAgentProtocol(InteractionProtocol):
                 "end": end,
                 "num_parse_errors": sum(1 for s in collector.steps(a) if s.info.get("parse_error")),
             }
-            for a in env_ids
+            for a in ids
         }
         return collector.rollouts(
             self.trained_agents, env_seed=env_seed, sampling_seed=sampling_seed, per_agent_meta=per_agent
         )
+
+    def _roles(self, env: LudicEnv) -> tuple[list[Any], list[Any]]:
+        """``(agent-driven ids, env-driven ids)`` in ``env.agent_ids`` order; raises on a mismatch."""
+        env_ids = list(env.agent_ids)
+        driven = list(getattr(env, "env_driven_agents", None) or [])
+        unknown = [a for a in driven if a not in env_ids]
+        if unknown:
+            raise ValueError(f"{type(env).__name__}.env_driven_agents {unknown} are not in its agent_ids {env_ids}")
+        need = [a for a in env_ids if a not in driven]
+        missing = [a for a in need if a not in self.agents]
+        extra = [a for a in self.agents if a not in need]
+        if missing or extra:
+            raise ValueError(
+                f"agents must match the roles of {type(env).__name__} it does not drive itself: "
+                f"agent_ids {env_ids}, env-driven {driven}; missing {missing}, not expected {extra}. "
+                "Give an Agent for every role the env does not drive (env_driven_agents)."
+            )
+        return need, driven
 
     async def _act_all(
         self,
@@ -315,9 +235,8 @@ class MultiAgentProtocol(InteractionProtocol):
         deadline: Optional[float],
     ) -> tuple[dict[Any, ActResult], list[tuple[Any, Exception]]]:
         """All active agents act concurrently; every call finishes before failures are returned."""
-        unknown = [a for a in active if a not in self.agents]
-        if unknown:
-            raise KeyError(f"env.active_agents lists {unknown}, which have no Agent")
+        if not active:
+            return {}, []
         results = await asyncio.gather(
             *(act_before(self.agents[a], inference, seeds[a], deadline) for a in active), return_exceptions=True
         )
