@@ -185,3 +185,33 @@ def test_check_env_knows_env_driven_roles():
     assert check_env(TicTacToeMultiAgentEnv(bots={"X": "minimax"})).num_steps > 0
     with pytest.raises(ValueError, match="one of 'X' or 'O'"):
         TicTacToeMultiAgentEnv(bots={"X": "random", "O": "random"})
+
+
+async def test_external_tool_calls_reach_the_env_with_the_callers_role():
+    from ludic_lab.agents import ToolAgent
+
+    def peek(what: str) -> str:
+        """Ask the referee.
+
+        Args:
+            what: The question.
+        """
+        raise AssertionError("external tools run in the env")
+
+    class RefereeDuel(DuelEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, str]] = []
+
+        async def handle_tool_call(self, agent_id: str, name: str, arguments: dict) -> str:
+            self.calls.append((agent_id, arguments["what"]))
+            return f"{agent_id} may win now"
+
+    call = '<tool_call>{"name": "peek", "arguments": {"what": "score"}}</tool_call>'
+    a = ToolAgent(ScriptedChatClient([call, "win"], chat_template=chatml_template()), FullDialog(), strict_parser,
+                  external_tools=[peek])
+    env = RefereeDuel()
+    ra, rb = await MultiAgentProtocol({"A": a, "B": agent(["b1"])}).run(env=env, max_steps=3)
+    assert env.calls == [("A", "score")] and env.received == [{"A": "win", "B": "b1"}]
+    rec = ra.steps[0].info["agent"]["tool_calls"][0]
+    assert rec["content"] == "A may win now" and rec["error"] is None and ra.steps[0].terminated

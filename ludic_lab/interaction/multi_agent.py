@@ -136,7 +136,7 @@ class MultiAgentProtocol(InteractionProtocol):
                     break
                 active = [a for a in active_all if a in self.agents]
                 phase = "agent.act"
-                acts, failures = await self._act_all(active, inference, seeds, deadline)
+                acts, failures = await self._act_all(env, active, inference, seeds, deadline)
                 if failures:
                     phase = f"agent.act[{failures[0][0]}]"
                     raise failures[0][1]
@@ -229,16 +229,19 @@ class MultiAgentProtocol(InteractionProtocol):
 
     async def _act_all(
         self,
+        env: LudicEnv,
         active: list[Any],
         inference: Optional[InferenceSpec],
         seeds: Mapping[Any, Optional[int]],
         deadline: Optional[float],
     ) -> tuple[dict[Any, ActResult], list[tuple[Any, Exception]]]:
-        """All active agents act concurrently; every call finishes before failures are returned."""
+        """All active agents act concurrently (external tool calls go to ``env``); every call
+        finishes before failures are returned."""
         if not active:
             return {}, []
         results = await asyncio.gather(
-            *(act_before(self.agents[a], inference, seeds[a], deadline) for a in active), return_exceptions=True
+            *(act_before(self.agents[a], inference, seeds[a], deadline, env=env, agent_id=a) for a in active),
+            return_exceptions=True,
         )
         acts: dict[Any, ActResult] = {}
         failures: list[tuple[Any, Exception]] = []
