@@ -204,6 +204,22 @@ async def test_rollout_engine_runs_async_envs_concurrently(tpl):
     assert all(e.closed == 1 for e in envs)
 
 
+async def test_rollout_engine_awaits_an_async_close(tpl):
+    class AsyncClose(SleepyCountdown):
+        async def close(self) -> None:  # type: ignore[override]
+            await asyncio.sleep(0)
+            self.closed += 1
+
+    envs: list[AsyncClose] = []
+    engine = RolloutEngine(
+        {"sleepy": lambda: envs.append(AsyncClose(delay_s=0)) or envs[-1]},
+        {"agent": lambda: SingleAgentSyncProtocol(_agent(["x"] * 3, tpl))},
+    )
+    req = RolloutRequest(env=EnvSpec("sleepy"), protocol=ProtocolSpec("agent"), num_episodes=2, env_seed=1)
+    rollouts = await engine.generate_rollouts([req], max_steps=5)
+    assert [e.closed for e in envs] == [1, 1] and all("env_close_error" not in r.meta for r in rollouts)
+
+
 # -- check_env ------------------------------------------------------------------------------
 
 

@@ -78,4 +78,5 @@ class LudicEnv(ABC, Generic[AgentIDT, ObsT, ActionT]):
         )
 
     def close(self) -> None:
-        """Release resources (subprocesses, files). Safe to call twice."""
+        """Release resources (subprocesses, files, connections). Safe to call twice; may be
+        ``async def`` (the rollout engine awaits it)."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ludic_lab.aio import run_sync
+from ludic_lab.aio import maybe_await, run_sync
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.interaction.base import InteractionProtocol
 from ludic_lab.jsonl import json_line
@@ -280,7 +280,7 @@ class RolloutEngine:
         finally:
             if env is not None:
                 try:
-                    env.close()
+                    await maybe_await(env.close())  # an async env may close with ``async def close``
                 except Exception as exc:  # noqa: BLE001 - the episode's data is still good
                     close_error = format_error(exc)
         duration = time.perf_counter() - t0
