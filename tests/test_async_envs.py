@@ -258,3 +258,13 @@ def test_check_env_finds_a_broken_async_env():
     with pytest.raises(EnvCheckError) as ei:
         check_env(RaisesOnGarbage(delay_s=0))
     assert ei.value.rule == "step_accepts_any_text"
+
+
+async def test_notebook_stepper_steps_an_async_env(tpl):
+    from ludic_lab.lab.stepper import RolloutStepper
+
+    st = RolloutStepper(SleepyCountdown(), _agent(["a", "b"], tpl), env_seed=1)
+    await st.step()
+    await st.step()
+    r = st.to_rollout()
+    assert [s.next_obs for s in r.steps] == ["n=1", "n=0"] and r.steps[-1].terminated
