@@ -506,6 +506,9 @@ class LudicControlPlane:
                 return JSONResponse(out)
 
             endpoint.__name__ = f"ludic_{fn.__name__}"
+            # resolved types, not this module's postponed strings: FastAPI builds /openapi.json
+            # from them, and "JSONResponse" (imported here, not at module level) made it a 500
+            endpoint.__annotations__ = {"request": Request, "return": JSONResponse}
             return endpoint
 
         async def runtime_version() -> dict[str, Any]:
@@ -524,14 +527,17 @@ class LudicControlPlane:
             return self.spec.to_json()
 
         n_before = len(app.router.routes)
-        app.add_api_route("/runtime_version", route(runtime_version, False), methods=["GET"])
-        app.add_api_route("/get_num_background_tasks", route(num_background_tasks, False), methods=["GET"])
-        app.add_api_route("/param_spec", route(param_spec, False), methods=["GET"])
-        app.add_api_route("/init_communicator", route(self.init_communicator, True), methods=["POST"])
-        app.add_api_route("/close_communicator", route(self.close_communicator, False), methods=["POST"])
-        app.add_api_route("/validate_param_batch", route(self.validate_param_batch, True), methods=["POST"])
-        app.add_api_route("/update_param_batch", route(self.update_param_batch, True), methods=["POST"])
-        app.add_api_route("/reset_prefix_cache", route(self.reset_prefix_cache, False), methods=["POST"])
+        for path, fn, with_body, method in (
+            ("/runtime_version", runtime_version, False, "GET"),
+            ("/get_num_background_tasks", num_background_tasks, False, "GET"),
+            ("/param_spec", param_spec, False, "GET"),
+            ("/init_communicator", self.init_communicator, True, "POST"),
+            ("/close_communicator", self.close_communicator, False, "POST"),
+            ("/validate_param_batch", self.validate_param_batch, True, "POST"),
+            ("/update_param_batch", self.update_param_batch, True, "POST"),
+            ("/reset_prefix_cache", self.reset_prefix_cache, False, "POST"),
+        ):
+            app.add_api_route(path, route(fn, with_body), methods=[method], tags=["ludic"])
         ours = app.router.routes[n_before:]
         del app.router.routes[n_before:]
         app.router.routes[0:0] = ours  # ahead of vLLM's (its dev mode has a /reset_prefix_cache too)
