@@ -23,6 +23,7 @@ import torch
 from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.sampling import sample_rows
+from ludic_lab.inference.tied_weights import check_tied_values, tied_groups
 from ludic_lab.inference.tool_calls import parse_tool_calls, tool_schemas
 from ludic_lab.types import ChatResponse
 
@@ -205,6 +206,7 @@ class LocalChatClient:
         bad = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in tensors.items() if tuple(v.shape) != tuple(own[k].shape)]
         if bad:
             raise ValueError(f"sync_weights: shape mismatch for {bad[:3]} (got, expected); nothing was loaded")
+        check_tied_values(tensors, tied_groups(own), who="sync_weights")  # the rule vLLM's client applies too
         if not self._lock.acquire(timeout=timeout_s):
             raise TimeoutError(f"sync_weights: generation did not yield within {timeout_s}s; nothing was loaded")
         try:

@@ -30,6 +30,7 @@ import httpx
 from ludic_lab.aio import run_sync
 from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
+from ludic_lab.inference.tied_weights import check_tied_values
 from ludic_lab.inference.tool_calls import parse_tool_calls, tool_schemas
 from ludic_lab.types import ChatResponse
 
@@ -528,18 +529,20 @@ class VLLMChatClient:
     def _prepare(self, params: Mapping[str, Any], spec: Any, *, cast: bool = True) -> dict[str, Any]:
         """Detached tensors in wire order; with ``cast``, floating tensors cast to the server's
         dtype (the shm sender casts while staging instead; others are sent as they are, for the
-        server to accept or refuse). A tied alias (``lm_head.weight``) that is the very tensor
-        of its embedding is not sent twice."""
+        server to accept or refuse). A tied alias (``lm_head.weight``) sent with its embedding
+        must hold the same value (else :class:`~ludic_lab.inference.tied_weights.TiedWeightsMismatch`,
+        the rule ``LocalChatClient`` applies too) and is not sent twice."""
         import torch
 
         target = getattr(torch, spec.dtype)
+        check_tied_values(params, [[canon, alias] for alias, canon in spec.aliases.items()], who="sync_weights")
         out: dict[str, Any] = {}
         for k, v in params.items():
             if not isinstance(k, str):
                 raise TypeError(f"sync_weights: parameter names must be strings, got {k!r}")
             canon = spec.aliases.get(k)
-            if canon is not None and canon in params and _same_tensor(v, params[canon]):
-                continue
+            if canon is not None and canon in params:
+                continue  # one tensor, checked equal above: the server loads the embedding
             t = v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
             t = t.detach()
             if cast and t.is_floating_point() and t.dtype != target:
@@ -695,20 +698,6 @@ def _token_id(key: str) -> int:
     if key.startswith(_TOKEN_PREFIX):
         return int(key[len(_TOKEN_PREFIX):])
     raise VLLMError(f"top logprobs keyed by {key!r}: the server ignored return_tokens_as_token_ids")
-
-
-def _same_tensor(a: Any, b: Any) -> bool:
-    """Whether two tensors view the same memory the same way (tied weights)."""
-    try:
-        return (
-            a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-            and a.storage_offset() == b.storage_offset()
-            and a.shape == b.shape
-            and a.stride() == b.stride()
-            and a.dtype == b.dtype
-        )
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def _int_or_none(x: Optional[str]) -> Optional[int]:
