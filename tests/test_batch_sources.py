@@ -31,6 +31,7 @@ from ludic_lab.training.credit_assignment import (
     GroupNormalizedReturn,
     NonFiniteRewardError,
 )
+from ludic_lab.training.filters import with_sample_meta
 from ludic_lab.training.rejection_sampling import (
     RejectionSamplingFilter,
     keep_if_final_info,
@@ -262,7 +263,7 @@ def test_offline_source_from_rollouts_jsonl(tmp_path):
     src = OfflineBatchSource(tmp_path / "r.jsonl", batch_size=10, shuffle=False)
     batch = src.next_batch_sync()
     assert [(it.rollout_id, it.step_index) for it in batch.items] == [("a", 0), ("a", 1), ("b", 0), ("c", 0), ("d", 0)]
-    assert all(it == SAWItem.from_step(r, s, 1.0) for it, (r, s) in
+    assert all(it == with_sample_meta([SAWItem.from_step(r, s, 1.0)], [r])[0] for it, (r, s) in
                zip(batch.items, [(rs[0], rs[0].steps[0]), (rs[0], rs[0].steps[1]), (rs[1], rs[1].steps[0]),
                                  (rs[2], rs[2].steps[0]), (rs[3], rs[3].steps[0])]))
     assert batch.meta["skipped/failed_rollouts"] == 1 and batch.meta["epoch"] == 0

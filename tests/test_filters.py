@@ -193,3 +193,21 @@ async def test_a_filter_that_drops_everything_is_an_empty_batch_error_with_reaso
 def test_bad_sample_filter_is_refused_at_construction():
     with pytest.raises(TypeError, match="sample_filter"):
         _source(sample_filter=42)
+
+
+async def test_offline_source_filters_saved_rollouts_once_and_reports_it(tmp_path):
+    from ludic_lab.training.batch_sources import OfflineBatchSource
+    from ludic_lab.types import save_rollouts
+
+    src = _source()
+    await src.next_batch()
+    path = tmp_path / "rollouts.jsonl"
+    save_rollouts(src.last_rollouts, path)
+    offline = OfflineBatchSource(path, batch_size=10, shuffle=False,
+                                 sample_filter=drop_truncated & drop_parse_errors & drop_incomplete_completions)
+    batch = offline.next_batch_sync()
+    assert len(offline) == 3 and len(batch) == 3
+    assert batch.meta["skipped/filtered_samples"] == 4 and batch.meta["skipped/filtered_samples/drop_truncated"] == 2
+    assert all(not it.meta["truncated"] and not it.meta["parse_error"] for it in batch.items)
+    with pytest.raises(EmptyBatchError, match="filtered_samples"):
+        OfflineBatchSource(path, batch_size=2, sample_filter=lambda it: False)

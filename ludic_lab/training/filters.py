@@ -17,6 +17,7 @@ rejected it), so sources count every drop in ``batch.meta`` — nothing disappea
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from ludic_lab.training.saw import SAWItem
@@ -173,6 +174,17 @@ def sample_meta(rollout: Rollout, step: Step) -> dict[str, Any]:
     }
 
 
+def with_sample_meta(items: Sequence[SAWItem], rollouts: Sequence[Rollout]) -> list[SAWItem]:
+    """``items`` with their step's flags (:func:`sample_meta`) in
+    ``meta``; keys the item already has win."""
+    steps = {(r.id, s.index): (r, s) for r in rollouts for s in r.steps}
+    out: list[SAWItem] = []
+    for it in items:
+        found = steps.get((it.rollout_id, it.step_index))
+        out.append(it if found is None else replace(it, meta={**sample_meta(*found), **it.meta}))
+    return out
+
+
 def _keep_all(item: SAWItem) -> bool:
     return True
 
@@ -214,4 +226,5 @@ __all__ = [
     "filter_name",
     "keep_all",
     "sample_meta",
+    "with_sample_meta",
 ]

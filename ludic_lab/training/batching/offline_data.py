@@ -25,6 +25,7 @@ from ludic_lab.jsonl import is_hf_dataset, read_jsonl
 from ludic_lab.training.batching.chat_sft import as_chat_template, sft_item_from_messages
 from ludic_lab.training.credit.base import CreditAssigner
 from ludic_lab.training.credit.returns import ConstantCredit
+from ludic_lab.training.filters import with_sample_meta
 from ludic_lab.training.saw import RolloutStepKey, SAWItem
 from ludic_lab.types import Rollout
 
@@ -127,7 +128,7 @@ def load_offline_items(
         stats = getattr(assigner, "last_stats", None)
         if stats is not None and hasattr(stats, "as_dict"):
             counts.update({f"credit/{k}": v for k, v in stats.as_dict().items() if isinstance(v, int)})
-        for it in _step_weight_items(rollouts, weights, counts):
+        for it in with_sample_meta(_step_weight_items(rollouts, weights, counts), rollouts):
             by_rollout.setdefault(it.rollout_id, []).append(it)
     items: list[SAWItem] = []
     for slot in slots:

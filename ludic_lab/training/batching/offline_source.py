@@ -18,6 +18,7 @@ from ludic_lab.training.batching.batch_stats import item_stats, prefixed
 from ludic_lab.training.batching.offline_data import load_offline_items
 from ludic_lab.training.credit.base import CreditAssigner
 from ludic_lab.training.credit.returns import ConstantCredit
+from ludic_lab.training.filters import FilterSpec, as_filter, filter_items
 from ludic_lab.training.saw import SAWBatch, SAWItem
 
 
@@ -26,6 +27,8 @@ class OfflineBatchSource:
 
     ``credit_assigner`` weights saved rollouts (default :class:`ConstantCredit`: SFT on
     them); ``tokenizer`` (HF tokenizer or ChatTemplate) is needed for chat examples.
+    ``sample_filter`` (see :mod:`ludic_lab.training.filters`) drops items once, at load; its
+    drops are in every batch's ``meta`` as ``skipped/filtered_samples[/<filter name>]``.
     """
 
     def __init__(
@@ -40,6 +43,7 @@ class OfflineBatchSource:
         drop_last: bool = False,
         tokenizer: Any = None,
         messages_key: str = "messages",
+        sample_filter: FilterSpec = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"OfflineBatchSource.batch_size must be an int >= 1, got {batch_size!r}")
@@ -47,6 +51,11 @@ class OfflineBatchSource:
         self.items, self.skipped = load_offline_items(
             data, self.credit_assigner, tokenizer=tokenizer, messages_key=messages_key
         )
+        self.sample_filter = as_filter(sample_filter)
+        if self.sample_filter is not None:
+            self.items, dropped = filter_items(self.items, self.sample_filter)
+            self.skipped["filtered_samples"] = sum(dropped.values())
+            self.skipped.update({f"filtered_samples/{k}": v for k, v in dropped.items()})
         if not self.items:
             raise EmptyBatchError(
                 f"OfflineBatchSource: the data holds no trainable items (skipped: {self.skipped or 'nothing'}); "

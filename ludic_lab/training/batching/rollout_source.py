@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 from ludic_lab.aio import run_sync
 from ludic_lab.training.batching.base import EmptyBatchError
 from ludic_lab.training.batching.batch_stats import item_stats, prefixed, rollout_stats
 from ludic_lab.training.credit.base import CreditAssigner
-from ludic_lab.training.filters import FilterSpec, as_filter, filter_items, sample_meta
+from ludic_lab.training.filters import FilterSpec, as_filter, filter_items, with_sample_meta
 from ludic_lab.training.request_strategies import IdentityStrategy, RequestStrategy
 from ludic_lab.training.rollout_engine import RolloutEngine
 from ludic_lab.training.saw import SAWBatch, SAWItem, saw_items_from_rollouts
@@ -195,13 +194,3 @@ _SKIP_KEYS = (
 )
 """Skip reasons always present in ``meta`` (as ``skipped/<reason>``), zero when nothing was skipped."""
 
-
-def with_sample_meta(items: Sequence[SAWItem], rollouts: Sequence[Rollout]) -> list[SAWItem]:
-    """``items`` with their step's flags (:func:`~ludic_lab.training.filters.sample_meta`) in
-    ``meta``; keys the item already has win."""
-    steps = {(r.id, s.index): (r, s) for r in rollouts for s in r.steps}
-    out: list[SAWItem] = []
-    for it in items:
-        found = steps.get((it.rollout_id, it.step_index))
-        out.append(it if found is None else replace(it, meta={**sample_meta(*found), **it.meta}))
-    return out
