@@ -111,9 +111,22 @@ def _check_json(info: Any, where: str) -> None:
         _fail("info_json", f"{where}: info is not JSON-serialisable ({e}); keep info to str/number/bool/list/dict")
 
 
+def _gym_hint(out: Any) -> str:
+    """What to write instead of a Gymnasium-style tuple (empty for anything else)."""
+    if isinstance(out, tuple) and len(out) in (4, 5):
+        return (
+            f" (a {len(out)}-tuple, as Gymnasium's step returns: return StepOutcome(obs=..., reward=..., "
+            "truncated=..., terminated=..., info=...) instead)"
+        )
+    return ""
+
+
 def _check_outcome(agent: Any, out: Any, where: str) -> None:
     if not isinstance(out, StepOutcome):
-        _fail("outcome_types", f"{where}: outcome for {agent!r} is a {type(out).__name__}, expected StepOutcome")
+        _fail(
+            "outcome_types",
+            f"{where}: outcome for {agent!r} is a {type(out).__name__}, expected StepOutcome{_gym_hint(out)}",
+        )
     if not isinstance(out.obs, str):
         _fail("outcome_types", f"{where}: obs for {agent!r} is a {type(out.obs).__name__}, expected str")
     r = out.reward
@@ -314,7 +327,7 @@ async def check_env_async(
         where = f"step {steps}"
         outs = await _step(env, acts, where)
         if not isinstance(outs, dict):
-            _fail("outcome_keys", f"{where}: step returned a {type(outs).__name__}, expected {{agent_id: StepOutcome}}")
+            _fail("outcome_keys", f"{where}: step returned a {type(outs).__name__}, expected {{agent_id: StepOutcome}}{_gym_hint(outs)}")
         if not set(acts) <= set(outs) or not set(outs) <= ids:
             _fail("outcome_keys", f"{where}: step got actions for {sorted(map(repr, acts))} but returned outcomes for {sorted(map(repr, outs))}")
         for a, o in outs.items():
