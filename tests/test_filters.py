@@ -181,6 +181,7 @@ async def test_rollout_batch_source_drops_and_counts_by_filter():
     assert not any(it.meta["truncated"] or it.meta["parse_error"] or it.meta["incomplete_completion"]
                    for it in batch.items)
     assert len(src.last_rollouts) == 4  # the rollouts are all still there to look at
+    assert m["parse_error_rate"] == pytest.approx(1 / 7) and m["incomplete_completion_rate"] == pytest.approx(1 / 7)
 
 
 async def test_a_filter_that_drops_everything_is_an_empty_batch_error_with_reasons():

@@ -119,6 +119,9 @@ async def test_a_terminal_outcome_after_a_rejected_reply_is_its_own_step():
     items, counts = saw_items_from_rollouts([ra], {(ra.id, 0): 1.0, (ra.id, 1): 1.0})
     assert len(items) == 1 and items[0].step_index == 0  # the observation step is never trained on
     assert counts["steps_without_trace"] == 1  # ... and its absence is counted, not silent
+    from ludic_lab.training.batching.batch_stats import rollout_stats
+
+    assert rollout_stats([ra])["parse_error_rate"] == 1.0  # a rate over A's turns: it had one, rejected
 
 
 # -- roles the env drives itself ------------------------------------------------------------------

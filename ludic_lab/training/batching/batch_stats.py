@@ -25,12 +25,18 @@ def _std(xs: Sequence[float]) -> float:
     return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / len(xs))
 
 
+def _rate(steps: Sequence[Any], flag: str) -> float:
+    return sum(bool(s.info.get(flag)) for s in steps) / len(steps) if steps else _NAN
+
+
 def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     """Counts, total-reward summary (non-failed rollouts, finite totals; std with ddof=0)
-    and the parse-error rate over every step of every rollout."""
+    and, over the agent turns of every rollout (observation-only steps left out), the rates
+    of parse errors and of completions cut at ``max_tokens``."""
     ok = [r.total_reward for r in rollouts if not r.failed]
     finite = [x for x in ok if math.isfinite(x)]
     steps = [s for r in rollouts for s in r.steps]
+    turns = [s for s in steps if not s.info.get("observation_only")]
     return {
         "num_rollouts": len(rollouts),
         "num_failed_rollouts": sum(r.failed for r in rollouts),
@@ -40,7 +46,8 @@ def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
         "reward_std": _std(finite),
         "reward_min": min(finite) if finite else _NAN,
         "reward_max": max(finite) if finite else _NAN,
-        "parse_error_rate": (sum(bool(s.info.get("parse_error")) for s in steps) / len(steps)) if steps else _NAN,
+        "parse_error_rate": _rate(turns, "parse_error"),
+        "incomplete_completion_rate": _rate(turns, "incomplete_completion"),
     }
 
 
