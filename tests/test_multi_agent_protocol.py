@@ -218,3 +218,19 @@ async def test_external_tool_calls_reach_the_env_with_the_callers_role():
     assert env.calls == [("A", "score")] and env.received == [{"A": "win", "B": "b1"}]
     rec = ra.steps[0].info["agent"]["tool_calls"][0]
     assert rec["content"] == "A may win now" and rec["error"] is None and ra.steps[0].terminated
+
+
+def test_trace_collector_never_folds_into_a_rejected_step():
+    from ludic_lab.interaction import TraceCollector
+    from ludic_lab.types import Step
+
+    c = TraceCollector(["A"])
+    c.add("A", Step(index=0, prev_obs="o", action="bad", parsed_action=None, next_obs=FEEDBACK, reward=-0.5,
+                    info={"parse_error": True}, format_reward=-0.5))
+    assert c.deliver("A", StepOutcome(obs="B moved", reward=0.0, truncated=False, terminated=False))
+    assert c.deliver("A", StepOutcome(obs="you lost", reward=-1.0, truncated=False, terminated=True))
+    rejected, seen = c.steps("A")
+    assert rejected.next_obs == FEEDBACK and rejected.reward == -0.5 and not rejected.done
+    # a second outcome folds into the observation step, as into any step the agent did not act in since
+    assert seen.index == 1 and seen.prev_obs == FEEDBACK and seen.next_obs == "you lost" and seen.terminated
+    assert seen.reward == -1.0 and [d["obs"] for d in seen.info["delivered"]] == ["B moved", "you lost"]
