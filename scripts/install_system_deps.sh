@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# System packages the test suite drives for real: redis-server (pipeline RL tests) and
-# Debian's chromium + chromedriver (the HTML credit view is opened in a headless browser).
+# System packages the test suite drives for real: redis-server (pipeline RL tests),
+# Debian's chromium + chromedriver (the HTML credit view is opened in a headless browser) and
+# bubblewrap (the sandbox that runs model-written code in the code-execution env).
 # Installs only what is missing; needs root or sudo and Debian's apt.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 if [ "${#need[@]}" -eq 0 ]; then
   exit 0
 fi

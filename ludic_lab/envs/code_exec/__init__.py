@@ -1,0 +1,35 @@
+"""Code execution: run model-written Python in a sandbox and reward it by its tests.
+
+Layers, bottom to top: :class:`Sandbox` (protocol) with the :class:`BubblewrapSandbox`
+backend (and :class:`UnsafeLocalSandbox` for trusted code, only by name); the
+:class:`SandboxPool` (bounded concurrency, result cache, clean shutdown); runners
+(:func:`run_tests`: stdin/stdout and function-call tests batched in one interpreter); and
+the env (:class:`CodeExecEnv`). See docs/code_exec.md.
+"""
+
+from ludic_lab.envs.code_exec.bwrap import BubblewrapSandbox, find_bwrap
+from ludic_lab.envs.code_exec.cache import ResultCache
+from ludic_lab.envs.code_exec.local import UnsafeLocalSandbox
+from ludic_lab.envs.code_exec.pool import SandboxPool
+from ludic_lab.envs.code_exec.runners import RunConfig, outputs_match, run_tests
+from ludic_lab.envs.code_exec.sandbox import Interpreter, Sandbox, SandboxLimits, SandboxUnavailableError
+from ludic_lab.envs.code_exec.types import BatchTestResult, ExecutionResult, TestCase, TestResult
+
+__all__ = [
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxUnavailableError",
+    "Interpreter",
+    "BubblewrapSandbox",
+    "UnsafeLocalSandbox",
+    "find_bwrap",
+    "SandboxPool",
+    "ResultCache",
+    "ExecutionResult",
+    "TestCase",
+    "TestResult",
+    "BatchTestResult",
+    "RunConfig",
+    "run_tests",
+    "outputs_match",
+]

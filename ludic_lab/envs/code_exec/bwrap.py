@@ -1,0 +1,118 @@
+"""``BubblewrapSandbox``: untrusted Python in Linux namespaces via bubblewrap, no daemon.
+
+Each execution gets a fresh sandbox: new pid, network (no interfaces but a down loopback:
+no network at all), ipc, uts and mount namespaces; a root holding only ``/usr`` and the
+interpreter's installation, read-only; ``/task`` (the program and its inputs, read-only);
+a private writable tmpfs at ``/sandbox`` (cwd, ``HOME``, ``/tmp``) that disappears with the
+sandbox; no ``/etc``, no home, no project checkout, no other sandbox; an empty environment.
+Started as root, the harness drops to a per-slot unprivileged uid (``uid_base + slot``), so
+``RLIMIT_NPROC`` counts only this sandbox's processes (root is exempt from it); started as
+a normal user, bubblewrap maps that user into a new user namespace and forbids nested ones.
+At the deadline the sandbox's pid 1 is killed, which kills every process in its namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Optional
+
+from ludic_lab.envs.code_exec.base import HarnessSandbox
+from ludic_lab.envs.code_exec.sandbox import INSTALL_HINT, Interpreter, SandboxLimits, SandboxUnavailableError
+
+
+def find_bwrap() -> str:
+    """Path of the ``bwrap`` executable, or :class:`SandboxUnavailableError` saying how to get it."""
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailableError(f"bubblewrap (bwrap) is not on PATH, so untrusted code cannot run: {INSTALL_HINT}")
+    return path
+
+
+def _root_links() -> list[str]:
+    """``/bin``, ``/lib``, ... as the host has them: symlinks into /usr, or read-only binds."""
+    args: list[str] = []
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = "/" + name
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+class BubblewrapSandbox(HarnessSandbox):
+    """One sandbox slot. Executions are sequential per slot; a :class:`SandboxPool` runs
+    several slots at once. ``workroot`` is a private host directory (mode 0700) holding the
+    harness and, per execution, a task directory removed when the execution ends."""
+
+    name = "bubblewrap"
+    own_pid_namespace = True
+
+    def __init__(
+        self, *, slot: int, workroot: str, limits: SandboxLimits, interpreter: Interpreter,
+        executor: Optional[Executor] = None, uid_base: int = 1_900_000_000, bwrap: Optional[str] = None,
+    ) -> None:
+        super().__init__(slot=slot, workroot=workroot, limits=limits, interpreter=interpreter, executor=executor)
+        self.bwrap = bwrap or find_bwrap()
+        self.as_root = os.geteuid() == 0
+        self.uid = uid_base + slot if self.as_root else None
+
+    def task_mount(self, task_dir: str) -> str:
+        return "/task"
+
+    # -- the command line --------------------------------------------------------------
+    def argv(self, task_dir: str, info_fd: int) -> list[str]:
+        """The bwrap command for one execution (see the module docstring for the layout)."""
+        py = self.interpreter
+        args = [self.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
+                "--hostname", "sandbox"]
+        if self.as_root:  # the harness needs these two to drop to its own uid, then has none
+            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        else:
+            args += ["--unshare-user", "--disable-userns"]
+        args += ["--ro-bind", "/usr", "/usr", *_root_links()]
+        if not (py.prefix == "/usr" or py.prefix.startswith("/usr/")):
+            # parents such as /root would otherwise be made with the host's mode (0700: unusable)
+            parts = py.prefix.strip("/").split("/")[:-1]
+            for i in range(len(parts)):
+                args += ["--perms", "0755", "--dir", "/" + "/".join(parts[: i + 1])]
+            args += ["--ro-bind", py.prefix, py.prefix]
+        args += ["--proc", "/proc", "--dev", "/dev",
+                 "--perms", "1777", "--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/sandbox",
+                 "--symlink", "sandbox", "/tmp",
+                 "--ro-bind", task_dir, "/task", "--ro-bind", self.harness, "/harness.py",
+                 "--chdir", "/sandbox",
+                 "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
+                 "--setenv", "TMPDIR", "/sandbox", "--setenv", "LANG", "C.UTF-8",
+                 "--info-fd", str(info_fd),
+                 py.executable, "-I", "-S", "/harness.py", "/task/config.json"]
+        return args
+
+    @staticmethod
+    def kill(proc: "subprocess.Popen[bytes]", extra: dict[int, bytes]) -> None:
+        """Kill the sandbox's pid 1: its whole pid namespace dies with it and bwrap then exits
+        by itself (bwrap is killed directly only before it has a child)."""
+        child = None
+        for blob in extra.values():
+            try:
+                child = int(json.loads(blob.decode())["child-pid"])
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+                pass
+        if child is None:  # bwrap had not reported yet: ask the kernel for its child
+            try:
+                kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+                child = int(kids[0]) if kids else None
+            except OSError:
+                child = None
+        try:
+            os.kill(child if child is not None else proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+

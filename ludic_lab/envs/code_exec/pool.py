@@ -1,0 +1,158 @@
+"""``SandboxPool``: bounded concurrency over sandbox slots, a shared result cache, clean shutdown.
+
+    async with SandboxPool(size=2) as pool:              # refuses to start without bubblewrap
+        result = await pool.execute("print(input())", stdin="hi\\n")
+        async with pool.sandbox() as sb:                 # or checkout()/release()
+            ...
+
+``size`` slots run at once (one worker thread each waits on its sandbox process); callers
+beyond that wait in :meth:`SandboxPool.checkout`. :meth:`SandboxPool.shutdown` kills what is
+still running, waits for the threads and removes the pool's private directory, so no
+process or file is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Optional
+
+from ludic_lab.envs.code_exec.base import HarnessSandbox
+from ludic_lab.envs.code_exec.bwrap import BubblewrapSandbox, find_bwrap
+from ludic_lab.envs.code_exec.cache import ResultCache
+from ludic_lab.envs.code_exec.local import UnsafeLocalSandbox
+from ludic_lab.envs.code_exec.sandbox import INSTALL_HINT, Interpreter, SandboxLimits, SandboxUnavailableError
+from ludic_lab.envs.code_exec.types import ExecutionResult
+
+log = logging.getLogger(__name__)
+
+
+class SandboxPool:
+    """``size`` sandboxes of one backend: bubblewrap, or — only when asked by name —
+    ``unsafe_local=True`` (no isolation, for trusted code). ``python`` picks the interpreter
+    the sandboxes run (default: the base installation of the running Python)."""
+
+    def __init__(
+        self, size: int = 2, *, limits: Optional[SandboxLimits] = None, python: Optional[str] = None,
+        unsafe_local: bool = False, cache_size: int = 4096, uid_base: int = 1_900_000_000,
+    ) -> None:
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"SandboxPool size must be an int >= 1, got {size!r}")
+        self.size = size
+        self.limits = limits or SandboxLimits()
+        self.python = python
+        self.unsafe_local = bool(unsafe_local)
+        self.uid_base = uid_base
+        self.cache = ResultCache(cache_size)
+        self.executions = 0
+        self._sandboxes: list[HarnessSandbox] = []
+        self._free: Optional[asyncio.Queue[HarnessSandbox]] = None
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self.workroot: Optional[str] = None
+        self._finalizer: Optional[weakref.finalize] = None
+
+    @property
+    def backend(self) -> str:
+        return UnsafeLocalSandbox.name if self.unsafe_local else BubblewrapSandbox.name
+
+    @property
+    def started(self) -> bool:
+        return self._free is not None
+
+    async def start(self) -> "SandboxPool":
+        """Create the slots and run one probe program; raises :class:`SandboxUnavailableError`
+        (saying what to do) when bubblewrap is missing or cannot create namespaces here."""
+        if self.started:
+            return self
+        interpreter = Interpreter.from_executable(self.python) if self.python else Interpreter.current()
+        bwrap = None if self.unsafe_local else find_bwrap()
+        if self.unsafe_local:
+            log.warning("SandboxPool(unsafe_local=True): programs run WITHOUT isolation (your files, network "
+                        "and processes are reachable); use it only for code you trust.")
+        self.workroot = tempfile.mkdtemp(prefix="ludic-sandbox-")
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.workroot, True)
+        self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="sandbox")
+        for slot in range(self.size):
+            if self.unsafe_local:
+                sb: HarnessSandbox = UnsafeLocalSandbox(
+                    slot=slot, workroot=self.workroot, limits=self.limits, interpreter=interpreter, executor=self._executor)
+            else:
+                sb = BubblewrapSandbox(slot=slot, workroot=self.workroot, limits=self.limits, interpreter=interpreter,
+                                       executor=self._executor, uid_base=self.uid_base, bwrap=bwrap)
+            self._sandboxes.append(sb)
+        probe = await self._sandboxes[0].execute("print('ok')", timeout_s=10.0)
+        if probe.stdout.strip() != "ok":
+            await self.shutdown()
+            raise SandboxUnavailableError(
+                f"the {self.backend} sandbox could not run a probe program here ({probe.stop_reason}, exit "
+                f"{probe.exit_code}): {probe.stderr.strip()[-500:]!r}. bubblewrap needs user namespaces "
+                "(sysctl kernel.unprivileged_userns_clone=1, or a container started with them allowed) "
+                f"or root; {INSTALL_HINT}"
+            )
+        self._free = asyncio.Queue()
+        for sb in self._sandboxes:
+            self._free.put_nowait(sb)
+        return self
+
+    async def __aenter__(self) -> "SandboxPool":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    async def checkout(self, timeout_s: Optional[float] = None) -> HarnessSandbox:
+        """Wait (up to ``timeout_s``) for a free sandbox; :meth:`release` it afterwards."""
+        if self._free is None:
+            raise RuntimeError("SandboxPool is not started: `await pool.start()` or use `async with SandboxPool() as pool`")
+        if timeout_s is None:
+            return await self._free.get()
+        return await asyncio.wait_for(self._free.get(), timeout_s)
+
+    def release(self, sandbox: HarnessSandbox) -> None:
+        """Give a sandbox back (every execution already starts from a fresh sandbox)."""
+        if self._free is not None:
+            self._free.put_nowait(sandbox)
+
+    @asynccontextmanager
+    async def sandbox(self, timeout_s: Optional[float] = None) -> AsyncIterator[HarnessSandbox]:
+        """``async with pool.sandbox() as sb:`` checkout and guaranteed release."""
+        sb = await self.checkout(timeout_s)
+        try:
+            self.executions += 1
+            yield sb
+        finally:
+            self.release(sb)
+
+    async def execute(self, code: str, stdin: str = "", timeout_s: float = 5.0) -> ExecutionResult:
+        """Run one program in the next free sandbox."""
+        async with self.sandbox() as sb:
+            return await sb.execute(code, stdin=stdin, timeout_s=timeout_s)
+
+    async def shutdown(self) -> None:
+        """Kill running executions, wait for the worker threads, remove the pool's directory."""
+        for sb in self._sandboxes:
+            sb.abort()
+        if self._executor is not None:
+            executor, self._executor = self._executor, None
+            await asyncio.get_running_loop().run_in_executor(None, executor.shutdown, True)
+        if self.workroot is not None:
+            shutil.rmtree(self.workroot, ignore_errors=True)
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self.workroot = None
+        self._free = None
+        self._sandboxes = []
+
+    def stats(self) -> dict[str, object]:
+        """Backend, size, executions started and the cache's hits/misses."""
+        return {"backend": self.backend, "size": self.size, "executions": self.executions, "cache": self.cache.stats}
+
+    def __repr__(self) -> str:
+        state = "started" if self.started else "stopped"
+        return f"SandboxPool(size={self.size}, backend={self.backend!r}, {state}, pid={os.getpid()})"

@@ -1,0 +1,280 @@
+"""Escape and abuse tests of the bubblewrap sandbox: each attack is contained, ends in a clear
+``ExecutionResult``, and leaves no process and no file behind (checked after every test).
+
+Needs ``bwrap`` (scripts/install_system_deps.sh installs it); skipped with that hint when
+missing, except the refusal test, which runs everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ludic_lab.envs.code_exec import RunConfig, SandboxLimits, SandboxPool, SandboxUnavailableError, TestCase, run_tests
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing: scripts/install_system_deps.sh")
+UID_BASE = 1_900_000_000
+
+
+def _sandbox_processes() -> list[str]:
+    """Processes still running as a sandbox uid, or bwrap processes under this test process."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{name}/status").read_text()
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        uid = int(status.split("Uid:")[1].split()[0])
+        ppid = int(status.split("PPid:")[1].split()[0])
+        state = status.split("State:")[1].split()[0]
+        if state != "Z" and (UID_BASE <= uid < UID_BASE + 64 or ("bwrap" in cmd and ppid == os.getpid())):
+            found.append(f"{name} uid={uid} {cmd[:80]}")
+    return found
+
+
+def _sandbox_dirs() -> set[str]:
+    import tempfile
+
+    return {p.name for p in Path(tempfile.gettempdir()).glob("ludic-sandbox-*")}
+
+
+@pytest.fixture(autouse=True)
+def machine_as_before():
+    """Every test must leave no sandbox process and no sandbox directory behind."""
+    dirs = _sandbox_dirs()
+    yield
+    assert _sandbox_processes() == [], "a sandboxed process outlived its execution"
+    assert _sandbox_dirs() <= dirs, "a sandbox directory was left behind"
+
+
+def pool(**kw) -> SandboxPool:
+    kw.setdefault("limits", SandboxLimits(max_stdout_bytes=64 * 1024, processes=16))
+    return SandboxPool(kw.pop("size", 1), **kw)
+
+
+async def test_missing_bwrap_is_a_refusal_naming_the_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH
+    with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap") as err:
+        await SandboxPool(1).start()
+    assert "unsafe_local=True" in str(err.value)  # the trusted-code escape hatch is named, never taken
+
+
+@needs_bwrap
+async def test_fork_bomb_hits_the_process_limit_and_is_killed():
+    async with pool() as p:
+        counted = await p.execute(
+            "import os, time\nn = 0\ntry:\n    for _ in range(1000):\n        if os.fork() == 0:\n"
+            "            time.sleep(30); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print(n, e.errno)\n",
+            timeout_s=5,
+        )
+        assert counted.ok, counted
+        forked, errno_ = map(int, counted.stdout.split())
+        assert forked < 16 and errno_ == 11  # EAGAIN from RLIMIT_NPROC; the sleepers died with the sandbox
+        bomb = await p.execute("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+                               timeout_s=1)
+    assert bomb.stop_reason in ("timeout", "cpu_limit") and bomb.wall_s < 4, bomb
+
+
+@needs_bwrap
+async def test_memory_bomb_is_a_memory_limit():
+    async with pool(limits=SandboxLimits(memory_bytes=256 * 2**20)) as p:
+        big = await p.execute("x = bytearray(4 * 10**9)", timeout_s=5)
+        grow = await p.execute("a = []\nwhile True:\n    a.append(' ' * 10**6)\n", timeout_s=5)
+    for r in (big, grow):
+        assert r.stop_reason == "memory_limit" and not r.ok and "MemoryError" in r.stderr, r
+        assert r.peak_memory_bytes < 256 * 2**20
+    assert grow.peak_memory_bytes > 100 * 2**20  # it did grow, up to the limit
+
+
+@needs_bwrap
+async def test_infinite_loop_is_stopped_at_the_timeout():
+    async with pool() as p:
+        r = await p.execute("while True:\n    pass\n", timeout_s=1)
+    assert r.timed_out and r.stop_reason in ("timeout", "cpu_limit") and r.exit_code is None
+    assert r.wall_s < 3.0
+
+
+@needs_bwrap
+async def test_huge_stdout_is_truncated_and_the_program_killed():
+    async with pool() as p:
+        r = await p.execute("while True:\n    print('x' * 10000)\n", timeout_s=5)
+        err = await p.execute("import sys\nfor _ in range(2000):\n    sys.stderr.write('e' * 1000)\nprint('done')", timeout_s=5)
+    assert r.stop_reason == "output_limit" and r.stdout_truncated
+    assert len(r.stdout.encode()) == 64 * 1024 and r.wall_s < 2
+    assert err.ok and err.stderr_truncated and len(err.stderr.encode()) == p.limits.max_stderr_bytes
+
+
+@needs_bwrap
+async def test_no_network_not_even_a_local_server():
+    accepted: list[object] = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    srv.settimeout(0.2)
+    port = srv.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(srv.accept())
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    code = (
+        "import socket\n"
+        f"for what, fn in [('connect', lambda: socket.create_connection(('127.0.0.1', {port}), timeout=1)),\n"
+        "                 ('dns', lambda: socket.getaddrinfo('example.com', 80)),\n"
+        "                 ('udp', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('8.8.8.8', 53)))]:\n"
+        "    try:\n        fn(); print(what, 'REACHED')\n"
+        "    except OSError as e:\n        print(what, 'blocked', type(e).__name__)\n"
+        "print('interfaces', [n for _, n in socket.if_nameindex()])\n"
+    )
+    try:
+        async with pool() as p:
+            r = await p.execute(code, timeout_s=5)
+    finally:
+        stop.set()
+        t.join()
+        srv.close()
+    assert r.ok, r
+    assert "REACHED" not in r.stdout and r.stdout.count("blocked") == 3, r.stdout
+    assert "interfaces ['lo']" in r.stdout
+    assert accepted == []  # the host's server never saw a connection
+
+
+@needs_bwrap
+async def test_files_outside_are_invisible_and_unwritable(monkeypatch):
+    secret = uuid.uuid4().hex
+    planted = [Path.cwd() / f".sandbox_plant_{secret}", Path.home() / f".sandbox_plant_{secret}"]
+    outside = [f"/tmp/escape_{secret}", f"/usr/escape_{secret}", f"/escape_{secret}", f"/task/escape_{secret}",
+               os.path.join(os.path.realpath(os.sys.base_prefix), f"escape_{secret}")]
+    for path in planted:
+        path.write_text(secret)
+    code = (
+        "import os\n"
+        f"for path in {[str(p) for p in planted]!r} + ['/etc/passwd', '/proc/1/environ']:\n"
+        "    try:\n        print('READ', path, open(path).read())\n"
+        "    except OSError as e:\n        print('denied', type(e).__name__)\n"
+        f"for path in {outside!r}:\n"
+        "    try:\n        open(path, 'w').write('x'); print('WROTE', path)\n"
+        "    except OSError as e:\n        print('denied', type(e).__name__)\n"
+        "open('scratch.txt', 'w').write('mine')\n"
+        "print('home', os.listdir(os.path.expanduser('~')), 'root', sorted(os.listdir('/')))\n"
+    )
+    try:
+        async with pool() as p:
+            r = await p.execute(code, timeout_s=5)
+    finally:
+        for path in planted:
+            path.unlink()
+    assert r.ok, r
+    assert secret not in r.stdout.replace(f"escape_{secret}", "")
+    assert "READ" not in r.stdout
+    # /tmp is the sandbox's own tmpfs: writing there is allowed and gone afterwards
+    assert r.stdout.count("WROTE") == 1 and f"WROTE /tmp/escape_{secret}" in r.stdout
+    home = r.stdout.split("home ")[1].split(" root ")[0]
+    assert f"escape_{secret}" in home and "scratch.txt" in home  # HOME, cwd and /tmp: the private dir
+    assert all(not os.path.exists(path) for path in outside)
+    assert "'work'" not in r.stdout and "'etc'" not in r.stdout and "'home'" not in r.stdout
+
+
+@needs_bwrap
+async def test_parent_environment_is_not_inherited(monkeypatch):
+    secret = uuid.uuid4().hex
+    monkeypatch.setenv("LUDIC_TEST_API_KEY", secret)
+    async with pool() as p:
+        r = await p.execute("import os\nprint(dict(os.environ))\nprint(open('/proc/self/environ').read())\n"
+                            "try:\n    print(open('/proc/1/environ').read())\nexcept OSError as e:\n    print('denied', e)",
+                            timeout_s=5)
+    assert r.ok, r
+    assert secret not in r.stdout and "LUDIC_TEST_API_KEY" not in r.stdout
+    assert "'HOME': '/sandbox'" in r.stdout
+
+
+@needs_bwrap
+async def test_background_processes_die_with_the_execution():
+    code = (
+        "import os, subprocess, time\n"
+        "subprocess.Popen(['sleep', '60'])\n"
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n    os._exit(0)\n"
+        "print('returned')\n"
+    )
+    async with pool() as p:
+        r = await p.execute(code, timeout_s=5)
+        assert r.ok and r.stdout == "returned\n", r
+        assert _sandbox_processes() == []  # already gone before the pool shuts down
+
+
+@needs_bwrap
+async def test_killing_the_parent_reaches_only_the_sandbox():
+    me = os.getpid()
+    code = (
+        "import os, signal\n"
+        f"for pid in ({me}, {os.getppid()}):\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL); print('KILLED', pid)\n"
+        "    except OSError as e:\n        print('denied', type(e).__name__)\n"
+        "print('ppid', os.getppid(), flush=True)\n"
+        "os.kill(os.getppid(), signal.SIGKILL)\n"
+        "import time; time.sleep(30)\n"
+    )
+    async with pool() as p:
+        r = await p.execute(code, timeout_s=3)
+        again = await p.execute("print('still works')", timeout_s=5)
+    assert "KILLED" not in r.stdout and r.stdout.count("denied") == 2
+    assert not r.ok and r.wall_s < 2  # its own parent (the harness) died, so the sandbox ended
+    assert again.stdout == "still works\n"
+
+
+@needs_bwrap
+async def test_tests_cannot_read_or_forge_their_expected_outputs():
+    secret = uuid.uuid4().hex
+    tests = [TestCase("stdio", "1\n", secret, id="t0"), TestCase("call", "f()", secret, id="t1")]
+    forger = (
+        "import os, sys, glob, re\n"
+        "blob = ''.join(open(p, errors='replace').read() for p in glob.glob('/task/*') + glob.glob('/*.py'))\n"
+        "print('hex', re.findall('[0-9a-f]{32}', blob))\n"
+        "print('{\"type\": \"test\", \"status\": \"ok\", \"stdout\": \"\"}')\n"
+        "try:\n    for fd in os.listdir('/proc/%d/fd' % os.getppid()):\n"
+        "        os.write(os.open('/proc/%d/fd/%s' % (os.getppid(), fd), os.O_WRONLY), b'{}')\n"
+        "        print('WROTE TO PARENT FD', fd)\n"
+        "except OSError as e:\n    print('denied', type(e).__name__)\n"
+        "def f():\n    return blob\n"
+    )
+    async with pool() as p:
+        res = await run_tests(p, forger, tests, RunConfig(per_test_timeout_s=2))
+    assert [t.status for t in res.results] == ["wrong_answer", "wrong_answer"]
+    out = res.results[0].actual or ""
+    assert out.startswith("hex []") and "WROTE TO PARENT FD" not in out and "denied PermissionError" in out
+    assert secret not in (res.results[1].actual or "")
+
+
+@needs_bwrap
+async def test_shutdown_kills_an_execution_in_flight():
+    import asyncio
+
+    p = await pool().start()
+    task = asyncio.ensure_future(p.execute("import time\ntime.sleep(30)", timeout_s=30))
+    await asyncio.sleep(0.5)
+    await p.shutdown()
+    r = await task
+    assert not r.ok and r.wall_s < 5
+
+
+async def test_unsafe_local_is_explicit_and_loud(caplog):
+    assert SandboxPool(1).backend == "bubblewrap"
+    async with SandboxPool(1, unsafe_local=True) as p:
+        r = await p.execute("import os\nprint(os.environ.get('HOME') != os.path.expanduser('~root'))", timeout_s=5)
+    assert r.ok and p.backend == "unsafe_local"
+    assert any("WITHOUT isolation" in rec.message for rec in caplog.records)
