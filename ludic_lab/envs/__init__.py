@@ -1,7 +1,7 @@
 """Environments (layer 2): the :class:`LudicEnv` kernel, :class:`SingleAgentEnv`, shipped envs
-(:class:`DatasetQAEnv`, :class:`TicTacToeEnv`, :class:`TicTacToeMultiAgentEnv`), answer
-verifiers and the :func:`check_env` conformance checker (:func:`check_env_async` in a
-running event loop)."""
+(:class:`DatasetQAEnv`, :class:`TicTacToeEnv`, :class:`TicTacToeMultiAgentEnv`, the sandboxed
+:class:`CodeExecEnv` of ``envs.code_exec``), answer verifiers and the :func:`check_env`
+conformance checker (:func:`check_env_async` in a running event loop)."""
 
 from ludic_lab.envs.checker import EnvCheckError, EnvCheckReport, check_env, check_env_async
 from ludic_lab.envs.dataset_qa_env import DatasetQAEnv
@@ -10,6 +10,7 @@ from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.envs.tic_tac_toe import TicTacToeEnv, TicTacToeGame, TicTacToeRewards
 from ludic_lab.envs.tic_tac_toe_multi import TicTacToeMultiAgentEnv
 from ludic_lab.envs.verifiers import Verifier, exact_match, numeric_match
+from ludic_lab.envs.code_exec import CodeExecConfig, CodeExecEnv, SandboxPool
 
 __all__ = [
     "LudicEnv",
@@ -26,4 +27,7 @@ __all__ = [
     "Verifier",
     "numeric_match",
     "exact_match",
+    "CodeExecEnv",
+    "CodeExecConfig",
+    "SandboxPool",
 ]

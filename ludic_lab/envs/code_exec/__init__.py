@@ -7,9 +7,20 @@ backend (and :class:`UnsafeLocalSandbox` for trusted code, only by name); the
 the env (:class:`CodeExecEnv`). See docs/code_exec.md.
 """
 
+from ludic_lab.envs.code_exec.adapters import (
+    APPSAdapter,
+    MBPPAdapter,
+    TestAdapter,
+    assert_to_test,
+    auto_adapter,
+    load_problems,
+    shipped_problems,
+)
 from ludic_lab.envs.code_exec.bwrap import BubblewrapSandbox, find_bwrap
 from ludic_lab.envs.code_exec.cache import ResultCache
+from ludic_lab.envs.code_exec.env import DEFAULT_CODE_SYSPROMPT, CodeExecConfig, CodeExecEnv
 from ludic_lab.envs.code_exec.local import UnsafeLocalSandbox
+from ludic_lab.envs.code_exec.parsing import code_block_parser, extract_code
 from ludic_lab.envs.code_exec.pool import SandboxPool
 from ludic_lab.envs.code_exec.runners import RunConfig, outputs_match, run_tests
 from ludic_lab.envs.code_exec.sandbox import Interpreter, Sandbox, SandboxLimits, SandboxUnavailableError
@@ -32,4 +43,16 @@ __all__ = [
     "RunConfig",
     "run_tests",
     "outputs_match",
+    "CodeExecEnv",
+    "CodeExecConfig",
+    "DEFAULT_CODE_SYSPROMPT",
+    "code_block_parser",
+    "extract_code",
+    "TestAdapter",
+    "APPSAdapter",
+    "MBPPAdapter",
+    "assert_to_test",
+    "auto_adapter",
+    "load_problems",
+    "shipped_problems",
 ]
