@@ -195,6 +195,23 @@ async def test_an_aborted_completion_is_retried_then_reported(tiny_model_dir, sc
     await c.aclose()
 
 
+async def test_a_server_that_conditioned_on_other_prompt_ids_is_an_error(tiny_model_dir, scripted):
+    """vLLM reports the prompt ids it used; if they are not the ids sent, the sample is refused."""
+    url, script = scripted
+    ok, wrong = _completion_json([5]), _completion_json([5])
+    c = _client(tiny_model_dir, url)
+    sent = c.chat_template.render_ids([{"role": "user", "content": "Hello there"}])
+    ok["choices"][0]["prompt_token_ids"] = sent
+    wrong["choices"][0]["prompt_token_ids"] = sent[:-1]
+    script.answers = [(200, ok, 0)]
+    resp, _ = await c.complete(req(max_tokens=1))
+    assert resp.prompt_token_ids == tuple(sent)
+    script.answers, script.requests = [(200, wrong, 0)], []
+    with pytest.raises(VLLMError, match="other prompt ids"):
+        await c.complete(req(max_tokens=1))
+    await c.aclose()
+
+
 async def test_a_4xx_is_raised_at_once_without_retrying(tiny_model_dir, scripted):
     url, script = scripted
     script.answers = [(400, {"error": {"message": "max_tokens=9999 cannot be greater than max_model_len=512"}}, 0)]

@@ -363,6 +363,12 @@ class VLLMChatClient:
                 f"malformed completion from {self.server_url}: no choices[0].token_ids ({e!r}); "
                 "is this a vLLM server (return_token_ids needs vLLM >= 0.10)?"
             ) from e
+        server_prompt = choice.get("prompt_token_ids") or data.get("prompt_token_ids")
+        if server_prompt is not None and [int(t) for t in server_prompt] != list(prompt):
+            raise VLLMError(
+                f"the server at {self.server_url} conditioned on other prompt ids than the {len(prompt)} it was "
+                f"sent ({len(server_prompt)} ids): its completion would be trained on the wrong context"
+            )
         ret = request.return_
         lps: Optional[list[float]] = None
         tops: Optional[list[dict[int, float]]] = None
