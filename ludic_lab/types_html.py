@@ -27,6 +27,9 @@ def _step_html(r: Rollout, s: Step, weights: Optional[Weights], tok: Any, scale:
     flags = [f for f, on in (("terminated", s.terminated), ("truncated", s.truncated)) if on]
     if s.info.get("parse_error"):
         flags.append("parse error")
+    observed = bool(s.info.get("observation_only"))
+    if observed:
+        flags.append("observation only: what the env told the agent after its rejected reply")
     tools = (s.info.get("agent") or {}).get("tools") if isinstance(s.info.get("agent"), dict) else None
     if isinstance(tools, dict) and tools.get("calls"):
         failed = f", {tools.get('failed', 0)} failed" if tools.get("failed") else ""
@@ -39,7 +42,9 @@ def _step_html(r: Rollout, s: Step, weights: Optional[Weights], tok: Any, scale:
         + "</div>"
     )
     tr = s.trace
-    if tr is None:
+    if observed:
+        body = f"<div class='ll-msg'>{html.escape(s.prev_obs)}</div><div class='ll-head'>(no action: not trained)</div>"
+    elif tr is None:
         body = (
             f"<div class='ll-msg'>{html.escape(s.action)}</div>"
             "<div class='ll-head'>(no token trace: sampled without token ids)</div>"
@@ -59,7 +64,9 @@ def _step_html(r: Rollout, s: Step, weights: Optional[Weights], tok: Any, scale:
             prompt_label=f"prompt ({tr.prompt_source})",
         )
     parsed = (
-        "<span class='ll-err'>parse error</span>" if s.parsed_action is None else html.escape(repr(s.parsed_action))
+        "(none)" if observed
+        else "<span class='ll-err'>parse error</span>" if s.parsed_action is None
+        else html.escape(repr(s.parsed_action))
     )
     tail = f"<div class='ll-head'>parsed: {parsed}"
     if s.next_obs is not None:

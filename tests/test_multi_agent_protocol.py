@@ -234,3 +234,10 @@ def test_trace_collector_never_folds_into_a_rejected_step():
     # a second outcome folds into the observation step, as into any step the agent did not act in since
     assert seen.index == 1 and seen.prev_obs == FEEDBACK and seen.next_obs == "you lost" and seen.terminated
     assert seen.reward == -1.0 and [d["obs"] for d in seen.info["delivered"]] == ["B moved", "you lost"]
+
+
+async def test_rollout_view_labels_an_observation_step_as_such():
+    ra, _ = await MultiAgentProtocol({"A": agent(["bad"]), "B": agent(["win"])}).run(env=DuelEnv(), max_steps=3)
+    h = ra._repr_html_()
+    assert h.count("parse error") == 2  # step 0: its flag and its parsed action; step 1 is not one
+    assert "observation only" in h and "(no action: not trained)" in h and "you lost" in h
