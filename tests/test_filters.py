@@ -63,6 +63,19 @@ async def test_cut_completion_is_flagged_on_a_rejected_step_too():
     assert r.steps[0].info["parse_error"] and r.steps[0].info["incomplete_completion"] is True
 
 
+async def test_an_agent_rejecting_cut_completions_gives_a_flagged_penalised_step_the_filter_drops():
+    client = ScriptedChatClient([Reply("wi", finish_reason="length"), "win"], chat_template=chatml_template())
+    agent = Agent(client, FullDialog(), strict_parser, reject_incomplete_completions=True,
+                  incomplete_completion_penalty=-0.3)
+    env = CountingEnv()
+    [r] = await SingleAgentSyncProtocol(agent).run(env=env, max_steps=4)
+    cut = r.steps[0]
+    assert env.actions == ["win"] and cut.info["parse_error"] and cut.info["incomplete_completion"] is True
+    assert cut.reward == pytest.approx(-0.3) and cut.env_reward == 0.0
+    flagged = item(**sample_meta(r, cut))
+    assert not drop_incomplete_completions(flagged) and not drop_parse_errors(flagged)
+
+
 async def test_multi_agent_steps_carry_the_flag():
     tpl = chatml_template()
     agents = {a: Agent(ScriptedChatClient(s, chat_template=tpl), FullDialog(), strict_parser)
