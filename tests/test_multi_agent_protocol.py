@@ -241,3 +241,15 @@ async def test_rollout_view_labels_an_observation_step_as_such():
     h = ra._repr_html_()
     assert h.count("parse error") == 2  # step 0: its flag and its parsed action; step 1 is not one
     assert "observation only" in h and "(no action: not trained)" in h and "you lost" in h
+
+
+async def test_env_driven_agents_may_be_a_plain_attribute():
+    class Plain(DuelEnv):
+        env_driven_agents = ()  # the base's default, shadowing DuelEnv's property
+
+        def __init__(self) -> None:
+            super().__init__(bots={"B": lambda r: "win"})
+            self.env_driven_agents = ["B"]
+
+    [ra] = await MultiAgentProtocol({"A": agent(["a0"])}).run(env=Plain(), max_steps=2)
+    assert ra.steps[-1].next_obs == "you lost"

@@ -13,7 +13,7 @@ server without blocking the event loop that runs the other episodes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Generic, Mapping, Optional, TypeVar
+from typing import Any, Generic, Mapping, Optional, Sequence, TypeVar
 
 from ludic_lab.types import Info, StepOutcome
 
@@ -50,15 +50,14 @@ class LudicEnv(ABC, Generic[AgentIDT, ObsT, ActionT]):
     def step(self, actions: Mapping[AgentIDT, ActionT]) -> dict[AgentIDT, StepOutcome]:
         """Apply one action per active agent."""
 
-    @property
-    def env_driven_agents(self) -> list[AgentIDT]:
-        """Ids the env acts for itself (bots, scripted opponents); empty by default.
+    env_driven_agents: Sequence[Any] = ()
+    """Ids the env acts for itself (bots, scripted opponents); none by default. Set it on the
+    instance or override it with a property.
 
-        For an env with such ids, ``step`` takes actions for exactly the *other* active
-        agents — an empty dict when only env-driven ids are active — and makes the moves of
-        its own active ids inside that call. Protocols give Agents only for the other ids.
-        """
-        return []
+    For an env with such ids, ``step`` takes actions for exactly the *other* active agents —
+    an empty dict when only env-driven ids are active — and makes the moves of its own
+    active ids inside that call. Protocols give Agents only for the other ids.
+    """
 
     def suggested_sysprompt(self, agent_id: Optional[AgentIDT] = None) -> Optional[str]:
         """A system prompt the env's author recommends for ``agent_id`` (or ``None``)."""
