@@ -195,8 +195,10 @@ async def test_parent_environment_is_not_inherited(monkeypatch):
     secret = uuid.uuid4().hex
     monkeypatch.setenv("LUDIC_TEST_API_KEY", secret)
     async with pool() as p:
-        r = await p.execute("import os\nprint(dict(os.environ))\nprint(open('/proc/self/environ').read())\n"
-                            "try:\n    print(open('/proc/1/environ').read())\nexcept OSError as e:\n    print('denied', e)",
+        r = await p.execute("import os\nprint(dict(os.environ))\n"
+                            "for path in ('/proc/self/environ', '/proc/1/environ', '/proc/2/environ'):\n"
+                            "    try:\n        print(open(path).read())\n"
+                            "    except OSError as e:\n        print('denied', e)",
                             timeout_s=5)
     assert r.ok, r
     assert secret not in r.stdout and "LUDIC_TEST_API_KEY" not in r.stdout
@@ -272,9 +274,25 @@ async def test_shutdown_kills_an_execution_in_flight():
     assert not r.ok and r.wall_s < 5
 
 
-async def test_unsafe_local_is_explicit_and_loud(caplog):
+async def test_unsafe_local_is_explicit_and_loud(caplog, monkeypatch):
+    monkeypatch.setenv("LUDIC_TEST_API_KEY", "not-for-programs")
     assert SandboxPool(1).backend == "bubblewrap"
+    daemon = (
+        "import os, subprocess, time\n"
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        subprocess.Popen(['sleep', '61.25']); time.sleep(60)\n    os._exit(0)\n"
+        "time.sleep(0.3)\nprint(os.environ.get('LUDIC_TEST_API_KEY'))\n"
+    )
     async with SandboxPool(1, unsafe_local=True) as p:
-        r = await p.execute("import os\nprint(os.environ.get('HOME') != os.path.expanduser('~root'))", timeout_s=5)
-    assert r.ok and p.backend == "unsafe_local"
+        r = await p.execute(daemon, timeout_s=5)
+    assert r.ok and r.stdout == "None\n" and p.backend == "unsafe_local"  # clean env even here
     assert any("WITHOUT isolation" in rec.message for rec in caplog.records)
+    leftovers = [n for n in os.listdir("/proc") if n.isdigit() and _cmdline(n).startswith("sleep 61.25")]
+    assert leftovers == []  # the harness is a child subreaper: even a setsid daemon is killed
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -87,12 +87,12 @@ class BubblewrapSandbox(HarnessSandbox):
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--perms", "1777", "--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/sandbox",
                  "--symlink", "sandbox", "/tmp",
-                 "--ro-bind", task_dir, "/task", "--ro-bind", self.harness, "/harness.py",
+                 "--ro-bind", task_dir, "/task", "--ro-bind", self.harness, "/" + os.path.basename(self.harness),
                  "--chdir", "/sandbox",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
                  "--setenv", "TMPDIR", "/sandbox", "--setenv", "LANG", "C.UTF-8",
                  "--info-fd", str(info_fd),
-                 py.executable, "-I", "-S", "/harness.py", "/task/config.json"]
+                 py.executable, "-I", "-S", "/" + os.path.basename(self.harness), "/task/config.bin"]
         return args
 
     @staticmethod

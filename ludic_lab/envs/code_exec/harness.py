@@ -1,38 +1,66 @@
 """The program a sandbox runs first: limits, then the model's code (stdlib only, no ludic_lab).
 
-It is copied into every sandbox read-only and started as ``python -I -S harness.py
-/task/config.json``. In order it: drops to the sandbox's own unprivileged uid (when started
-as root), sets the rlimits, compiles ``/task/main.py``, then either
+Started as ``python -I -S harness.pyc /task/config.bin`` (a ``marshal``-ed dict from the
+host), it drops to the sandbox's own uid (when started as root), sets the rlimits, compiles
+``/task/main.py``, then either
 
-* ``mode="run"``: forks the program (stdin, stdout and stderr are the sandbox's own; exit
-  status 1 on an uncaught exception, as ``python main.py``), waits for it and writes its
-  exit, CPU time and peak memory to the host's report pipe, which the program cannot reach; or
-* ``mode="tests"``: for each test forks a child that runs the program on that test's input
-  (a stdin string, or a call expression evaluated after the module's definitions) and
-  reports one JSON line per test on the harness's stdout, which no child can reach (the
-  children's fds 1 and 2 are pipes, and the harness is not dumpable, so a child cannot
-  open its fds through ``/proc``). Expected outputs never enter the sandbox: the host
-  compares, so a program cannot read its own answers.
+* ``mode="run"``: forks the program (stdin/stdout/stderr are the sandbox's own; exit 1 on an
+  uncaught exception, as ``python main.py``), waits for it and writes its exit, CPU time and
+  peak memory to the host's report pipe, which the program cannot reach; or
+* ``mode="tests"``: forks a child per test that runs the program on that test's input (stdin,
+  or a call expression evaluated after the module's definitions) and writes one JSON line per
+  test on the harness's stdout. No child can reach that fd (theirs are pipes, and the
+  harness is not dumpable, so not even through ``/proc``). Expected outputs never enter the
+  sandbox: the host compares, so a program cannot read its own answers.
 
-After each test every other process in the sandbox's pid namespace is killed (or the
-child's process group, without one), so a background process cannot outlive its test.
+After each test every other process in the pid namespace is killed (without one: the
+child's process group and every orphan, the harness being a child subreaper). Start-up is
+most of a short run's cost, so only built-in C modules are imported up front: no ``json``
+(``re``/``enum`` cost ~15 ms; :func:`dumps` writes the records), no ``signal`` (a pidfd says
+when a child exits); ``traceback`` and ``ctypes`` only when needed.
 """
 
 from __future__ import annotations
 
 import builtins
 import io
-import json
+import marshal
 import os
 import resource
 import select
-import signal
 import sys
 import time
-import traceback
 
 MEMORY_EXIT = 3
 """Exit status of a test child that raised ``MemoryError`` (the host reports ``memory``)."""
+SIGKILL, SIGXCPU, SIGXFSZ = 9, 24, 25  # Linux numbers (x86, arm): importing signal costs enum
+
+_ESCAPES = {i: f"\\u{i:04x}" for i in range(32)}
+_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
+
+
+def dumps(obj):
+    """JSON text of plain data (``None``, bool, int, float, str, list/tuple, dict with sorted
+    keys), as ``json.dumps(obj, sort_keys=True)`` would write it, without importing json."""
+    if obj is None or obj is True or obj is False:
+        return {None: "null", True: "true", False: "false"}[obj]
+    if isinstance(obj, int):
+        return int.__repr__(obj)
+    if isinstance(obj, float):
+        if obj != obj:
+            return "NaN"
+        return "Infinity" if obj == float("inf") else "-Infinity" if obj == -float("inf") else float.__repr__(obj)
+    if isinstance(obj, str):
+        return '"' + obj.translate(_ESCAPES) + '"'
+    if isinstance(obj, (list, tuple)):
+        return "[" + ", ".join(dumps(v) for v in obj) + "]"
+    if isinstance(obj, dict):
+        return "{" + ", ".join(dumps(str(k)) + ": " + dumps(v) for k, v in sorted(obj.items())) + "}"
+    raise TypeError(f"cannot write a {type(obj).__name__} as JSON")
+
+
+def _emit(record):
+    os.write(1, (dumps(record) + "\n").encode("utf-8", "surrogatepass"))
 
 
 def canonical(value, depth=0):
@@ -47,48 +75,52 @@ def canonical(value, depth=0):
         return [canonical(v, depth + 1) for v in value]
     if isinstance(value, (set, frozenset)):
         items = [canonical(v, depth + 1) for v in value]
-        return {"__set__": sorted(items, key=lambda x: json.dumps(x, sort_keys=True))}
+        return {"__set__": sorted(items, key=dumps)}
     if isinstance(value, dict):
         if all(isinstance(k, str) for k in value):
             return {"__dict__": {k: canonical(v, depth + 1) for k, v in value.items()}}
         pairs = [[canonical(k, depth + 1), canonical(v, depth + 1)] for k, v in value.items()]
-        return {"__pairs__": sorted(pairs, key=lambda p: json.dumps(p[0], sort_keys=True))}
+        return {"__pairs__": sorted(pairs, key=lambda p: dumps(p[0]))}
     raise TypeError(f"cannot compare a value of type {type(value).__name__}; return plain data")
 
 
 def _drop_privileges(uid):
-    if uid is not None and os.getuid() == 0:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-
-
-def _set_limits(limits):
-    for name, value in limits.items():
-        soft, hard = (value, value) if not isinstance(value, list) else value
-        resource.setrlimit(getattr(resource, name), (soft, hard))
-
-
-def _prctl(option, value):
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-    except Exception:  # noqa: BLE001 - best effort; the host still compares every output
-        pass
+    """Become ``uid`` when started as root; True when done (the kernel then also makes us
+    non-dumpable, which saves importing ctypes for it)."""
+    if uid is None or os.getuid() != 0:
+        return False
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    return True
 
 
 def _not_dumpable(cfg):
-    """prctl(PR_SET_DUMPABLE, 0): same-uid processes can neither ptrace us nor open our fds.
-    Without a pid namespace, also PR_SET_CHILD_SUBREAPER so orphans come back to us."""
-    _prctl(4, 0)
-    if not cfg.get("own_pid_namespace", False):
-        _prctl(36, 1)
+    """prctl(PR_SET_DUMPABLE, 0): same-uid processes can neither ptrace us nor open our fds
+    (already so after dropping privileges; forked programs inherit it). Without a pid
+    namespace, also PR_SET_CHILD_SUBREAPER (36) so orphans come back to us."""
+    for option, value, needed in ((4, 0, not cfg.get("dropped")), (36, 1, not cfg.get("own_pid_namespace"))):
+        if needed:
+            try:
+                import ctypes
+
+                ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+            except Exception:  # noqa: BLE001 - best effort; the host still compares every output
+                pass
+
+
+_SOURCE = {"main.py": ""}
 
 
 def _print_user_traceback(exc):
+    import linecache
+    import traceback
+
+    text = _SOURCE["main.py"]
+    linecache.cache["main.py"] = (len(text), None, text.splitlines(True), "main.py")  # show the lines
+
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_frame.f_code.co_filename == _print_user_traceback.__code__.co_filename:
         tb = tb.tb_next  # hide the harness's own frames
     traceback.print_exception(type(exc), exc, tb)
 
@@ -145,7 +177,6 @@ def run_mode(code_obj, cfg):
         if cfg.get("report_fd") is not None:
             os.close(cfg["report_fd"])
         os.setpgid(0, 0)
-        _prctl(4, 1)  # the program may read its own /proc/self; the harness stays undumpable
         run_program(code_obj)
     _, raw_status, usage = os.wait4(pid, 0)
     _kill_others(cfg.get("own_pid_namespace", False), pid)
@@ -160,7 +191,7 @@ def _report(cfg, **fields):
     fd = cfg.get("report_fd")
     if fd is not None:
         try:
-            os.write(fd, json.dumps(fields).encode("utf-8"))
+            os.write(fd, dumps(fields).encode("utf-8"))
             os.close(fd)
         except OSError:
             pass
@@ -170,10 +201,7 @@ def _child(code_obj, test, fds):
     """In the forked child: wire stdin/stdout/stderr, run one test, never return."""
     out_w, err_w, val_w = fds
     try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setpgid(0, 0)
-        _prctl(4, 1)
         stdin_fd = os.memfd_create("stdin")
         os.write(stdin_fd, test.get("stdin", "").encode("utf-8"))
         os.lseek(stdin_fd, 0, os.SEEK_SET)
@@ -192,9 +220,9 @@ def _child(code_obj, test, fds):
     def body():
         exec(code_obj, scope)
         if kind == "call":
-            payload = json.dumps(canonical(eval(compile(test["call"], "<test>", "eval"), scope)))
+            payload = dumps(canonical(eval(compile(test["call"], "<test>", "eval"), scope)))
             sys.stdout.flush()
-            os.write(val_w, payload.encode("utf-8"))
+            os.write(val_w, payload.encode("utf-8", "surrogatepass"))
         elif kind == "assert":
             exec(compile(test["assert"], "<test>", "exec"), scope)
 
@@ -213,9 +241,7 @@ class _Capture:
             chunk = os.read(self.fd, 65536)
         except BlockingIOError:
             return
-        if not chunk:
-            self.eof = True
-            return
+        self.eof = not chunk
         self.data += chunk
         if len(self.data) > self.cap:
             self.overflow = True
@@ -223,54 +249,35 @@ class _Capture:
 
 
 def _kill_others(own_pidns, pgid):
-    """Kill what a program left running: in its own pid namespace, every process but pid 1
-    and us; otherwise its process group and every descendant re-parented to us (we are a
-    child subreaper there, so even a double-forked ``setsid`` daemon comes back to us)."""
+    """Kill what a program left running (see the module docstring)."""
     me = os.getpid()
-    if own_pidns:
+    for _ in range(1 if own_pidns else 100):
+        pids = []
         for name in os.listdir("/proc"):
-            if name.isdigit() and int(name) not in (1, me):
-                _sigkill(int(name))
-        return
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
-    for _ in range(100):
-        kids = [pid for pid in _proc_children(me)]
-        if not kids:
-            return
-        for pid in kids:
-            _sigkill(pid)
-        for pid in kids:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-
-
-def _sigkill(pid):
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def _proc_children(ppid):
-    kids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as f:
-                    fields = f.read().rsplit(")", 1)[-1].split()
-            except OSError:
+            if not name.isdigit() or int(name) in (1, me):
                 continue
-            if len(fields) > 1 and fields[1] == str(ppid):
-                kids.append(int(name))
-    return kids
+            if not own_pidns:  # only our children: orphans of the program are re-parented to us
+                try:
+                    with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as f:
+                        if f.read().rsplit(")", 1)[-1].split()[1] != str(me):
+                            continue
+                except (OSError, IndexError):
+                    continue
+            pids.append(int(name))
+        if not own_pidns:
+            pids.append(-pgid)
+        for pid in pids:
+            try:
+                os.kill(pid, SIGKILL)
+                if not own_pidns and pid > 0:
+                    os.waitpid(pid, 0)
+            except OSError:
+                pass
+        if len(pids) <= 1:
+            return
 
 
-def run_test(code_obj, test, cfg, wake_r):
+def run_test(code_obj, test, cfg):
     """Run one test in a forked child under the per-test timeout; return its JSON record."""
     pipes = [os.pipe() for _ in range(3)]
     sys.stdout.flush()
@@ -282,6 +289,10 @@ def run_test(code_obj, test, cfg, wake_r):
         _child(code_obj, test, [w for _, w in pipes])
     for _, w in pipes:
         os.close(w)
+    try:
+        exited = os.pidfd_open(pid)  # readable once the child exits
+    except (AttributeError, OSError):  # Linux < 5.3: poll instead
+        exited = None
     caps = [cfg["max_output_bytes"], cfg["max_stderr_bytes"], cfg["max_output_bytes"]]
     streams = [_Capture(r, c, "tail" if i == 1 else "head") for i, ((r, _), c) in enumerate(zip(pipes, caps))]
     for s in streams:
@@ -293,16 +304,11 @@ def run_test(code_obj, test, cfg, wake_r):
         if left <= 0:
             status = "timeout"
             break
-        live = [s.fd for s in streams if not s.eof]
-        ready, _, _ = select.select(live + [wake_r], [], [], left)
+        live = [s.fd for s in streams if not s.eof] + ([exited] if exited is not None else [])
+        ready, _, _ = select.select(live, [], [], left if exited is not None else min(left, 0.005))
         for s in streams:
             if s.fd in ready:
                 s.read()
-        if wake_r in ready:
-            try:
-                os.read(wake_r, 4096)
-            except BlockingIOError:
-                pass
         if streams[0].overflow or streams[2].overflow:
             status = "output_limit"
             break
@@ -310,8 +316,10 @@ def run_test(code_obj, test, cfg, wake_r):
         if got[0] == pid:
             wait = got
     if wait is None:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, SIGKILL)
         wait = os.wait4(pid, 0)
+    if exited is not None:
+        os.close(exited)
     for s in streams:  # what the child wrote before it exited is still in the pipes
         while not s.eof and len(s.data) <= s.cap:
             before = len(s.data)
@@ -330,9 +338,9 @@ def run_test(code_obj, test, cfg, wake_r):
             status = "ok"
         elif exit_code == MEMORY_EXIT:
             status = "memory"
-        elif sig in (signal.SIGXCPU, signal.SIGKILL) and usage.ru_utime + usage.ru_stime >= cfg["cpu_s"] - 0.05:
+        elif sig in (SIGXCPU, SIGKILL) and usage.ru_utime + usage.ru_stime >= cfg["cpu_s"] - 0.05:
             status = "cpu_limit"
-        elif sig == signal.SIGXFSZ:
+        elif sig == SIGXFSZ:
             status = "file_size_limit"
         else:
             status = "error"
@@ -354,30 +362,25 @@ def run_test(code_obj, test, cfg, wake_r):
 def run_tests(code_obj, cfg):
     """``mode="tests"``: one JSON line per test on stdout, then ``{"type": "done"}``."""
     _not_dumpable(cfg)
-    tests = json.load(open(cfg["tests_path"], encoding="utf-8"))
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.set_wakeup_fd(wake_w)
-    out = sys.stdout
+    with open(cfg["tests_path"], "rb") as f:
+        tests = marshal.load(f)
     for i, test in enumerate(tests):
-        record = run_test(code_obj, test, cfg, wake_r)
+        record = run_test(code_obj, test, cfg)
         record["index"] = i
-        out.write(json.dumps(record) + "\n")
-        out.flush()
-    out.write(json.dumps({"type": "done"}) + "\n")
-    out.flush()
+        _emit(record)
+    _emit({"type": "done"})
     kids, me = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
     _report(cfg, cpu_s=kids.ru_utime + kids.ru_stime + me.ru_utime + me.ru_stime,
             peak_memory_bytes=max(kids.ru_maxrss, me.ru_maxrss) * 1024)
 
 
 def main(config_path):
-    cfg = json.load(open(config_path, encoding="utf-8"))
-    source = open(cfg["code_path"], encoding="utf-8", errors="replace").read()
-    _drop_privileges(cfg.get("uid"))
-    _set_limits(cfg.get("limits", {}))
+    with open(config_path, "rb") as f:
+        cfg = marshal.load(f)
+    source = _SOURCE["main.py"] = open(cfg["code_path"], encoding="utf-8", errors="replace").read()
+    cfg["dropped"] = _drop_privileges(cfg.get("uid"))
+    for name, value in cfg.get("limits", {}).items():
+        resource.setrlimit(getattr(resource, name), tuple(value) if isinstance(value, list) else (value, value))
     code_obj, error = _compile(source)
     if cfg["mode"] == "run":
         if error is not None:
@@ -385,7 +388,7 @@ def main(config_path):
             sys.exit(1)
         run_mode(code_obj, cfg)
         return
-    print(json.dumps({"type": "compile", "ok": error is None, **(error or {})}), flush=True)
+    _emit({"type": "compile", "ok": error is None, **(error or {})})
     if error is None:
         run_tests(code_obj, cfg)
 

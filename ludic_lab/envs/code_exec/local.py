@@ -24,7 +24,7 @@ class UnsafeLocalSandbox(HarnessSandbox):
     own_pid_namespace = False
 
     def argv(self, task_dir: str, info_fd: int) -> list[str]:
-        return [self.interpreter.executable, "-I", "-S", self.harness, os.path.join(task_dir, "config.json")]
+        return [self.interpreter.executable, "-I", "-S", self.harness, os.path.join(task_dir, "config.bin")]
 
     def env(self, task_dir: str) -> dict[str, str]:
         scratch = os.path.join(task_dir, "scratch")

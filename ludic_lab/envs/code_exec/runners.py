@@ -144,7 +144,7 @@ async def run_tests(
 
     def on_line(line: bytes) -> bool:
         try:
-            rec = json.loads(line)
+            rec = json.loads(line.decode("utf-8", "replace"))
         except ValueError:
             return False
         if rec.get("type") == "compile":
