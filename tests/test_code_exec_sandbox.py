@@ -296,3 +296,42 @@ def _cmdline(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+_NONROOT = """
+import asyncio, os, sys
+sys.path.insert(0, sys.argv[1])
+try:
+    from ludic_lab.envs.code_exec import SandboxPool
+except ImportError as e:
+    print("cannot import", e); sys.exit(99)
+
+async def main():
+    async with SandboxPool(1, python="/usr/bin/python3") as p:
+        who = await p.execute("import os\\nprint(os.getuid(), sorted(os.listdir('/')))")
+        forks = await p.execute("import os, time\\nn = 0\\ntry:\\n    for _ in range(200):\\n        if os.fork() == 0:\\n"
+                                "            time.sleep(5); os._exit(0)\\n        n += 1\\nexcept OSError as e:\\n    print(n)")
+    print(who.stdout.strip()); print(forks.stdout.strip())
+
+asyncio.run(main())
+"""
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root (to become nobody), setpriv and /usr/bin/python3")
+def test_the_unprivileged_path_works_too():
+    """Started by a normal user, bubblewrap maps it into a new user namespace; the limits
+    and the layout are the same (here: nobody, running the system Python)."""
+    import subprocess
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3",
+                          "-c", _NONROOT, repo], capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, cwd="/")
+    if out.returncode == 99:
+        pytest.skip(f"the system Python cannot import ludic_lab: {out.stdout.strip()}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    who, forks = out.stdout.strip().splitlines()[-2:]
+    assert who.startswith("65534 ") and "'work'" not in who and "'etc'" not in who
+    assert int(forks) < 32  # RLIMIT_NPROC holds for an unprivileged caller as well
