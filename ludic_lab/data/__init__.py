@@ -2,7 +2,9 @@
 
 ``math_word_problems.jsonl`` (made by ``scripts/make_math_dataset.py``) holds 400 small
 templated word problems (320 train / 80 test) with ``question`` and ``answer`` (a number as
-a string), ready for :class:`~ludic_lab.envs.DatasetQAEnv`. No network is ever needed.
+a string), ready for :class:`~ludic_lab.envs.DatasetQAEnv`; ``capitals.jsonl`` the countries of
+the demo and tutorials; ``multiplication.jsonl`` the products of the tool-use task. No
+network is ever needed.
 """
 
 from __future__ import annotations
@@ -73,6 +75,21 @@ def capital_verifier(capitals: Any = None) -> Callable[[str, str], bool]:
     return verify
 
 
+MULTIPLICATION_PATH = DATA_DIR / "multiplication.jsonl"
+"""Path of the shipped 3-digit x 2-digit products (JSONL, made by ``scripts/make_multiplication_dataset.py``)."""
+
+
+def load_multiplication(split: Split = "train") -> list[dict[str, Any]]:
+    """Products of ``split`` (300 train / 40 test) as dicts with ``id``, ``question`` ("What is
+    347 * 29?" or "What is 347 times 29?"), ``answer`` (str), ``split``, ``a`` and ``b``: the
+    task of ``ludic-lab demo --task tools``, which a 135M model solves only with a calculator."""
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+    with MULTIPLICATION_PATH.open(encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return rows if split == "all" else [r for r in rows if r["split"] == split]
+
+
 def _reasoning_gym():
     try:
         import reasoning_gym
@@ -127,7 +144,9 @@ def reasoning_gym_verifier(name: str, *, threshold: float = 1.0, **config: Any) 
 __all__ = [
     "DATA_DIR",
     "MATH_WORD_PROBLEMS_PATH",
+    "MULTIPLICATION_PATH",
     "load_math_word_problems",
+    "load_multiplication",
     "reasoning_gym_dataset",
     "reasoning_gym_verifier",
 ]
