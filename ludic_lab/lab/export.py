@@ -64,6 +64,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
+from ludic_lab.lab import export_rank0
+
 MAGIC = "ludic_export"
 MARKER = "# Generated from notebook cells by ludic_lab (%%ludic_export)."
 """Second line of every exported script; an existing file without it is never overwritten
@@ -268,6 +270,7 @@ def _build(
         raise ExportError("more than one parameters cell: " + ", ".join(c.label for c, _, _ in param_cells) + "; keep one")
     _, tbody = _directives(target.source)
     ttree = _parse(target, tbody)
+    exported, tbody, ttree, rank0_notes = _rank0_sampling(exported, target, tbody, ttree)
 
     user_config = _user_config(exported)
     if user_config and param_cells:
@@ -329,6 +332,8 @@ def _build(
     if needs_run_sync:
         out.append("from ludic_lab.aio import run_sync")
     out.append("from ludic_lab.config import parse_config")
+    if rank0_notes:
+        out += ["", *export_rank0.IMPORT_LINES]
     for c, body, tree in module_cells:
         body = "\n".join(ln for ln in body.splitlines() if not ln.startswith("from __future__ import"))
         out += ["", "", f"# --- {c.label} (#| export) " + "-" * max(3, 70 - len(c.label))]
@@ -379,9 +384,28 @@ def _build(
         "cells": [c.label for c, _, _ in exported],
         "main_cell": target.label,
         "is_async": is_async,
-        "notes": notes,
+        "notes": notes + rank0_notes,
     }
     return src, meta
+
+
+def _rank0_sampling(
+    exported: list[tuple[Cell, str, ast.Module]], target: Cell, tbody: str, ttree: ast.Module
+) -> tuple[list[tuple[Cell, str, ast.Module]], str, ast.Module, list[str]]:
+    """Wrap the batch source of the cells' ``Trainer(...)`` calls so that rank 0 alone samples
+    under torchrun (see :mod:`ludic_lab.lab.export_rank0`); unchanged under ``per_rank``."""
+    if any(export_rank0.asks_per_rank(t) for t in [ttree, *(t for _, _, t in exported)]):
+        return exported, tbody, ttree, []
+    n = 0
+    out = []
+    for c, body, tree in exported:
+        new, k = export_rank0.wrap_trainer_sources(body)
+        out.append((c, new, _parse(c, new)) if k else (c, body, tree))
+        n += k
+    new, k = export_rank0.wrap_trainer_sources(tbody)
+    if k:
+        tbody, ttree = new, _parse(target, new)
+    return out, tbody, ttree, [export_rank0.NOTE] if n + k else []
 
 
 def _write(path: Path, src: str, meta: dict[str, Any], *, force: bool) -> ExportedScript:

@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from ludic_lab.training.algorithm import PRESETS, RLAlgorithm, make_cispo, make_dapo, make_dr_grpo, make_grpo, make_gspo, make_reinforce, make_reinforce_baseline, make_rloo, make_scalerl, make_sft
-from ludic_lab.training.batching import BatchSource, DataExhaustedError, EmptyBatchError, OfflineBatchSource, RolloutBatchSource
+from ludic_lab.training.batching import BatchSource, DataExhaustedError, EmptyBatchError, OfflineBatchSource, Rank0BroadcastSource, RolloutBatchSource
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.credit import *  # noqa: F403
 from ludic_lab.training.credit import __all__ as _credit_all
@@ -44,7 +44,7 @@ _LAZY.update({name: "ludic_lab.training.losses" for name in _LOSSES})
 __all__ = [
     "RLAlgorithm", "PRESETS", "make_reinforce", "make_reinforce_baseline", "make_rloo", "make_grpo",
     "make_dr_grpo", "make_dapo", "make_gspo", "make_cispo", "make_scalerl", "make_sft",
-    "BatchSource", "DataExhaustedError", "EmptyBatchError", "OfflineBatchSource", "RolloutBatchSource",
+    "BatchSource", "DataExhaustedError", "EmptyBatchError", "OfflineBatchSource", "Rank0BroadcastSource", "RolloutBatchSource",
     "TrainerConfig", "RejectionSamplingFilter", "rejection_sample",
     "drop_truncated", "drop_parse_errors", "drop_incomplete_completions",
     "GRPORequestStrategy", "IdentityStrategy", "RequestStrategy", "RolloutEngine", "UnknownKindError",
