@@ -118,3 +118,30 @@ def test_require_extra_raises_one_line_when_a_module_is_missing(monkeypatch: pyt
     assert str(e.value) == (
         "the actor needs the 'pipeline' extra (no module named 'msgpack'): pip install 'ludic_lab[pipeline]'"
     )
+
+
+_COLLECT = r"""
+import sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None  # as on a core install (make setup): no pipeline or vllm extra
+import pytest
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-m", sys.argv[2], "tests"]))
+"""
+
+
+@pytest.mark.slow
+def test_make_test_fast_collects_on_a_core_install() -> None:
+    """README's quick loop (``make test-fast``) runs on the venv ``make setup`` makes: no test
+    module may need an optional extra just to be imported (guard it with importorskip)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    recipe = (root / "Makefile").read_text().split("test-fast:", 1)[1].split("\n\n", 1)[0]
+    marker = re.search(r'-m "([^"]+)"', recipe).group(1)
+    proc = subprocess.run(
+        [sys.executable, "-c", _COLLECT, "redis,msgpack,httpx,vllm", marker],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("ERROR")]
+    assert proc.returncode == 0 and not errors, "\n".join(errors) or proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -6,8 +6,10 @@ from __future__ import annotations
 import uuid
 from typing import Any, Iterator
 
-import msgpack
 import pytest
+
+msgpack = pytest.importorskip("msgpack", reason="the pipeline extra: pip install 'ludic_lab[pipeline]'")
+pytest.importorskip("redis", reason="the pipeline extra: pip install 'ludic_lab[pipeline]'")
 
 import ludic_lab.pipeline.source as source_mod
 from ludic_lab.pipeline import PipelineBatchSource, encode_item

@@ -14,6 +14,9 @@ from typing import Any, Iterator
 import pytest
 import torch
 
+pytest.importorskip("redis", reason="the pipeline extra: pip install 'ludic_lab[pipeline]'")
+pytest.importorskip("msgpack", reason="the pipeline extra: pip install 'ludic_lab[pipeline]'")
+
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig

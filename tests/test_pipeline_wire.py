@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import pickle
 
-import msgpack
 import numpy as np
 import pytest
+
+msgpack = pytest.importorskip("msgpack", reason="the pipeline extra: pip install 'ludic_lab[pipeline]'")
 from safetensors.numpy import save
 
 from ludic_lab.pipeline.wire import SCHEMA, WireFormatError, check_schema, decode_entry, encode_item, item_id

