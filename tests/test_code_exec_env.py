@@ -172,3 +172,20 @@ async def test_check_env_accepts_the_code_env():
         # replay is not compared: info carries measured wall/CPU times and the cache hit
         report = await check_env_async(env, actions=["def add(a, b):\n    return 0", rows[0]["code"]], check_replay=False)
     assert report.num_steps == 2 and report.returns["agent_0"] == pytest.approx(1 / 3 + 1)
+
+
+async def test_run_python_tool_runs_in_the_sandbox():
+    from transformers.utils import get_json_schema
+
+    from ludic_lab.envs.code_exec.tool import run_python_tool
+
+    async with _pool(size=1) as pool:
+        tool = run_python_tool(pool, timeout_s=1)
+        schema = get_json_schema(tool)
+        ok = await tool("print(6 * 7)")
+        bad = await tool("import os\nprint(sorted(os.listdir('/')))\n1/0")
+        slow = await tool("while True:\n    pass")
+    assert schema["function"]["name"] == "run_python" and "code" in schema["function"]["parameters"]["properties"]
+    assert ok.strip() == "42"
+    assert "'work'" not in bad and "ZeroDivisionError" in bad and "exited with status 1" in bad
+    assert "stopped" in slow

@@ -24,6 +24,7 @@ from ludic_lab.envs.code_exec.parsing import code_block_parser, extract_code
 from ludic_lab.envs.code_exec.pool import SandboxPool
 from ludic_lab.envs.code_exec.runners import RunConfig, outputs_match, run_tests
 from ludic_lab.envs.code_exec.sandbox import Interpreter, Sandbox, SandboxLimits, SandboxUnavailableError
+from ludic_lab.envs.code_exec.tool import run_python_tool
 from ludic_lab.envs.code_exec.types import BatchTestResult, ExecutionResult, TestCase, TestResult
 
 __all__ = [
@@ -55,4 +56,5 @@ __all__ = [
     "auto_adapter",
     "load_problems",
     "shipped_problems",
+    "run_python_tool",
 ]
