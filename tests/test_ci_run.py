@@ -1,0 +1,63 @@
+""".ci/run, driven with stand-ins for what it calls (``make``, the fresh-venv demo check, the
+binder check), each of which records its call and exits with the status a test chooses: CI
+runs README's test command, the fresh-venv demo check and the binder rebuild, always all three,
+and fails when any of them fails (pytest's exit 5, "no tests collected", included)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_STUB = """#!/usr/bin/env bash
+echo "{name} $*" >> "$CI_CALLS"
+exit "${{{var}:-0}}"
+"""
+
+
+def _ci(tmp_path: Path, *, make_rc: int = 0, demo_rc: int = 0, binder_rc: int = 0) -> tuple[int, list[str], str]:
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    (repo / "scripts").mkdir()
+    shutil.copy2(ROOT / ".ci" / "run", repo / ".ci" / "run")
+    for script in ("check_fresh_demo.sh", "check_binder.sh"):
+        assert (ROOT / "scripts" / script).is_file(), f".ci/run calls scripts/{script}: it must exist"
+    (repo / "scripts" / "check_fresh_demo.sh").write_text(_STUB.format(name="check_fresh_demo", var="DEMO_RC"))
+    (repo / "scripts" / "check_binder.sh").write_text(_STUB.format(name="check_binder", var="BINDER_RC"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "make").write_text(_STUB.format(name="make", var="MAKE_RC"))
+    (bin_dir / "make").chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CI_CALLS": str(calls),
+           "MAKE_RC": str(make_rc), "DEMO_RC": str(demo_rc), "BINDER_RC": str(binder_rc)}  # fmt: skip
+    p = subprocess.run(["bash", str(repo / ".ci" / "run")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    return p.returncode, calls.read_text().splitlines() if calls.exists() else [], p.stdout + p.stderr
+
+
+def test_ci_runs_make_test_the_demo_check_and_the_binder_check(tmp_path: Path) -> None:
+    rc, calls, out = _ci(tmp_path)
+    assert rc == 0, out
+    assert [c.split()[0] for c in calls] == ["make", "check_fresh_demo", "check_binder"], calls
+    assert calls[0].split()[1:] == ["test"], calls  # README's test command
+    assert "binder check exited 0" in out, out
+
+
+@pytest.mark.parametrize(
+    "rcs, expected",
+    [
+        ({"make_rc": 5}, 5),  # pytest collected no test
+        ({"make_rc": 1}, 1),
+        ({"demo_rc": 1}, 1),
+        ({"binder_rc": 3}, 3),
+    ],
+)
+def test_ci_fails_when_any_step_fails_and_still_runs_the_others(tmp_path: Path, rcs: dict[str, int], expected: int) -> None:
+    rc, calls, out = _ci(tmp_path, **rcs)
+    assert rc == expected, out
+    assert [c.split()[0] for c in calls] == ["make", "check_fresh_demo", "check_binder"], calls
