@@ -159,6 +159,7 @@ async def test_files_outside_are_invisible_and_unwritable(monkeypatch):
     secret = uuid.uuid4().hex
     planted = [Path.cwd() / f".sandbox_plant_{secret}", Path.home() / f".sandbox_plant_{secret}"]
     outside = [f"/tmp/escape_{secret}", f"/usr/escape_{secret}", f"/escape_{secret}", f"/task/escape_{secret}",
+               f"/dev/escape_{secret}",
                os.path.join(os.path.realpath(os.sys.base_prefix), f"escape_{secret}")]
     for path in planted:
         path.write_text(secret)
@@ -308,7 +309,9 @@ except ImportError as e:
 
 async def main():
     async with SandboxPool(1, python="/usr/bin/python3") as p:
-        who = await p.execute("import os\\nprint(os.getuid(), sorted(os.listdir('/')))")
+        who = await p.execute("import os\\nfor d in ('/', '/dev', '/usr'):\\n    try:\\n        open(d + '/x', 'w')\\n"
+                              "        print('WROTE', d)\\n    except OSError:\\n        pass\\n"
+                              "print(os.getuid(), sorted(os.listdir('/')))")
         forks = await p.execute("import os, time\\nn = 0\\ntry:\\n    for _ in range(200):\\n        if os.fork() == 0:\\n"
                                 "            time.sleep(5); os._exit(0)\\n        n += 1\\nexcept OSError as e:\\n    print(n)")
     print(who.stdout.strip()); print(forks.stdout.strip())
@@ -333,5 +336,6 @@ def test_the_unprivileged_path_works_too():
         pytest.skip(f"the system Python cannot import ludic_lab: {out.stdout.strip()}")
     assert out.returncode == 0, out.stderr[-2000:]
     who, forks = out.stdout.strip().splitlines()[-2:]
+    assert "WROTE" not in out.stdout  # bwrap's root tmpfs is read-only for an unprivileged caller too
     assert who.startswith("65534 ") and "'work'" not in who and "'etc'" not in who
     assert int(forks) < 32  # RLIMIT_NPROC holds for an unprivileged caller as well

@@ -4,7 +4,7 @@ Each execution gets a fresh sandbox: new pid, network (no interfaces but a down 
 no network at all), ipc, uts and mount namespaces; a root holding only ``/usr`` and the
 interpreter's installation, read-only; ``/task`` (the program and its inputs, read-only);
 a private writable tmpfs at ``/sandbox`` (cwd, ``HOME``, ``/tmp``) that disappears with the
-sandbox; no ``/etc``, no home, no project checkout, no other sandbox; an empty environment.
+sandbox, and a small one at ``/dev/shm`` (everything else, ``/`` included, is read-only); no ``/etc``, no home, no project checkout, no other sandbox; an empty environment.
 Started as root, the harness drops to a per-slot unprivileged uid (``uid_base + slot``), so
 ``RLIMIT_NPROC`` counts only this sandbox's processes (root is exempt from it); started as
 a normal user, bubblewrap maps that user into a new user namespace and forbids nested ones.
@@ -84,10 +84,13 @@ class BubblewrapSandbox(HarnessSandbox):
             for i in range(len(parts)):
                 args += ["--perms", "0755", "--dir", "/" + "/".join(parts[: i + 1])]
             args += ["--ro-bind", py.prefix, py.prefix]
-        args += ["--proc", "/proc", "--dev", "/dev",
+        shm = str(min(self.limits.tmpfs_bytes, 16 * 2**20))
+        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", shm, "--tmpfs", "/dev/shm",
                  "--perms", "1777", "--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/sandbox",
                  "--symlink", "sandbox", "/tmp",
                  "--ro-bind", task_dir, "/task", "--ro-bind", self.harness, "/" + os.path.basename(self.harness),
+                 # bwrap's root and /dev are tmpfs of half the RAM: nobody may write there
+                 "--remount-ro", "/dev", "--remount-ro", "/",
                  "--chdir", "/sandbox",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
                  "--setenv", "TMPDIR", "/sandbox", "--setenv", "LANG", "C.UTF-8",
