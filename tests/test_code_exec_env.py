@@ -189,3 +189,12 @@ async def test_run_python_tool_runs_in_the_sandbox():
     assert ok.strip() == "42"
     assert "'work'" not in bad and "ZeroDivisionError" in bad and "exited with status 1" in bad
     assert "stopped" in slow
+
+
+async def test_a_program_that_kills_its_harness_fails_its_tests():
+    tests = [TestCase("stdio", "", "x\n", id=f"t{i}") for i in range(3)]
+    async with _pool(size=1) as pool:
+        res = await run_tests(pool, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('x')", tests)
+        again = await run_tests(pool, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('x')", tests)
+    assert [r.status for r in res.results] == ["runtime_error", "not_run", "not_run"] and res.pass_rate == 0
+    assert again.cached  # a program's own failure is cached; only sandbox failures and timeouts are not

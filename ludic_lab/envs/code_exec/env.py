@@ -17,7 +17,6 @@ expected, got, error) and the agent tries again, until it passes or runs out of 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -81,8 +80,7 @@ class CodeExecEnv(SingleAgentEnv):
             raise TypeError(f"pool must be a SandboxPool (started once and shared by the envs), got {type(pool).__name__}")
         self.pool = pool
         self.config = config or CodeExecConfig()
-        self._data = load_problems(data) if isinstance(data, (str, os.PathLike, list, tuple, dict)) or \
-            type(data).__module__.split(".")[0] == "datasets" else load_problems(list(data))
+        self._data = load_problems(data)
         if len(self._data) == 0:
             raise ValueError("CodeExecEnv: no problems; pass at least one row")
         self._adapter = adapter

@@ -163,15 +163,17 @@ async def run_tests(
             per_test_timeout_s=config.per_test_timeout_s, max_output_bytes=config.max_output_bytes, on_line=on_line,
         )
     compiled = bool(compile_rec.get("ok", True)) if compile_rec else ex.stop_reason != "sandbox_error"
-    missing: TestStatus
+    missing: TestStatus  # what the first test without a record gets (the rest: not_run)
     if compile_rec and not compile_rec.get("ok"):
         missing = "compile_error"
     elif ex.stop_reason == "stopped":
         missing = "not_run"
-    elif ex.stop_reason == "timeout":
+    elif ex.stop_reason in ("timeout", "cpu_limit"):
         missing = "timeout"
+    elif ex.stop_reason == "sandbox_error" or not compile_rec:
+        missing = "sandbox_error"  # the sandbox did not start: not the program's fault
     else:
-        missing = "sandbox_error"
+        missing = "runtime_error"  # the harness died under the program (it killed it, or a limit did)
     done = list(results)
     for i, t in enumerate(tests[len(done):]):
         status: TestStatus = missing if (i == 0 or missing in ("compile_error", "sandbox_error")) else "not_run"
@@ -180,6 +182,7 @@ async def run_tests(
         results=tuple(done), compiled=compiled, compile_error=compile_rec.get("error") if not compiled else None,
         timed_out=any(r.status == "timeout" for r in done), wall_s=time.monotonic() - t0, execution=ex,
     )
-    if use_cache and not any(r.status == "sandbox_error" for r in done):
+    # neither a sandbox failure nor a timeout (which a loaded machine can cause) is cached
+    if use_cache and not any(r.status in ("sandbox_error", "timeout") for r in done):
         pool.cache.put(code_hash, t_hash, result)
     return result
