@@ -339,3 +339,26 @@ def test_the_unprivileged_path_works_too():
     assert "WROTE" not in out.stdout  # bwrap's root tmpfs is read-only for an unprivileged caller too
     assert who.startswith("65534 ") and "'work'" not in who and "'etc'" not in who
     assert int(forks) < 32  # RLIMIT_NPROC holds for an unprivileged caller as well
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is written for x86-64")
+async def test_dangerous_system_calls_are_refused_and_ordinary_ones_work():
+    code = (
+        "import ctypes, os, subprocess, threading\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "for name, nr, args in [('ptrace', 101, (0, 0, 0, 0)), ('unshare', 272, (0x10000000,)),\n"
+        "                       ('mount', 165, (None, b'/sandbox', b'tmpfs', 0, None)), ('keyctl', 250, (0, 0)),\n"
+        "                       ('io_uring_setup', 425, (1, 0)), ('bpf', 321, (0, 0, 0)),\n"
+        "                       ('clone_newuser', 56, (0x10000000 | 17, 0, 0, 0, 0))]:\n"
+        "    r = libc.syscall(nr, *args)\n"
+        "    print(name, 'REFUSED' if r == -1 and ctypes.get_errno() == 1 else f'ALLOWED {r}')\n"
+        "t = threading.Thread(target=lambda: print('thread ok'))\nt.start(); t.join()\n"
+        "print(subprocess.run(['echo', 'subprocess ok'], capture_output=True, text=True).stdout.strip())\n"
+        "pid = os.fork()\nif pid == 0:\n    os._exit(3)\nprint('fork ok', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+    )
+    async with pool() as p:
+        r = await p.execute(code, timeout_s=5)
+    assert r.ok, r
+    assert r.stdout.count("REFUSED") == 7 and "ALLOWED" not in r.stdout, r.stdout
+    assert "thread ok" in r.stdout and "subprocess ok" in r.stdout and "fork ok 3" in r.stdout

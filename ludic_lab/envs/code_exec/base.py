@@ -66,8 +66,13 @@ class HarnessSandbox:
         """Where the process sees the task directory."""
         return task_dir
 
-    def argv(self, task_dir: str, info_fd: int) -> list[str]:
+    def argv(self, task_dir: str, info_fd: int, fds: Sequence[int] = ()) -> list[str]:
+        """The command for one execution; ``fds`` are those :meth:`open_fds` opened for it."""
         raise NotImplementedError
+
+    def open_fds(self) -> list[int]:
+        """File descriptors the command inherits (e.g. a seccomp filter); closed after start."""
+        return []
 
     def env(self, task_dir: str) -> dict[str, str]:
         return {"PATH": "/usr/bin:/bin"}
@@ -111,6 +116,7 @@ class HarnessSandbox:
         """Blocking: one sandbox from task directory to removal (runs in a worker thread)."""
         (info_r, info_w), (rep_r, rep_w) = os.pipe(), os.pipe()
         task = None
+        fds = self.open_fds()
         try:
             task = tempfile.mkdtemp(prefix=f"task{self.slot}-", dir=self.workroot)
             mount = self.task_mount(task)
@@ -119,11 +125,11 @@ class HarnessSandbox:
                 config["tests_path"] = f"{mount}/tests.bin"
             self._write_task(task, code, config, stdin, tests)
             raw = run_process(
-                self.argv(task, info_w), stdin_path=os.path.join(task, "stdin.txt"),
+                self.argv(task, info_w, fds), stdin_path=os.path.join(task, "stdin.txt"),
                 timeout_s=timeout_s + STARTUP_SLACK_S, max_stdout=max_stdout,
                 max_stderr=self.limits.max_stderr_bytes, kill=self.kill,
                 env=self.env(task), cwd=self.cwd(task), extra_fds=[(info_r, info_w), (rep_r, rep_w)],
-                on_line=on_line, started=self._started,
+                keep_fds=fds, on_line=on_line, started=self._started,
             )
         except BaseException:
             for fd in (info_r, info_w, rep_r, rep_w):
@@ -133,6 +139,8 @@ class HarnessSandbox:
                     pass
             raise
         finally:
+            for fd in fds:
+                os.close(fd)
             self._proc = None
             if task is not None:
                 shutil.rmtree(task, ignore_errors=True)

@@ -8,6 +8,8 @@ sandbox, and a small one at ``/dev/shm`` (everything else, ``/`` included, is re
 Started as root, the harness drops to a per-slot unprivileged uid (``uid_base + slot``), so
 ``RLIMIT_NPROC`` counts only this sandbox's processes (root is exempt from it); started as
 a normal user, bubblewrap maps that user into a new user namespace and forbids nested ones.
+A seccomp filter (:mod:`~ludic_lab.envs.code_exec.seccomp`, x86-64) refuses the system calls
+no test program needs (mount, ptrace, new namespaces, keyrings, eBPF, io_uring, ...).
 At the deadline the sandbox's pid 1 is killed, which kills every process in its namespace.
 """
 
@@ -20,10 +22,11 @@ import signal
 import subprocess
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from ludic_lab.envs.code_exec.base import HarnessSandbox
 from ludic_lab.envs.code_exec.sandbox import INSTALL_HINT, Interpreter, SandboxLimits, SandboxUnavailableError
+from ludic_lab.envs.code_exec.seccomp import filter_program
 
 
 def find_bwrap() -> str:
@@ -57,17 +60,27 @@ class BubblewrapSandbox(HarnessSandbox):
     def __init__(
         self, *, slot: int, workroot: str, limits: SandboxLimits, interpreter: Interpreter,
         executor: Optional[Executor] = None, uid_base: int = 1_900_000_000, bwrap: Optional[str] = None,
+        seccomp: bool = True,
     ) -> None:
         super().__init__(slot=slot, workroot=workroot, limits=limits, interpreter=interpreter, executor=executor)
         self.bwrap = bwrap or find_bwrap()
         self.as_root = os.geteuid() == 0
         self.uid = uid_base + slot if self.as_root else None
+        program = filter_program() if seccomp else None
+        self.seccomp_path: Optional[str] = None
+        if program is not None:
+            self.seccomp_path = os.path.join(workroot, "seccomp.bpf")
+            with open(self.seccomp_path, "wb") as f:
+                f.write(program)
 
     def task_mount(self, task_dir: str) -> str:
         return "/task"
 
     # -- the command line --------------------------------------------------------------
-    def argv(self, task_dir: str, info_fd: int) -> list[str]:
+    def open_fds(self) -> list[int]:
+        return [os.open(self.seccomp_path, os.O_RDONLY)] if self.seccomp_path else []
+
+    def argv(self, task_dir: str, info_fd: int, fds: Sequence[int] = ()) -> list[str]:
         """The bwrap command for one execution (see the module docstring for the layout)."""
         py = self.interpreter
         args = [self.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -94,7 +107,7 @@ class BubblewrapSandbox(HarnessSandbox):
                  "--chdir", "/sandbox",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
                  "--setenv", "TMPDIR", "/sandbox", "--setenv", "LANG", "C.UTF-8",
-                 "--info-fd", str(info_fd),
+                 "--info-fd", str(info_fd), *(["--seccomp", str(fds[0])] if fds else []),
                  py.executable, "-I", "-S", "/" + os.path.basename(self.harness), "/task/config.bin"]
         return args
 

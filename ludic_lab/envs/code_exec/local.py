@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import Sequence
 
 from ludic_lab.envs.code_exec.base import HarnessSandbox
 
@@ -23,7 +24,7 @@ class UnsafeLocalSandbox(HarnessSandbox):
     name = "unsafe_local"
     own_pid_namespace = False
 
-    def argv(self, task_dir: str, info_fd: int) -> list[str]:
+    def argv(self, task_dir: str, info_fd: int, fds: Sequence[int] = ()) -> list[str]:
         return [self.interpreter.executable, "-I", "-S", self.harness, os.path.join(task_dir, "config.bin")]
 
     def env(self, task_dir: str) -> dict[str, str]:

@@ -36,11 +36,12 @@ log = logging.getLogger(__name__)
 class SandboxPool:
     """``size`` sandboxes of one backend: bubblewrap, or — only when asked by name —
     ``unsafe_local=True`` (no isolation, for trusted code). ``python`` picks the interpreter
-    the sandboxes run (default: the base installation of the running Python)."""
+    the sandboxes run (default: the base installation of the running Python); ``seccomp``
+    (x86-64) adds the system-call filter of :mod:`~ludic_lab.envs.code_exec.seccomp`."""
 
     def __init__(
         self, size: int = 2, *, limits: Optional[SandboxLimits] = None, python: Optional[str] = None,
-        unsafe_local: bool = False, cache_size: int = 4096, uid_base: int = 1_900_000_000,
+        unsafe_local: bool = False, cache_size: int = 4096, uid_base: int = 1_900_000_000, seccomp: bool = True,
     ) -> None:
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"SandboxPool size must be an int >= 1, got {size!r}")
@@ -49,6 +50,7 @@ class SandboxPool:
         self.python = python
         self.unsafe_local = bool(unsafe_local)
         self.uid_base = uid_base
+        self.seccomp = seccomp
         self.cache = ResultCache(cache_size)
         self.executions = 0
         self._sandboxes: list[HarnessSandbox] = []
@@ -84,7 +86,8 @@ class SandboxPool:
                     slot=slot, workroot=self.workroot, limits=self.limits, interpreter=interpreter, executor=self._executor)
             else:
                 sb = BubblewrapSandbox(slot=slot, workroot=self.workroot, limits=self.limits, interpreter=interpreter,
-                                       executor=self._executor, uid_base=self.uid_base, bwrap=bwrap)
+                                       executor=self._executor, uid_base=self.uid_base, bwrap=bwrap,
+                                       seccomp=self.seccomp)
             self._sandboxes.append(sb)
         probe = await self._sandboxes[0].execute("print('ok')", timeout_s=10.0)
         if probe.stdout.strip() != "ok":

@@ -51,20 +51,22 @@ def run_process(
     env: Optional[dict[str, str]] = None,
     cwd: Optional[str] = None,
     extra_fds: Sequence[tuple[int, int]] = (),
+    keep_fds: Sequence[int] = (),
     on_line: Optional[LineCallback] = None,
     preexec_fn: Optional[Callable[[], None]] = None,
     started: Optional[Callable[["subprocess.Popen[bytes]"], None]] = None,
 ) -> RawRun:
     """Start ``argv`` in a new session and wait for it, killing it (through ``kill``) at the
     deadline, past ``max_stdout``, or when ``on_line`` asks. ``extra_fds`` are
-    ``(read_end, write_end)`` pipes whose write end the child inherits; ``started`` gets the
+    ``(read_end, write_end)`` pipes whose write end the child inherits; ``keep_fds`` are
+    inherited as they are (the caller closes them); ``started`` gets the
     process as soon as it exists (so a pool can kill it at shutdown)."""
     t0 = time.monotonic()
     stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(
             list(argv), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-            start_new_session=True, pass_fds=[w for _, w in extra_fds], close_fds=True, preexec_fn=preexec_fn,
+            start_new_session=True, pass_fds=[w for _, w in extra_fds] + list(keep_fds), close_fds=True, preexec_fn=preexec_fn,
         )
     finally:
         if stdin_path:
