@@ -362,3 +362,18 @@ async def test_dangerous_system_calls_are_refused_and_ordinary_ones_work():
     assert r.ok, r
     assert r.stdout.count("REFUSED") == 7 and "ALLOWED" not in r.stdout, r.stdout
     assert "thread ok" in r.stdout and "subprocess ok" in r.stdout and "fork ok 3" in r.stdout
+
+
+@needs_bwrap
+async def test_a_cancelled_execution_is_killed_before_its_slot_is_reused():
+    import asyncio
+
+    async with pool() as p:
+        task = asyncio.ensure_future(p.execute("import time\ntime.sleep(30)", timeout_s=30))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert _sandbox_processes() == []  # killed, not left running behind the released slot
+        r = await p.execute("print('next')", timeout_s=5)
+    assert r.stdout == "next\n"

@@ -59,6 +59,7 @@ class HarnessSandbox:
         self.executor = executor
         self.uid: Optional[int] = None
         self._proc: Optional["subprocess.Popen[bytes]"] = None
+        self._aborted = False
         self.harness = prepare_harness(workroot, interpreter)
 
     # -- the backend's part ------------------------------------------------------------
@@ -104,9 +105,12 @@ class HarnessSandbox:
 
     def _started(self, proc: "subprocess.Popen[bytes]") -> None:
         self._proc = proc
+        if self._aborted:  # abort() came before the process existed
+            self.kill(proc, {})
 
     def abort(self) -> None:
-        """Kill the execution in flight, if any (pool shutdown); its caller gets a timeout-like end."""
+        """Kill the execution in flight, if any (pool shutdown, a cancelled caller)."""
+        self._aborted = True
         proc = self._proc
         if proc is not None and proc.returncode is None:
             self.kill(proc, {})
@@ -150,6 +154,19 @@ class HarnessSandbox:
             report = None
         return raw, report
 
+    async def _in_worker(self, *args) -> tuple[RawRun, Optional[dict]]:
+        """:meth:`_run` in the executor. If the caller is cancelled (an episode timeout), the
+        sandbox is killed and this returns only once its thread is done, so the slot is never
+        handed out while its last execution still runs."""
+        self._aborted = False
+        fut = asyncio.get_running_loop().run_in_executor(self.executor, self._run, *args)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            self.abort()
+            await asyncio.wait([fut])
+            raise
+
     def _config(self, mode: str, cpu_timeout_s: float, **extra) -> dict:
         rl = self.limits.rlimits(cpu_timeout_s)
         return {"mode": mode, "uid": self.uid, "own_pid_namespace": self.own_pid_namespace,
@@ -158,8 +175,7 @@ class HarnessSandbox:
     async def execute(self, code: str, stdin: str = "", timeout_s: float = 5.0) -> ExecutionResult:
         """Run ``code`` as a program on ``stdin``; everything is killed after ``timeout_s``."""
         config = self._config("run", timeout_s)
-        raw, report = await asyncio.get_running_loop().run_in_executor(
-            self.executor, self._run, code, config, stdin, None, timeout_s, self.limits.max_stdout_bytes, None)
+        raw, report = await self._in_worker(code, config, stdin, None, timeout_s, self.limits.max_stdout_bytes, None)
         return interpret(raw, report, timeout_s, self.limits)
 
     async def run_harness(
@@ -172,8 +188,7 @@ class HarnessSandbox:
             max_output_bytes=max_output_bytes, max_stderr_bytes=min(4096, self.limits.max_stderr_bytes),
         )
         cap = 4096 + len(tests) * (6 * (2 * max_output_bytes + 4096) + 1024)
-        raw, report = await asyncio.get_running_loop().run_in_executor(
-            self.executor, self._run, code, config, "", tests, timeout_s, cap, on_line)
+        raw, report = await self._in_worker(code, config, "", tests, timeout_s, cap, on_line)
         return interpret(raw, report, timeout_s, self.limits)
 
 
