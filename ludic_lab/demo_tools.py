@@ -26,11 +26,11 @@ from typing import Any, Callable
 
 from ludic_lab.data import load_multiplication
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.tool_task import evaluate_tool_task, tool_stats, tool_task_engine
+from ludic_lab.tool_task import evaluate_tool_task, tool_stats_callback, tool_task_engine
 from ludic_lab.training import GRPORequestStrategy, RolloutRequest
 
 TOOL_DEFAULTS: dict[str, Any] = {
-    "steps": 12,
+    "steps": 8,
     "questions_per_step": 4,
     "max_tokens": 40,
     "lr": 5e-4,
@@ -38,7 +38,9 @@ TOOL_DEFAULTS: dict[str, Any] = {
     "out": "runs/demo_tools",
 }
 """``--task tools`` defaults for the DemoConfig fields left at their capitals-demo default."""
-EVAL_KEYS = ("accuracy", "tool_call_rate", "valid_call_rate", "calls_per_episode")
+EVAL_QUESTIONS = 20
+"""Held-out questions evaluated (the first of the 40 in the test split): each evaluation is
+two to three model calls per question, the dearest part of the run on a 2-core CPU."""
 
 
 def tool_demo_config(cfg: Any) -> Any:
@@ -99,10 +101,10 @@ async def _train(
     )
     policy = AutoModelForCausalLM.from_pretrained(model_path)
     jsonl = JSONLLogger(metrics_path)
+    add_tool_stats = tool_stats_callback(source, jsonl)
 
     def on_step(step: int, m: dict[str, Any]) -> None:
-        m.update({f"tools/{k}": v for k, v in tool_stats(source.last_rollouts).items()})
-        jsonl.log(step, {k: v for k, v in m.items() if k != "step" and isinstance(v, (int, float, str))})
+        add_tool_stats(step, m)
         console.print(
             f"step {step:3d}  reward {m.get('reward_mean', float('nan')):.3f}  "
             + (f"tool-call {m['tools/tool_call_rate']:.2f}  valid-call {m['tools/valid_call_rate']:.2f}  "
@@ -139,7 +141,7 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     console = Console()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    train_rows, test_rows = load_multiplication("train"), load_multiplication("test")
+    train_rows, test_rows = load_multiplication("train"), load_multiplication("test")[:EVAL_QUESTIONS]
     t_all = time.perf_counter()
     with console.status("loading the model (the first run materialises SmolLM2 into the cache)..."):
         client, model_path = await _start_backend(cfg, out, cleanups)
@@ -217,4 +219,4 @@ def _ends(history: list[dict[str, Any]], key: str) -> dict[str, float]:
     return {"first": sum(xs[:k]) / k, "last": sum(xs[-k:]) / k}
 
 
-__all__ = ["TOOL_DEFAULTS", "run_tool_demo", "tool_demo_config"]
+__all__ = ["EVAL_QUESTIONS", "TOOL_DEFAULTS", "run_tool_demo", "tool_demo_config"]

@@ -21,7 +21,7 @@ valid-call rate (episodes with at least one call that ran), calls per episode, f
 from __future__ import annotations
 
 import re
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ludic_lab.agents import Agent, ToolAgent
 from ludic_lab.context import FullDialog
@@ -40,6 +40,7 @@ __all__ = [
     "evaluate_tool_task",
     "final_number_match",
     "tool_stats",
+    "tool_stats_callback",
     "tool_task_agent",
     "tool_task_engine",
 ]
@@ -153,6 +154,21 @@ def tool_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
     }
     out.update({f"failed_calls/{kind}": k / n for kind, k in sorted(errors.items())})
     return out
+
+
+def tool_stats_callback(source: Any, *loggers: Any) -> Callable[[int, dict[str, Any]], None]:
+    """A :class:`~ludic_lab.training.Trainer` callback: adds :func:`tool_stats` of the step's
+    rollouts (``source.last_rollouts``) to its metrics as ``tools/<name>`` (so they land in
+    ``trainer.history``), then logs the step to ``loggers`` (callbacks run after the trainer's
+    own loggers, which therefore do not see these keys)."""
+
+    def callback(step: int, metrics: dict[str, Any]) -> None:
+        metrics.update({f"tools/{k}": v for k, v in tool_stats(source.last_rollouts).items()})
+        row = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float, str))}
+        for lg in loggers:
+            lg.log(step, row)
+
+    return callback
 
 
 async def evaluate_tool_task(

@@ -36,6 +36,7 @@ EXPECTED = {
         "05_gspo",
         "06_cispo_scalerl",
         "07_sft_rejection_sampling",
+        "08_tool_use",
     ),
 }
 NEEDS_VLLM = {"server_weight_sync"}
@@ -190,7 +191,42 @@ def smoke_kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _execute(path: Path, kernel_dir: Path, workdir: Path) -> tuple[Any, float]:
+SIGNAL_PROBE = """\
+import json as _json
+from ludic_lab.training.saw import SAWBatch as _SAWBatch
+
+def _ludic_signal_probe():
+    def _batch(b):
+        groups = {}
+        for it in b.items:
+            groups.setdefault(it.group_id, []).append(float(it.reward))
+        return {"rewards": [float(it.reward) for it in b.items], "groups": list(groups.values()),
+                "weighted_items": sum(any(w != 0 for w in it.weights) for it in b.items)}
+    def _is_history(v):
+        return isinstance(v, list) and bool(v) and all(isinstance(h, dict) for h in v) and any("source/reward_std" in h for h in v)
+    out = {"batches": {}, "histories": {}, "kept": None}
+    for name, v in list(globals().items()):
+        if name.startswith("_"):
+            continue
+        if isinstance(v, _SAWBatch):
+            out["batches"][name] = _batch(v)
+        elif _is_history(v):
+            out["histories"][name] = [h.get("source/reward_std") for h in v]
+        elif isinstance(v, dict) and v and all(_is_history(h) for h in v.values()):
+            out["histories"].update({f"{name}[{k}]": [h.get("source/reward_std") for h in h_] for k, h_ in v.items()})
+    if isinstance(globals().get("kept"), list):
+        out["kept"] = len(globals()["kept"])
+    print("LUDIC_SIGNAL " + _json.dumps(out))
+
+_ludic_signal_probe()
+"""
+"""Appended (by the test, never committed) as a last cell of every tutorial: prints the reward
+signal the run saw — each SAWBatch in the namespace (rewards per group, how many items carry a
+non-zero weight), each trainer history's per-step batch reward std, rejection sampling's kept
+count — for :func:`_check_signal`."""
+
+
+def _execute(path: Path, kernel_dir: Path, workdir: Path, *, probe: bool = False) -> tuple[Any, float]:
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
@@ -198,6 +234,8 @@ def _execute(path: Path, kernel_dir: Path, workdir: Path) -> tuple[Any, float]:
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
+    if probe:
+        nb.cells.append(nbformat.v4.new_code_cell(SIGNAL_PROBE, metadata={"tags": ["signal-probe"]}))
     km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
     client = NotebookClient(
         nb,
@@ -250,7 +288,7 @@ def test_notebook_executes_in_smoke_configuration(
     if path.stem in NEEDS_VLLM:
         pytest.importorskip("vllm")
     cpu0 = _children_cpu_s()
-    nb, wall_s = _execute(path, smoke_kernel_dir, tmp_path)
+    nb, wall_s = _execute(path, smoke_kernel_dir, tmp_path, probe=path.parent.name == "tutorials")
     cpu_s = _children_cpu_s() - cpu0  # less sensitive than wall time to whatever else the machine runs
     record_property("wall_s", round(wall_s, 1))
     record_property("cpu_s", round(cpu_s, 1))
@@ -261,6 +299,7 @@ def test_notebook_executes_in_smoke_configuration(
     assert not any(o.get("output_type") == "error" for c in ran for o in c.outputs)
     if path.parent.name == "tutorials":
         _check_exported_run(tmp_path)
+        _check_signal(path.stem, nb)
 
 
 def _check_exported_run(workdir: Path) -> None:
@@ -272,3 +311,36 @@ def _check_exported_run(workdir: Path) -> None:
     rows = [json.loads(ln) for p in workdir.glob("runs/*/metrics.jsonl") for ln in p.read_text().splitlines() if ln.strip()]
     steps = [r for r in rows if isinstance(r.get("loss"), (int, float))]
     assert steps, f"the exported script logged no optimizer step (metrics rows: {rows[:3]})"
+
+
+def _signal(nb: Any) -> dict[str, Any]:
+    """What the appended :data:`SIGNAL_PROBE` cell printed."""
+    for o in nb.cells[-1].get("outputs", []):
+        for line in o.get("text", "").splitlines():
+            if line.startswith("LUDIC_SIGNAL "):
+                return json.loads(line[len("LUDIC_SIGNAL ") :])
+    raise AssertionError(f"the signal probe printed nothing: {nb.cells[-1].get('outputs')}")
+
+
+def _check_signal(stem: str, nb: Any) -> None:
+    """The smoke run still shows what the tutorial teaches: the rewards it trained on were not
+    all equal. For GRPO, the batch drawn in the credit view holds a group whose rewards differ
+    (so some tokens carry a non-zero weight, not an all-white view); for the others some batch
+    or training step had reward variance; rejection sampling kept at least one sample."""
+    sig = _signal(nb)
+    print(f"[signal] {stem}: {json.dumps(sig)}")
+    if stem.startswith("07_"):
+        assert sig["kept"], f"{stem}: rejection sampling kept no sample in the smoke run: nothing to fine-tune on ({sig})"
+        return
+    varied_groups = {n: [g for g in b["groups"] if len(set(g)) > 1] for n, b in sig["batches"].items()}
+    if stem == "03_grpo":
+        b = sig["batches"].get("batch")
+        assert b is not None, f"03_grpo: no `batch` in the namespace ({sorted(sig['batches'])})"
+        assert varied_groups["batch"] and b["weighted_items"] > 0, (
+            f"03_grpo smoke run: every group of the credit-view batch has equal rewards ({b['groups']}), "
+            "so every token weight is 0 and the credit view is all white"
+        )
+        return
+    in_batches = any(len(set(b["rewards"])) > 1 for b in sig["batches"].values())
+    in_steps = any(isinstance(x, (int, float)) and x > 0 for h in sig["histories"].values() for x in h)
+    assert in_batches or in_steps, f"{stem} smoke run: every reward it saw was equal, no signal to learn from ({sig})"

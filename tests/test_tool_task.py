@@ -132,7 +132,7 @@ def test_tool_demo_runs_on_tiny_model(tiny_model_dir: str, tmp_path: Path) -> No
     for name in ("summary.json", "metrics.jsonl", "control_metrics.jsonl", "reward_curve.png", "rollouts.html"):
         assert (out / name).is_file(), name
     saved = json.loads((out / "summary.json").read_text())
-    assert saved["config"]["task"] == "tools" and saved["held_out_questions"] == 40
+    assert saved["config"]["task"] == "tools" and saved["held_out_questions"] == 20
     for key in ("before", "after"):
         assert set(saved["with_tool"][key]) == {"greedy", "sampled"}
         assert set(saved["control_without_tool"][key]) == {"greedy"}
