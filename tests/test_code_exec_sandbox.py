@@ -105,12 +105,21 @@ async def test_infinite_loop_is_stopped_at_the_timeout():
 
 @needs_bwrap
 async def test_huge_stdout_is_truncated_and_the_program_killed():
+    import tracemalloc
+
     async with pool() as p:
         r = await p.execute("while True:\n    print('x' * 10000)\n", timeout_s=5)
-        err = await p.execute("import sys\nfor _ in range(2000):\n    sys.stderr.write('e' * 1000)\nprint('done')", timeout_s=5)
+        tracemalloc.start()
+        try:  # 100 MB on stderr (never a reason to stop): the parent keeps only the tail
+            err = await p.execute("import sys\nfor _ in range(1000):\n    sys.stderr.write('e' * 100_000)\nprint('done')",
+                                  timeout_s=20)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
     assert r.stop_reason == "output_limit" and r.stdout_truncated
     assert len(r.stdout.encode()) == 64 * 1024 and r.wall_s < 2
     assert err.ok and err.stderr_truncated and len(err.stderr.encode()) == p.limits.max_stderr_bytes
+    assert peak < 4 * 2**20, f"the parent held {peak} bytes for 100 MB of output"
 
 
 @needs_bwrap
