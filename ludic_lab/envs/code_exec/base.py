@@ -1,7 +1,7 @@
 """``HarnessSandbox``: what every harness-based backend shares (task directory, report
 pipe, execute / run_harness, interpreting the end of a run); a backend adds the command
 line (:meth:`HarnessSandbox.argv`), how to kill its process tree (:meth:`HarnessSandbox.kill`)
-and where the sandbox sees the task directory (:attr:`HarnessSandbox.task_mount`)."""
+and where the sandbox sees the task directory (:meth:`HarnessSandbox.task_mount`)."""
 
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def interpret(raw: RawRun, report: Optional[dict], timeout_s: float, limits: San
             reason = "file_size_limit"
         elif rc not in (None, 0) and "MemoryError" in stderr[-400:]:
             reason = "memory_limit"
-        elif rc == 1 and stderr.startswith("bwrap:"):
+        elif report is None and rc == 1 and stderr.startswith("bwrap:"):  # the harness never ran
             reason = "sandbox_error"
         else:
             reason = "exited"
