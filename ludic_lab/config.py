@@ -39,7 +39,10 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, *, prefix: st
     A field without a default becomes a required flag.
     """
     hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__):  # a subclass that changes defaults keeps its bases' help
+        if dataclasses.is_dataclass(base):
+            docs.update(field_docs(base))
     for f in dataclasses.fields(cls):
         if not f.init or f.name.startswith("_"):
             continue

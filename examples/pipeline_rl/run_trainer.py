@@ -1,0 +1,118 @@
+"""Pipeline RL, learner side: train on SAW items from Redis, push the new weights to the vLLM server.
+
+Algorithm: the learner half of asynchronous GRPO (``--algo``, the same preset as the
+actors). Each step takes ``batch_size`` items from the Redis stream (consumer group
+``--group``), drops items sampled more than ``max_lag`` policy versions ago, takes one
+optimizer step (LoRA here; ``--lora-r 0`` trains every weight) and pushes the merged weights
+to the server at ``--vllm-url`` (``POST /update_param_batch``), which bumps its
+``/runtime_version`` — the version the actors' next samples carry. Items are acknowledged
+after the step that trained them, so a killed trainer re-trains them after a restart
+(``--checkpoint-dir`` resumes weights, optimizer and step).
+
+What it shows: the learner of the deployment guide against the real parts, with the
+guide's monitoring done live: every ``monitor_every_s`` seconds it logs the stream length
+(``XLEN``, what ``redis-cli XLEN ludic_queue`` prints) and the server's ``/runtime_version``.
+
+Launch: see ``run_actor.py`` (Redis, the vLLM server, one or more actors, this trainer):
+
+    python examples/pipeline_rl/run_trainer.py --model <folder> --vllm-url http://127.0.0.1:8000 --steps 20
+    CUDA_VISIBLE_DEVICES=1 python examples/pipeline_rl/run_trainer.py --model /models/Qwen2.5-7B-Instruct \\
+        --vllm-url http://gpu0:8000 --redis-url redis://queue-host:6379/0 --device cuda --batch-size 256
+
+Result measured here: see examples/README.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ludic_lab.aio import run_sync
+from ludic_lab.config import parse_config
+from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig, run_trainer
+
+log = logging.getLogger("pipeline_rl.trainer")
+
+
+@dataclass
+class Config(PipelineTrainerConfig):
+    """Pipeline RL trainer: Redis in, weights out to the vLLM server."""
+
+    vllm_url: Optional[str] = "http://127.0.0.1:8000"
+    """Push weights to this vLLM server (the one the actors sample from)."""
+    steps: int = 20
+    """Total optimizer steps."""
+    batch_size: int = 48
+    """Items per optimizer step."""
+    lr: float = 3e-4
+    """Learning rate."""
+    lora_r: int = 16
+    """LoRA rank (0 = full fine-tune)."""
+    monitor_every_s: float = 10.0
+    """Log XLEN of the stream and the server's /runtime_version this often (0 = never)."""
+
+
+def runtime_version(url: str) -> Optional[int]:
+    """The server's policy version (``GET /runtime_version``), ``None`` if it does not answer."""
+    base = url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(base + "/runtime_version", timeout=5) as r:
+            return int(json.loads(r.read())["version"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+async def queue_length(redis_url: str, key: str) -> Optional[int]:
+    """``XLEN key``: items pushed and not yet trained (or dropped)."""
+    from ludic_lab.pipeline.connection import close_client, connect_redis
+
+    try:
+        r = await connect_redis(redis_url, connect_timeout_s=2.0, role="monitor")
+    except Exception:  # noqa: BLE001 - a monitor never stops the run
+        return None
+    try:
+        return int(await r.xlen(key))
+    finally:
+        await close_client(r)
+
+
+async def monitor(cfg: Config, samples: list[dict[str, Any]]) -> None:
+    while True:
+        row = {"xlen": await queue_length(cfg.redis_url, cfg.queue_key),
+               "runtime_version": await asyncio.to_thread(runtime_version, cfg.vllm_url) if cfg.vllm_url else None}  # fmt: skip
+        samples.append(row)
+        log.info("queue %s: XLEN %s, server runtime_version %s", cfg.queue_key, row["xlen"], row["runtime_version"])
+        await asyncio.sleep(cfg.monitor_every_s)
+
+
+async def run(cfg: Config) -> dict[str, Any]:
+    samples: list[dict[str, Any]] = []
+    task = asyncio.create_task(monitor(cfg, samples)) if cfg.monitor_every_s > 0 else None
+    try:
+        summary = await run_trainer(cfg)
+    finally:
+        if task is not None:
+            task.cancel()
+    summary["server_runtime_version"] = runtime_version(cfg.vllm_url) if cfg.vllm_url else None
+    summary["xlen_at_end"] = await queue_length(cfg.redis_url, cfg.queue_key)
+    summary["monitor"] = samples
+    return summary
+
+
+def main(cfg: Config) -> dict[str, Any]:
+    """Train ``cfg.steps`` steps; print and return the summary (steps, counters, versions)."""
+    from ludic_lab.extras import require_extra
+
+    require_extra("pipeline", what="the pipeline trainer")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    summary = run_sync(run(cfg))
+    print(json.dumps({"trainer_summary": summary}), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main(parse_config(Config))

@@ -1,0 +1,139 @@
+"""GSM8K-format math for the examples: data, the QA engine of a training step, and saving the
+trained policy as a model folder that an evaluation (or a vLLM server) loads.
+
+``load_math(data, split)``: ``"shipped"`` (the 400 word problems shipped with ludic_lab,
+80 held out), ``"gsm_symbolic"`` (reasoning-gym's GSM8K-style generator, offline), or a
+JSONL file / ``datasets`` folder in GSM8K's own format (``question``, ``answer`` ending in
+``#### 42``; the number after ``####`` is the target).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional
+
+from ludic_lab.agents import Agent
+from ludic_lab.context import FullDialog
+from ludic_lab.envs import DatasetQAEnv
+from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
+from ludic_lab.interaction import SingleAgentSyncProtocol
+from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+
+SYSTEM_PROMPT = (
+    "Solve the math problem. Think briefly if you need to, then give the final number inside "
+    "<answer></answer> tags, for example <answer>42</answer>."
+)
+ENV, PROTOCOL = "math", "single_agent"
+_FINAL = re.compile(r"####\s*([-+]?[\d,]*\.?\d+)")
+
+
+def gsm8k_target(answer: str) -> str:
+    """The number after ``####`` in a GSM8K answer (commas dropped); the text itself otherwise."""
+    m = _FINAL.search(str(answer))
+    return m.group(1).replace(",", "") if m else str(answer).strip()
+
+
+def load_math(data: str = "shipped", split: Literal["train", "test"] = "train", *, size: int = 400,
+              seed: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+    """Rows with ``question`` and ``answer`` (the target number as a string); see the module doc."""
+    if data == "shipped":
+        from ludic_lab.data import load_math_word_problems
+
+        return load_math_word_problems(split)
+    if data == "gsm_symbolic":
+        from ludic_lab.data import reasoning_gym_dataset
+
+        # train and test come from disjoint generator seeds
+        return reasoning_gym_dataset("gsm_symbolic", size=size, seed=seed + (0 if split == "train" else 10_000))
+    path = Path(data)
+    if path.is_dir():  # a datasets folder (save_to_disk) holding the split
+        import datasets
+
+        ds = datasets.load_from_disk(str(path))
+        rows = [dict(r) for r in (ds[split] if isinstance(ds, datasets.DatasetDict) else ds)]
+    elif path.is_file():
+        from ludic_lab.envs.dataset_qa_env import load_jsonl
+
+        rows = load_jsonl(path)
+        if rows and "split" in rows[0]:
+            rows = [r for r in rows if r.get("split") == split]
+    else:
+        raise FileNotFoundError(f"--data {data!r}: not 'shipped', 'gsm_symbolic', a JSONL file or a datasets folder")
+    return [{**r, "id": r.get("id", f"{split}-{i}"), "answer": gsm8k_target(r["answer"])} for i, r in enumerate(rows)]
+
+
+def math_verifier(data: str = "shipped") -> Callable[[str, str], bool]:
+    """The verifier of ``data``: reasoning-gym's own scorer for ``gsm_symbolic``, else a numeric match."""
+    if data == "gsm_symbolic":
+        from ludic_lab.data import reasoning_gym_verifier
+
+        return reasoning_gym_verifier("gsm_symbolic")
+    from ludic_lab.envs.verifiers import numeric_match
+
+    return numeric_match
+
+
+def math_engine(client: Any, rows: list[dict[str, Any]], verifier: Callable[[str, str], bool], *,
+                concurrency: int = 64) -> RolloutEngine:  # fmt: skip
+    """An engine with env ``"math"`` (a :class:`DatasetQAEnv` over ``rows``; env seed = row)
+    and protocol ``"single_agent"`` (the ``<answer>`` parser, -1 for a reply without one)."""
+    return RolloutEngine(
+        {ENV: lambda: DatasetQAEnv(rows, verifier=verifier, system_prompt=SYSTEM_PROMPT)},
+        {PROTOCOL: lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), DatasetQAEnv.recommended_parser()))},
+        max_concurrency=concurrency,
+    )
+
+
+class QuestionRequests:
+    """``requests_fn``: ``questions`` rows per call, walking through a seeded shuffle of them."""
+
+    def __init__(self, num_rows: int, questions: int, inference: InferenceSpec, *, seed: int = 0) -> None:
+        import random
+
+        self.order = list(range(num_rows))
+        random.Random(seed).shuffle(self.order)
+        self.questions, self.inference, self.n = questions, inference, 0
+
+    def __call__(self) -> list[RolloutRequest]:
+        out = []
+        for _ in range(self.questions):
+            row = self.order[self.n % len(self.order)]
+            self.n += 1
+            out.append(RolloutRequest(EnvSpec(ENV), ProtocolSpec(PROTOCOL), env_seed=row, inference=self.inference))
+        return out
+
+
+def training_sampling(temperature: float, max_tokens: int) -> InferenceSpec:
+    return InferenceSpec(SamplingConfig(temperature=temperature, max_tokens=max_tokens), ReturnSpec.for_training())
+
+
+def save_policy(model: Any, base_path: str, out_dir: str | os.PathLike) -> str:
+    """Write the trained policy (LoRA merged) as a plain model folder loadable by transformers
+    and vLLM, with ``base_path``'s tokenizer and chat template; returns the folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ludic_lab.training.lora import policy_state_dict
+
+    state = {k: v.detach().to("cpu") for k, v in policy_state_dict(model).items()}
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    missing, unexpected = base.load_state_dict(state, strict=False)
+    if unexpected:
+        raise ValueError(f"the trained weights have names the base model lacks: {unexpected[:5]}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base_path).save_pretrained(out)
+    return str(out)
+
+
+def accuracy_summary(result: Any, k: Optional[int] = None) -> dict[str, float]:
+    """``accuracy`` (and ``pass@k``) of an :class:`~ludic_lab.eval.EvalResult`, as floats."""
+    s = result.summary()
+    out = {"accuracy": float(s["accuracy"]), "parse_error_rate": float(s.get("parse_error_rate", 0.0)),
+           "num_items": float(s["num_items"])}  # fmt: skip
+    if k and k > 1 and f"pass@{k}" in s:
+        out[f"pass@{k}"] = float(s[f"pass@{k}"])
+    return out

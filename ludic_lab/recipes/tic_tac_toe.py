@@ -1,0 +1,158 @@
+"""Tic-Tac-Toe for the examples: one engine for single-agent and self-play games, the
+requests of a training step, and a before/after evaluation on held-out seeds.
+
+Env kinds: ``"tic_tac_toe"`` (:class:`~ludic_lab.envs.TicTacToeEnv`, the agent plays X against
+a built-in opponent; ``EnvSpec`` kwargs go to it) and ``"tic_tac_toe_2p"``
+(:class:`~ludic_lab.envs.TicTacToeMultiAgentEnv`). Protocol kinds: ``"single_agent"`` and
+``"self_play"`` (:class:`~ludic_lab.interaction.MultiAgentProtocol` with two agents, X and O,
+over the same client: the same policy plays both sides, and both rollouts are trained; X and
+O open alternate games).
+Replies are read from ``<move>B2</move>`` (the envs' system prompt asks for it).
+
+Held-out evaluation uses seeds from ``EVAL_SEED_BASE`` on (training seeds stay below it): the
+seed drives the built-in opponent's moves, so held-out games are games not trained on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Optional, Sequence
+
+from ludic_lab.agents import Agent
+from ludic_lab.context import FullDialog
+from ludic_lab.envs import TicTacToeEnv, TicTacToeMultiAgentEnv
+from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
+from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
+from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.types import Rollout
+
+ENV, ENV_2P = "tic_tac_toe", "tic_tac_toe_2p"
+SINGLE, SELF_PLAY = "single_agent", "self_play"
+MAX_TURNS = 5
+"""The agent moves at most 5 times in a game against a built-in opponent."""
+MAX_ROUNDS_2P = 9
+"""A two-player game has at most 9 moves (one per round)."""
+EVAL_SEED_BASE = 1_000_000
+
+
+def tic_tac_toe_engine(client: Any, *, concurrency: int = 64) -> RolloutEngine:
+    """An engine that plays Tic-Tac-Toe with ``client`` (both env kinds, both protocols)."""
+
+    def agent() -> Agent:
+        # a reply without <move> tags is a parse error: reward -1, feedback, the agent tries again
+        return Agent(client, FullDialog(), TicTacToeEnv.recommended_parser(error_reward=-1.0))
+
+    return RolloutEngine(
+        {ENV: lambda **kw: TicTacToeEnv(**kw), ENV_2P: lambda **kw: TicTacToeMultiAgentEnv(**kw)},
+        {
+            SINGLE: lambda: SingleAgentSyncProtocol(agent()),
+            SELF_PLAY: lambda: MultiAgentProtocol({"X": agent(), "O": agent()}),
+        },
+        max_concurrency=concurrency,
+    )
+
+
+def sampling(temperature: float, max_tokens: int) -> InferenceSpec:
+    """Sampling for training (token ids and logprobs returned)."""
+    return InferenceSpec(SamplingConfig(temperature=temperature, max_tokens=max_tokens), ReturnSpec.for_training())
+
+
+class GameRequests:
+    """``requests_fn`` of a ``RolloutBatchSource``: ``games`` fresh games per call, seeds
+    ``seed * 7919 + n`` counting up (all below :data:`EVAL_SEED_BASE`)."""
+
+    def __init__(self, games: int, inference: InferenceSpec, *, self_play: bool = False, opponent: str = "random",
+                 seed: int = 0) -> None:  # fmt: skip
+        self.games, self.inference, self.self_play = games, inference, self_play
+        self.opponent, self.next_seed = opponent, (seed * 7919) % (EVAL_SEED_BASE // 2)
+
+    def __call__(self) -> list[RolloutRequest]:
+        out = []
+        for _ in range(self.games):
+            first = "XO"[self.next_seed % 2]  # self-play: X and O open in turn, so both roles learn to open
+            out.append(game_request(self.next_seed, self.inference, self_play=self.self_play, opponent=self.opponent,
+                                    first=first))  # fmt: skip
+            self.next_seed += 1
+        return out
+
+
+def game_request(seed: int, inference: InferenceSpec, *, self_play: bool = False, opponent: str = "random",
+                 first: str = "X", **kw: Any) -> RolloutRequest:  # fmt: skip
+    """One game: against the built-in ``opponent``, or ``self_play`` (two agents; ``first`` opens)."""
+    if self_play:
+        return RolloutRequest(EnvSpec(ENV_2P, {"first": first}), ProtocolSpec(SELF_PLAY), env_seed=seed,
+                              inference=inference, max_steps=MAX_ROUNDS_2P, **kw)  # fmt: skip
+    return RolloutRequest(EnvSpec(ENV, {"opponent": opponent}), ProtocolSpec(SINGLE), env_seed=seed,
+                          inference=inference, max_steps=MAX_TURNS, **kw)  # fmt: skip
+
+
+def game_outcome(r: Rollout) -> str:
+    """``"win"``, ``"draw"``, ``"loss"``, ``"illegal"`` (an illegal square ended it),
+    ``"opponent_illegal"`` (self-play) or ``"unfinished"`` (turns ran out, e.g. replies
+    without a readable move), ``"failed"`` (the episode raised)."""
+    if r.failed or not r.steps:
+        return "failed"
+    for s in reversed(r.steps):
+        res = s.info.get("result")
+        if res is not None:
+            return str(res)
+        for d in reversed(s.info.get("delivered", ()) or ()):  # an outcome folded in by the multi-agent protocol
+            if isinstance(d, dict) and d.get("info", {}).get("result"):
+                return str(d["info"]["result"])
+    return "unfinished"
+
+
+def invalid_move(r: Rollout) -> bool:
+    """True when any of the agent's replies was unreadable or an illegal square."""
+    return any(
+        s.info.get("parse_error") or (s.info.get("illegal_move") and s.info.get("result") == "illegal")
+        for s in r.steps
+        if not s.info.get("observation_only")  # an outcome the agent only received (the opponent's move)
+    )
+
+
+def game_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """Rates over ``rollouts`` (one per game and player): win, draw, loss, win_or_draw,
+    illegal_move_rate (games with an unreadable reply or an illegal square), unfinished."""
+    n = max(1, len(rollouts))
+    c = Counter(game_outcome(r) for r in rollouts)
+    return {
+        "games": float(len(rollouts)),
+        "win_rate": c["win"] / n,
+        "draw_rate": c["draw"] / n,
+        "loss_rate": c["loss"] / n,
+        "win_or_draw_rate": (c["win"] + c["draw"]) / n,
+        "illegal_move_rate": sum(invalid_move(r) for r in rollouts) / n,
+        "unfinished_rate": c["unfinished"] / n,
+        "mean_reward": sum(r.total_reward for r in rollouts) / n,
+    }
+
+
+async def evaluate_games(
+    engine: RolloutEngine,
+    games: int,
+    *,
+    max_tokens: int,
+    temperature: float = 0.0,
+    opponent: str = "random",
+    self_play: bool = False,
+    seed_base: int = EVAL_SEED_BASE,
+) -> tuple[dict[str, float], list[Rollout]]:
+    """Play ``games`` held-out games (seeds ``seed_base + i``; greedy by default) and return
+    :func:`game_stats` and the rollouts (self-play: X's and O's stats are reported apart)."""
+    spec = InferenceSpec(SamplingConfig(temperature=temperature, max_tokens=max_tokens), ReturnSpec.for_training())
+    reqs = [game_request(seed_base + i, spec, self_play=self_play, opponent=opponent, first="XO"[i % 2],
+                         sampling_seed=i) for i in range(games)]  # fmt: skip
+    rollouts = await engine.generate_rollouts(reqs)
+    if not self_play:
+        return game_stats(rollouts), rollouts
+    stats: dict[str, float] = {}
+    for who in ("X", "O"):
+        stats.update({f"{who}/{k}": v for k, v in game_stats([r for r in rollouts if r.agent_id == who]).items()})
+    return stats, rollouts
+
+
+def short(stats: dict[str, float], keys: Optional[Sequence[str]] = None) -> str:
+    """``win_or_draw 0.25, illegal 0.50, ...`` for a log line."""
+    keys = keys or ("win_rate", "draw_rate", "win_or_draw_rate", "illegal_move_rate", "unfinished_rate")
+    return ", ".join(f"{k.replace('_rate', '')} {stats[k]:.2f}" for k in keys if k in stats)
