@@ -386,3 +386,23 @@ async def test_a_cancelled_execution_is_killed_before_its_slot_is_reused():
         assert _sandbox_processes() == []  # killed, not left running behind the released slot
         r = await p.execute("print('next')", timeout_s=5)
     assert r.stdout == "next\n"
+
+
+@needs_bwrap
+async def test_a_killed_pools_directory_is_removed_by_the_next_pool():
+    import subprocess
+    import tempfile
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid is free now: the "pool" that owned the directory below is gone
+    stale = Path(tempfile.gettempdir()) / f"ludic-sandbox-{dead.pid}-stale"
+    stale.mkdir()
+    (stale / "harness.py").write_text("")
+    alive = Path(tempfile.mkdtemp(prefix=f"ludic-sandbox-{os.getpid()}-"))  # a live pool's: kept
+    try:
+        async with pool():
+            pass
+        assert not stale.exists() and alive.exists()
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(alive, ignore_errors=True)

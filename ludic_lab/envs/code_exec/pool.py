@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Optional
@@ -31,6 +32,24 @@ from ludic_lab.envs.code_exec.sandbox import INSTALL_HINT, Interpreter, SandboxL
 from ludic_lab.envs.code_exec.types import ExecutionResult
 
 log = logging.getLogger(__name__)
+
+
+def remove_stale_workroots(tmp: Optional[str] = None) -> list[str]:
+    """Remove pool directories (``ludic-sandbox-<pid>-*``, ours) whose process is gone: a
+    pool killed by a signal cannot clean up after itself, the next one does."""
+    removed = []
+    for path in Path(tmp or tempfile.gettempdir()).glob("ludic-sandbox-*-*"):
+        try:
+            pid = int(path.name.split("-")[2])
+            if path.stat().st_uid != os.geteuid():
+                continue
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+        except (ValueError, OSError):
+            continue
+    return removed
 
 
 class SandboxPool:
@@ -77,7 +96,8 @@ class SandboxPool:
         if self.unsafe_local:
             log.warning("SandboxPool(unsafe_local=True): programs run WITHOUT isolation (your files, network "
                         "and processes are reachable); use it only for code you trust.")
-        self.workroot = tempfile.mkdtemp(prefix="ludic-sandbox-")
+        remove_stale_workroots()
+        self.workroot = tempfile.mkdtemp(prefix=f"ludic-sandbox-{os.getpid()}-")
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.workroot, True)
         self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="sandbox")
         for slot in range(self.size):
