@@ -68,6 +68,8 @@ class Config:
     """Sampling temperature of the collected games."""
     max_tokens: int = 16
     """Completion budget per move."""
+    move_format: Literal["tags", "lenient"] = "lenient"
+    """How replies are read: "tags" (<move>B2</move> only) or "lenient" (else the first square named)."""
     sft_steps: int = 12
     """SFT optimizer steps on the kept games."""
     batch_size: int = 16
@@ -95,7 +97,7 @@ async def run(cfg: Config) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out), max_batch_size=64) as sampler:
-        engine = tic_tac_toe_engine(sampler.client)
+        engine = tic_tac_toe_engine(sampler.client, move_format=cfg.move_format)
         before, _ = await evaluate_games(engine, cfg.eval_games, max_tokens=cfg.max_tokens)
         print(f"before: {short(before)}", flush=True)
 

@@ -60,6 +60,8 @@ class Config:
     """Plays of each game (distinct sampling seeds)."""
     max_tokens: int = 16
     """Completion budget per move."""
+    move_format: Literal["tags", "lenient"] = "lenient"
+    """How replies are read: "tags" (<move>B2</move> only) or "lenient" (else the first square named)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
     lr: float = 3e-4
@@ -100,7 +102,7 @@ async def run(cfg: Config) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out),
                        max_batch_size=cfg.games_per_step * cfg.group_size * 2) as sampler:  # fmt: skip
-        engine = tic_tac_toe_engine(sampler.client)
+        engine = tic_tac_toe_engine(sampler.client, move_format=cfg.move_format)
         before = await evaluate(engine, cfg)
         print(f"before: {_line(before)}", flush=True)
 

@@ -3,7 +3,11 @@
 Algorithm: GRPO. Each step plays ``games_per_step`` fresh games (the agent is X against the
 built-in random O; a game's seed drives the opponent), each ``group_size`` times with
 distinct sampling seeds (``GRPORequestStrategy``). A game's reward is win 1, draw 0.5, loss 0,
-illegal square -1, and -1 for every reply without a readable ``<move>..</move>``. Every
+illegal square -1, and -1 for every reply without a readable move. Replies are read with
+``--move-format lenient`` (the default): ``<move>B2</move>``, or else the first square the
+reply names — SmolLM2-135M almost never writes the tags (greedy, here: no tag in 8 of 8
+games; it echoes the board), so with ``tags`` every game of a group scores the same and GRPO
+has no signal. Every
 agent turn of a game becomes one training sample weighted by the game's group-normalised
 return (``make_grpo``: ``(R - mean) / std`` over the group, PPO-style clipped ratio). LoRA
 adapters are trained; after each optimizer step the merged weights are pushed into the
@@ -57,21 +61,23 @@ class Config:
     """Sampler: "local" (in-process) or "vllm" (the bundled server; weights pushed every step)."""
     vllm_url: Optional[str] = None
     """With --backend vllm: use this running server instead of starting one."""
-    steps: int = 15
+    steps: int = 12
     """Optimizer steps."""
-    games_per_step: int = 6
+    games_per_step: int = 4
     """Distinct games (GRPO groups) per step."""
     group_size: int = 4
     """Plays of each game (distinct sampling seeds)."""
     max_tokens: int = 16
     """Completion budget per move."""
+    move_format: Literal["tags", "lenient"] = "lenient"
+    """How replies are read: "tags" (<move>B2</move> only) or "lenient" (else the first square named)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
     lr: float = 3e-4
     """Learning rate."""
     lora_r: int = 16
     """LoRA rank (0 = train every weight)."""
-    eval_games: int = 40
+    eval_games: int = 32
     """Held-out games played greedily before and after training."""
     device: str = "cpu"
     """Training device ("cpu", "cuda")."""
@@ -91,7 +97,7 @@ async def run(cfg: Config) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out),
                        max_batch_size=cfg.games_per_step * cfg.group_size) as sampler:  # fmt: skip
-        engine = tic_tac_toe_engine(sampler.client)
+        engine = tic_tac_toe_engine(sampler.client, move_format=cfg.move_format)
         before, _ = await evaluate_games(engine, cfg.eval_games, max_tokens=cfg.max_tokens)
         print(f"before: {short(before)}", flush=True)
 

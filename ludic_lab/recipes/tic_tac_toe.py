@@ -7,7 +7,8 @@ a built-in opponent; ``EnvSpec`` kwargs go to it) and ``"tic_tac_toe_2p"``
 ``"self_play"`` (:class:`~ludic_lab.interaction.MultiAgentProtocol` with two agents, X and O,
 over the same client: the same policy plays both sides, and both rollouts are trained; X and
 O open alternate games).
-Replies are read from ``<move>B2</move>`` (the envs' system prompt asks for it).
+Replies are read from ``<move>B2</move>`` (the envs' system prompt asks for it), or leniently
+(:func:`move_parser`).
 
 Held-out evaluation uses seeds from ``EVAL_SEED_BASE`` on (training seeds stay below it): the
 seed drives the built-in opponent's moves, so held-out games are games not trained on.
@@ -15,14 +16,16 @@ seed drives the built-in opponent's moves, so held-out games are games not train
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from typing import Any, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
 from ludic_lab.envs import TicTacToeEnv, TicTacToeMultiAgentEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
+from ludic_lab.parsers import ParseResult, Parser
 from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.types import Rollout
 
@@ -35,12 +38,39 @@ MAX_ROUNDS_2P = 9
 EVAL_SEED_BASE = 1_000_000
 
 
-def tic_tac_toe_engine(client: Any, *, concurrency: int = 64) -> RolloutEngine:
-    """An engine that plays Tic-Tac-Toe with ``client`` (both env kinds, both protocols)."""
+MoveFormat = Literal["tags", "lenient"]
+_SQUARE = re.compile(r"(?<![A-Za-z0-9])([A-Ca-c][1-3])(?![A-Za-z0-9])")
+
+
+def move_parser(move_format: MoveFormat = "tags", *, error_reward: float = -1.0) -> Parser:
+    """``"tags"``: the text inside ``<move>..</move>`` (the envs' system prompt asks for it).
+    ``"lenient"``: that, or else the first square named in the reply (``A1``..``C3``) — a
+    135M model rarely writes the tags (it answers with a square, or echoes the board). A
+    reply naming no square is a parse error: ``error_reward``, feedback, another try."""
+    strict = TicTacToeEnv.recommended_parser(error_reward=error_reward)
+    if move_format == "tags":
+        return strict
+    if move_format != "lenient":
+        raise ValueError(f"move_format must be 'tags' or 'lenient', got {move_format!r}")
+
+    def lenient(text: str) -> ParseResult:
+        r = strict(text)
+        if r.action is not None:
+            return r
+        m = _SQUARE.search(text or "")
+        return ParseResult(m.group(1).upper(), 0.0) if m else r
+
+    lenient.__name__ = "lenient_move_parser"
+    return lenient
+
+
+def tic_tac_toe_engine(client: Any, *, move_format: MoveFormat = "tags", concurrency: int = 64) -> RolloutEngine:
+    """An engine that plays Tic-Tac-Toe with ``client`` (both env kinds, both protocols);
+    replies are read by :func:`move_parser` (``move_format``)."""
 
     def agent() -> Agent:
-        # a reply without <move> tags is a parse error: reward -1, feedback, the agent tries again
-        return Agent(client, FullDialog(), TicTacToeEnv.recommended_parser(error_reward=-1.0))
+        # an unreadable reply is a parse error: reward -1, feedback, the agent tries again
+        return Agent(client, FullDialog(), move_parser(move_format))
 
     return RolloutEngine(
         {ENV: lambda **kw: TicTacToeEnv(**kw), ENV_2P: lambda **kw: TicTacToeMultiAgentEnv(**kw)},
