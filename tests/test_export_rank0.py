@@ -95,7 +95,7 @@ def test_rank0_source_failure_reaches_every_rank(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(
         """
         import asyncio, sys
-        from ludic_lab.distributed.dist_utils import get_rank, init_distributed
+        from ludic_lab.distributed.dist_utils import destroy_distributed, get_rank, init_distributed
         from ludic_lab.training import Rank0BroadcastSource, SAWBatch, SAWItem
 
         class Source:
@@ -117,6 +117,7 @@ def test_rank0_source_failure_reaches_every_rank(tmp_path: Path) -> None:
             asyncio.run(src.next_batch())
         except Exception as e:
             print(f"rank {get_rank()} raised {type(e).__name__}: {e}", flush=True)
+        destroy_distributed()
         """
     ))  # fmt: skip
     p = _torchrun(str(script), cwd=tmp_path, timeout=180)

@@ -36,13 +36,12 @@ from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
 from ludic_lab.data import capital_verifier, load_capitals
 from ludic_lab.distributed import ClientPublisher, Rank0OnlyPublisher
-from ludic_lab.distributed.dist_utils import broadcast_bytes, destroy_distributed, get_rank, get_world_size, init_distributed
+from ludic_lab.distributed.dist_utils import destroy_distributed, get_rank, get_world_size, init_distributed
 from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
-from ludic_lab.training.saw import SAWBatch, SAWItem
+from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, Rank0BroadcastSource, RolloutEngine, RolloutRequest
 
 SYSTEM_PROMPT = "Answer with just the name of the city."
 
@@ -73,27 +72,6 @@ class Config:
     """"cpu" or "cuda" (under torchrun: cuda:LOCAL_RANK)."""
     seed: int = 0
     """Seeds the questions, the sampling and the LoRA initialisation."""
-
-
-class Rank0BroadcastSource:
-    """Rank 0 pulls each batch from ``inner``; every rank returns that same global batch.
-
-    Other ranks pass ``inner=None``. The batch travels as JSON bytes (``broadcast_bytes``).
-    """
-
-    def __init__(self, inner: Optional[Any]) -> None:
-        if (get_rank() == 0) != (inner is not None):
-            raise ValueError("rank 0 (and only rank 0) needs the inner batch source")
-        self.inner = inner
-
-    async def next_batch(self) -> SAWBatch:
-        data = None
-        if self.inner is not None:
-            batch = await self.inner.next_batch()
-            meta = {k: v for k, v in batch.meta.items() if isinstance(v, (int, float, str, bool))}
-            data = json.dumps({"items": [it.to_dict() for it in batch.items], "meta": meta}).encode()
-        d = json.loads(broadcast_bytes(data).decode())
-        return SAWBatch(tuple(SAWItem.from_dict(x) for x in d["items"]), meta=d["meta"])
 
 
 def make_sampler_source(cfg: Config, client: Any, algo: Any) -> Any:

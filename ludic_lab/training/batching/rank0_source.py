@@ -41,8 +41,9 @@ class Rank0BroadcastSource:
             except BaseException as e:
                 broadcast_bytes(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
                 raise
-            broadcast_bytes(encode_batch(batch))
-            return batch
+            data = encode_batch(batch)
+            broadcast_bytes(data)
+            return decode_batch(data)  # the very batch the other ranks got (same items, same meta)
         d = json.loads(broadcast_bytes(None).decode())
         if "error" in d:
             raise RuntimeError(f"rank 0's batch source failed: {d['error']}")
