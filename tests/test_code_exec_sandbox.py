@@ -19,11 +19,16 @@ import pytest
 from ludic_lab.envs.code_exec import RunConfig, SandboxLimits, SandboxPool, SandboxUnavailableError, TestCase, run_tests
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing: scripts/install_system_deps.sh")
-UID_BASE = 1_900_000_000
+def _our_uids() -> set[int]:
+    """The uids pools of this test process hand out (other processes' pools may be running)."""
+    from ludic_lab.envs.code_exec.pool import MAX_SLOTS, next_uid_base
+
+    return {next_uid_base(os.getpid(), i) + s for i in range(16) for s in range(MAX_SLOTS)}
 
 
 def _sandbox_processes() -> list[str]:
-    """Processes still running as a sandbox uid, or bwrap processes under this test process."""
+    """Processes still running as one of our sandbox uids, or bwrap processes under this test process."""
+    uids = _our_uids()
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -36,7 +41,7 @@ def _sandbox_processes() -> list[str]:
         uid = int(status.split("Uid:")[1].split()[0])
         ppid = int(status.split("PPid:")[1].split()[0])
         state = status.split("State:")[1].split()[0]
-        if state != "Z" and (UID_BASE <= uid < UID_BASE + 64 or ("bwrap" in cmd and ppid == os.getpid())):
+        if state != "Z" and (uid in uids or ("bwrap" in cmd and ppid == os.getpid())):
             found.append(f"{name} uid={uid} {cmd[:80]}")
     return found
 

@@ -5,7 +5,8 @@ no network at all), ipc, uts and mount namespaces; a root holding only ``/usr`` 
 interpreter's installation, read-only; ``/task`` (the program and its inputs, read-only);
 a private writable tmpfs at ``/sandbox`` (cwd, ``HOME``, ``/tmp``) that disappears with the
 sandbox, and a small one at ``/dev/shm`` (everything else, ``/`` included, is read-only); no ``/etc``, no home, no project checkout, no other sandbox; an empty environment.
-Started as root, the harness drops to a per-slot unprivileged uid (``uid_base + slot``), so
+Started as root, the harness drops to a per-slot unprivileged uid (``uid_base + slot``, a
+block per pool), so
 ``RLIMIT_NPROC`` counts only this sandbox's processes (root is exempt from it); started as
 a normal user, bubblewrap maps that user into a new user namespace and forbids nested ones.
 A seccomp filter (:mod:`~ludic_lab.envs.code_exec.seccomp`, x86-64) refuses the system calls

@@ -14,6 +14,7 @@ process or file is left behind.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import shutil
@@ -32,6 +33,21 @@ from ludic_lab.envs.code_exec.sandbox import INSTALL_HINT, Interpreter, SandboxL
 from ludic_lab.envs.code_exec.types import ExecutionResult
 
 log = logging.getLogger(__name__)
+
+
+MAX_SLOTS = 64
+UID_FLOOR = 1_900_000_000
+"""Sandbox uids start here, far above any user's or container's uid range."""
+_pools_made = itertools.count()
+
+
+def next_uid_base(pid: Optional[int] = None, index: Optional[int] = None) -> int:
+    """A block of ``MAX_SLOTS`` uids for a new pool: distinct per process and per pool (16
+    per process before reuse), so RLIMIT_NPROC of one pool's slot never counts another
+    pool's processes, and pools of two training runs on one machine cannot starve each other."""
+    pid = os.getpid() if pid is None else pid
+    index = next(_pools_made) if index is None else index
+    return UID_FLOOR + ((pid * 16 + index % 16) % 2**25) * MAX_SLOTS
 
 
 def remove_stale_workroots(tmp: Optional[str] = None) -> list[str]:
@@ -60,15 +76,15 @@ class SandboxPool:
 
     def __init__(
         self, size: int = 2, *, limits: Optional[SandboxLimits] = None, python: Optional[str] = None,
-        unsafe_local: bool = False, cache_size: int = 4096, uid_base: int = 1_900_000_000, seccomp: bool = True,
+        unsafe_local: bool = False, cache_size: int = 4096, uid_base: Optional[int] = None, seccomp: bool = True,
     ) -> None:
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"SandboxPool size must be an int >= 1, got {size!r}")
+        if not isinstance(size, int) or not 1 <= size <= MAX_SLOTS:
+            raise ValueError(f"SandboxPool size must be an int from 1 to {MAX_SLOTS}, got {size!r}")
         self.size = size
         self.limits = limits or SandboxLimits()
         self.python = python
         self.unsafe_local = bool(unsafe_local)
-        self.uid_base = uid_base
+        self.uid_base = uid_base if uid_base is not None else next_uid_base()
         self.seccomp = seccomp
         self.cache = ResultCache(cache_size)
         self.executions = 0
