@@ -143,7 +143,7 @@ def invalid_move(r: Rollout) -> bool:
 
 def game_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
     """Rates over ``rollouts`` (one per game and player): win, draw, loss, win_or_draw,
-    illegal_move_rate (games with an unreadable reply or an illegal square), unfinished."""
+    illegal_move_rate (games with an unreadable reply or an illegal square), unfinished, failed."""
     n = max(1, len(rollouts))
     c = Counter(game_outcome(r) for r in rollouts)
     return {
@@ -154,6 +154,7 @@ def game_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
         "win_or_draw_rate": (c["win"] + c["draw"]) / n,
         "illegal_move_rate": sum(invalid_move(r) for r in rollouts) / n,
         "unfinished_rate": c["unfinished"] / n,
+        "failed_rate": c["failed"] / n,  # the episode raised or timed out (engine's episode_timeout_s)
         "mean_reward": sum(r.total_reward for r in rollouts) / n,
     }
 
@@ -184,5 +185,6 @@ async def evaluate_games(
 
 def short(stats: dict[str, float], keys: Optional[Sequence[str]] = None) -> str:
     """``win_or_draw 0.25, illegal 0.50, ...`` for a log line."""
-    keys = keys or ("win_rate", "draw_rate", "win_or_draw_rate", "illegal_move_rate", "unfinished_rate")
+    keys = keys or ("win_rate", "draw_rate", "loss_rate", "win_or_draw_rate", "illegal_move_rate", "unfinished_rate",
+                    "failed_rate")  # fmt: skip
     return ", ".join(f"{k.replace('_rate', '')} {stats[k]:.2f}" for k in keys if k in stats)
