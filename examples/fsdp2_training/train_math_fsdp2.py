@@ -20,7 +20,7 @@ same training in one process.
 
 Launch:
 
-    # CPU, here: 2 ranks on gloo (SmolLM2-135M), or a seconds-long smoke run on the tiny model
+    # CPU, here: 2 ranks on gloo (SmolLM2-135M), or a smoke run on the tiny model (about a minute)
     torchrun --nproc_per_node=2 examples/fsdp2_training/train_math_fsdp2.py --train-steps 10
     torchrun --nproc_per_node=2 examples/fsdp2_training/train_math_fsdp2.py --model tiny --train-steps 3
     #   ... sampling from the bundled vLLM server on CPU:

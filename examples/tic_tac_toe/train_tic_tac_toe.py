@@ -25,7 +25,7 @@ Launch:
     # CPU, here (SmolLM2-135M, embedded): in-process sampler, or the bundled vLLM server on CPU
     python examples/tic_tac_toe/train_tic_tac_toe.py
     python examples/tic_tac_toe/train_tic_tac_toe.py --backend vllm
-    # seconds-long smoke run on the tiny random model
+    # smoke run on the tiny random model (about a minute)
     python examples/tic_tac_toe/train_tic_tac_toe.py --model tiny --steps 1 --eval-games 2
 
     # GPU cluster: GPU 0 serves, GPU 1 trains (any local HF model folder)
