@@ -114,7 +114,7 @@ async def _train(
 
     tcfg = TrainerConfig(
         lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0, max_seq_len=768,
-        micro_token_budget=4096, scoring_temperature=cfg.temperature, seed=cfg.seed,
+        micro_token_budget=1024, scoring_temperature=cfg.temperature, seed=cfg.seed,
     )  # fmt: skip
     trainer = Trainer(policy, algo, source, config=tcfg, publisher=publisher_for(policy), callbacks=[on_step],
                       pad_token_id=client.pad_token_id)  # fmt: skip
