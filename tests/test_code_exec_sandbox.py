@@ -2,7 +2,8 @@
 ``ExecutionResult``, and leaves no process and no file behind (checked after every test).
 
 Needs ``bwrap`` (scripts/install_system_deps.sh installs it); skipped with that hint when
-missing, except the refusal test, which runs everywhere.
+missing. Pool lifecycle (refusal, shutdown, cancellation, unsafe_local) is in
+test_code_exec_pool.py.
 """
 
 from __future__ import annotations
@@ -10,67 +11,25 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import tempfile
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
-from ludic_lab.envs.code_exec import RunConfig, SandboxLimits, SandboxPool, SandboxUnavailableError, TestCase, run_tests
-
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing: scripts/install_system_deps.sh")
-def _our_uids() -> set[int]:
-    """The uids pools of this test process hand out (other processes' pools may be running)."""
-    from ludic_lab.envs.code_exec.pool import MAX_SLOTS, next_uid_base
-
-    return {next_uid_base(os.getpid(), i) + s for i in range(16) for s in range(MAX_SLOTS)}
-
-
-def _sandbox_processes() -> list[str]:
-    """Processes still running as one of our sandbox uids, or bwrap processes under this test process."""
-    uids = _our_uids()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{name}/status").read_text()
-            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        uid = int(status.split("Uid:")[1].split()[0])
-        ppid = int(status.split("PPid:")[1].split()[0])
-        state = status.split("State:")[1].split()[0]
-        if state != "Z" and (uid in uids or ("bwrap" in cmd and ppid == os.getpid())):
-            found.append(f"{name} uid={uid} {cmd[:80]}")
-    return found
-
-
-def _sandbox_dirs() -> set[str]:
-    import tempfile
-
-    return {p.name for p in Path(tempfile.gettempdir()).glob("ludic-sandbox-*")}
+from ludic_lab.envs.code_exec import RunConfig, SandboxLimits, TestCase, run_tests
+from tests.code_exec_helpers import sandbox_dirs, sandbox_processes, needs_bwrap, pool
 
 
 @pytest.fixture(autouse=True)
 def machine_as_before():
     """Every test must leave no sandbox process and no sandbox directory behind."""
-    dirs = _sandbox_dirs()
+    dirs = sandbox_dirs()
     yield
-    assert _sandbox_processes() == [], "a sandboxed process outlived its execution"
-    assert _sandbox_dirs() <= dirs, "a sandbox directory was left behind"
-
-
-def pool(**kw) -> SandboxPool:
-    kw.setdefault("limits", SandboxLimits(max_stdout_bytes=64 * 1024, processes=16))
-    return SandboxPool(kw.pop("size", 1), **kw)
-
-
-async def test_missing_bwrap_is_a_refusal_naming_the_install(monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH
-    with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap") as err:
-        await SandboxPool(1).start()
-    assert "unsafe_local=True" in str(err.value)  # the trusted-code escape hatch is named, never taken
+    assert sandbox_processes() == [], "a sandboxed process outlived its execution"
+    left = sandbox_dirs() - dirs
+    assert not left, f"sandbox directories left behind: {sorted(left)} holding {[sorted(os.listdir(Path(tempfile.gettempdir()) / d)) for d in left]}"
 
 
 @needs_bwrap
@@ -231,7 +190,7 @@ async def test_background_processes_die_with_the_execution():
     async with pool() as p:
         r = await p.execute(code, timeout_s=5)
         assert r.ok and r.stdout == "returned\n", r
-        assert _sandbox_processes() == []  # already gone before the pool shuts down
+        assert sandbox_processes() == []  # already gone before the pool shuts down
 
 
 @needs_bwrap
@@ -275,42 +234,6 @@ async def test_tests_cannot_read_or_forge_their_expected_outputs():
     out = res.results[0].actual or ""
     assert out.startswith("hex []") and "WROTE TO PARENT FD" not in out and "denied PermissionError" in out
     assert secret not in (res.results[1].actual or "")
-
-
-@needs_bwrap
-async def test_shutdown_kills_an_execution_in_flight():
-    import asyncio
-
-    p = await pool().start()
-    task = asyncio.ensure_future(p.execute("import time\ntime.sleep(30)", timeout_s=30))
-    await asyncio.sleep(0.5)
-    await p.shutdown()
-    r = await task
-    assert not r.ok and r.wall_s < 5
-
-
-async def test_unsafe_local_is_explicit_and_loud(caplog, monkeypatch):
-    monkeypatch.setenv("LUDIC_TEST_API_KEY", "not-for-programs")
-    assert SandboxPool(1).backend == "bubblewrap"
-    daemon = (
-        "import os, subprocess, time\n"
-        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-        "        subprocess.Popen(['sleep', '61.25']); time.sleep(60)\n    os._exit(0)\n"
-        "time.sleep(0.3)\nprint(os.environ.get('LUDIC_TEST_API_KEY'))\n"
-    )
-    async with SandboxPool(1, unsafe_local=True) as p:
-        r = await p.execute(daemon, timeout_s=5)
-    assert r.ok and r.stdout == "None\n" and p.backend == "unsafe_local"  # clean env even here
-    assert any("WITHOUT isolation" in rec.message for rec in caplog.records)
-    leftovers = [n for n in os.listdir("/proc") if n.isdigit() and _cmdline(n).startswith("sleep 61.25")]
-    assert leftovers == []  # the harness is a child subreaper: even a setsid daemon is killed
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 _NONROOT = """
@@ -378,36 +301,3 @@ async def test_dangerous_system_calls_are_refused_and_ordinary_ones_work():
     assert "thread ok" in r.stdout and "subprocess ok" in r.stdout and "fork ok 3" in r.stdout
 
 
-@needs_bwrap
-async def test_a_cancelled_execution_is_killed_before_its_slot_is_reused():
-    import asyncio
-
-    async with pool() as p:
-        task = asyncio.ensure_future(p.execute("import time\ntime.sleep(30)", timeout_s=30))
-        await asyncio.sleep(0.5)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert _sandbox_processes() == []  # killed, not left running behind the released slot
-        r = await p.execute("print('next')", timeout_s=5)
-    assert r.stdout == "next\n"
-
-
-@needs_bwrap
-async def test_a_killed_pools_directory_is_removed_by_the_next_pool():
-    import subprocess
-    import tempfile
-
-    dead = subprocess.Popen(["true"])
-    dead.wait()  # its pid is free now: the "pool" that owned the directory below is gone
-    stale = Path(tempfile.gettempdir()) / f"ludic-sandbox-{dead.pid}-stale"
-    stale.mkdir()
-    (stale / "harness.py").write_text("")
-    alive = Path(tempfile.mkdtemp(prefix=f"ludic-sandbox-{os.getpid()}-"))  # a live pool's: kept
-    try:
-        async with pool():
-            pass
-        assert not stale.exists() and alive.exists()
-    finally:
-        shutil.rmtree(stale, ignore_errors=True)
-        shutil.rmtree(alive, ignore_errors=True)

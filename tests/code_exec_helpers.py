@@ -1,0 +1,54 @@
+"""Shared by the code-execution sandbox tests: which sandbox processes and directories
+exist (to check that a test left none), the bwrap skip marker, and a small test pool."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ludic_lab.envs.code_exec import SandboxLimits, SandboxPool
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing: scripts/install_system_deps.sh")
+
+
+def our_uids() -> set[int]:
+    """The uids pools of this test process hand out (other processes' pools may be running)."""
+    from ludic_lab.envs.code_exec.pool import MAX_SLOTS, next_uid_base
+
+    return {next_uid_base(os.getpid(), i) + s for i in range(16) for s in range(MAX_SLOTS)}
+
+
+def sandbox_processes() -> list[str]:
+    """Processes still running as one of our sandbox uids, or bwrap processes under this test process."""
+    uids = our_uids()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{name}/status").read_text()
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        uid = int(status.split("Uid:")[1].split()[0])
+        ppid = int(status.split("PPid:")[1].split()[0])
+        state = status.split("State:")[1].split()[0]
+        if state != "Z" and (uid in uids or ("bwrap" in cmd and ppid == os.getpid())):
+            found.append(f"{name} uid={uid} {cmd[:80]}")
+    return found
+
+
+def sandbox_dirs() -> set[str]:
+    """This process's pool directories (other test runs may share the machine)."""
+    import tempfile
+
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"ludic-sandbox-{os.getpid()}-*")}
+
+
+def pool(**kw) -> SandboxPool:
+    """A small pool for the tests (stdout cap 64 KiB, 16 processes)."""
+    kw.setdefault("limits", SandboxLimits(max_stdout_bytes=64 * 1024, processes=16))
+    return SandboxPool(kw.pop("size", 1), **kw)
