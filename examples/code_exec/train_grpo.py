@@ -12,6 +12,10 @@ so the before/after numbers move little — they are printed either way.
     .venv/bin/python examples/code_exec/train_grpo.py --steps 2 --smoke true   # CI smoke: a minute
     .venv/bin/python examples/code_exec/train_grpo.py --sampler vllm        # starts the bundled vLLM server
 
+On a GPU machine the same commands apply (``--sampler vllm`` then serves from the GPU);
+the sandbox stays on the CPU. The result is printed and written to ``<run_dir>/report.json``
+(per-step metrics in ``<run_dir>/metrics.jsonl``).
+
 Needs bubblewrap (scripts/install_system_deps.sh); the model's code never runs outside it.
 """
 
