@@ -73,6 +73,8 @@ class Config:
     """Learning rate."""
     lora_r: int = 16
     """LoRA rank (0 = train every weight)."""
+    micro_token_budget: int = 1024
+    """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
     device: str = "cpu"
     """"cpu" (gloo) or "cuda" (NCCL; each rank uses cuda:LOCAL_RANK)."""
     seed: int = 0
@@ -134,7 +136,8 @@ def main(cfg: Config) -> dict[str, Any]:
         pad = policy.config.pad_token_id if policy.config.pad_token_id is not None else policy.config.eos_token_id
         tcfg = TrainerConfig(
             model_device=cfg.device, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
-            max_seq_len=1024, micro_token_budget=4096, scoring_temperature=cfg.temperature, seed=cfg.seed,
+            max_seq_len=1024, micro_token_budget=cfg.micro_token_budget, scoring_temperature=cfg.temperature,
+            seed=cfg.seed,
             batch_split="global",  # every rank gets rank 0's batch and trains its share
         )  # fmt: skip
         trainer = Trainer(policy, algo, Rank0BroadcastSource(inner), config=tcfg, publisher=publisher,

@@ -68,6 +68,8 @@ class Config:
     """Learning rate."""
     lora_r: int = 16
     """LoRA rank (0 = train every weight)."""
+    micro_token_budget: int = 1024
+    """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
     eval_games: int = 40
     """Held-out games (vs the random opponent, and in self-play) before and after."""
     device: str = "cpu"
@@ -117,7 +119,8 @@ async def run(cfg: Config) -> dict[str, Any]:
         policy = AutoModelForCausalLM.from_pretrained(sampler.model_path)
         tcfg = TrainerConfig(
             model_device=cfg.device, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
-            scoring_temperature=cfg.temperature, seed=cfg.seed, max_seq_len=1024, micro_token_budget=4096,
+            scoring_temperature=cfg.temperature, seed=cfg.seed, max_seq_len=1024,
+            micro_token_budget=cfg.micro_token_budget,
         )  # fmt: skip
         trainer = Trainer(
             policy, algo, source, config=tcfg, publisher=sampler.publisher(policy), pad_token_id=sampler.client.pad_token_id,
