@@ -69,7 +69,7 @@ class DemoConfig:
     backend: Literal["local", "vllm"] = "local"
     """Sampler: "local" (in-process transformers) or "vllm" (the bundled vLLM server on CPU, weights pushed each step)."""
     task: Literal["capitals", "tools"] = "capitals"
-    """Which demo: "capitals", or "tools" (learn to use a calculator; fields left at their default take that task's own: 8 steps, 4 questions, 40 tokens, lr 5e-4)."""
+    """Which demo: "capitals", or "tools" (learn to use a calculator; fields left at their default take that task's own: 5 steps, 4 questions, 40 tokens, lr 1e-3)."""
 
     def __post_init__(self) -> None:
         from ludic_lab.validation import check_config

@@ -30,10 +30,10 @@ from ludic_lab.tool_task import evaluate_tool_task, tool_stats_callback, tool_ta
 from ludic_lab.training import GRPORequestStrategy, RolloutRequest
 
 TOOL_DEFAULTS: dict[str, Any] = {
-    "steps": 8,
+    "steps": 5,
     "questions_per_step": 4,
     "max_tokens": 40,
-    "lr": 5e-4,
+    "lr": 1e-3,
     "eval_k": 1,
     "out": "runs/demo_tools",
 }
