@@ -92,7 +92,9 @@ def test_trainer_metrics_land_in_an_offline_run_under_wandb_dir(tiny_model_dir: 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
 
     config = TrainerConfig(lr=1e-3, max_seq_len=64)
-    wb = WandbLogger("ludic-lab-test", "trainer-offline", config={"lr": config.lr, "algo": "grpo"})
+    # dir= explicitly: wandb reads WANDB_DIR once per process (wandb.setup), so in a full test
+    # session an earlier wandb user would otherwise decide where this run goes (seen in CI)
+    wb = WandbLogger("ludic-lab-test", "trainer-offline", config={"lr": config.lr, "algo": "grpo"}, dir=wandb_dir)
     run_dir = Path(wb.run_dir)
     jsonl = JSONLLogger(tmp_path / "metrics.jsonl")
     trainer = Trainer(

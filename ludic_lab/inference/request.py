@@ -43,9 +43,9 @@ class SamplingConfig:
             object.__setattr__(self, "stop", tuple(self.stop))
         # NaN or infinite values would sample garbage (NaN logprobs) instead of failing
         check_config(self, _SAMPLING_RANGES, hints={"temperature": "0 means greedy"})
-        for s in self.stop:
-            if not isinstance(s, str) or not s:
-                raise ValueError(f"SamplingConfig.stop must hold non-empty strings, got {self.stop!r}")
+        for s in self.stop:  # an empty string stops nothing and is ignored by both clients
+            if not isinstance(s, str):
+                raise ValueError(f"SamplingConfig.stop must hold strings, got {self.stop!r}")
 
     def with_seed(self, seed: Optional[int]) -> "SamplingConfig":
         return replace(self, seed=seed)
