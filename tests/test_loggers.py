@@ -266,3 +266,18 @@ def test_wandb_disabled_mode_is_a_no_op(tmp_path: Path, monkeypatch):
     lg = WandbLogger("p", mode="disabled", dir=tmp_path)
     lg.log(0, {"a": 1.0})
     lg.close()
+
+
+def test_wandb_mode_follows_wandb_mode_env_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ludic_lab.training.loggers import resolve_wandb_mode
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert resolve_wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert resolve_wandb_mode() == "disabled"
+    assert resolve_wandb_mode("online") == "online"  # an explicit argument wins
+    monkeypatch.setenv("WANDB_MODE", "dryrun")  # wandb's alias for offline
+    assert resolve_wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_MODE", "cloud")
+    with pytest.raises(ValueError, match="WANDB_MODE must be one of"):
+        resolve_wandb_mode()

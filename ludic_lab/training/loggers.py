@@ -202,11 +202,29 @@ def read_jsonl_metrics(path: Union[str, os.PathLike]) -> "pd.DataFrame":
 
 
 # -- Weights & Biases ------------------------------------------------------------------------
+_WANDB_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
+
+
+def resolve_wandb_mode(mode: Optional[str] = None) -> str:
+    """``mode`` if given, else ``WANDB_MODE`` from the environment, else ``"offline"``."""
+    source = "WandbLogger.mode"
+    if mode is None:
+        env = os.environ.get("WANDB_MODE", "").strip().lower()
+        if not env:
+            return "offline"
+        mode, source = _WANDB_MODE_ALIASES.get(env, env), "WANDB_MODE"
+    if mode not in WandbLogger.MODES:
+        raise ValueError(f"{source} must be one of {WandbLogger.MODES}, got {mode!r}")
+    return mode
+
+
 class WandbLogger:
     """Logs to Weights & Biases; constructing it is the only way wandb is used.
 
-    ``mode``: ``"offline"`` (default: writes the run under ``dir``/wandb, no network; sync
-    later with ``wandb sync``), ``"online"`` or ``"disabled"``. ``wandb`` is imported here,
+    ``mode``: ``"offline"`` (writes the run under ``dir``/wandb, no network; sync later with
+    ``wandb sync``), ``"online"`` or ``"disabled"``. Left as ``None`` it follows the
+    ``WANDB_MODE`` environment variable as wandb itself does (``"dryrun"`` = offline,
+    ``"run"`` = online), and is ``"offline"`` when that is unset. ``wandb`` is imported here,
     lazily; when it is missing the error says how to install it.
     """
 
@@ -217,13 +235,12 @@ class WandbLogger:
         project: str,
         run_name: Optional[str] = None,
         *,
-        mode: str = "offline",
+        mode: Optional[str] = None,
         config: Optional[Mapping[str, Any]] = None,
         dir: Optional[Union[str, os.PathLike]] = None,
         **init_kwargs: Any,
     ) -> None:
-        if mode not in self.MODES:
-            raise ValueError(f"WandbLogger.mode must be one of {self.MODES}, got {mode!r}")
+        mode = resolve_wandb_mode(mode)
         try:
             import wandb
         except ImportError as e:
