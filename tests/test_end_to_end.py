@@ -379,7 +379,7 @@ def test_dataframes(batch):
 
 @pytest.mark.timeout(BATCH_TIMEOUT_S)
 def test_seeded_batch_replays_identically(batch, client):
-    again = run_sync(make_engine(client).generate_rollouts(batch["requests"]), timeout=120)
+    again = run_sync(make_engine(client).generate_rollouts(batch["requests"]), timeout=BATCH_TIMEOUT_S)
 
     def tokens(rs):
         return [(r.agent_id, [s.trace.completion_token_ids for s in r.steps], r.total_reward) for r in rs]
