@@ -4,7 +4,8 @@ A script exported from ``tutorials/03_grpo.ipynb`` used to die at step 2 under
 ``torchrun --nproc_per_node=2`` ("the ranks' batch sources yielded different batches"): every
 rank sampled with its own client, and only rank 0's received the new weights. The export now
 wraps the source handed to ``Trainer`` in ``Rank0BroadcastSource``; here the exported
-tutorial trains 3 steps on 2 ranks (gloo, the tiny model), launched from its command line.
+tutorial trains 3 steps on 2 ranks (gloo, the tiny model), launched from its command line,
+and only rank 0 (the rank whose sampler holds the trained weights) evaluates and prints.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
 
-def _torchrun(*args: str, cwd: Path, timeout: float = 420) -> subprocess.CompletedProcess:
+def _torchrun(*args: str, cwd: Path, timeout: float = 420, tee: bool = False) -> subprocess.CompletedProcess:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("this torch build has no gloo backend")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+    # --tee 3: every line a rank prints is prefixed with its rank ("[default1]:..." / "[rank1]:...")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           *(["--tee", "3"] if tee else []), *args]  # fmt: skip
     return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -78,14 +81,30 @@ def test_exported_grpo_tutorial_trains_3_steps_on_2_ranks(tmp_path: Path, tiny_m
     assert "Rank0BroadcastSource(source)" in (tmp_path / "train.py").read_text()
     p = _torchrun(
         "train.py", "--model", tiny_model_dir, "--steps", "3", "--questions-per-step", "2", "--group-size", "4",
-        "--max-tokens", "8", "--eval-questions", "2", "--run-dir", str(tmp_path / "run"), cwd=tmp_path,
+        "--max-tokens", "8", "--eval-questions", "2", "--run-dir", str(tmp_path / "run"), cwd=tmp_path, tee=True,
     )  # fmt: skip
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     # the global batch (2 questions x 4 answers) every step, and the new weights pushed after each
     assert all(r["items"] == 8 and r["policy_version"] == r["step"] and isinstance(r["loss"], float) for r in rows)
-    assert p.stdout.count("held-out:") == 2  # both ranks reached the end of main
+    # only rank 0 holds the trained sampler, so only rank 0 evaluates and prints the held-out numbers
+    held_out = _rank_lines(p.stdout, "held-out:")
+    assert len(held_out[0]) == 1 and "'accuracy':" in held_out[0][0], p.stdout[-3000:]
+    assert held_out[1] == [], held_out[1]
+
+
+def _rank_lines(stdout: str, needle: str) -> dict[int, list[str]]:
+    """The lines of each rank (torchrun --tee prefix ``[<name><rank>]:``) that contain ``needle``."""
+    import re
+
+    out: dict[int, list[str]] = {0: [], 1: []}
+    for line in stdout.splitlines():
+        m = re.match(r"\[[A-Za-z_]*(\d+)\]:", line)
+        if needle in line:
+            assert m, f"a line without a rank prefix: {line!r}"
+            out.setdefault(int(m.group(1)), []).append(line)
+    return out
 
 
 @pytest.mark.slow
