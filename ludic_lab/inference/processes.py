@@ -1,18 +1,19 @@
 """Child processes ludic_lab starts (vLLM servers, torchrun): identify, kill whole trees,
 record them in PID files, reap orphans, and a watchdog that outlives its owner's ``kill -9``.
 
-A process is identified by its pid *and* its start time (``/proc/<pid>/stat``), so a reused
-pid is never mistaken for ours. A tree is the process, its process group and every
+A process is identified by its pid *and* its start time (psutil's ``create_time``), so a
+reused pid is never mistaken for ours. A tree is the process, its process group and every
 descendant (torchrun's workers start their own sessions, so the group alone is not enough).
 
-The watchdog is this file run as a script (stdlib only, so it starts in milliseconds and
-imports nothing of the package)::
+The watchdog is this file run as a script (stdlib and psutil only, so it starts in
+milliseconds and imports nothing of the package)::
 
     python processes.py watchdog --owner PID:START --target PID:START [--record FILE]
 
 It polls every half second; when the owner dies (a kernel killed with ``kill -9``, a
 restarted kernel) it kills the target's tree and removes the PID record; when the target
-exits first it simply exits. Linux only (``/proc``).
+exits first it simply exits. Process information comes from psutil, so this works on Linux
+and macOS alike.
 """
 
 from __future__ import annotations
@@ -27,79 +28,87 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+import psutil
+
 POLL_S = 0.5
 """How often the watchdog checks its owner and target."""
 
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
 
 # -- identity ---------------------------------------------------------------------------------
-def _stat_fields(pid: int) -> Optional[list[str]]:
-    """Fields of ``/proc/<pid>/stat`` after the command name (index 0 = state), or None."""
+def _process(pid: int) -> Optional[psutil.Process]:
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+        return psutil.Process(pid)
+    except (psutil.Error, ValueError):  # ValueError: a negative pid
         return None
-    return raw[raw.rfind(")") + 2 :].split()
 
 
 def start_time(pid: int) -> Optional[int]:
-    """The process's start time (clock ticks since boot), or None when there is no such process."""
-    f = _stat_fields(pid)
-    return int(f[19]) if f else None
+    """The process's start time (milliseconds since the epoch), or None when there is no such
+    process. Two calls for the same process, in any process, give the same number."""
+    p = _process(pid)
+    try:
+        return round(p.create_time() * 1000) if p is not None else None
+    except psutil.Error:
+        return None
 
 
 def parent_pid(pid: int) -> Optional[int]:
     """The parent's pid, or None when there is no such process."""
-    f = _stat_fields(pid)
-    return int(f[1]) if f else None
+    p = _process(pid)
+    try:
+        return p.ppid() if p is not None else None
+    except psutil.Error:
+        return None
 
 
 def cmdline(pid: int) -> Optional[list[str]]:
     """The process's argv, or None when it is gone (or a zombie)."""
+    p = _process(pid)
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        argv = p.cmdline() if p is not None else None
+    except psutil.Error:
         return None
-    if not raw:
-        return None
-    return raw.rstrip(b"\0").decode(errors="replace").split("\0")
+    return argv or None
 
 
 def is_alive(pid: int, start: Optional[int] = None) -> bool:
     """True when ``pid`` runs (not a zombie) and, if given, started at ``start``."""
-    f = _stat_fields(pid)
-    if not f or f[0] in ("Z", "X"):
+    p = _process(pid)
+    if p is None:
         return False
-    return start is None or int(f[19]) == start
+    try:
+        if p.status() in _GONE:
+            return False
+        return start is None or round(p.create_time() * 1000) == start
+    except psutil.Error:
+        return False
 
 
 def all_pids() -> list[int]:
-    """Every pid visible in ``/proc``."""
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    """Every pid this process can see."""
+    return psutil.pids()
 
 
 def descendants(pid: int) -> list[int]:
     """All live descendants of ``pid`` (children, grandchildren, ...)."""
-    children: dict[int, list[int]] = {}
-    for p in all_pids():
-        pp = parent_pid(p)
-        if pp is not None:
-            children.setdefault(pp, []).append(p)
-    out: list[int] = []
-    todo = list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
+    p = _process(pid)
+    try:
+        return [c.pid for c in p.children(recursive=True)] if p is not None else []
+    except psutil.Error:
+        return []
 
 
 def group_members(pgid: int) -> list[int]:
     """Live pids whose process group is ``pgid``."""
     out = []
     for p in all_pids():
-        f = _stat_fields(p)
-        if f and int(f[2]) == pgid and f[0] not in ("Z", "X"):
-            out.append(p)
+        try:
+            if os.getpgid(p) == pgid and is_alive(p):
+                out.append(p)
+        except OSError:  # gone meanwhile
+            continue
     return out
 
 
@@ -171,7 +180,7 @@ class ProcessRecord:
     pid: int
     """The tree's root process."""
     start: int
-    """Its start time (``/proc`` clock ticks): identifies it across pid reuse."""
+    """Its start time (:func:`start_time`, ms since the epoch): identifies it across pid reuse."""
     pgid: int
     """Its process group."""
     cmdline: list[str]

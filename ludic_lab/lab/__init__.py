@@ -7,9 +7,9 @@ torchrun runs) left behind by a kernel that died or was restarted.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
+from ludic_lab.jupyter import ipython_shell
 from ludic_lab.lab.export import ExportedScript, ExportError, export_cells, export_notebook
 from ludic_lab.lab.live import LivePlot, plot_metrics_jsonl
 from ludic_lab.lab.stepper import RolloutStepper, StepperWidget, Turn
@@ -72,8 +72,7 @@ def _on_import() -> None:
         reap_orphans()
     except OSError:
         pass  # an unwritable cache: nothing recorded, nothing to reap
-    ipython = sys.modules.get("IPython")
-    ip = ipython.get_ipython() if ipython is not None else None
+    ip = ipython_shell()
     if ip is not None:
         load_ipython_extension(ip)
 

@@ -25,14 +25,15 @@ from __future__ import annotations
 import atexit
 import html
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ludic_lab.inference import processes
+from ludic_lab.jupyter import in_kernel
 from ludic_lab.lab.status_html import LiveStatus
+from ludic_lab.net import free_port
 
 _SERVERS: "set[VLLMServer]" = set()
 _LOCK = threading.Lock()
@@ -75,7 +76,7 @@ class VLLMServer(LiveStatus):
         from ludic_lab.inference import vllm_process
 
         self.host = host
-        self.port = int(port) if port else _free_port(host)
+        self.port = int(port) if port else free_port(host)
         if not vllm_process.port_is_free(host, self.port):
             raise vllm_process.PortInUseError(_busy_message(host, self.port))
         self.tail_lines = tail_lines
@@ -110,7 +111,7 @@ class VLLMServer(LiveStatus):
             self.record = None
         with _LOCK:
             _SERVERS.add(self)
-        if display if display is not None else _in_kernel():
+        if display if display is not None else in_kernel():
             self.show()
             threading.Thread(target=self._refresh_while_starting, name=f"vllm-{self.port}-view", daemon=True).start()
         if wait:
@@ -221,46 +222,18 @@ def _busy_message(host: str, port: int) -> str:
 
 
 def _port_holder(port: int) -> Optional[tuple[int, list[str]]]:
-    """(pid, argv) of a process of this user listening on ``port``, when /proc tells."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for ln in lines:
-            f = ln.split()
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(f[9])
-    if not inodes:
+    """(pid, argv) of a process listening on ``port``, when the OS tells (it may not for other
+    users' processes, or at all without privileges on macOS)."""
+    import psutil
+
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
         return None
-    for pid in processes.all_pids():
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:[") and target[8:-1] in inodes:
-                return pid, processes.cmdline(pid) or []
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            return c.pid, processes.cmdline(c.pid) or []
     return None
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _in_kernel() -> bool:
-    ipython = sys.modules.get("IPython")
-    ip = ipython.get_ipython() if ipython is not None else None
-    return ip is not None and getattr(ip, "kernel", None) is not None
 
 
 @atexit.register

@@ -32,6 +32,7 @@ import time
 from typing import Any, Awaitable, Callable, Generator, Optional, Union
 
 from ludic_lab.aio import run_sync
+from ludic_lab.jupyter import in_kernel
 
 __all__ = ["BackgroundTask", "enable_nested_asyncio", "run_sync", "show", "start_background"]
 
@@ -160,15 +161,9 @@ def show(obj: Any) -> None:
     display(obj)
 
 
-def _in_kernel() -> bool:
-    ipy = sys.modules.get("IPython")
-    shell = ipy.get_ipython() if ipy is not None else None
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
 def _auto_output() -> Any:
     """A fresh ``Output`` displayed in the current cell when running in a kernel, else ``None``."""
-    if not _in_kernel():
+    if not in_kernel():
         return None
     try:
         import ipywidgets as widgets

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ludic_lab.inference import processes
+from ludic_lab.jupyter import in_kernel
 from ludic_lab.lab.status_html import LiveStatus
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -377,9 +378,9 @@ def launch_torchrun(
     if log_dir is None:
         log_dir = Path("runs") / "torchrun" / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid() % 10000}"
     log_dir = Path(log_dir).expanduser().resolve()
-    in_kernel = _in_kernel()
+    kernel = in_kernel()
     mpath = Path(metrics_path).expanduser().resolve() if metrics_path is not None else None
-    if live is None and in_kernel and mpath is not None:
+    if live is None and kernel and mpath is not None:
         live = _default_live_plot(script.name)
     start = getattr(live, "start", None)
     if live is not None and live is not False and callable(start):
@@ -393,7 +394,7 @@ def launch_torchrun(
         metrics_path=mpath,
         live=live if live is not False else None,
     )
-    if display if display is not None else in_kernel:
+    if display if display is not None else kernel:
         run.show()
     return run
 
@@ -416,12 +417,6 @@ atexit.register(_stop_all)
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _in_kernel() -> bool:
-    ipython = sys.modules.get("IPython")
-    ip = ipython.get_ipython() if ipython is not None else None
-    return ip is not None and getattr(ip, "kernel", None) is not None
-
-
 def _default_live_plot(name: str) -> Any:
     """The lab's live plot of training metrics (progress bar + reward/loss/KL curves)."""
     from ludic_lab.lab.live import LivePlot

@@ -20,11 +20,11 @@ Example::
 from __future__ import annotations
 
 import math
-import sys
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ludic_lab.jupyter import ipython_shell
 from ludic_lab.token_html import HTMLView, save_html, to_html
 from ludic_lab.training.saw import SAWBatch, SAWItem
 from ludic_lab.training.saw_html import saw_batch_html
@@ -79,8 +79,7 @@ def _figure(**kw: Any) -> "Figure":
     """A new matplotlib Figure (no pyplot state) that a notebook cell shows as a PNG."""
     from matplotlib.figure import Figure
 
-    ipy = sys.modules.get("IPython")
-    shell = ipy.get_ipython() if ipy is not None else None
+    shell = ipython_shell()
     if shell is not None:
         fmt = shell.display_formatter.formatters["image/png"]
         try:

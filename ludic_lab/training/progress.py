@@ -20,9 +20,10 @@ import base64
 import html
 import io
 import math
-import sys
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
+
+from ludic_lab.jupyter import in_kernel, ipython_shell
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -42,9 +43,7 @@ whose last ``/`` component is ``name`` (``"*kl"`` finds ``loss/kl`` and ``loss/k
 
 def in_notebook() -> bool:
     """True inside a Jupyter kernel (checked without importing IPython)."""
-    ipy = sys.modules.get("IPython")
-    shell = ipy.get_ipython() if ipy is not None else None
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    return in_kernel()
 
 
 @runtime_checkable
@@ -129,8 +128,7 @@ class LivePlot:
         self.title = title
         self.min_interval_s = float(min_interval_s)
         if display is None:
-            ipy = sys.modules.get("IPython")
-            display = ipy is not None and ipy.get_ipython() is not None
+            display = ipython_shell() is not None
         self.display = bool(display)
         self.history: list[dict[str, float]] = []
         for rec in history:

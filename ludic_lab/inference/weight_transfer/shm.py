@@ -135,15 +135,22 @@ def _header_length(head: bytes, file_size: int, path: str) -> int:
 
 
 def read_safetensors_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """``{name: (wire dtype, shape)}`` of a safetensors file, in file order, from its header only.
+    """``{name: (wire dtype, shape)}`` of a safetensors file, in file order, from its header only
+    (read by ``safetensors.safe_open``; no tensor is loaded).
 
     ``ValueError`` when the file is not safetensors or is shorter than its header says.
     """
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        n = _header_length(f.read(8), size, path)
-        entries = _parse_header(f.read(n), size - 8 - n, path)
-    return {k: (dt, shape) for k, (dt, shape, _, _) in entries.items()}
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            out = {}
+            for name in f.offset_keys():
+                sl = f.get_slice(name)
+                out[name] = (dtype_name(sl.get_dtype()), tuple(int(d) for d in sl.get_shape()))
+    except SafetensorError as e:
+        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+    return out
 
 
 def iter_safetensors(path: str, names: Sequence[str], rename: Optional[Mapping[str, str]] = None) -> Iterator[tuple[str, Any]]:
