@@ -29,7 +29,7 @@ from ludic_lab.training.loss import (
     aggregate,
     kl_estimate,
 )
-from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.training.token_batch import StepNormalisers, TokenBatch
 
 NAN = float("nan")
 D = torch.float64
@@ -108,6 +108,11 @@ def reference_aggregate(per_token, mode, S=3, N=7, max_tokens=None, layout=LAYOU
     return sum(sum(per_token[r][t] for r, t in toks) / len(toks) for toks, _ in seqs if toks) / S
 
 
+def _is_stat(v) -> bool:
+    """A statistic: a number or a detached 0-dim tensor (turned into a float only when logged)."""
+    return isinstance(v, float) or (isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad)
+
+
 MODES = ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 
 
@@ -157,9 +162,12 @@ def test_aggregate_defining_normalisations(mode):
     want = reference_aggregate(x.tolist(), mode, S=3, N=7, max_tokens=10)
     assert got == pytest.approx(want, rel=1e-12)
     # step-level normalisers take precedence over the micro-batch's own counts
-    b2 = replace(b, extra={"step_num_sequences": 6, "step_num_action_tokens": 20})
+    b2 = replace(b, step=StepNormalisers(num_sequences=6, num_action_tokens=20))
     got2 = aggregate(x, b2, mask, mode, max_tokens=10).item()
     assert got2 == pytest.approx(reference_aggregate(x.tolist(), mode, S=6, N=20, max_tokens=10), rel=1e-12)
+    # hand-built batches with the earlier string keys read the same
+    b3 = replace(b, extra={"step_num_sequences": 6, "step_num_action_tokens": 20})
+    assert aggregate(x, b3, mask, mode, max_tokens=10).item() == got2
 
 
 def test_aggregation_config_errors():
@@ -171,8 +179,7 @@ def test_aggregation_config_errors():
 
 def split_micro_batches(b: TokenBatch, lp: torch.Tensor):
     """Row 0 (sequences 0, 1) and row 1 (sequence 2, renumbered 0) as two micro-batches."""
-    n_seq, n_act = b.num_sequences, b.num_action_tokens
-    extra = {"step_num_sequences": n_seq, "step_num_action_tokens": n_act}
+    step = StepNormalisers(num_sequences=b.num_sequences, num_action_tokens=b.num_action_tokens)
     out = []
     for r, seqs in ((0, 2), (1, 1)):
         sid = b.seq_ids[r : r + 1].clone()
@@ -181,7 +188,7 @@ def split_micro_batches(b: TokenBatch, lp: torch.Tensor):
             b.input_ids[r : r + 1], b.position_ids[r : r + 1], sid, b.action_mask[r : r + 1],
             b.weights[r : r + 1], b.behaviour_logprobs[r : r + 1], num_sequences=seqs,
             ref_logprobs=None if b.ref_logprobs is None else b.ref_logprobs[r : r + 1],
-            extra={**extra, **{k: v[r : r + 1] for k, v in b.extra.items() if isinstance(v, torch.Tensor)}},
+            extra={k: v[r : r + 1] for k, v in b.extra.items() if isinstance(v, torch.Tensor)}, step=step,
         )
         out.append((mb, lp[r : r + 1]))
     return out
@@ -217,7 +224,7 @@ def test_micro_batch_contributions_sum_to_full_batch(loss_fn):
     b = with_ref_and_entropy(b)
     full, stats = loss_fn.compute(lp, b)
     g_full = lp_grad(full, lp)
-    assert all(isinstance(v, float) for v in stats.values()) and math.isfinite(full.item())
+    assert all(_is_stat(v) for v in stats.values()) and math.isfinite(full.item())
     total = 0.0
     lp2 = lp.detach().clone().requires_grad_(True)
     for mb, lp_mb in split_micro_batches(b, lp2):
@@ -285,7 +292,7 @@ def test_reinforce_baseline_definition_and_override():
     per = [[-(b.weights[r, t].item() - base) * x[r][t] if b.action_mask[r, t] else 0.0 for t in range(T)] for r in range(R)]
     assert loss.item() == pytest.approx(reference_aggregate(per, "seq_mean_token_mean"), rel=1e-12)
     gradcheck_loss(fn, lp, b)
-    b2 = replace(b, extra={"step_weight_mean": 0.25})
+    b2 = replace(b, step=StepNormalisers(b.num_sequences, b.num_action_tokens, weight_mean=0.25))
     assert fn.compute(lp, b2)[1]["baseline"] == 0.25
     # normalised: (w - b) / std over sequence weights
     seqw = torch.tensor([1.0, -0.5, 2.0], dtype=D)
@@ -527,7 +534,7 @@ def test_composite_sums_parts_prefixes_stats_and_ors_needs():
     want = sum(c * l.compute(lp, b)[0] for c, l in parts) + 0.5 * EntropyBonus().compute(lp, b)[0]
     assert loss.item() == pytest.approx(want.item(), rel=1e-12)
     assert {"clipped/loss", "clipped/clip_frac", "kl/loss", "kl_2/loss", "bonus/entropy", "loss"} <= set(stats)
-    assert stats["kl_2/weight"] == 0.2 and all(isinstance(v, float) for v in stats.values())
+    assert stats["kl_2/weight"] == 0.2 and all(_is_stat(v) for v in stats.values())
     g = grad_of(comp, lp, b)
     g_want = sum(c * grad_of(l, lp, b) for c, l in parts) + 0.5 * grad_of(EntropyBonus(), lp, b)
     assert torch.allclose(g, g_want)

@@ -14,6 +14,41 @@ from typing import Any, Optional
 import torch
 
 
+@dataclass(frozen=True)
+class StepNormalisers:
+    """Whole-step totals the trainer attaches to every micro-batch of an optimizer step.
+
+    A loss divides by these rather than by its micro-batch's own counts, so the
+    micro-batches' contributions *sum* to the loss of the whole step (over every rank under
+    FSDP). Without them a micro-batch is its own step.
+    """
+
+    num_sequences: float
+    """Sequences in the step (those without action tokens included)."""
+    num_action_tokens: float
+    """Action tokens in the step."""
+    weight_mean: Optional[float] = None
+    """Mean over the step's sequences (with action tokens) of their weight (baseline losses)."""
+    weight_std: Optional[float] = None
+    """Population std of those sequence weights."""
+
+    @classmethod
+    def of(cls, batch: "TokenBatch") -> "StepNormalisers":
+        """``batch.step``, else the batch's own counts. Hand-built batches may still carry the
+        earlier ``extra["step_num_sequences"]``-style keys; those are read too."""
+        if batch.step is not None:
+            return batch.step
+        ex = batch.extra
+        s, n = ex.get("step_num_sequences"), ex.get("step_num_action_tokens")
+        mean, std = ex.get("step_weight_mean"), ex.get("step_weight_std")
+        return cls(
+            num_sequences=float(s) if s is not None else float(batch.num_sequences),
+            num_action_tokens=float(n) if n is not None else float(batch.num_action_tokens),
+            weight_mean=None if mean is None else float(mean),
+            weight_std=None if std is None else float(std),
+        )
+
+
 @dataclass
 class TokenBatch:
     input_ids: torch.Tensor
@@ -37,6 +72,9 @@ class TokenBatch:
     ref_logprobs: Optional[torch.Tensor] = None
     """``[R, T]`` float: reference-policy logprobs, filled in by the trainer when a loss needs them."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Further per-token tensors a loss may read (``"entropy"``, ``"old_logprobs"``)."""
+    step: Optional[StepNormalisers] = None
+    """Whole-step normalisers (set by the trainer); ``None``: this micro-batch is the step."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -66,4 +104,5 @@ class TokenBatch:
             policy_versions=self.policy_versions,
             ref_logprobs=mv(self.ref_logprobs),
             extra={k: mv(v) for k, v in self.extra.items()},
+            step=self.step,
         )

@@ -405,6 +405,7 @@ class Trainer:
             total_loss += float(loss.detach())
             w = mb.num_action_tokens / n_act
             for k, v in stats.items():
+                v = float(v) if isinstance(v, torch.Tensor) and v.dim() == 0 else v
                 if isinstance(v, (int, float)) and math.isfinite(float(v)):
                     agg[k] = agg.get(k, 0.0) + w * float(v)
             tokens += mb.num_real_tokens

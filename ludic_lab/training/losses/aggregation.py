@@ -13,10 +13,9 @@ mode                           micro-batch contribution                    used 
 ``"seq_mean_token_sum_norm"``  ``sum_t l / (S * max_tokens)``              Dr.GRPO
 =============================  ==========================================  =============
 
-``S`` and ``N`` come from ``batch.extra["step_num_sequences"]`` /
-``["step_num_action_tokens"]`` (set by the trainer for every micro-batch of a step, so the
-micro-batch contributions *sum* to the full-batch loss; packing never splits a sequence),
-else from the micro-batch itself. A sequence without action tokens adds 0 to the sum but is
+``S`` and ``N`` come from ``batch.step`` (a :class:`~ludic_lab.training.token_batch.StepNormalisers`
+the trainer sets for every micro-batch of a step, so the micro-batch contributions *sum* to
+the full-batch loss; packing never splits a sequence), else from the micro-batch itself. A sequence without action tokens adds 0 to the sum but is
 still counted in ``S``.
 """
 
@@ -27,7 +26,7 @@ from typing import Literal, Optional
 import torch
 from torch import Tensor
 
-from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.training.token_batch import StepNormalisers, TokenBatch
 
 Aggregation = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 AGGREGATIONS: tuple[str, ...] = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
@@ -46,14 +45,12 @@ def check_aggregation(mode: str, max_tokens: Optional[int]) -> None:
 
 def step_num_sequences(batch: TokenBatch) -> float:
     """The step's number of sequences (trainer-provided), else this micro-batch's."""
-    v = batch.extra.get("step_num_sequences")
-    return float(v) if v is not None else float(batch.num_sequences)
+    return StepNormalisers.of(batch).num_sequences
 
 
 def step_num_action_tokens(batch: TokenBatch) -> float:
     """The step's number of action tokens (trainer-provided), else this micro-batch's."""
-    v = batch.extra.get("step_num_action_tokens")
-    return float(v) if v is not None else float(batch.num_action_tokens)
+    return StepNormalisers.of(batch).num_action_tokens
 
 
 def sequence_index(batch: TokenBatch, mask_RT: Tensor) -> Tensor:
@@ -71,9 +68,12 @@ def sequence_index(batch: TokenBatch, mask_RT: Tensor) -> Tensor:
     return seq.clamp(min=0)
 
 
-def per_sequence_sum(x_RT: Tensor, batch: TokenBatch, mask_RT: Tensor) -> tuple[Tensor, Tensor]:
-    """``(sum over each sequence's action tokens of x [S], action-token counts [S])``."""
-    seq = sequence_index(batch, mask_RT)
+def per_sequence_sum(
+    x_RT: Tensor, batch: TokenBatch, mask_RT: Tensor, seq_RT: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor]:
+    """``(sum over each sequence's action tokens of x [S], action-token counts [S])``;
+    ``seq_RT``: :func:`sequence_index` when already computed."""
+    seq = sequence_index(batch, mask_RT) if seq_RT is None else seq_RT
     S = batch.num_sequences
     xs = torch.where(mask_RT, x_RT, torch.zeros_like(x_RT))
     sums = xs.new_zeros(S).index_add(0, seq.reshape(-1), xs.reshape(-1))
@@ -81,15 +81,15 @@ def per_sequence_sum(x_RT: Tensor, batch: TokenBatch, mask_RT: Tensor) -> tuple[
     return sums, counts
 
 
-def per_sequence_mean(x_RT: Tensor, batch: TokenBatch, mask_RT: Tensor) -> Tensor:
+def per_sequence_mean(x_RT: Tensor, batch: TokenBatch, mask_RT: Tensor, seq_RT: Optional[Tensor] = None) -> Tensor:
     """``[S]`` mean of ``x`` over each sequence's action tokens (0 for a sequence with none)."""
-    sums, counts = per_sequence_sum(x_RT, batch, mask_RT)
+    sums, counts = per_sequence_sum(x_RT, batch, mask_RT, seq_RT)
     return sums / counts.clamp(min=1)
 
 
-def broadcast_to_tokens(x_S: Tensor, batch: TokenBatch, mask_RT: Tensor) -> Tensor:
+def broadcast_to_tokens(x_S: Tensor, batch: TokenBatch, mask_RT: Tensor, seq_RT: Optional[Tensor] = None) -> Tensor:
     """``[R, T]`` with ``x_S[seq_ids[r, t]]`` on action tokens, 0 elsewhere."""
-    seq = sequence_index(batch, mask_RT)
+    seq = sequence_index(batch, mask_RT) if seq_RT is None else seq_RT
     out = x_S[seq]
     return torch.where(mask_RT, out, torch.zeros_like(out))
 
@@ -101,6 +101,7 @@ def aggregate(
     mode: str = "seq_mean_token_mean",
     *,
     max_tokens: Optional[int] = None,
+    seq_RT: Optional[Tensor] = None,
 ) -> Tensor:
     """The micro-batch's contribution to the step loss under ``mode`` (see the module table).
 
@@ -108,11 +109,12 @@ def aggregate(
     """
     check_aggregation(mode, max_tokens)
     x = torch.where(mask_RT, per_token_RT, torch.zeros_like(per_token_RT))
-    S = max(step_num_sequences(batch), 1.0)
+    step = StepNormalisers.of(batch)
+    S = max(step.num_sequences, 1.0)
     if mode == "token_mean":
-        return x.sum() / max(step_num_action_tokens(batch), 1.0)
+        return x.sum() / max(step.num_action_tokens, 1.0)
     if mode == "seq_mean_token_sum":
         return x.sum() / S
     if mode == "seq_mean_token_sum_norm":
         return x.sum() / (S * float(max_tokens))  # type: ignore[arg-type]
-    return per_sequence_mean(x, batch, mask_RT).sum() / S
+    return per_sequence_mean(x, batch, mask_RT, seq_RT).sum() / S

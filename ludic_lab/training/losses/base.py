@@ -1,8 +1,10 @@
-"""The ``Loss`` protocol and the input checks every loss shares.
+"""The ``Loss`` protocol, what a loss asks the trainer for (:class:`LossNeeds`), and the input
+checks every loss shares.
 
 A loss sees ``logprobs_RT`` (the current policy's logprob of each ``batch.input_ids[r, t]``;
 0 where there is no prediction) and a packed :class:`TokenBatch`; it returns its micro-batch's
-contribution to the optimizer step's loss and a dict of python-float statistics. Only
+contribution to the optimizer step's loss and a dict of statistics: detached 0-dim tensors
+(or numbers), turned into Python floats once, when the step is logged. Only
 *action* positions (``batch.action_mask > 0``) ever reach a loss value or a gradient: values
 at other positions (NaN behaviour logprobs on a prompt, padding) are replaced before any
 arithmetic, so they cannot leak in, not even as ``0 * NaN`` in backward.
@@ -10,14 +12,17 @@ arithmetic, so they cannot leak in, not even as ``0 * NaN`` in backward.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol, Union, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from ludic_lab.training.token_batch import TokenBatch
 
-Stats = dict[str, float]
+Stats = dict[str, Union[Tensor, float]]
+"""Named statistics of one micro-batch: detached 0-dim tensors (no device sync while the step
+runs) or plain numbers."""
 
 
 @runtime_checkable
@@ -29,6 +34,31 @@ class Loss(Protocol):
     """
 
     def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]: ...
+
+
+@dataclass(frozen=True)
+class LossNeeds:
+    """What a loss asks the trainer to compute besides the policy's action logprobs."""
+
+    ref_logprobs: bool = False
+    """``batch.ref_logprobs``: the frozen reference policy's logprobs (``needs_ref_logprobs``)."""
+    entropy: bool = False
+    """``batch.extra["entropy"]``: per-token entropy, with gradient (``needs_entropy``)."""
+    all_token_logprobs: bool = False
+    """Logprobs at prompt positions too (``needs_all_token_logprobs``); otherwise the LM head
+    runs on action positions only and the rest read 0."""
+
+    @classmethod
+    def of(cls, loss: Any) -> "LossNeeds":
+        """The ``needs_*`` class attributes of ``loss``, or of any of its parts (``.terms``)."""
+        parts = [getattr(t, "loss", t) for t in getattr(loss, "terms", ()) or ()]
+        below = [cls.of(p) for p in parts]
+        return cls(
+            ref_logprobs=bool(getattr(loss, "needs_ref_logprobs", False)) or any(n.ref_logprobs for n in below),
+            entropy=bool(getattr(loss, "needs_entropy", False)) or any(n.entropy for n in below),
+            all_token_logprobs=bool(getattr(loss, "needs_all_token_logprobs", False))
+            or any(n.all_token_logprobs for n in below),
+        )
 
 
 def action_mask(logprobs_RT: Tensor, batch: TokenBatch) -> Tensor:
@@ -80,18 +110,25 @@ def behaviour_logprobs_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype
 
 def has_behaviour_logprobs(blp_RT: Tensor, mask_RT: Tensor) -> bool:
     """False when every action token's behaviour logprob is exactly 0 (i.e. none were recorded)."""
-    return bool(mask_RT.any()) and bool((blp_RT[mask_RT] != 0).any())
+    return bool((on_actions(blp_RT, mask_RT) != 0).any())
 
 
-def masked_mean(x_RT: Tensor, mask_RT: Tensor) -> float:
-    """Mean of ``x`` over action positions as a python float (0.0 when there are none)."""
-    n = int(mask_RT.sum())
-    return float(on_actions(x_RT.detach(), mask_RT).sum() / n) if n else 0.0
+def stat_dtype(device: torch.device) -> torch.dtype:
+    """float64 for statistics where the device has it (not on Apple's MPS), else float32."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
-def basic_stats(logprobs_RT: Tensor, weights_RT: Tensor, mask_RT: Tensor) -> Stats:
+def masked_mean(x_RT: Tensor, mask_RT: Tensor, n: Optional[int] = None) -> Tensor:
+    """Detached 0-dim mean of ``x`` over action positions (0 when there are none); ``n``:
+    the number of action positions when already known (saves a device sync)."""
+    n = int(mask_RT.sum()) if n is None else n
+    total = on_actions(x_RT.detach(), mask_RT).sum()
+    return total / n if n else torch.zeros_like(total)
+
+
+def basic_stats(logprobs_RT: Tensor, weights_RT: Tensor, mask_RT: Tensor, n: Optional[int] = None) -> Stats:
     """Statistics every policy-gradient loss reports."""
     return {
-        "adv_mean": masked_mean(weights_RT, mask_RT),
-        "logp_mean": masked_mean(logprobs_RT, mask_RT),
+        "adv_mean": masked_mean(weights_RT, mask_RT, n),
+        "logp_mean": masked_mean(logprobs_RT, mask_RT, n),
     }

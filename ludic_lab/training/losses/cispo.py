@@ -7,22 +7,14 @@ from typing import ClassVar, Optional
 
 from torch import Tensor
 
-from ludic_lab.training.losses.aggregation import aggregate, check_aggregation
-from ludic_lab.training.losses.base import (
-    Stats,
-    action_mask,
-    basic_stats,
-    behaviour_logprobs_of,
-    on_actions,
-    weights_of,
-)
-from ludic_lab.training.losses.importance import ratio_anchor, ratio_stats
-from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.training.losses.aggregation import check_aggregation
+from ludic_lab.training.losses.base import Stats, stat_dtype
+from ludic_lab.training.losses.inputs import FormulaLoss, LossInputs
 from ludic_lab.validation import check_config
 
 
 @dataclass(frozen=True)
-class CISPOLoss:
+class CISPOLoss(FormulaLoss):
     """Per token ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi``, ``r = pi / pi_anchor``.
 
     Every token keeps a gradient (``A * w_IS * grad log pi``); only the detached IS weight is
@@ -48,22 +40,19 @@ class CISPOLoss:
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"tis_cap must be None or > 0 (got {self.tis_cap})")
 
-    def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]:
-        mask = action_mask(logprobs, batch)
-        lp = on_actions(logprobs, mask)
-        w = weights_of(batch, mask, lp.dtype)
-        blp = behaviour_logprobs_of(batch, mask, lp.dtype)
-        anchor, tis, istats = ratio_anchor(batch, mask, blp, self.tis_cap, type(self).__name__)
-        log_ratio = on_actions(lp.detach() - anchor, mask)
+    def evaluate(self, x: LossInputs) -> tuple[Tensor, Stats]:
+        lp, w = x.logprobs, x.weights
+        anchor, tis, istats = x.ratio_anchor(self.tis_cap, type(self).__name__)
+        log_ratio = x.on_actions(lp.detach() - anchor)
         ratio = log_ratio.exp()
         low = None if self.clip_eps_low is None else 1.0 - self.clip_eps_low
         is_w = ratio.clamp(min=low, max=1.0 + self.clip_eps_high)
         if tis is not None:
             is_w = is_w * tis
-        loss = aggregate(-(is_w * w * lp), batch, mask, self.aggregation, max_tokens=self.max_tokens)
-        n = max(int(mask.sum()), 1)
-        clipped = mask & (ratio != ratio.clamp(min=low, max=1.0 + self.clip_eps_high))
-        stats = {"loss": float(loss.detach()), **basic_stats(lp, w, mask), "clip_frac": float(clipped.sum()) / n}
-        stats.update(ratio_stats(log_ratio, mask))
+        loss = x.aggregate(-(is_w * w * lp), self.aggregation, self.max_tokens)
+        clipped = x.mask & (ratio != ratio.clamp(min=low, max=1.0 + self.clip_eps_high))
+        stats: Stats = {"loss": loss.detach(), **x.basic_stats(w)}
+        stats["clip_frac"] = clipped.sum().to(stat_dtype(lp.device)) / max(x.n_actions, 1)
+        stats.update(x.ratio_stats(log_ratio))
         stats.update(istats)
         return loss, stats

@@ -9,30 +9,16 @@ Where the clipped branch is the minimum (``A > 0, r > 1 + eps_high`` or
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 import torch
 from torch import Tensor
 
-from ludic_lab.training.losses.aggregation import (
-    aggregate,
-    broadcast_to_tokens,
-    check_aggregation,
-    per_sequence_mean,
-    per_sequence_sum,
-)
-from ludic_lab.training.losses.base import (
-    Stats,
-    action_mask,
-    basic_stats,
-    behaviour_logprobs_of,
-    masked_mean,
-    on_actions,
-    weights_of,
-)
-from ludic_lab.training.losses.importance import ratio_anchor, ratio_stats
-from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.training.losses.aggregation import check_aggregation
+from ludic_lab.training.losses.base import Stats, stat_dtype
+from ludic_lab.training.losses.inputs import FormulaLoss, LossInputs
 from ludic_lab.validation import check_config
 
 
@@ -52,21 +38,24 @@ def clipped_objective(ratio_RT: Tensor, adv_RT: Tensor, eps_low: float, eps_high
     return torch.minimum(ratio_RT * adv_RT, ratio_RT.clamp(1.0 - eps_low, 1.0 + eps_high) * adv_RT)
 
 
-def clip_fractions(ratio_RT: Tensor, adv_RT: Tensor, mask_RT: Tensor, eps_low: float, eps_high: float) -> Stats:
+def clip_fractions(
+    ratio_RT: Tensor, adv_RT: Tensor, mask_RT: Tensor, eps_low: float, eps_high: float, n: Optional[int] = None
+) -> Stats:
     """Fractions of action tokens whose clipped branch is active (their gradient is 0)."""
     r = ratio_RT.detach()
     high = mask_RT & (adv_RT > 0) & (r > 1.0 + eps_high)
     low = mask_RT & (adv_RT < 0) & (r < 1.0 - eps_low)
-    n = max(int(mask_RT.sum()), 1)
+    n = max(int(mask_RT.sum()) if n is None else n, 1)
+    dt = stat_dtype(r.device)
     return {
-        "clip_frac": float((high | low).sum()) / n,
-        "clip_frac_high": float(high.sum()) / n,
-        "clip_frac_low": float(low.sum()) / n,
+        "clip_frac": (high | low).sum().to(dt) / n,
+        "clip_frac_high": high.sum().to(dt) / n,
+        "clip_frac_low": low.sum().to(dt) / n,
     }
 
 
 @dataclass(frozen=True)
-class TokenClippedSurrogateLoss:
+class TokenClippedSurrogateLoss(FormulaLoss):
     """Token-level PPO clip with asymmetric range (DAPO's clip-higher: 0.2 / 0.28).
 
     Per token: ``-tis * min(r A, clip(r, 1-eps_low, 1+eps_high) A)``, ``r = exp(logp - anchor)``.
@@ -89,29 +78,26 @@ class TokenClippedSurrogateLoss:
         if self.ratio_clip is not None and not self.ratio_clip > 1.0 + self.clip_eps_high:
             raise ValueError(f"ratio_clip must exceed 1 + clip_eps_high (got {self.ratio_clip})")
 
-    def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]:
-        mask = action_mask(logprobs, batch)
-        lp = on_actions(logprobs, mask)
-        w = weights_of(batch, mask, lp.dtype)
-        blp = behaviour_logprobs_of(batch, mask, lp.dtype)
-        anchor, tis, istats = ratio_anchor(batch, mask, blp, self.tis_cap, type(self).__name__)
-        log_ratio = on_actions(lp - anchor, mask)
+    def evaluate(self, x: LossInputs) -> tuple[Tensor, Stats]:
+        lp, w = x.logprobs, x.weights
+        anchor, tis, istats = x.ratio_anchor(self.tis_cap, type(self).__name__)
+        log_ratio = x.on_actions(lp - anchor)
         ratio = log_ratio.exp()
         if self.ratio_clip is not None:
             ratio = ratio.clamp(max=self.ratio_clip)
         obj = clipped_objective(ratio, w, self.clip_eps_low, self.clip_eps_high)
         if tis is not None:
             obj = obj * tis
-        loss = aggregate(-obj, batch, mask, self.aggregation, max_tokens=self.max_tokens)
-        stats = {"loss": float(loss.detach()), **basic_stats(lp, w, mask)}
-        stats.update(clip_fractions(ratio, w, mask, self.clip_eps_low, self.clip_eps_high))
-        stats.update(ratio_stats(log_ratio, mask))
+        loss = x.aggregate(-obj, self.aggregation, self.max_tokens)
+        stats: Stats = {"loss": loss.detach(), **x.basic_stats(w)}
+        stats.update(clip_fractions(ratio, w, x.mask, self.clip_eps_low, self.clip_eps_high, x.n_actions))
+        stats.update(x.ratio_stats(log_ratio))
         stats.update(istats)
         return loss, stats
 
 
 @dataclass(frozen=True)
-class SequenceClippedSurrogateLoss:
+class SequenceClippedSurrogateLoss(FormulaLoss):
     """GSPO: one ratio per sequence, ``s_i = exp(mean_{t in i}(logp_t - anchor_t))``, clipped.
 
     Implemented in GSPO-token form: token ``t`` of sequence ``i`` uses
@@ -133,34 +119,42 @@ class SequenceClippedSurrogateLoss:
         check_aggregation(self.aggregation, self.max_tokens)
         _check_eps(self.clip_eps_low, self.clip_eps_high, self.tis_cap)
 
-    def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]:
-        mask = action_mask(logprobs, batch)
-        lp = on_actions(logprobs, mask)
-        w = weights_of(batch, mask, lp.dtype)
-        blp = behaviour_logprobs_of(batch, mask, lp.dtype)
-        anchor, tis, istats = ratio_anchor(batch, mask, blp, self.tis_cap, type(self).__name__)
-        log_ratio = on_actions(lp - anchor, mask)
-        seq_log_ratio_S = per_sequence_mean(log_ratio.detach(), batch, mask)
-        seq_log_ratio_RT = broadcast_to_tokens(seq_log_ratio_S, batch, mask)
-        ratio = on_actions((seq_log_ratio_RT + lp - lp.detach()).exp(), mask, fill=1.0)
+    def evaluate(self, x: LossInputs) -> tuple[Tensor, Stats]:
+        lp, w = x.logprobs, x.weights
+        anchor, tis, istats = x.ratio_anchor(self.tis_cap, type(self).__name__)
+        log_ratio = x.on_actions(lp - anchor)
+        seq_log_ratio_S = x.per_sequence_mean(log_ratio.detach())
+        seq_log_ratio_RT = x.broadcast(seq_log_ratio_S)
+        ratio = x.on_actions((seq_log_ratio_RT + lp - lp.detach()).exp(), fill=1.0)
         obj = clipped_objective(ratio, w, self.clip_eps_low, self.clip_eps_high)
         if tis is not None:
             obj = obj * tis
-        loss = aggregate(-obj, batch, mask, self.aggregation, max_tokens=self.max_tokens)
-        stats = {"loss": float(loss.detach()), **basic_stats(lp, w, mask)}
-        stats.update(clip_fractions(ratio, w, mask, self.clip_eps_low, self.clip_eps_high))
-        _, counts = per_sequence_sum(lp.detach(), batch, mask)
-        s = seq_log_ratio_S[counts > 0].cpu().double().exp()
-        if s.numel():
-            out = (s > 1.0 + self.clip_eps_high) | (s < 1.0 - self.clip_eps_low)
-            stats.update(
-                seq_ratio_mean=float(s.mean()), seq_ratio_min=float(s.min()), seq_ratio_max=float(s.max()),
-                seq_out_of_range_frac=float(out.float().mean()),
-            )
-        stats.update(ratio_stats(log_ratio, mask))
-        stats["seq_log_ratio_mean"] = masked_mean(seq_log_ratio_RT, mask)
+        loss = x.aggregate(-obj, self.aggregation, self.max_tokens)
+        stats: Stats = {"loss": loss.detach(), **x.basic_stats(w)}
+        stats.update(clip_fractions(ratio, w, x.mask, self.clip_eps_low, self.clip_eps_high, x.n_actions))
+        stats.update(self._sequence_stats(x, seq_log_ratio_S))
+        stats.update(x.ratio_stats(log_ratio))
+        stats["seq_log_ratio_mean"] = x.mean(seq_log_ratio_RT)
         stats.update(istats)
         return loss, stats
+
+    def _sequence_stats(self, x: LossInputs, seq_log_ratio_S: Tensor) -> Stats:
+        """mean/min/max of the sequence ratios and the fraction outside the clip range, over
+        the sequences with action tokens (``{}`` without any)."""
+        if not x.n_actions:
+            return {}
+        _, counts = x.per_sequence_sum(x.mask.to(seq_log_ratio_S.dtype))
+        has = counts > 0
+        s = seq_log_ratio_S.detach().to(stat_dtype(counts.device)).exp()
+        k = has.sum()
+        out = has & ((s > 1.0 + self.clip_eps_high) | (s < 1.0 - self.clip_eps_low))
+        inf = torch.full_like(s, math.inf)
+        return {
+            "seq_ratio_mean": torch.where(has, s, 0.0).sum() / k,
+            "seq_ratio_min": torch.where(has, s, inf).min(),
+            "seq_ratio_max": torch.where(has, s, -inf).max(),
+            "seq_out_of_range_frac": out.sum().to(s.dtype) / k,
+        }
 
 
 GSPOLoss = SequenceClippedSurrogateLoss

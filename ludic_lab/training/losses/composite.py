@@ -8,8 +8,8 @@ from typing import Any, Sequence, Union
 
 from torch import Tensor
 
-from ludic_lab.training.losses.base import Loss, Stats
-from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.training.losses.base import Loss, LossNeeds, Stats
+from ludic_lab.training.losses.inputs import FormulaLoss, LossInputs, evaluate_loss
 from ludic_lab.validation import check_config
 
 
@@ -45,12 +45,12 @@ def _as_term(t: TermLike) -> LossTerm:
     raise TypeError(f"CompositeLoss part {t!r}: give LossTerm(name, loss, weight), (weight, loss) or (name, weight, loss)")
 
 
-class CompositeLoss:
+class CompositeLoss(FormulaLoss):
     """``sum_k weight_k * loss_k``; stats ``"{name}/{key}"`` per part plus the total ``"loss"``.
 
     Parts: ``(weight, loss)`` tuples (named by the loss's ``name``; repeats get ``_2``, ``_3``),
     ``(name, weight, loss)`` or :class:`LossTerm`. ``needs_ref_logprobs`` / ``needs_entropy``
-    are true when any part needs them.
+    are true when any part needs them. Every part reads the same :class:`LossInputs`.
     """
 
     def __init__(self, terms: Sequence[TermLike]) -> None:
@@ -64,8 +64,9 @@ class CompositeLoss:
             seen[p.name] = k
             named.append(p if k == 1 else LossTerm(f"{p.name}_{k}", p.loss, p.weight))
         self.terms: tuple[LossTerm, ...] = tuple(named)
-        self.needs_ref_logprobs = any(getattr(t.loss, "needs_ref_logprobs", False) for t in self.terms)
-        self.needs_entropy = any(getattr(t.loss, "needs_entropy", False) for t in self.terms)
+        needs = LossNeeds.of(self)
+        self.needs_ref_logprobs = needs.ref_logprobs
+        self.needs_entropy = needs.entropy
 
     name = "composite"
 
@@ -73,16 +74,16 @@ class CompositeLoss:
         inner = ", ".join(f"({t.name!r}, {t.weight}, {t.loss!r})" for t in self.terms)
         return f"CompositeLoss([{inner}])"
 
-    def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]:
+    def evaluate(self, x: LossInputs) -> tuple[Tensor, Stats]:
         total: Tensor | None = None
         stats: Stats = {}
         for t in self.terms:
-            loss, part = t.loss.compute(logprobs, batch)
+            loss, part = evaluate_loss(t.loss, x)
             scaled = t.weight * loss
             total = scaled if total is None else total + scaled
             for k, v in part.items():
-                stats[f"{t.name}/{k}"] = float(v)
+                stats[f"{t.name}/{k}"] = v
             stats[f"{t.name}/weight"] = float(t.weight)
         assert total is not None
-        stats["loss"] = float(total.detach())
+        stats["loss"] = total.detach()
         return total, stats

@@ -7,14 +7,14 @@ from typing import ClassVar, Optional
 
 from torch import Tensor
 
-from ludic_lab.training.losses.aggregation import aggregate, check_aggregation
-from ludic_lab.training.losses.base import Stats, action_mask, checked, masked_mean
-from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.training.losses.aggregation import check_aggregation
+from ludic_lab.training.losses.base import Stats
+from ludic_lab.training.losses.inputs import FormulaLoss, LossInputs
 from ludic_lab.validation import check_config
 
 
 @dataclass(frozen=True)
-class EntropyBonus:
+class EntropyBonus(FormulaLoss):
     """``-coeff * aggregate(H_t)`` with ``H_t`` = ``batch.extra["entropy"]`` (``[R, T]``, with grad).
 
     ``needs_entropy`` makes the trainer compute it (``model_token_logprobs(...,
@@ -34,13 +34,8 @@ class EntropyBonus:
         check_config(self, {"max_tokens": ">= 1"})
         check_aggregation(self.aggregation, self.max_tokens)
 
-    def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]:
-        mask = action_mask(logprobs, batch)
-        ent = checked(
-            "extra['entropy']", batch.extra.get("entropy"), mask,
-            hint="this loss sets needs_entropy: put model_token_logprobs(..., return_entropy=True)[1] into "
-            "batch.extra['entropy'] (the Trainer does this)",
-        )
-        h = aggregate(ent, batch, mask, self.aggregation, max_tokens=self.max_tokens)
+    def evaluate(self, x: LossInputs) -> tuple[Tensor, Stats]:
+        ent = x.entropy
+        h = x.aggregate(ent, self.aggregation, self.max_tokens)
         loss = -self.coeff * h
-        return loss, {"loss": float(loss.detach()), "entropy": float(h.detach()), "entropy_mean": masked_mean(ent, mask)}
+        return loss, {"loss": loss.detach(), "entropy": h.detach(), "entropy_mean": x.mean(ent)}

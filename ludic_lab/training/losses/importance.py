@@ -14,43 +14,52 @@ policy (REINFORCE-style losses) or ``pi_old`` (clipped losses, whose own ratio i
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from ludic_lab.training.losses.base import Stats, checked, on_actions
+from ludic_lab.training.losses.base import Stats, checked, on_actions, stat_dtype
 from ludic_lab.training.token_batch import TokenBatch
 
 
-def ratio_stats(log_ratio_RT: Tensor, mask_RT: Tensor, prefix: str = "") -> Stats:
+def ratio_stats(log_ratio_RT: Tensor, mask_RT: Tensor, prefix: str = "", n: Optional[int] = None) -> Stats:
     """mean/std/min/max of ``exp(log_ratio)`` over action tokens and the k3 estimate of
-    ``KL(sampler || current)`` (``E[r - 1 - log r]``, >= 0); ``{}`` without action tokens."""
-    lr = log_ratio_RT.detach()[mask_RT].cpu().double()  # stats on CPU (float64 is not on every device)
-    if lr.numel() == 0:
+    ``KL(sampler || current)`` (``E[r - 1 - log r]``, >= 0); ``{}`` without action tokens.
+    Detached 0-dim tensors in float64 where the device has it; ``n``: the action-token count
+    when already known."""
+    n = int(mask_RT.sum()) if n is None else n
+    if not n:
         return {}
-    r = lr.exp()
+    lr = on_actions(log_ratio_RT.detach().to(stat_dtype(log_ratio_RT.device)), mask_RT)
+    r = lr.exp()  # 1 off actions
+    m = mask_RT.to(r.dtype)
+    mean = (r * m).sum() / n
     return {
-        f"{prefix}ratio_mean": float(r.mean()),
-        f"{prefix}ratio_std": float(r.std(unbiased=False)),
-        f"{prefix}ratio_min": float(r.min()),
-        f"{prefix}ratio_max": float(r.max()),
-        f"{prefix}kl_actor_policy": float((r - 1 - lr).mean()),
+        f"{prefix}ratio_mean": mean,
+        f"{prefix}ratio_std": (((r - mean) * m) ** 2).sum().div(n).sqrt(),
+        f"{prefix}ratio_min": torch.where(mask_RT, r, torch.full_like(r, math.inf)).min(),
+        f"{prefix}ratio_max": torch.where(mask_RT, r, torch.full_like(r, -math.inf)).max(),
+        f"{prefix}kl_actor_policy": ((r - 1 - lr) * m).sum() / n,
     }
 
 
-def truncated_is_weights(log_ratio_RT: Tensor, mask_RT: Tensor, cap: float) -> tuple[Tensor, Stats]:
+def truncated_is_weights(
+    log_ratio_RT: Tensor, mask_RT: Tensor, cap: float, n: Optional[int] = None
+) -> tuple[Tensor, Stats]:
     """Detached per-token weights ``min(exp(log_ratio), cap)`` (1 off actions) and their stats."""
     if not cap > 0:
         raise ValueError(f"tis_cap must be > 0 (got {cap}); typical values are 2 to 10")
     r = on_actions(log_ratio_RT.detach(), mask_RT).exp()
     w = r.clamp(max=cap)
-    n = int(mask_RT.sum())
+    n = int(mask_RT.sum()) if n is None else n
     stats: Stats = {}
     if n:
+        dt = stat_dtype(w.device)
         stats = {
-            "tis_weight_mean": float(w[mask_RT].cpu().double().mean()),
-            "tis_capped_frac": float((r[mask_RT] > cap).float().mean()),
+            "tis_weight_mean": on_actions(w.to(dt), mask_RT).sum() / n,
+            "tis_capped_frac": ((r > cap) & mask_RT).sum().to(dt) / n,
         }
     return w, stats
 
@@ -67,16 +76,24 @@ def old_logprobs_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype) -> O
 
 
 def ratio_anchor(
-    batch: TokenBatch, mask_RT: Tensor, behaviour_RT: Tensor, tis_cap: Optional[float], loss_name: str
+    batch: TokenBatch,
+    mask_RT: Tensor,
+    behaviour_RT: Tensor,
+    tis_cap: Optional[float],
+    loss_name: str,
+    *,
+    old_RT: Optional[Tensor] = None,
+    n: Optional[int] = None,
 ) -> tuple[Tensor, Optional[Tensor], Stats]:
     """What a clipped loss's ratio is taken against, and the TIS weights on top of it.
 
     Returns ``(anchor_RT, tis_RT | None, stats)``: ``anchor = extra["old_logprobs"]`` when
     present (then with ``tis_cap`` the TIS weight is ``min(pi_old / mu, cap)``), else the
     behaviour logprobs (whose ratio already covers mismatch and staleness; ``tis_cap`` is
-    then an error rather than a silent no-op).
+    then an error rather than a silent no-op). ``old_RT``: those old logprobs when already
+    read (:func:`old_logprobs_of`).
     """
-    old = old_logprobs_of(batch, mask_RT, behaviour_RT.dtype)
+    old = old_logprobs_of(batch, mask_RT, behaviour_RT.dtype) if old_RT is None else old_RT
     if old is None:
         if tis_cap is not None:
             raise ValueError(
@@ -86,9 +103,9 @@ def ratio_anchor(
             )
         return behaviour_RT, None, {}
     log_mismatch = on_actions(old - behaviour_RT, mask_RT)
-    stats = ratio_stats(log_mismatch, mask_RT, prefix="behaviour_")
+    stats = ratio_stats(log_mismatch, mask_RT, prefix="behaviour_", n=n)
     tis = None
     if tis_cap is not None:
-        tis, tstats = truncated_is_weights(log_mismatch, mask_RT, tis_cap)
+        tis, tstats = truncated_is_weights(log_mismatch, mask_RT, tis_cap, n=n)
         stats.update(tstats)
     return old, tis, stats

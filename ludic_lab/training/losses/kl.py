@@ -7,9 +7,9 @@ from typing import ClassVar, Optional
 
 from torch import Tensor
 
-from ludic_lab.training.losses.aggregation import aggregate, check_aggregation
-from ludic_lab.training.losses.base import Stats, action_mask, checked, masked_mean, on_actions
-from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.training.losses.aggregation import check_aggregation
+from ludic_lab.training.losses.base import Stats
+from ludic_lab.training.losses.inputs import FormulaLoss, LossInputs
 from ludic_lab.validation import check_config
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -31,7 +31,7 @@ def kl_estimate(logprobs_RT: Tensor, ref_logprobs_RT: Tensor, estimator: str) ->
 
 
 @dataclass(frozen=True)
-class TokenKLLoss:
+class TokenKLLoss(FormulaLoss):
     """``coeff * aggregate(k(logp, ref_logp))`` over action tokens: a penalty (coeff > 0).
 
     The reference logprobs come from ``batch.ref_logprobs`` (the trainer fills them because
@@ -56,21 +56,14 @@ class TokenKLLoss:
             raise ValueError(f"estimator={self.estimator!r} is not one of {KL_ESTIMATORS}")
         check_aggregation(self.aggregation, self.max_tokens)
 
-    def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]:
-        mask = action_mask(logprobs, batch)
-        lp = on_actions(logprobs, mask)
-        ref = checked(
-            "ref_logprobs", batch.ref_logprobs, mask,
-            hint="this loss sets needs_ref_logprobs: fill batch.ref_logprobs with the frozen reference policy's "
-            "model_token_logprobs (the Trainer does this)",
-        ).to(lp.dtype)
-        k = on_actions(kl_estimate(lp, ref, self.estimator), mask)
-        kl = aggregate(k, batch, mask, self.aggregation, max_tokens=self.max_tokens)
+    def evaluate(self, x: LossInputs) -> tuple[Tensor, Stats]:
+        lp, ref = x.logprobs, x.ref_logprobs
+        kl = x.aggregate(x.on_actions(kl_estimate(lp, ref, self.estimator)), self.aggregation, self.max_tokens)
         loss = self.coeff * kl
         d = (ref - lp).detach()
         return loss, {
-            "loss": float(loss.detach()),
-            "kl": float(kl.detach()),
-            "kl_k1_mean": masked_mean(-d, mask),
-            "kl_k3_mean": masked_mean(on_actions(d.exp() - 1.0 - d, mask), mask),
+            "loss": loss.detach(),
+            "kl": kl.detach(),
+            "kl_k1_mean": x.mean(-d),
+            "kl_k3_mean": x.mean(x.on_actions(d.exp() - 1.0 - d)),
         }

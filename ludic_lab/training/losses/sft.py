@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 from torch import Tensor
 
-from ludic_lab.training.losses.aggregation import aggregate, check_aggregation
-from ludic_lab.training.losses.base import Stats, action_mask, masked_mean, on_actions, weights_of
-from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.training.losses.aggregation import check_aggregation
+from ludic_lab.training.losses.base import Stats
+from ludic_lab.training.losses.inputs import FormulaLoss, LossInputs
 from ludic_lab.validation import check_config
 
 
 @dataclass(frozen=True)
-class MaskedCrossEntropyLoss:
+class MaskedCrossEntropyLoss(FormulaLoss):
     """``aggregate(-log pi(a_t))`` over action tokens (default ``"token_mean"``: mean NLL).
 
     ``batch.weights`` is ignored unless ``use_weights=True``; then each token's NLL is
@@ -32,18 +31,13 @@ class MaskedCrossEntropyLoss:
         check_config(self, {"max_tokens": ">= 1"})
         check_aggregation(self.aggregation, self.max_tokens)
 
-    def compute(self, logprobs: Tensor, batch: TokenBatch) -> tuple[Tensor, Stats]:
-        mask = action_mask(logprobs, batch)
-        nll = -on_actions(logprobs, mask)
+    def evaluate(self, x: LossInputs) -> tuple[Tensor, Stats]:
+        nll = -x.logprobs
+        mean_nll = x.mean(nll)
         if self.use_weights:
-            nll = nll * weights_of(batch, mask, nll.dtype)
-        loss = aggregate(nll, batch, mask, self.aggregation, max_tokens=self.max_tokens)
-        mean_nll = masked_mean(-on_actions(logprobs, mask), mask)
-        return loss, {
-            "loss": float(loss.detach()),
-            "nll_mean": mean_nll,
-            "ppl": math.exp(min(mean_nll, 50.0)),
-        }
+            nll = nll * x.weights
+        loss = x.aggregate(nll, self.aggregation, self.max_tokens)
+        return loss, {"loss": loss.detach(), "nll_mean": mean_nll, "ppl": mean_nll.clamp(max=50.0).exp()}
 
 
 MaskedCausalLMCrossEntropyLoss = MaskedCrossEntropyLoss
