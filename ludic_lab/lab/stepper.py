@@ -23,10 +23,10 @@ from __future__ import annotations
 import copy
 import html
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Optional
 
-from ludic_lab.agents.base_agent import ActResult, Agent
+from ludic_lab.agents.base_agent import Agent
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.inference.request import InferenceSpec, SamplingConfig
 from ludic_lab.interaction.single_agent import (
@@ -37,111 +37,14 @@ from ludic_lab.interaction.single_agent import (
     oldest_policy_version,
     run_turn,
 )
-from ludic_lab.lab.tasks import BackgroundTask, run_sync, start_background
-from ludic_lab.parsers import ParseResult
-from ludic_lab.token_html import fmt, sequence_html, view_html
-from ludic_lab.types import Message, Rollout, Step
+from ludic_lab.lab.stepper_turn import Turn, transcript_html
+from ludic_lab.lab.stepper_widget import StepperWidget
+from ludic_lab.lab.tasks import run_sync
+from ludic_lab.types import Rollout
 
 __all__ = ["RolloutStepper", "StepperWidget", "Turn"]
 
 _KEEP: Any = object()
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One stepped turn: what the model saw and said, and what came back."""
-
-    index: int
-    """Turn (step) index in the episode, from 0."""
-    act: ActResult
-    """The agent's act result (response, parse result, token trace, prompt messages)."""
-    step: Step
-    """The step exactly as the protocol records it."""
-    system_prompt: Optional[str]
-    """System prompt of the episode this turn belongs to."""
-    sampling: SamplingConfig
-    """Sampling config of the request (before the per-turn seed was applied)."""
-    attempt: int = 0
-    """0 for the first sample of this turn, n for its n-th re-run."""
-    tokenizer: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def prompt_messages(self) -> tuple[Message, ...]:
-        return self.act.prompt_messages
-
-    @property
-    def completion(self) -> str:
-        return self.act.text
-
-    @property
-    def parse_result(self) -> ParseResult:
-        return self.act.parse_result
-
-    @property
-    def format_reward(self) -> float:
-        return self.step.format_reward
-
-    @property
-    def env_reward(self) -> float:
-        """The env's reward (0 when parsing failed and the env was not called)."""
-        return self.step.env_reward
-
-    @property
-    def next_obs(self) -> Optional[str]:
-        return self.step.next_obs
-
-    @property
-    def reward(self) -> float:
-        return self.step.reward
-
-    @property
-    def done(self) -> bool:
-        return self.step.done
-
-    def _repr_html_(self) -> str:
-        return view_html(turn_html(self))
-
-
-def turn_html(t: Turn, *, open_prompt: bool = False) -> str:
-    """The body of a turn's view: prompt messages, completion tokens, parse and env results."""
-    s = t.step
-    flags = [f for f, on in (("terminated", s.terminated), ("truncated", s.truncated)) if on]
-    head = (
-        f"<div class='ll-head'><b>turn {t.index}</b>" + (f" (re-run {t.attempt})" if t.attempt else "")
-        + f" · reward <b>{fmt(s.reward)}</b> = env {fmt(s.env_reward)} + format {fmt(s.format_reward)}"
-        + f" · temperature {t.sampling.temperature:g}, max_tokens {t.sampling.max_tokens}"
-        + ("" if not flags else " · " + ", ".join(flags)) + "</div>"
-    )
-    msgs = "".join(
-        f"<div class='ll-msg'><b>{html.escape(str(m.get('role')))}</b>\n{html.escape(str(m.get('content')))}</div>"
-        for m in t.prompt_messages
-    )
-    prompt = (
-        f"<details{' open' if open_prompt else ''}><summary>prompt: {len(t.prompt_messages)} message(s)</summary>"
-        f"{msgs}</details>"
-    )
-    tr = t.act.trace
-    if tr is not None:
-        lps = tr.completion_logprobs
-        comp = sequence_html(
-            list(tr.completion_token_ids), tokenizer=t.tokenizer, logprobs=None if lps is None else list(lps)
-        )
-        comp = f"<div class='ll-head'>completion · {len(tr.completion_token_ids)} tokens ({tr.finish_reason})</div>{comp}"
-    else:
-        comp = f"<div class='ll-head'>completion</div><div class='ll-msg'>{html.escape(t.completion)}</div>"
-    pr = t.parse_result
-    if pr.action is None:
-        parse = (
-            f"<div class='ll-head'><span class='ll-err'>parse error</span> · format reward {fmt(pr.reward)}"
-            f" · env not called · feedback:</div><div class='ll-msg'>{html.escape(s.next_obs or '')}</div>"
-        )
-    else:
-        parse = (
-            f"<div class='ll-head'>parsed action: <code>{html.escape(repr(pr.action))}</code> · format reward "
-            f"{fmt(pr.reward)}</div><div class='ll-head'>env reward <b>{fmt(s.env_reward)}</b> · next observation:</div>"
-            f"<div class='ll-msg'>{html.escape(s.next_obs or '')}</div>"
-        )
-    return f"<div class='ll-card' data-turn='{t.index}'>{head}{prompt}{comp}{parse}</div>"
 
 
 class RolloutStepper:
@@ -420,24 +323,19 @@ class RolloutStepper:
             + (f" · episode over ({self._end})" if self._done else "")
             + (f" · {self.reruns} re-run(s)" if self.reruns else "") + "</div>"
         )
-        if not self._started:
-            body = "<div class='ll-head'>not started: press Step</div>"
-        else:
-            sp = self.system_prompt
-            body = (
-                f"<div class='ll-head'>system prompt:</div><div class='ll-msg'>{html.escape(sp or '(none)')}</div>"
-                + "".join(turn_html(t, open_prompt=(i == len(self.turns) - 1)) for i, t in enumerate(self.turns))
-            )
-            if not self._done and self._obs is not None and self.turns:
-                body += f"<div class='ll-head'>next observation:</div><div class='ll-msg'>{html.escape(self._obs)}</div>"
-        if self._broken:
-            body += f"<div class='ll-err'>{html.escape(self._broken)}</div>"
-        return view_html(head + body)
+        return transcript_html(
+            head,
+            self.turns,
+            started=self._started,
+            system_prompt=self.system_prompt if self._started else None,
+            next_obs=None if self._done else self._obs,
+            error=self._broken,
+        )
 
     def _repr_html_(self) -> str:
         return self.transcript_html()
 
-    def widget(self) -> "StepperWidget":
+    def widget(self) -> StepperWidget:
         """Buttons and fields for stepping in a notebook (see :class:`StepperWidget`).
 
         Example: ``stepper.widget()`` as the last line of a cell.
@@ -466,124 +364,3 @@ def _snapshot(agent: Agent) -> dict[str, Any]:
 def _restore(agent: Agent, snap: dict[str, Any]) -> None:
     memo = {id(x): x for x in (agent.client, agent.parser, agent.chat_template) if x is not None}
     vars(agent).update(copy.deepcopy(snap, memo))
-
-
-class StepperWidget:
-    """An ipywidgets panel over a :class:`RolloutStepper`: system prompt, temperature,
-    max_tokens, top_p and sampling seed fields; Step / Re-run turn / Run to end / Reset
-    buttons; the transcript below. Each action runs as a background task (``pending``), so
-    the kernel stays responsive; ``wait()`` blocks until it is done (tests, scripts).
-
-    Example: ``ui = stepper.widget(); ui`` (displays), ``ui.step_button.click()``.
-    """
-
-    def __init__(self, stepper: RolloutStepper) -> None:
-        import ipywidgets as w
-
-        self.stepper = s = stepper
-        sc = s.sampling
-        full = w.Layout(width="98%")
-        self.system_prompt = w.Textarea(value=s.system_prompt or "", description="system", layout=w.Layout(width="98%", height="5em"))
-        self.temperature = w.BoundedFloatText(value=sc.temperature, min=0.0, max=10.0, step=0.1, description="temperature")
-        self.max_tokens = w.BoundedIntText(value=sc.max_tokens, min=1, max=1_000_000, description="max_tokens")
-        self.top_p = w.BoundedFloatText(value=sc.top_p, min=0.01, max=1.0, step=0.05, description="top_p")
-        self.seed = w.Text(value="" if s.sampling_seed is None else str(s.sampling_seed), description="seed", placeholder="none")
-        self.step_button = w.Button(description="Step", button_style="primary")
-        self.rerun_button = w.Button(description="Re-run turn")
-        self.run_button = w.Button(description="Run to end")
-        self.reset_button = w.Button(description="Reset")
-        self.status = w.HTML()
-        self.view = w.HTML(layout=full)
-        self.buttons = [self.step_button, self.rerun_button, self.run_button, self.reset_button]
-        self.step_button.on_click(lambda _b: self._launch("step"))
-        self.rerun_button.on_click(lambda _b: self._launch("rerun"))
-        self.run_button.on_click(lambda _b: self._launch("run"))
-        self.reset_button.on_click(lambda _b: self._launch("reset"))
-        self.box = w.VBox([
-            self.system_prompt,
-            w.HBox([self.temperature, self.max_tokens, self.top_p, self.seed]),
-            w.HBox([*self.buttons, self.status]),
-            self.view,
-        ])
-        self.pending: Optional[BackgroundTask] = None
-        self.last_error: Optional[BaseException] = None
-        self.refresh()
-
-    def _settings(self) -> tuple[SamplingConfig, Optional[int], str]:
-        raw = self.seed.value.strip()
-        try:
-            seed = None if raw in ("", "none", "None") else int(raw)
-        except ValueError:
-            raise ValueError(f"seed must be an integer or empty, got {raw!r}") from None
-        sampling = replace(
-            self.stepper.sampling,
-            temperature=float(self.temperature.value),
-            max_tokens=int(self.max_tokens.value),
-            top_p=float(self.top_p.value),
-        )
-        return sampling, seed, self.system_prompt.value
-
-    async def _do(self, action: str) -> None:
-        s = self.stepper
-        sampling, seed, sp = self._settings()
-        if action == "rerun":
-            await s.rerun(sampling=sampling, sampling_seed=seed, system_prompt=sp)
-            return
-        s.inference = replace(s.inference, sampling=sampling)
-        s.sampling_seed = seed
-        if action == "reset" or not s._started:
-            await s.reset(system_prompt=sp)
-            if action == "reset":
-                return
-        elif sp != (s.system_prompt or ""):
-            raise ValueError("the system prompt changed: press 'Re-run turn' (restarts from turn 0) or 'Reset'")
-        if action == "step":
-            await s.step()
-        elif action == "run":
-            await s.run()
-
-    def _launch(self, action: str) -> Optional[BackgroundTask]:
-        if self.pending is not None and not self.pending.done():
-            self.status.value = "<i>busy: wait for the current action</i>"
-            return None
-        self.last_error = None
-        for b in self.buttons:
-            b.disabled = True
-        self.status.value = f"<i>{action}…</i>"
-
-        async def job() -> None:
-            try:
-                await self._do(action)
-            except Exception as e:  # noqa: BLE001 - shown in the panel, kept in last_error
-                self.last_error = e
-            finally:
-                self.refresh()
-
-        self.pending = start_background(job(), output=False, name=f"stepper-{action}")
-        return self.pending
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        """Block until the current action is done (``TimeoutError`` after ``timeout`` s)."""
-        if self.pending is not None:
-            self.pending.wait(timeout)
-
-    def refresh(self) -> None:
-        """Redraw the transcript and the status line from the stepper's state."""
-        s = self.stepper
-        self.view.value = s.transcript_html()
-        for b in self.buttons:
-            b.disabled = False
-        self.step_button.disabled = s.done or bool(s._broken)
-        self.rerun_button.disabled = not s.turns
-        self.run_button.disabled = s.done or bool(s._broken)
-        if self.last_error is not None:
-            e = self.last_error
-            self.status.value = f"<span style='color:#b00020'>{html.escape(type(e).__name__)}: {html.escape(str(e))}</span>"
-        else:
-            self.status.value = "episode over" if s.done else f"turn {len(s.turns)}"
-
-    def _repr_mimebundle_(self, **kw: Any) -> Any:
-        return self.box._repr_mimebundle_(**kw)
-
-    def __repr__(self) -> str:
-        return f"StepperWidget({self.stepper!r})"
