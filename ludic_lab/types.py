@@ -299,13 +299,6 @@ class Rollout:
         """A copy whose ``meta`` is updated with ``kw``."""
         return replace(self, meta={**self.meta, **kw})
 
-    def _repr_html_(self) -> str:
-        """Notebook view: the steps' tokens (prompt masked), rewards, parse results; see
-        :func:`ludic_lab.types_html.rollout_html` for weights and a tokenizer."""
-        from ludic_lab.types_html import rollout_html
-
-        return rollout_html(self)
-
     # -- serialisation ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; :meth:`from_dict` inverts it exactly."""

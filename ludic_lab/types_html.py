@@ -5,6 +5,10 @@ step's credit when ``weights`` (a credit assigner's ``{(rollout_id, step_index):
 is given, else left white, with token id and behaviour logprob on hover. Rollouts that
 share a ``group_id`` are shown side by side with one colour scale (the group's max ``|w|``).
 
+Importing this module gives :class:`~ludic_lab.types.Rollout` its notebook view
+(``_repr_html_``); the lab layer imports it, so a rollout renders in any notebook that
+imported ``ludic_lab.lab``. ``ludic_lab.types`` itself knows no HTML.
+
 Example::
 
     from ludic_lab.types_html import rollouts_html
@@ -160,6 +164,15 @@ def rollouts_html(
 def rollout_html(rollout: Rollout, **kw: Any) -> str:
     """The token view of one rollout (see :func:`rollouts_html`); what ``Rollout._repr_html_`` shows."""
     return rollouts_html([rollout], **kw)
+
+
+def _rollout_repr_html(self: Rollout) -> str:
+    """Notebook view: the steps' tokens (prompt masked), rewards, parse results; see
+    :func:`rollout_html` for weights and a tokenizer."""
+    return rollout_html(self)
+
+
+setattr(Rollout, "_repr_html_", _rollout_repr_html)  # the view registers itself with the data class
 
 
 __all__ = ["rollout_html", "rollouts_html"]

@@ -79,13 +79,6 @@ class SAWItem:
                 return w
         return 0.0
 
-    def _repr_html_(self) -> str:
-        """Notebook view: tokens coloured by ``weight x action_mask`` (see
-        :func:`ludic_lab.training.saw_html.saw_item_html`)."""
-        from ludic_lab.training.saw_html import saw_item_html
-
-        return saw_item_html(self)
-
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for k in ("input_ids", "action_mask", "weights", "behaviour_logprobs"):
@@ -171,13 +164,6 @@ class SAWBatch:
     @property
     def num_action_tokens(self) -> int:
         return sum(it.num_action_tokens for it in self.items)
-
-    def _repr_html_(self) -> str:
-        """Notebook view: siblings side by side, tokens coloured by the weight the loss sees
-        (see :func:`ludic_lab.training.saw_html.saw_batch_html`)."""
-        from ludic_lab.training.saw_html import saw_batch_html
-
-        return saw_batch_html(self)
 
 
 def saw_items_from_rollouts(

@@ -6,6 +6,10 @@ id, behaviour logprob, ratio (when the current policy's logprobs are given) and 
 Siblings (same ``group_id``) are shown side by side with their reward and advantage.
 No torch here: ``logprobs`` are plain per-item float sequences aligned with ``input_ids``.
 
+Importing this module gives :class:`~ludic_lab.training.saw.SAWItem` and
+:class:`~ludic_lab.training.saw.SAWBatch` their notebook views (``_repr_html_``); the lab
+layer imports it. ``ludic_lab.training.saw`` itself knows no HTML.
+
 Example::
 
     from ludic_lab.training.saw_html import saw_batch_html
@@ -132,6 +136,22 @@ def saw_batch_html(
 def saw_item_html(item: SAWItem, **kw: Any) -> str:
     """The credit view of one item (what ``SAWItem._repr_html_`` shows); see :func:`saw_batch_html`."""
     return saw_batch_html(item, **kw)
+
+
+def _item_repr_html(self: SAWItem) -> str:
+    """Notebook view: tokens coloured by ``weight x action_mask`` (see :func:`saw_item_html`)."""
+    return saw_item_html(self)
+
+
+def _batch_repr_html(self: SAWBatch) -> str:
+    """Notebook view: siblings side by side, tokens coloured by the weight the loss sees
+    (see :func:`saw_batch_html`)."""
+    return saw_batch_html(self)
+
+
+# the views register themselves with the data classes
+setattr(SAWItem, "_repr_html_", _item_repr_html)
+setattr(SAWBatch, "_repr_html_", _batch_repr_html)
 
 
 __all__ = ["item_ratios", "saw_batch_html", "saw_item_html"]
