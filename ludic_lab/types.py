@@ -13,7 +13,9 @@ import math
 import os
 import uuid
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, TypeAlias
+from typing import Any, Iterable, Literal, Mapping, Optional, TypeAlias
+
+from ludic_lab.rollout_table import rollouts_to_dataframe as rollouts_to_dataframe  # re-exported
 
 Message: TypeAlias = dict[str, Any]
 """A chat message: ``{"role": "system" | "user" | "assistant" | "tool", "content": str, ...}``."""
@@ -371,64 +373,6 @@ def load_rollouts(path: str | os.PathLike) -> list[Rollout]:
             except Exception as e:  # noqa: BLE001 - re-raised with the location
                 raise ValueError(f"{path}:{i}: not a valid rollout line ({e})") from e
     return out
-
-
-def rollouts_to_dataframe(rollouts: Sequence[Rollout], *, per: Literal["rollout", "step"] = "rollout"):
-    """A pandas DataFrame with one row per rollout (default) or per step."""
-    import pandas as pd
-
-    if per not in ("rollout", "step"):
-        raise ValueError(f"per must be 'rollout' or 'step', got {per!r}")
-    rows: list[dict[str, Any]] = []
-    for r in rollouts:
-        base = {
-            "rollout_id": r.id,
-            "agent_id": r.agent_id,
-            "group_id": r.group_id,
-            "env_seed": r.env_seed,
-            "sampling_seed": r.sampling_seed,
-            "policy_version": r.policy_version,
-            "error": r.error,
-        }
-        if per == "rollout":
-            last = r.steps[-1] if r.steps else None
-            rows.append(
-                {
-                    **base,
-                    "num_steps": r.length,
-                    "total_reward": r.total_reward,
-                    "completion_tokens": r.num_completion_tokens,
-                    "parse_errors": sum(bool(s.info.get("parse_error")) for s in r.steps),
-                    "terminated": bool(last and last.terminated),
-                    "truncated": bool(last and last.truncated),
-                    "final_action": last.action if last else None,
-                    **{f"meta.{k}": v for k, v in r.meta.items() if isinstance(v, (str, int, float, bool)) or v is None},
-                }
-            )
-        elif per == "step":
-            for s in r.steps:
-                rows.append(
-                    {
-                        **base,
-                        "step": s.index,
-                        "prev_obs": s.prev_obs,
-                        "action": s.action,
-                        "parsed_action": s.parsed_action,
-                        "next_obs": s.next_obs,
-                        "reward": s.reward,
-                        "env_reward": s.env_reward,
-                        "format_reward": s.format_reward,
-                        "terminated": s.terminated,
-                        "truncated": s.truncated,
-                        "parse_error": bool(s.info.get("parse_error")),
-                        "completion_tokens": len(s.trace.completion_token_ids) if s.trace else 0,
-                        "prompt_source": s.trace.prompt_source if s.trace else None,
-                        "finish_reason": s.trace.finish_reason if s.trace else None,
-                    }
-                )
-        else:
-            raise ValueError(f"per must be 'rollout' or 'step', got {per!r}")
-    return pd.DataFrame(rows)
 
 
 def finite_or_none(x: Optional[float]) -> Optional[float]:
