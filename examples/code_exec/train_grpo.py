@@ -40,20 +40,24 @@ class Config:
     """Optimizer steps."""
     problems_per_step: int = 6
     group_size: int = 6
-    max_tokens: int = 128
+    max_tokens: int = 256
+    """Completion budget; with ``stop_at_fence`` a reply ends at its code block's closing fence."""
+    stop_at_fence: bool = True
+    """End a completion at a line holding only the closing ```` ``` ```` (the model keeps
+    explaining its code otherwise, and those tokens earn nothing but a cut reply)."""
     temperature: float = 1.0
     lr: float = 3e-4
     lora_r: int = 16
     sandboxes: int = 2
     """Concurrent sandboxes (one per core is plenty)."""
     per_test_timeout_s: float = 2.0
-    eval_samples: int = 0
-    """Also score this many programs per held-out problem sampled at ``temperature``: the
-    sampled policy's pass rate, where learning shows before the greedy one moves (0: off)."""
+    eval_samples: int = 4
+    """Also score this many programs per held-out problem sampled at ``temperature`` (pass
+    rate and pass@k of the sampled policy, where learning shows before the greedy one moves; 0: off)."""
     seed: int = 0
     run_dir: str = "runs/code_exec"
     smoke: bool = False
-    """Tiny settings for CI: 2 problems x 2 samples, 48 tokens, 4 held-out problems."""
+    """Tiny settings for CI: 2 problems x 2 samples, 48 tokens, 4 held-out problems, 2 samples each."""
 
 
 def split(rows: list[dict], name: str) -> list[dict]:
@@ -79,6 +83,7 @@ async def main(cfg: Config) -> dict:
 
     if cfg.smoke:
         cfg.problems_per_step, cfg.group_size, cfg.max_tokens = 2, 2, 48
+        cfg.eval_samples = min(cfg.eval_samples, 2)
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     rows = shipped_problems("code_problems")
     train, test = split(rows, "train"), split(rows, "test")
@@ -112,19 +117,27 @@ async def main(cfg: Config) -> dict:
                     max_concurrency=cfg.problems_per_step * cfg.group_size,
                 )
 
+            stop = ("\n```\n",) if cfg.stop_at_fence else ()
+            sampling = InferenceSpec(SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens, stop=stop))
+
             async def held_out(name: str) -> dict:
                 args = (engine_for(test), EnvSpec("code"), ProtocolSpec("single"), range(len(test)))
-                kw = dict(max_tokens=cfg.max_tokens, success=InfoKeySuccess("all_passed"), name=name)
-                out = {"greedy": (await evaluate(*args, temperature=0.0, **kw)).summary()["accuracy"]}
+                kw = dict(inference=sampling, success=InfoKeySuccess("all_passed"), name=name)
+                runs = {"greedy": await evaluate(*args, temperature=0.0, **kw)}
                 if cfg.eval_samples > 0:
-                    res = await evaluate(*args, k=cfg.eval_samples, temperature=cfg.temperature, **kw)
-                    out["sampled"] = res.summary()["accuracy"]
+                    runs["sampled"] = await evaluate(*args, k=cfg.eval_samples, temperature=cfg.temperature, **kw)
+                out = {}
+                for how, res in runs.items():
+                    s, t = res.summary(), res.table
+                    out[how] = {"pass_rate": s["accuracy"], f"pass@{res.k}": s[f"pass@{res.k}"], "samples": len(t),
+                                "parse_error_rate": s["parse_error_rate"], "cut_at_max_tokens": float((t["finish_reason"] == "length").mean()),
+                                "mean_completion_tokens": s["mean_completion_tokens"], "minutes": round(res.duration_s / 60, 2)}
+                print(json.dumps({"held_out": name, **out}), flush=True)  # the numbers so far, should a long run be stopped
                 return out
 
             t0 = time.perf_counter()
             before = await held_out("before")
             algo = make_grpo()
-            sampling = InferenceSpec(SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens))
             engine = engine_for(train)
             source = RolloutBatchSource(
                 engine,
@@ -149,10 +162,13 @@ async def main(cfg: Config) -> dict:
             report = {
                 "config": asdict(cfg),
                 "held_out_problems": len(test),
-                "pass_rate_before": before["greedy"],
-                "pass_rate_after": after["greedy"],
-                "sampled_pass_rate_before": before.get("sampled"),
-                "sampled_pass_rate_after": after.get("sampled"),
+                "pass_rate_before": before["greedy"]["pass_rate"],
+                "pass_rate_after": after["greedy"]["pass_rate"],
+                "sampled_pass_rate_before": before.get("sampled", {}).get("pass_rate"),
+                "sampled_pass_rate_after": after.get("sampled", {}).get("pass_rate"),
+                "held_out_before": before,
+                "held_out_after": after,
+                "train_reward": [h.get("reward_mean") for h in history],
                 "train_reward_first": history[0].get("reward_mean") if history else None,
                 "train_reward_last": history[-1].get("reward_mean") if history else None,
                 "sandbox": pool.stats(),
