@@ -30,17 +30,31 @@ Result measured here: see examples/README.md (each run writes ``<out>/summary.js
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Literal, Optional
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
 from ludic_lab.recipes import Sampler
-from ludic_lab.recipes.tic_tac_toe import (MAX_TURNS, evaluate_games, game_outcome, game_request, invalid_move,
-                                           sampling, short, tic_tac_toe_engine)  # fmt: skip
+from ludic_lab.recipes.tic_tac_toe import (
+    MAX_TURNS,
+    evaluate_games,
+    game_outcome,
+    game_request,
+    invalid_move,
+    sampling,  # fmt: skip
+    short,
+    tic_tac_toe_engine,
+)
+from ludic_lab.recipes.training import (
+    first_last,
+    output_dir,
+    sampler_trainer,
+    train_timed,
+    trainer_config,
+    write_summary,
+)
 from ludic_lab.types import Rollout
 
 KEEP = {
@@ -91,13 +105,9 @@ class Config:
 
 
 async def run(cfg: Config) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
+    from ludic_lab.training import OfflineBatchSource, make_sft, rejection_sample
 
-    from ludic_lab.training import OfflineBatchSource, Trainer, TrainerConfig, make_sft, rejection_sample
-    from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger
-
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(cfg.out)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out), max_batch_size=64) as sampler:
         engine = tic_tac_toe_engine(sampler.client, move_format=cfg.move_format)
         before, _ = await evaluate_games(engine, cfg.eval_games, max_tokens=cfg.max_tokens)
@@ -124,23 +134,14 @@ async def run(cfg: Config) -> dict[str, Any]:
         algo = make_sft()
         source = OfflineBatchSource(out / "kept_games.jsonl", algo.credit_assigner, batch_size=cfg.batch_size,
                                     seed=cfg.seed)  # fmt: skip
-        policy = AutoModelForCausalLM.from_pretrained(sampler.model_path)
-        tcfg = TrainerConfig(
-            model_device=cfg.device, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
-            seed=cfg.seed, max_seq_len=1024, micro_token_budget=cfg.micro_token_budget,
-        )  # fmt: skip
-        trainer = Trainer(
-            policy, algo, source, config=tcfg, publisher=sampler.publisher(policy), pad_token_id=sampler.client.pad_token_id,
-            loggers=[ConsoleLogger(keys=("loss", "items", "grad_norm", "time/step_s")),
-                     JSONLLogger(out / "metrics.jsonl", append=False)],
-        )  # fmt: skip
-        t1 = time.perf_counter()
-        history = await trainer.train(cfg.sft_steps, progress=False)
-        train_s = time.perf_counter() - t1
+        trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg), out=out,
+                                  console_keys=("loss", "items", "grad_norm", "time/step_s"))  # fmt: skip
+        history, train_s = await train_timed(trainer, cfg.sft_steps)
         trainer.close()
 
         after, _ = await evaluate_games(engine, cfg.eval_games, max_tokens=cfg.max_tokens)
         print(f"after:  {short(after)}", flush=True)
+        loss_first, loss_last = first_last(history, "loss")
         summary = {
             "config": asdict(cfg),
             "before": before,
@@ -148,14 +149,12 @@ async def run(cfg: Config) -> dict[str, Any]:
             "kept_games": len(kept),
             "kept_turns": turns,
             "sample_seconds": sample_s,
-            "sft_loss_first": history[0].get("loss") if history else None,
-            "sft_loss_last": history[-1].get("loss") if history else None,
+            "sft_loss_first": loss_first,
+            "sft_loss_last": loss_last,
             "train_seconds": train_s,
             "sampler_policy_version": await sampler.policy_version(),
         }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps({k: summary[k] for k in ("kept_games", "kept_turns", "sft_loss_first", "sft_loss_last")}))
-    return summary
+    return write_summary(out, summary, show=("kept_games", "kept_turns", "sft_loss_first", "sft_loss_last"))
 
 
 def main(cfg: Config) -> dict[str, Any]:

@@ -62,6 +62,24 @@ def test_every_example_has_a_cli_derived_from_its_config_and_a_row_in_the_readme
         assert len(src.splitlines()) <= 400
 
 
+def test_shared_recipe_parts_read_a_script_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from types import SimpleNamespace
+
+    from ludic_lab.recipes.training import first_last, output_dir, trainer_config, write_summary
+
+    cfg = SimpleNamespace(device="cpu", lr=1e-3, lora_r=8, seed=3, micro_token_budget=2048)
+    tc = trainer_config(cfg, scoring_temperature=0.7, batch_split="global")
+    assert (tc.lr, tc.lora_r, tc.lora_alpha, tc.seed, tc.micro_token_budget) == (1e-3, 8, 16.0, 3, 2048)
+    assert tc.scoring_temperature == 0.7 and tc.batch_split == "global" and tc.max_seq_len == 1024
+    sft = trainer_config(SimpleNamespace(**{**vars(cfg), "lora_r": 0}))  # SFT: the trainer's own scoring temperature
+    assert sft.lora_r == 0 and sft.scoring_temperature == type(sft)().scoring_temperature
+    assert first_last([{"loss": 2.0}, {"loss": 1.0}], "loss") == (2.0, 1.0) and first_last([], "loss") == (None, None)
+    out = output_dir(tmp_path / "a" / "b")
+    write_summary(out, {"before": 0.1, "after": 0.2, "config": {}}, show=("before", "after"))
+    assert _json(out / "summary.json")["after"] == 0.2
+    assert json.loads(capsys.readouterr().out.strip()) == {"before": 0.1, "after": 0.2}
+
+
 # -- single process, in-process sampler -----------------------------------------------------------
 @pytest.mark.slow
 def test_tic_tac_toe_local(tmp_path: Path, tiny_model_dir: str) -> None:

@@ -38,15 +38,15 @@ Result measured here: see examples/README.md (rank 0 writes ``<out>/summary.json
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from ludic_lab.config import parse_config
 from ludic_lab.distributed.dist_utils import destroy_distributed, get_rank, get_world_size, init_distributed
+from ludic_lab.recipes import direct_sampler
 from ludic_lab.recipes.math import QuestionRequests, load_math, math_engine, math_verifier, training_sampling
+from ludic_lab.recipes.training import output_dir, trainer_config, write_summary
 
 
 @dataclass
@@ -83,45 +83,27 @@ class Config:
     """Output folder (rank 0): metrics.jsonl, summary.json."""
 
 
-def make_sampler(cfg: Config, max_batch: int) -> tuple[Any, Any]:
-    """Rank 0's ``(client, publisher target)``: the vLLM server at ``--vllm-url``, or in-process."""
-    from ludic_lab.inference.models import resolve_model
-
-    if cfg.vllm_url:
-        from ludic_lab.distributed.broadcast import BroadcastPolicyPublisher
-        from ludic_lab.inference.vllm_client import VLLMChatClient
-        from ludic_lab.recipes import api_base
-
-        client = VLLMChatClient(resolve_model(cfg.model), api_base=api_base(cfg.vllm_url), enable_weight_updates=True)
-        return client, BroadcastPolicyPublisher(client)
-    from ludic_lab.distributed import ClientPublisher
-    from ludic_lab.inference.local_client import LocalChatClient
-
-    client = LocalChatClient(cfg.model, max_batch_size=max_batch)
-    return client, ClientPublisher(client)
-
-
 def main(cfg: Config) -> dict[str, Any]:
     """Train for ``cfg.train_steps`` steps; rank 0 returns (and writes) a summary, others ``{}``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from ludic_lab.inference.models import resolve_model
-    from ludic_lab.training import GRPORequestStrategy, Rank0BroadcastSource, RolloutBatchSource, Trainer, TrainerConfig, make_grpo
+    from ludic_lab.training import GRPORequestStrategy, Rank0BroadcastSource, RolloutBatchSource, Trainer, make_grpo
     from ludic_lab.training.loggers import JSONLLogger
 
     # the process group first: rank 0 builds its sampler while the others wait in the first broadcast
     init_distributed(cfg.device, timeout_s=1800)
     rank, world = get_rank(), get_world_size()
-    out = Path(cfg.out)
     trainer = None
     try:
         algo = make_grpo()
         path = resolve_model(cfg.model)
         client, publisher, loggers, inner = None, None, [], None
         if rank == 0:  # the sampler, the data and the logs live on rank 0 only
-            out.mkdir(parents=True, exist_ok=True)
-            client, publisher = make_sampler(cfg, cfg.questions_per_step * cfg.group_size)
+            out = output_dir(cfg.out)
+            client, publisher = direct_sampler(cfg.model, vllm_url=cfg.vllm_url,
+                                               max_batch_size=cfg.questions_per_step * cfg.group_size)  # fmt: skip
             train = load_math(cfg.data, "train", seed=cfg.seed)
             inner = RolloutBatchSource(
                 math_engine(client, train, math_verifier(cfg.data)),
@@ -134,12 +116,8 @@ def main(cfg: Config) -> dict[str, Any]:
         # every rank loads the same fp32 weights; the Trainer shards them with FSDP2 under torchrun
         policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         pad = policy.config.pad_token_id if policy.config.pad_token_id is not None else policy.config.eos_token_id
-        tcfg = TrainerConfig(
-            model_device=cfg.device, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
-            max_seq_len=1024, micro_token_budget=cfg.micro_token_budget, scoring_temperature=cfg.temperature,
-            seed=cfg.seed,
-            batch_split="global",  # every rank gets rank 0's batch and trains its share
-        )  # fmt: skip
+        # batch_split="global": every rank gets rank 0's batch and trains its share
+        tcfg = trainer_config(cfg, scoring_temperature=cfg.temperature, batch_split="global")
         trainer = Trainer(policy, algo, Rank0BroadcastSource(inner), config=tcfg, publisher=publisher,
                           loggers=loggers, pad_token_id=int(pad or 0))  # fmt: skip
         t0 = time.perf_counter()
@@ -158,9 +136,7 @@ def main(cfg: Config) -> dict[str, Any]:
             "reward_last_steps": sum(rewards[-k:]) / k if rewards else None,
             "sampler_policy_version": _version(client),
         }
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        print(json.dumps(summary), flush=True)
-        return summary
+        return write_summary(cfg.out, summary, show=tuple(summary))
     finally:
         if trainer is not None:
             trainer.close()

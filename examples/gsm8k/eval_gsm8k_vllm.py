@@ -31,13 +31,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
 from ludic_lab.recipes import Sampler
 from ludic_lab.recipes.math import ENV, PROTOCOL, accuracy_summary, load_math, math_engine, math_verifier
+from ludic_lab.recipes.training import output_dir
 
 
 @dataclass
@@ -68,8 +68,7 @@ async def run(cfg: Config) -> dict[str, Any]:
     from ludic_lab.eval import evaluate
     from ludic_lab.training import EnvSpec, ProtocolSpec
 
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(cfg.out)
     test = load_math(cfg.data, "test", seed=cfg.seed)
     n = min(cfg.limit, len(test))
     t0 = time.perf_counter()

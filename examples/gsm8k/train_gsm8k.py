@@ -34,17 +34,29 @@ Result measured here: see examples/README.md (each run writes ``<out>/summary.js
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Literal, Optional
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
 from ludic_lab.recipes import Sampler
-from ludic_lab.recipes.math import (ENV, PROTOCOL, QuestionRequests, accuracy_summary, load_math, math_engine,
-                                    math_verifier, save_policy, training_sampling)  # fmt: skip
+from ludic_lab.recipes.math import (
+    QuestionRequests,
+    held_out_accuracy,
+    load_math,
+    math_engine,
+    math_verifier,
+    save_policy,  # fmt: skip
+    training_sampling,
+)
+from ludic_lab.recipes.training import (
+    first_last,
+    output_dir,
+    sampler_trainer,
+    train_timed,
+    trainer_config,
+    write_summary,
+)
 
 
 @dataclass
@@ -85,22 +97,10 @@ class Config:
     """Output folder: metrics.jsonl, summary.json, model/ (the trained policy)."""
 
 
-async def held_out_accuracy(engine: Any, n: int, max_tokens: int) -> dict[str, float]:
-    from ludic_lab.eval import evaluate
-    from ludic_lab.training import EnvSpec, ProtocolSpec
-
-    res = await evaluate(engine, EnvSpec(ENV), ProtocolSpec(PROTOCOL), range(n), k=1, max_tokens=max_tokens)
-    return accuracy_summary(res)
-
-
 async def run(cfg: Config) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
+    from ludic_lab.training import GRPORequestStrategy, RolloutBatchSource, make_grpo
 
-    from ludic_lab.training import GRPORequestStrategy, RolloutBatchSource, Trainer, TrainerConfig, make_grpo
-    from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger
-
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(cfg.out)
     train, test = load_math(cfg.data, "train", seed=cfg.seed), load_math(cfg.data, "test", seed=cfg.seed)
     verifier = math_verifier(cfg.data)
     n_eval = min(cfg.eval_questions, len(test))
@@ -117,37 +117,26 @@ async def run(cfg: Config) -> dict[str, Any]:
             algo.credit_assigner,
             request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
         )
-        policy = AutoModelForCausalLM.from_pretrained(sampler.model_path)
-        tcfg = TrainerConfig(
-            model_device=cfg.device, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
-            scoring_temperature=cfg.temperature, seed=cfg.seed, max_seq_len=1024,
-            micro_token_budget=cfg.micro_token_budget,
-        )  # fmt: skip
-        trainer = Trainer(
-            policy, algo, source, config=tcfg, publisher=sampler.publisher(policy), pad_token_id=sampler.client.pad_token_id,
-            loggers=[ConsoleLogger(keys=("reward_mean", "loss/clip_frac", "grad_norm", "time/step_s")),
-                     JSONLLogger(out / "metrics.jsonl", append=False)],
-        )  # fmt: skip
-        t0 = time.perf_counter()
-        history = await trainer.train(cfg.steps, progress=False)
-        train_s = time.perf_counter() - t0
+        keys = ("reward_mean", "loss/clip_frac", "grad_norm", "time/step_s")
+        trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg, scoring_temperature=cfg.temperature),
+                                  out=out, console_keys=keys)  # fmt: skip
+        history, train_s = await train_timed(trainer, cfg.steps)
 
         after = await held_out_accuracy(math_engine(sampler.client, test, verifier), n_eval, cfg.max_tokens)
         print(f"after:  held-out accuracy {after['accuracy']:.3f}", flush=True)
         model_dir = save_policy(trainer.model, sampler.model_path, out / "model")
         trainer.close()
+        reward_first, reward_last = first_last(history, "reward_mean")
         summary = {
             "config": asdict(cfg),
             "before": before,
             "after": after,
-            "reward_first_step": history[0].get("reward_mean") if history else None,
-            "reward_last_step": history[-1].get("reward_mean") if history else None,
+            "reward_first_step": reward_first,
+            "reward_last_step": reward_last,
             "train_seconds": train_s,
             "model_dir": model_dir,
         }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps({k: summary[k] for k in ("before", "after", "train_seconds", "model_dir")}))
-    return summary
+    return write_summary(out, summary, show=("before", "after", "train_seconds", "model_dir"))
 
 
 def main(cfg: Config) -> dict[str, Any]:

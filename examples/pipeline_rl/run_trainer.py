@@ -27,15 +27,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
 from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig, run_trainer
-
-log = logging.getLogger("pipeline_rl.trainer")
+from ludic_lab.recipes.pipeline import monitor, queue_length, runtime_version
 
 
 @dataclass
@@ -56,42 +54,12 @@ class Config(PipelineTrainerConfig):
     """Log XLEN of the stream and the server's /runtime_version this often (0 = never)."""
 
 
-def runtime_version(url: str) -> Optional[int]:
-    """The server's policy version (``GET /runtime_version``), ``None`` if it does not answer."""
-    base = url.rstrip("/").removesuffix("/v1")
-    try:
-        with urllib.request.urlopen(base + "/runtime_version", timeout=5) as r:
-            return int(json.loads(r.read())["version"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-async def queue_length(redis_url: str, key: str) -> Optional[int]:
-    """``XLEN key``: items pushed and not yet trained (or dropped)."""
-    from ludic_lab.pipeline.connection import close_client, connect_redis
-
-    try:
-        r = await connect_redis(redis_url, connect_timeout_s=2.0, role="monitor")
-    except Exception:  # noqa: BLE001 - a monitor never stops the run
-        return None
-    try:
-        return int(await r.xlen(key))
-    finally:
-        await close_client(r)
-
-
-async def monitor(cfg: Config, samples: list[dict[str, Any]]) -> None:
-    while True:
-        row = {"xlen": await queue_length(cfg.redis_url, cfg.queue_key),
-               "runtime_version": await asyncio.to_thread(runtime_version, cfg.vllm_url) if cfg.vllm_url else None}  # fmt: skip
-        samples.append(row)
-        log.info("queue %s: XLEN %s, server runtime_version %s", cfg.queue_key, row["xlen"], row["runtime_version"])
-        await asyncio.sleep(cfg.monitor_every_s)
-
-
 async def run(cfg: Config) -> dict[str, Any]:
     samples: list[dict[str, Any]] = []
-    task = asyncio.create_task(monitor(cfg, samples)) if cfg.monitor_every_s > 0 else None
+    task = None
+    if cfg.monitor_every_s > 0:  # XLEN and /runtime_version, logged while it trains
+        watch = monitor(cfg.redis_url, cfg.queue_key, cfg.vllm_url, samples, every_s=cfg.monitor_every_s)
+        task = asyncio.create_task(watch)
     try:
         summary = await run_trainer(cfg)
     finally:

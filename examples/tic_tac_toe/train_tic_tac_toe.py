@@ -39,16 +39,21 @@ machine are written to ``<out>/summary.json``).
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Literal, Optional
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
 from ludic_lab.recipes import Sampler
-from ludic_lab.recipes.tic_tac_toe import GameRequests, evaluate_games, sampling, short, tic_tac_toe_engine
+from ludic_lab.recipes.tic_tac_toe import MAX_TURNS, GameRequests, evaluate_games, sampling, short, tic_tac_toe_engine
+from ludic_lab.recipes.training import (
+    first_last,
+    output_dir,
+    sampler_trainer,
+    train_timed,
+    trainer_config,
+    write_summary,
+)
 
 
 @dataclass
@@ -90,13 +95,9 @@ class Config:
 
 
 async def run(cfg: Config) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
+    from ludic_lab.training import GRPORequestStrategy, RolloutBatchSource, make_grpo
 
-    from ludic_lab.training import GRPORequestStrategy, RolloutBatchSource, Trainer, TrainerConfig, make_grpo
-    from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger
-
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(cfg.out)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out),
                        max_batch_size=cfg.games_per_step * cfg.group_size) as sampler:  # fmt: skip
         engine = tic_tac_toe_engine(sampler.client, move_format=cfg.move_format)
@@ -109,38 +110,26 @@ async def run(cfg: Config) -> dict[str, Any]:
             GameRequests(cfg.games_per_step, sampling(cfg.temperature, cfg.max_tokens), seed=cfg.seed),
             algo.credit_assigner,
             request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
-            max_steps=5,
+            max_steps=MAX_TURNS,
         )
-        policy = AutoModelForCausalLM.from_pretrained(sampler.model_path)
-        tcfg = TrainerConfig(
-            model_device=cfg.device, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
-            scoring_temperature=cfg.temperature, seed=cfg.seed,
-            max_seq_len=1024, micro_token_budget=cfg.micro_token_budget,  # a game's last turn holds the whole dialog so far
-        )  # fmt: skip
-        trainer = Trainer(
-            policy, algo, source, config=tcfg, publisher=sampler.publisher(policy), pad_token_id=sampler.client.pad_token_id,
-            loggers=[ConsoleLogger(keys=("reward_mean", "loss", "grad_norm", "time/step_s")),
-                     JSONLLogger(out / "metrics.jsonl", append=False)],
-        )  # fmt: skip
-        t0 = time.perf_counter()
-        history = await trainer.train(cfg.steps, progress=False)
-        train_s = time.perf_counter() - t0
+        trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg, scoring_temperature=cfg.temperature),
+                                  out=out)  # fmt: skip
+        history, train_s = await train_timed(trainer, cfg.steps)
         trainer.close()
 
         after, _ = await evaluate_games(engine, cfg.eval_games, max_tokens=cfg.max_tokens)
         print(f"after:  {short(after)}", flush=True)
+        reward_first, reward_last = first_last(history, "reward_mean")
         summary = {
             "config": asdict(cfg),
             "before": before,
             "after": after,
-            "reward_first_step": history[0].get("reward_mean") if history else None,
-            "reward_last_step": history[-1].get("reward_mean") if history else None,
+            "reward_first_step": reward_first,
+            "reward_last_step": reward_last,
             "train_seconds": train_s,
             "sampler_policy_version": await sampler.policy_version(),
         }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps({k: summary[k] for k in ("before", "after", "train_seconds", "sampler_policy_version")}))
-    return summary
+    return write_summary(out, summary, show=("before", "after", "train_seconds", "sampler_policy_version"))
 
 
 def main(cfg: Config) -> dict[str, Any]:

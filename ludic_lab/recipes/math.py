@@ -129,6 +129,14 @@ def save_policy(model: Any, base_path: str, out_dir: str | os.PathLike) -> str:
     return str(out)
 
 
+async def held_out_accuracy(engine: RolloutEngine, n: int, max_tokens: int) -> dict[str, float]:
+    """Greedy accuracy of ``engine`` (a :func:`math_engine`) on its first ``n`` rows."""
+    from ludic_lab.eval import evaluate
+
+    res = await evaluate(engine, EnvSpec(ENV), ProtocolSpec(PROTOCOL), range(n), k=1, max_tokens=max_tokens)
+    return accuracy_summary(res)
+
+
 def accuracy_summary(result: Any, k: Optional[int] = None) -> dict[str, float]:
     """``accuracy`` (and ``pass@k``) of an :class:`~ludic_lab.eval.EvalResult`, as floats."""
     s = result.summary()

@@ -127,3 +127,22 @@ class Sampler:
                     await res
             except Exception:  # noqa: BLE001 - keep stopping the rest
                 pass
+
+
+def direct_sampler(model: str, *, vllm_url: Optional[str] = None, max_batch_size: int = 64) -> tuple[Any, Any]:
+    """``(client, publisher)`` without a context manager (e.g. rank 0 of a ``torchrun`` script):
+    the vLLM server already running at ``vllm_url`` (serving ``model``), or an in-process
+    :class:`~ludic_lab.inference.LocalChatClient`; the publisher pushes the trainer's weights into it."""
+    from ludic_lab.inference.models import resolve_model
+
+    if vllm_url:
+        from ludic_lab.distributed.broadcast import BroadcastPolicyPublisher
+        from ludic_lab.inference.vllm_client import VLLMChatClient
+
+        client = VLLMChatClient(resolve_model(model), api_base=api_base(vllm_url), enable_weight_updates=True)
+        return client, BroadcastPolicyPublisher(client)
+    from ludic_lab.distributed import ClientPublisher
+    from ludic_lab.inference.local_client import LocalChatClient
+
+    client = LocalChatClient(model, max_batch_size=max_batch_size)
+    return client, ClientPublisher(client)

@@ -1,0 +1,84 @@
+"""The training set-up the example scripts share: a LoRA ``TrainerConfig`` from a script's
+config, a ``Trainer`` wired to a :class:`~ludic_lab.recipes.Sampler` (weights pushed into it
+after every step, a console table and ``<out>/metrics.jsonl``), a timed run, and the
+``summary.json`` every example writes.
+
+    async with Sampler(cfg.backend, cfg.model, log_dir=cfg.out) as sampler:
+        trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg), out=cfg.out)
+        history, seconds = await train_timed(trainer, cfg.steps)
+    write_summary(cfg.out, {"config": asdict(cfg), ...}, show=("before", "after"))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+
+def output_dir(out: str | os.PathLike) -> Path:
+    """``out`` as a ``Path``, created if missing."""
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def trainer_config(cfg: Any, *, scoring_temperature: Optional[float] = None, max_seq_len: int = 1024,
+                   **overrides: Any) -> Any:  # fmt: skip
+    """The examples' :class:`~ludic_lab.training.TrainerConfig`, read from a script config with
+    ``device``, ``lr``, ``lora_r`` (0 = every weight), ``seed`` and ``micro_token_budget``:
+    LoRA alpha ``2 * lora_r``; ``max_seq_len`` 1024 (a game's last turn holds the whole dialog
+    so far); ``scoring_temperature`` the sampling temperature of on-policy RL (left at the
+    trainer's default for SFT). ``overrides`` go to ``TrainerConfig`` as they are."""
+    from ludic_lab.training import TrainerConfig
+
+    kw: dict[str, Any] = dict(
+        model_device=cfg.device, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
+        seed=cfg.seed, max_seq_len=max_seq_len, micro_token_budget=cfg.micro_token_budget,
+    )  # fmt: skip
+    if scoring_temperature is not None:
+        kw["scoring_temperature"] = scoring_temperature
+    return TrainerConfig(**{**kw, **overrides})
+
+
+CONSOLE_KEYS = ("reward_mean", "loss", "grad_norm", "time/step_s")
+
+
+def sampler_trainer(sampler: Any, algo: Any, source: Any, config: Any, *, out: str | os.PathLike,
+                    console_keys: Sequence[str] = CONSOLE_KEYS) -> Any:  # fmt: skip
+    """A ``Trainer`` of the model at ``sampler.model_path`` (loaded fresh) that pushes its
+    weights into ``sampler`` after every step and logs ``console_keys`` to the terminal and
+    every metric to ``<out>/metrics.jsonl`` (overwritten)."""
+    from transformers import AutoModelForCausalLM
+
+    from ludic_lab.training import Trainer
+    from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger
+
+    policy = AutoModelForCausalLM.from_pretrained(sampler.model_path)
+    loggers = [ConsoleLogger(keys=tuple(console_keys)), JSONLLogger(Path(out) / "metrics.jsonl", append=False)]
+    publisher = sampler.publisher(policy)
+    return Trainer(policy, algo, source, config=config, publisher=publisher, pad_token_id=sampler.client.pad_token_id,
+                   loggers=loggers)  # fmt: skip
+
+
+async def train_timed(trainer: Any, steps: int) -> tuple[list[dict[str, Any]], float]:
+    """Run ``steps`` optimizer steps (no progress bar: the console logger prints a row per step);
+    returns the per-step metrics and the wall time in seconds."""
+    t0 = time.perf_counter()
+    history = await trainer.train(steps, progress=False)
+    return history, time.perf_counter() - t0
+
+
+def first_last(history: Sequence[dict[str, Any]], key: str) -> tuple[Any, Any]:
+    """``history[0][key]`` and ``history[-1][key]`` (``None`` for an empty history)."""
+    return (history[0].get(key), history[-1].get(key)) if history else (None, None)
+
+
+def write_summary(out: str | os.PathLike, summary: dict[str, Any], show: Sequence[str] = ()) -> dict[str, Any]:
+    """Write ``<out>/summary.json`` and print the ``show`` keys of ``summary`` as one JSON line."""
+    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2))
+    if show:
+        print(json.dumps({k: summary[k] for k in show}), flush=True)
+    return summary
