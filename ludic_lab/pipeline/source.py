@@ -23,6 +23,10 @@ Delivery guarantees, and how they are kept:
   items sampled more than ``max_lag`` versions ago are dropped (committed, not trained) and
   counted; the batch is refilled with fresh ones.
 
+Each held item is one record (:mod:`ludic_lab.pipeline.held_items`: restored, backlog,
+filling, delivered); the Redis commands of the consumer are in
+:mod:`ludic_lab.pipeline.consumer_stream`.
+
 ``batch.meta`` counts everything per batch (``stale_dropped``, ``filtered_samples``
 (+ ``filtered_samples/<filter name>``), ``duplicates_dropped``,
 ``dead_lettered``, ``reclaimed``, ``wait_s``, ``queue_len``, ``lag_mean``, ...);
@@ -33,19 +37,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
-import math
 import os
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 from ludic_lab.pipeline.connection import QueueKeys, Reconnector, close_client, connect_redis, redact
+from ludic_lab.pipeline.consumer_stream import ConsumerStream, Entry
+from ludic_lab.pipeline.held_items import HeldItem, HeldItems, ItemState
+from ludic_lab.pipeline.source_report import batch_meta, gather_state_dicts
 from ludic_lab.pipeline.wire import WireFormatError, decode_entry
 from ludic_lab.training.batching.base import EmptyBatchError
-from ludic_lab.training.batching.batch_stats import item_stats
 from ludic_lab.training.filters import FilterSpec, as_filter
-from ludic_lab.training.saw import SAWBatch, SAWItem
+from ludic_lab.training.saw import SAWBatch
 
 log = logging.getLogger("ludic_lab.pipeline")
 
@@ -67,6 +71,10 @@ class PipelineBatchSource:
     :class:`~ludic_lab.training.batching.EmptyBatchError` after ``timeout_s``, keeping the
     partial batch for the next call). ``on_ack(item_ids)`` is called after each commit.
     """
+
+    state_dict_is_collective: ClassVar[bool] = True
+    """:meth:`state_dict` gathers every rank's state under ``torch.distributed``: every rank
+    must call it (:meth:`local_state_dict` is the communication-free part)."""
 
     def __init__(
         self,
@@ -120,16 +128,11 @@ class PipelineBatchSource:
         self.sample_filter = as_filter(sample_filter)
         self.counters: dict[str, int] = {k: 0 for k in _COUNTERS}
         self._rc = Reconnector(f"PipelineBatchSource[{self.consumer}]", redis_url, timeout_s=reconnect_timeout_s)
-        self._r: Any = None
-        self._group_ready = False
-        self._recover = True  # scan our own pending list (a previous process's deliveries) first
-        self._pel_cursor = "0"
-        self._last_claim = -math.inf
-        self._backlog: collections.deque[tuple[bytes, str, SAWItem]] = collections.deque()
-        self._delivered: list[tuple[bytes, str]] = []  # handed to the trainer, not yet committed
-        self._filling: list[tuple[bytes, str, SAWItem]] = []  # the batch being assembled
+        self._stream = ConsumerStream(
+            self.keys, group, self.consumer, claim_idle_s=self.claim_idle_s, block_s=self.block_s, dedup_max_ids=dedup_max_ids
+        )
+        self._held = HeldItems()
         self._batches_since_commit = 0
-        self._restored: list[tuple[bytes, str]] = []
         self._heartbeat: Optional[asyncio.Task] = None
 
     def __repr__(self) -> str:
@@ -141,30 +144,15 @@ class PipelineBatchSource:
     # -- connection ----------------------------------------------------------------------
     async def connect(self) -> None:
         """Connect (fails fast with a clear error) and create the consumer group if needed."""
-        if self._r is None:
-            self._r = await connect_redis(self.redis_url, connect_timeout_s=self.connect_timeout_s, role="trainer")
-        if not self._group_ready:
-            await self._rc.run(self._create_group)
-            self._group_ready = True
+        st = self._stream
+        if st.r is None:
+            st.r = await connect_redis(self.redis_url, connect_timeout_s=self.connect_timeout_s, role="trainer")
+        if not st.group_ready:
+            await self._rc.run(st.create_group)
+            st.group_ready = True
         if self._heartbeat is None or self._heartbeat.done():
             self._stop_heartbeat = asyncio.Event()
             self._heartbeat = asyncio.get_running_loop().create_task(self._heartbeat_loop())
-
-    async def _create_group(self) -> None:
-        import redis.exceptions as rx
-
-        try:
-            # id 0: items pushed before the first trainer started are consumed too
-            await self._r.xgroup_create(self.keys.stream, self.group, id="0", mkstream=True)
-        except rx.ResponseError as e:
-            if "BUSYGROUP" in str(e):
-                return
-            if "WRONGTYPE" in str(e):
-                raise TypeError(
-                    f"Redis key {self.keys.stream!r} exists but is not a stream (a list from an RPUSH queue?); "
-                    "use another queue_key or delete that key"
-                ) from None
-            raise
 
     async def aclose(self) -> None:
         """Stop the heartbeat and close the connection (delivered items stay pending: call
@@ -175,79 +163,86 @@ class PipelineBatchSource:
             self._stop_heartbeat.set()
             try:
                 await asyncio.wait_for(self._heartbeat, timeout=5.0)
-            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
+            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001 - closing anyway
                 pass
             self._heartbeat = None
-        if self._r is not None:
-            await close_client(self._r)
-            self._r = None
-        self._group_ready = False
+        if self._stream.r is not None:
+            await close_client(self._stream.r)
+            self._stream.r = None
+        self._stream.group_ready = False
 
     # -- the BatchSource API ---------------------------------------------------------------
     async def next_batch(self) -> SAWBatch:
         """Commit the previous step's batches, then wait for ``batch_size`` fresh items."""
         await self.connect()
-        if self._restored:
-            await self._commit(self._restored, only_new=True)
-            self._restored = []
+        held = self._held
+        restored = held.in_state(ItemState.RESTORED)
+        if restored:
+            await self._commit(restored, only_new=True)
         if self._batches_since_commit >= self.batches_per_step:
             await self.ack()
         t0 = time.monotonic()
         per: dict[str, int] = collections.Counter()
-        if self._backlog:  # the policy moved on since these were accepted: check their lag again
-            fresh, stale = self._split_stale(list(self._backlog))
+        backlog = held.in_state(ItemState.BACKLOG)
+        if backlog:  # the policy moved on since these were accepted: check their lag again
+            _, stale = self._split_stale(backlog)
             if stale:
-                await self._rc.run(lambda: self._commit_raw([(sid, iid) for sid, iid, _ in stale]))
+                await self._rc.run(lambda: self._stream.commit([(r.sid, r.item_id) for r in stale]))
+                held.drop(stale)
                 self._bump(per, "stale_dropped", len(stale))
-                self._backlog = collections.deque(fresh)
-        out = self._filling  # entries of this batch so far (held: never re-read as new)
-        while len(out) < self.batch_size:
-            while self._backlog and len(out) < self.batch_size:
-                out.append(self._backlog.popleft())
-            if len(out) >= self.batch_size:
-                break
+        # entries of this batch so far are "filling" (held: never re-read as new)
+        while (n := held.count(ItemState.FILLING)) < self.batch_size:
+            if held.take_backlog() is not None:
+                continue
             if self.timeout_s is not None and time.monotonic() - t0 > self.timeout_s:
-                self._backlog.extendleft(reversed(out))  # still ours (pending): served next call
-                out.clear()
+                held.move(held.in_state(ItemState.FILLING), ItemState.BACKLOG)  # still ours (pending): served next call
                 raise EmptyBatchError(
-                    f"PipelineBatchSource: {len(self._backlog)}/{self.batch_size} items after {self.timeout_s:g} s on "
-                    f"{self.queue_key!r}; is an actor pushing? (dropped this call: {dict(per) or 'none'})",
+                    f"PipelineBatchSource: {held.count(ItemState.BACKLOG)}/{self.batch_size} items after "
+                    f"{self.timeout_s:g} s on {self.queue_key!r}; is an actor pushing? (dropped this call: "
+                    f"{dict(per) or 'none'})",
                     reasons=dict(per),
                     stats={"wait_s": time.monotonic() - t0},
                 )
-            entries, how = await self._rc.run(lambda: self._read(self.batch_size - len(out)))
+            need = self.batch_size - n
+            entries, how = await self._rc.run(lambda: self._stream.read(need, held.sids()))
             if entries:
                 if how != "new":
                     self._bump(per, how, len(entries))
-                self._backlog.extend(await self._rc.run(lambda: self._accept(entries, how, per)))
-        self._filling = []
-        items = [it for _, _, it in out]
-        self._delivered.extend((sid, iid) for sid, iid, _ in out)
+                held.add(await self._rc.run(lambda: self._accept(entries, how, per)))
+        batch = held.in_state(ItemState.FILLING)
+        held.move(batch, ItemState.DELIVERED)
+        items = [r.item for r in batch if r.item is not None]
         self._batches_since_commit += 1
         self.counters["batches"] += 1
         self.counters["items"] += len(items)
-        queue_len = await self._rc.run(lambda: self._r.xlen(self.keys.stream))
-        return SAWBatch(items=tuple(items), meta=self._meta(items, per, time.monotonic() - t0, queue_len))
+        queue_len = await self._rc.run(self._stream.length)
+        return SAWBatch(items=tuple(items), meta=batch_meta(
+            items, per, wait_s=time.monotonic() - t0, queue_len=queue_len,
+            policy_version=self.policy_version_fn() if self.policy_version_fn is not None else None,
+            reconnects=self._rc.reconnects,
+        ))
 
     async def ack(self) -> int:
         """Commit every delivered batch now (call after the optimizer step that used them);
         returns how many items were committed."""
-        if not self._delivered:
-            self._batches_since_commit = 0
-            return 0
-        n = await self._commit(self._delivered)
-        self._delivered = []
+        delivered = self._held.in_state(ItemState.DELIVERED)
+        n = await self._commit(delivered) if delivered else 0
         self._batches_since_commit = 0
         return n
 
+    # -- checkpoints -------------------------------------------------------------------------
+    def local_state_dict(self) -> dict[str, Any]:
+        """This consumer's state, without any communication: the delivered-but-uncommitted
+        items (their effect is in the checkpointed weights) and the counters."""
+        delivered = [[r.sid.decode(), r.item_id] for r in self._held.in_state(ItemState.DELIVERED)]
+        mine = {self.consumer: {"delivered": delivered, "counters": dict(self.counters)}}
+        return {"queue_key": self.queue_key, "consumers": mine}
+
     def state_dict(self) -> dict[str, Any]:
-        """JSON-ready state for trainer checkpoints: the delivered-but-uncommitted items (their
-        effect is in the checkpointed weights) and the counters, per consumer. Under
-        ``torch.distributed`` this is a collective (every rank calls it, as the Trainer's
-        ``save_checkpoint`` does) and gathers every rank's state, since rank 0 writes the file."""
-        mine = {self.consumer: {"delivered": [[sid.decode(), iid] for sid, iid in self._delivered],
-                                "counters": dict(self.counters)}}
-        return {"queue_key": self.queue_key, "consumers": _gather_if_distributed(mine)}
+        """JSON-ready state for trainer checkpoints, every consumer's: a **collective** under
+        ``torch.distributed`` (every rank calls it, as the Trainer's ``save_checkpoint`` does;
+        rank 0 writes the file), i.e. :func:`gather_state_dicts` of :meth:`local_state_dict`."""
+        return gather_state_dicts(self.local_state_dict())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore from :meth:`state_dict`: the items this consumer had delivered before the
@@ -256,124 +251,42 @@ class PipelineBatchSource:
         if state.get("queue_key", self.queue_key) != self.queue_key:
             raise ValueError(f"checkpoint is for queue {state.get('queue_key')!r}, this source reads {self.queue_key!r}")
         own = dict(state.get("consumers", {})).get(self.consumer, {})
-        self._restored = [(str(sid).encode(), str(iid)) for sid, iid in own.get("delivered", [])]
+        self._held.drop(self._held.in_state(ItemState.RESTORED))
+        self._held.add(
+            HeldItem(str(sid).encode(), str(iid), None, ItemState.RESTORED) for sid, iid in own.get("delivered", [])
+        )
         for k, v in dict(own.get("counters", {})).items():
             if k in self.counters:
                 self.counters[k] = int(v)
 
-    # -- internals ------------------------------------------------------------------------
-    def _held(self) -> set[bytes]:
-        """Stream ids this source holds (delivered, queued in the backlog, in the batch being filled)."""
-        return (
-            {sid for sid, _ in self._delivered}
-            | {sid for sid, _, _ in self._backlog}
-            | {sid for sid, _, _ in self._filling}
-        )
-
-    def _held_ids(self) -> set[str]:
-        return (
-            {iid for _, iid in self._delivered}
-            | {iid for _, iid, _ in self._backlog}
-            | {iid for _, iid, _ in self._filling}
-        )
-
-    async def _read(self, need: int) -> tuple[list[tuple[bytes, dict]], str]:
-        """Entries to look at next: our own pending list (after a restart or reconnect), then
-        entries of dead consumers (XAUTOCLAIM), then new ones (blocking XREADGROUP)."""
-        import redis.exceptions as rx
-
-        r, key = self._r, self.keys.stream
-        try:
-            if self._recover:
-                return await self._read_own_pending(need), "redelivered"
-            now = time.monotonic()
-            if now - self._last_claim >= self.claim_idle_s / 2:
-                self._last_claim = now
-                claimed = await self._autoclaim(need)
-                if claimed:
-                    return claimed, "reclaimed"
-            resp = await r.xreadgroup(self.group, self.consumer, {key: ">"}, count=need, block=int(self.block_s * 1000))
-        except rx.ResponseError as e:
-            if "NOGROUP" in str(e):  # Redis came back without our group (no persistence): recreate
-                log.warning("consumer group %r vanished from %r; recreating it", self.group, key)
-                self._group_ready = False
-                await self._create_group()
-                self._group_ready = True
-                return [], "new"
-            raise
-        except BaseException:
-            self._recover = True  # a delivery may have happened without us seeing the reply
-            raise
-        return _entries(resp), "new"
-
-    async def _read_own_pending(self, need: int) -> list[tuple[bytes, dict]]:
-        held = self._held()
-        out: list[tuple[bytes, dict]] = []
-        while len(out) < need:
-            resp = await self._r.xreadgroup(self.group, self.consumer, {self.keys.stream: self._pel_cursor}, count=need + 16)
-            page = _entries(resp)
-            if not page:
-                self._recover, self._pel_cursor = False, "0"
-                break
-            for sid, fields in page:
-                self._pel_cursor = sid.decode()
-                if sid not in held:
-                    out.append((sid, fields))
-        if out:
-            log.info("%s: re-read %d pending entries of a previous delivery", self.consumer, len(out))
-        return out
-
-    async def _autoclaim(self, need: int) -> list[tuple[bytes, dict]]:
-        out: list[tuple[bytes, dict]] = []
-        cursor = "0-0"
-        while len(out) < need:
-            resp = await self._r.xautoclaim(
-                self.keys.stream, self.group, self.consumer, min_idle_time=int(self.claim_idle_s * 1000),
-                start_id=cursor, count=need - len(out),
-            )
-            cursor = resp[0].decode() if isinstance(resp[0], bytes) else str(resp[0])
-            out.extend((sid, fields or {}) for sid, fields in resp[1])
-            if cursor == "0-0":
-                break
-        if out:
-            log.warning("%s: claimed %d entries of a consumer idle for > %.0f s", self.consumer, len(out), self.claim_idle_s)
-        return out
-
-    async def _delivery_counts(self, sids: Sequence[bytes]) -> dict[bytes, int]:
-        order = sorted(sids, key=_sid_key)
-        rows = await self._r.xpending_range(
-            self.keys.stream, self.group, min=order[0], max=order[-1], count=100_000, consumername=self.consumer
-        )
-        want = set(sids)
-        return {row["message_id"]: int(row["times_delivered"]) for row in rows if row["message_id"] in want}
-
-    async def _accept(
-        self, entries: list[tuple[bytes, dict]], how: str, per: dict[str, int]
-    ) -> list[tuple[bytes, str, SAWItem]]:
-        """Decode and filter ``entries`` (dead-letter, dedup, staleness); returns the good ones."""
-        held = self._held()
+    # -- accepting entries --------------------------------------------------------------------
+    async def _accept(self, entries: list[Entry], how: str, per: dict[str, int]) -> list[HeldItem]:
+        """Decode and filter ``entries`` (dead-letter, dedup, staleness); returns the good ones
+        as backlog records."""
+        st = self._stream
+        held = self._held.sids()
         entries = [(sid, f) for sid, f in entries if sid not in held]  # already ours (a re-read after a reconnect)
         if not entries:
             return []
         # only re-delivered or claimed entries can have been delivered more than once
-        counts = await self._delivery_counts([sid for sid, _ in entries]) if how != "new" else {}
-        seen = self._held_ids()
-        candidates: list[tuple[bytes, str, SAWItem]] = []
+        counts = await st.delivery_counts([sid for sid, _ in entries]) if how != "new" else {}
+        seen = self._held.item_ids()
+        candidates: list[HeldItem] = []
         drop_now: list[bytes] = []  # deleted entries and in-flight duplicates: ack without a done mark
         for sid, fields in entries:
             if not fields:  # deleted from the stream while pending: nothing to train
                 drop_now.append(sid)
                 continue
             if counts.get(sid, 1) > self.max_deliveries:
-                await self._dead_letter(sid, fields, f"delivered {counts[sid]} times without being acknowledged "
-                                        f"(max_deliveries={self.max_deliveries}): a trainer crashed on it each time?")
+                await st.dead_letter(sid, fields, f"delivered {counts[sid]} times without being acknowledged "
+                                     f"(max_deliveries={self.max_deliveries}): a trainer crashed on it each time?")
                 self._bump(per, "dead_lettered")
                 continue
             try:
                 iid, item = decode_entry(fields, vocab_size=self.vocab_size)
             except Exception as e:  # noqa: BLE001 - any undecodable entry is dead-lettered at once
                 reason = e.reason if isinstance(e, WireFormatError) else f"undecodable entry ({type(e).__name__}: {e})"
-                await self._dead_letter(sid, fields, reason)
+                await st.dead_letter(sid, fields, reason)
                 self._bump(per, "dead_lettered")
                 continue
             if iid in seen:
@@ -381,97 +294,75 @@ class PipelineBatchSource:
                 self._bump(per, "duplicates_dropped")
                 continue
             seen.add(iid)
-            candidates.append((sid, iid, item))
+            candidates.append(HeldItem(sid, iid, item, ItemState.BACKLOG))
         if candidates:
-            scores = await self._r.zmscore(self.keys.done, [iid for _, iid, _ in candidates])
+            scores = await st.done_scores([c.item_id for c in candidates])
             dup = [c for c, s in zip(candidates, scores) if s is not None]
             if dup:
-                drop_now.extend(sid for sid, _, _ in dup)
+                drop_now.extend(c.sid for c in dup)
                 self._bump(per, "duplicates_dropped", len(dup))
                 candidates = [c for c, s in zip(candidates, scores) if s is None]
         if drop_now:
-            await self._r.pipeline(transaction=True).xack(self.keys.stream, self.group, *drop_now).xdel(
-                self.keys.stream, *drop_now
-            ).execute()
+            await st.drop(drop_now)
         fresh, stale = self._split_stale(candidates)
         if stale:
-            await self._commit_raw([(sid, iid) for sid, iid, _ in stale])
+            await st.commit([(c.sid, c.item_id) for c in stale])
             self._bump(per, "stale_dropped", len(stale))
         if self.sample_filter is not None and fresh:
             fresh, unwanted = self._split_filtered(fresh, per)
             if unwanted:
-                await self._commit_raw([(sid, iid) for sid, iid, _ in unwanted])
+                await st.commit([(c.sid, c.item_id) for c in unwanted])
         return fresh
 
-    def _split_filtered(
-        self, items: list[tuple[bytes, str, SAWItem]], per: dict[str, int]
-    ) -> tuple[list[tuple[bytes, str, SAWItem]], list[tuple[bytes, str, SAWItem]]]:
+    def _split_filtered(self, records: list[HeldItem], per: dict[str, int]) -> tuple[list[HeldItem], list[HeldItem]]:
         """``(kept, dropped)`` by ``sample_filter``; drops are counted per filter name."""
         assert self.sample_filter is not None
         kept, dropped = [], []
-        for entry in items:
-            why = self.sample_filter.rejected_by(entry[2])
+        for r in records:
+            why = self.sample_filter.rejected_by(r.item)
             if why is None:
-                kept.append(entry)
+                kept.append(r)
             else:
-                dropped.append(entry)
+                dropped.append(r)
                 self._bump(per, "filtered_samples")
                 self._bump(per, f"filtered_samples/{why}")
         return kept, dropped
 
-    def _split_stale(self, items: list[tuple[bytes, str, SAWItem]]) -> tuple[list, list]:
+    def _split_stale(self, records: list[HeldItem]) -> tuple[list[HeldItem], list[HeldItem]]:
+        """``(fresh, stale)``: stale items were sampled more than ``max_lag`` versions ago."""
         if self.max_lag is None or self.policy_version_fn is None:
-            return items, []
+            return records, []
         now = self.policy_version_fn()
         if now is None:
-            return items, []
+            return records, []
         fresh, stale = [], []
-        for c in items:
-            v = c[2].policy_version
-            (stale if v is not None and now - v > self.max_lag else fresh).append(c)
+        for r in records:
+            v = r.item.policy_version if r.item is not None else None
+            (stale if v is not None and now - v > self.max_lag else fresh).append(r)
         return fresh, stale
 
-    async def _commit_raw(self, pairs: Sequence[tuple[bytes, str]]) -> None:
-        """``XACK`` + ``XDEL`` the entries and record their ids as done, atomically (idempotent)."""
-        sids = [sid for sid, _ in pairs]
-        now = time.time()
-        p = self._r.pipeline(transaction=True)
-        p.xack(self.keys.stream, self.group, *sids)
-        p.xdel(self.keys.stream, *sids)
-        p.zadd(self.keys.done, {iid: now for _, iid in pairs})
-        p.zremrangebyrank(self.keys.done, 0, -(self.dedup_max_ids + 1))
-        await p.execute()
-
-    async def _commit(self, pairs: Sequence[tuple[bytes, str]], *, only_new: bool = False) -> int:
-        pairs = list(pairs)
-        if not pairs:
+    # -- committing -----------------------------------------------------------------------------
+    async def _commit(self, records: list[HeldItem], *, only_new: bool = False) -> int:
+        """Commit ``records`` (retrying through reconnects) and forget them; returns how many
+        were new to the done set (all of them unless ``only_new``)."""
+        if not records:
             return 0
+        pairs = [(r.sid, r.item_id) for r in records]
 
         async def op() -> list[str]:
             new = [iid for _, iid in pairs]
             if only_new:  # a restored checkpoint's items: the dead process may have committed them
-                scores = await self._r.zmscore(self.keys.done, new)
+                scores = await self._stream.done_scores(new)
                 new = [iid for iid, s in zip(new, scores) if s is None]
-            await self._commit_raw(pairs)
+            await self._stream.commit(pairs)
             return new
 
         new = await self._rc.run(op)
+        self._held.drop(records)
         self.counters["acked"] += len(new)
         if self.on_ack is not None and new:
             self.on_ack(new)
         return len(new)
-
-    async def _dead_letter(self, sid: bytes, fields: Mapping[Any, Any], reason: str) -> None:
-        log.warning("dead-lettering entry %s of %r: %s", sid.decode(), self.queue_key, reason)
-        record = {k: v for k, v in fields.items() if k not in (b"dead_reason", "dead_reason")}
-        record.update(
-            {"dead_reason": reason, "dead_stream_id": sid, "dead_consumer": self.consumer, "dead_at": repr(time.time())}
-        )
-        p = self._r.pipeline(transaction=True)
-        p.xadd(self.keys.dead, record, maxlen=100_000, approximate=True)
-        p.xack(self.keys.stream, self.group, sid)
-        p.xdel(self.keys.stream, sid)
-        await p.execute()
 
     async def _heartbeat_loop(self) -> None:
         """Keep our pending entries from looking idle (another consumer would claim them)."""
@@ -482,12 +373,11 @@ class PipelineBatchSource:
                 return
             except asyncio.TimeoutError:
                 pass
-            held = list(self._held())
-            if not held or self._r is None:
+            held = list(self._held.sids())
+            if not held or self._stream.r is None:
                 continue
             try:
-                for i in range(0, len(held), 1000):
-                    await self._r.xclaim(self.keys.stream, self.group, self.consumer, 0, held[i : i + 1000], justid=True)
+                await self._stream.keep_alive(held)
             except Exception as e:  # noqa: BLE001 - a heartbeat must never kill the trainer
                 log.debug("heartbeat failed: %s", e)
 
@@ -495,59 +385,5 @@ class PipelineBatchSource:
         per[key] += n
         self.counters[key] = self.counters.get(key, 0) + n
 
-    def _meta(self, items: list[SAWItem], per: Mapping[str, int], wait_s: float, queue_len: int) -> dict[str, Any]:
-        now = self.policy_version_fn() if self.policy_version_fn is not None else None
-        lags = [now - it.policy_version for it in items if now is not None and it.policy_version is not None]
-        rewards = [it.reward for it in items]
-        meta: dict[str, Any] = {
-            **item_stats(items),
-            "source": "pipeline",
-            "reward_mean": math.fsum(rewards) / len(rewards) if rewards else float("nan"),
-            "wait_s": wait_s,
-            "queue_len": int(queue_len),
-            "stale_dropped": int(per.get("stale_dropped", 0)),
-            "filtered_samples": int(per.get("filtered_samples", 0)),
-            **{k: int(v) for k, v in per.items() if k.startswith("filtered_samples/")},
-            "duplicates_dropped": int(per.get("duplicates_dropped", 0)),
-            "dead_lettered": int(per.get("dead_lettered", 0)),
-            "reclaimed": int(per.get("reclaimed", 0)),
-            "redelivered": int(per.get("redelivered", 0)),
-            "reconnects": self._rc.reconnects,
-        }
-        if lags:
-            meta["lag_mean"] = math.fsum(lags) / len(lags)
-            meta["lag_max"] = max(lags)
-        return meta
 
-
-def _entries(resp: Any) -> list[tuple[bytes, dict]]:
-    """Flatten an ``XREADGROUP`` reply (one stream) into ``[(stream_id, fields)]``."""
-    if not resp:
-        return []
-    out: list[tuple[bytes, dict]] = []
-    for _stream, rows in resp:
-        out.extend((sid, fields or {}) for sid, fields in rows)
-    return out
-
-
-def _sid_key(sid: bytes) -> tuple[int, int]:
-    """Numeric order of a stream id ``b"<ms>-<seq>"`` (byte order is wrong: ``-10`` < ``-9``)."""
-    ms, _, seq = sid.partition(b"-")
-    return int(ms), int(seq or 0)
-
-
-def _gather_if_distributed(mine: dict[str, Any]) -> dict[str, Any]:
-    """``mine`` merged with every other rank's (JSON over ``all_gather_bytes``), or ``mine``
-    alone outside ``torch.distributed``."""
-    import sys
-
-    if "torch.distributed" not in sys.modules:  # never initialised in this process
-        return mine
-    from ludic_lab.distributed.dist_utils import all_gather_bytes, is_distributed
-
-    if not is_distributed():
-        return mine
-    merged: dict[str, Any] = {}
-    for raw in all_gather_bytes(json.dumps(mine).encode()):
-        merged.update(json.loads(raw))
-    return merged
+__all__ = ["PipelineBatchSource", "default_consumer", "gather_state_dicts"]
