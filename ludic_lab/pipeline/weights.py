@@ -56,8 +56,10 @@ def _weights_bytes(state_dict: Mapping[str, Any], dtype: Any = None) -> tuple[by
     aliases: dict[str, str] = {}
     seen: dict[tuple, str] = {}
     for k, v in state_dict.items():
-        t = v.detach().to("cpu") if isinstance(v, torch.Tensor) else torch.as_tensor(v)
-        ident = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) if t.numel() else None
+        t = v.detach() if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+        # identity before the move to CPU: each .to("cpu") of a GPU tensor is a fresh copy
+        ident = (t.device, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) if t.numel() else None
+        t = t.to("cpu")
         if ident is not None and ident in seen:
             aliases[k] = seen[ident]
             continue

@@ -49,22 +49,31 @@ class CheckpointInfo:
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, numpy and torch RNG states (JSON-ready except the torch tensor)."""
+    """Python, numpy and torch RNG states (JSON-ready except the torch tensors). ``"cuda"``:
+    the current GPU's generator, when CUDA is in use (dropout on a GPU draws from it; only
+    the current device, so that rank 0 creates no context on its neighbours' GPUs)."""
     py = random.getstate()
     np_state = np.random.get_state()
-    return {
+    state = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "torch": torch.get_rng_state(),
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`rng_state`. The CUDA state goes to the current GPU when there is
+    one (a checkpoint written on a GPU loads on a CPU too)."""
     p = state["python"]
     random.setstate((p[0], tuple(p[1]), p[2]))
     n = state["numpy"]
     np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
     torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def save_checkpoint(
@@ -133,7 +142,7 @@ def _write_checkpoint(
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         rng = rng_state()
-        torch.save({"torch": rng.pop("torch")}, tmp / "rng_torch.pt")
+        torch.save({k: rng.pop(k) for k in ("torch", "cuda") if k in rng}, tmp / "rng_torch.pt")
         state = {
             "step": int(step),
             "policy_version": int(policy_version),
@@ -274,12 +283,15 @@ def load_checkpoint(
     else:
         load_trainable_state_dict(model, model_sd)
     if optimizer is not None and (p / "optimizer.pt").is_file():
-        _load_optimizer(model, optimizer, torch.load(p / "optimizer.pt", weights_only=True), sharded_root)
+        # map_location: a checkpoint written on a GPU holds CUDA tensors; the optimizer moves
+        # its state to its parameters' device when loading
+        osd = torch.load(p / "optimizer.pt", weights_only=True, map_location="cpu")
+        _load_optimizer(model, optimizer, osd, sharded_root)
     if scheduler is not None and (p / "scheduler.pt").is_file():
-        scheduler.load_state_dict(torch.load(p / "scheduler.pt", weights_only=True))
+        scheduler.load_state_dict(torch.load(p / "scheduler.pt", weights_only=True, map_location="cpu"))
     if restore_rng:
         rng = dict(state["rng"])
-        rng["torch"] = torch.load(p / "rng_torch.pt", weights_only=True)["torch"]
+        rng.update(torch.load(p / "rng_torch.pt", weights_only=True, map_location="cpu"))
         set_rng_state(rng)
     state["path"] = str(p)
     return state
