@@ -333,3 +333,17 @@ def test_command_line_export(tmp_path: Path, capsys: pytest.CaptureFixture) -> N
     assert p.stdout.strip() == "21", p.stderr
     assert main([str(nb), "--cell", "1"]) == 1  # the parameters cell has no %%ludic_export line and no -o
     assert "has no %%ludic_export line" in capsys.readouterr().err
+
+
+def test_command_line_export_reads_notebooks_with_nbformat(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ludic_lab.cli import main
+
+    nb = _notebook(tmp_path / "n.ipynb", [("x = 2", ["parameters"]), ("%%ludic_export out.py\nprint(x * 21)\n", [])])
+    (tmp_path / "bad.ipynb").write_text("{not json", encoding="utf-8")
+    assert main(["export", str(tmp_path / "bad.ipynb")]) == 1
+    assert "cannot read notebook" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "nbformat", None)  # the notebook extra is not installed
+    assert main(["export", str(nb)]) == 1
+    assert "needs the 'notebook' extra" in capsys.readouterr().err and not (tmp_path / "out.py").exists()

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from ludic_lab.pipeline.held_items import HeldItem, HeldItems, ItemState
-from ludic_lab.pipeline.source import PipelineBatchSource, gather_state_dicts
+import pytest
+
+pytest.importorskip("redis")  # the pipeline extra
+pytest.importorskip("msgpack")
+
+from ludic_lab.pipeline.held_items import HeldItem, HeldItems, ItemState  # noqa: E402 - after the extra's check
+from ludic_lab.pipeline.source import PipelineBatchSource, gather_state_dicts  # noqa: E402 - after the extra's check
 
 
 def _rec(n: int, state: ItemState = ItemState.BACKLOG) -> HeldItem:
