@@ -75,6 +75,7 @@ async def main(n: int, concurrency: int) -> None:
             assert (await loop.run_in_executor(threads, bare, ADD, t.input)) == t.expected
 
     async with SandboxPool(concurrency) as pool:
+
         async def pool_trivial(i: int) -> None:
             assert (await pool.execute(TRIVIAL)).stdout.strip() == "45"
 
@@ -104,20 +105,28 @@ async def main(n: int, concurrency: int) -> None:
         hit_us = (time.perf_counter() - t) / 100 * 1e6
     threads.shutdown()
 
-    print(f"== code execution, {os.cpu_count()} cores, concurrency {concurrency}, load average "
-          f"{os.getloadavg()[0]:.1f} (shared machine: other jobs run too), python {sys.version.split()[0]}")
+    print(
+        f"== code execution, {os.cpu_count()} cores, concurrency {concurrency}, load average "
+        f"{os.getloadavg()[0]:.1f} (shared machine: other jobs run too), python {sys.version.split()[0]}"
+    )
     print(f"{'':20s} {'exec/s':>8s} {'median ms':>10s}")
     for name, (r, ms) in rows.items():
         print(f"{name:20s} {r:8.1f} {ms:10.1f}")
     tp, tb = rows["trivial pool"][0], rows["trivial bare"][0]
     p10, b10, n10 = rows["10 tests pool"][0], rows["10 tests bare"][0], rows["10 tests naive"][0]
     ti = rows["trivial bare -I -S"][0]
-    print(f"trivial: sandbox costs {tb / tp:.2f}x bare subprocess.run (pool {tp:.1f}/s vs bare {tb:.1f}/s), "
-          f"{ti / tp:.2f}x the same interpreter and flags without the sandbox ({ti:.1f}/s)")
-    print(f"10 tests: the batched sandbox runs {p10 / b10:.2f}x as many programs/s as bare per-test "
-          f"subprocess.run, {p10 / n10:.2f}x a sandbox per test")
-    print(f"added to a rollout (one execution, nothing else running): trivial {seq_trivial[1]:.0f} ms, "
-          f"10 tests {seq_ten[1]:.0f} ms; a cache hit {hit_us:.0f} us")
+    print(
+        f"trivial: sandbox costs {tb / tp:.2f}x bare subprocess.run (pool {tp:.1f}/s vs bare {tb:.1f}/s), "
+        f"{ti / tp:.2f}x the same interpreter and flags without the sandbox ({ti:.1f}/s)"
+    )
+    print(
+        f"10 tests: the batched sandbox runs {p10 / b10:.2f}x as many programs/s as bare per-test "
+        f"subprocess.run, {p10 / n10:.2f}x a sandbox per test"
+    )
+    print(
+        f"added to a rollout (one execution, nothing else running): trivial {seq_trivial[1]:.0f} ms, "
+        f"10 tests {seq_ten[1]:.0f} ms; a cache hit {hit_us:.0f} us"
+    )
 
 
 if __name__ == "__main__":

@@ -100,16 +100,36 @@ def worker(variant: str, V: int, T: int, H: int, chunk: int, threads: int) -> di
 
 def run_variant(variant: str, V: int, T: int, H: int, chunk: int, threads: int = 2) -> dict:
     """One variant in a fresh interpreter (so earlier runs' memory cannot hide its peak)."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant,
-           "--V", str(V), "--T", str(T), "--H", str(H), "--chunk", str(chunk), "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        variant,
+        "--V",
+        str(V),
+        "--T",
+        str(T),
+        "--H",
+        str(H),
+        "--chunk",
+        str(chunk),
+        "--threads",
+        str(threads),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"{variant} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(V: int = 128256, T: int = 2048, H: int = 512, chunk: int = 4096, threads: int = 2,
-            variants: tuple[str, ...] = VARIANTS) -> dict:
+def measure(
+    V: int = 128256,
+    T: int = 2048,
+    H: int = 512,
+    chunk: int = 4096,
+    threads: int = 2,
+    variants: tuple[str, ...] = VARIANTS,
+) -> dict:
     """All variants; returns ``{"results": {variant: row}, "ratio": chunked / full, ...}``."""
     res = {v: run_variant(v, V, T, H, chunk, threads) for v in variants}
     out: dict = {"V": V, "T": T, "H": H, "chunk": chunk, "results": res}
@@ -142,8 +162,10 @@ def main() -> None:
         print(json.dumps(r))
         return
     mib = a.T * a.V * 4 / 2**20
-    print(f"token logprobs fwd+bwd, V={a.V} T={a.T} H={a.H} chunk={a.chunk}  "
-          f"(one fp32 [T, V] tensor = {mib:.0f} MiB; [V, H] weight grad = {a.V * a.H * 4 / 2**20:.0f} MiB)")
+    print(
+        f"token logprobs fwd+bwd, V={a.V} T={a.T} H={a.H} chunk={a.chunk}  "
+        f"(one fp32 [T, V] tensor = {mib:.0f} MiB; [V, H] weight grad = {a.V * a.H * 4 / 2**20:.0f} MiB)"
+    )
     print(f"{'variant':<18}{'peak MiB':>10}{'seconds':>10}")
     for v, row in r["results"].items():
         print(f"{v:<18}{row['peak_delta_mib']:>10.0f}{row['seconds']:>10.2f}")

@@ -44,8 +44,13 @@ def run(steps: int, reuse: bool, out: Path) -> dict[str, float]:
         training.TrainerConfig = original  # type: ignore[misc]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
     pubs = [r["time/publish_s"] for r in rows]
-    return {"publish": statistics.median(pubs), "mean": statistics.fmean(pubs), "max": max(pubs),
-            "step": statistics.median(r["time/step_s"] for r in rows), "each": pubs}
+    return {
+        "publish": statistics.median(pubs),
+        "mean": statistics.fmean(pubs),
+        "max": max(pubs),
+        "step": statistics.median(r["time/step_s"] for r in rows),
+        "each": pubs,
+    }
 
 
 def main() -> None:
@@ -57,12 +62,17 @@ def main() -> None:
     print(f"\nludic-lab demo (local backend), {args.steps} steps each, medians without the first step:")
     for name, r in res.items():
         each = " ".join(f"{x * 1e3:.0f}" for x in r["each"])
-        print(f"  {name:7s} publish median {r['publish'] * 1e3:6.1f} ms, mean {r['mean'] * 1e3:6.1f} ms, max {r['max'] * 1e3:6.1f} ms "
-              f"(each: {each}) | step {r['step']:.3f} s")
+        print(
+            f"  {name:7s} publish median {r['publish'] * 1e3:6.1f} ms, mean {r['mean'] * 1e3:6.1f} ms, "
+            f"max {r['max'] * 1e3:6.1f} ms "
+            f"(each: {each}) | step {r['step']:.3f} s"
+        )
     f, u = res["fresh"], res["reused"]
-    print(f"publish fresh / reused: median {f['publish'] / u['publish']:.1f}x, mean {f['mean'] / u['mean']:.1f}x "
-          f"({(f['mean'] - u['mean']) * 1e3:+.0f} ms per step on average); whether a fresh merge faults depends on "
-          f"what the allocator returned to the kernel since the last step, so it varies from step to step")
+    print(
+        f"publish fresh / reused: median {f['publish'] / u['publish']:.1f}x, mean {f['mean'] / u['mean']:.1f}x "
+        f"({(f['mean'] - u['mean']) * 1e3:+.0f} ms per step on average); whether a fresh merge faults depends on "
+        f"what the allocator returned to the kernel since the last step, so it varies from step to step"
+    )
 
 
 if __name__ == "__main__":

@@ -117,11 +117,15 @@ def main() -> None:
     vocab = model.config.vocab_size
     items = skewed_items(n, lo, hi, median, vocab, args.seed)
     lengths = np.array([it.num_tokens for it in items])
-    print(f"model {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, fp32, sdpa, "
-          f"{torch.get_num_threads()} threads)")
-    print(f"{n} sequences, lengths lognormal median {median} clipped [{lo}, {hi}]: "
-          f"mean {lengths.mean():.0f}, p50 {np.median(lengths):.0f}, p90 {np.percentile(lengths, 90):.0f}, "
-          f"max {lengths.max()}; micro_token_budget {budget}, max_seq_len {max_len}")
+    print(
+        f"model {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, fp32, sdpa, "
+        f"{torch.get_num_threads()} threads)"
+    )
+    print(
+        f"{n} sequences, lengths lognormal median {median} clipped [{lo}, {hi}]: "
+        f"mean {lengths.mean():.0f}, p50 {np.median(lengths):.0f}, p90 {np.percentile(lengths, 90):.0f}, "
+        f"max {lengths.max()}; micro_token_budget {budget}, max_seq_len {max_len}"
+    )
 
     kw = dict(micro_token_budget=budget, max_seq_len=max_len)
     variants = {}
@@ -134,18 +138,25 @@ def main() -> None:
         t = time.perf_counter()
         res = fn()
         variants[name] = (res, time.perf_counter() - t)
-    print(f"\n{'':28s}{'efficiency':>11s}{'micro-batches':>15s}{'rows':>7s}{'computed tok':>14s}"
-          f"{'attn pairs':>12s}{'pack ms':>9s}  plan")
+    print(
+        f"\n{'':28s}{'efficiency':>11s}{'micro-batches':>15s}{'rows':>7s}{'computed tok':>14s}"
+        f"{'attn pairs':>12s}{'pack ms':>9s}  plan"
+    )
     for name, (res, dt) in variants.items():
         s = res.stats
-        print(f"{name:28s}{s.efficiency:11.3f}{s.num_micro_batches:15d}{s.num_rows:7d}{s.computed_tokens:14d}"
-              f"{s.attention_pairs / 1e6:11.1f}M{dt * 1e3:9.1f}  {s.plan}", flush=True)
+        print(
+            f"{name:28s}{s.efficiency:11.3f}{s.num_micro_batches:15d}{s.num_rows:7d}{s.computed_tokens:14d}"
+            f"{s.attention_pairs / 1e6:11.1f}M{dt * 1e3:9.1f}  {s.plan}",
+            flush=True,
+        )
     packed, padded = variants["packed"][0], variants["padded (input order)"][0]
     packed_tight = variants["packed (tolerance 0)"][0]
     padded_sorted = variants["padded (sorted by length)"][0]
-    print(f"\nefficiency packed {packed.stats.efficiency:.3f} (target >= 0.95) vs padded {padded.stats.efficiency:.3f}: "
-          f"{padded.stats.computed_tokens / packed.stats.computed_tokens:.2f}x fewer computed tokens "
-          f"({padded_sorted.stats.computed_tokens / packed.stats.computed_tokens:.2f}x vs sorted padding)")
+    print(
+        f"\nefficiency packed {packed.stats.efficiency:.3f} (target >= 0.95) vs padded {padded.stats.efficiency:.3f}: "
+        f"{padded.stats.computed_tokens / packed.stats.computed_tokens:.2f}x fewer computed tokens "
+        f"({padded_sorted.stats.computed_tokens / packed.stats.computed_tokens:.2f}x vs sorted padding)"
+    )
     if args.no_timing:
         return
 
@@ -164,16 +175,20 @@ def main() -> None:
             times[name] = (min(cpu, best[0]), min(wall, best[1]))
             print(f"  ({name}: {cpu:.1f} s CPU, {wall:.1f} s wall)", flush=True)
     real = packed.stats.real_tokens
-    print(f"\nforward+backward of the logprob loss over all {n} sequences ({real} real tokens), "
-          f"{args.threads} thread(s), best of {args.repeats}:")
+    print(
+        f"\nforward+backward of the logprob loss over all {n} sequences ({real} real tokens), "
+        f"{args.threads} thread(s), best of {args.repeats}:"
+    )
     for name, (cpu, wall) in times.items():
         print(f"  {name:14s} {cpu:8.2f} s CPU {real / cpu:9.0f} real tok/CPU-s   ({wall:.2f} s wall)")
     diff = max((lps["packed"][i] - lps["padded"][i]).abs().max().item() for i in range(n))
     times = {k: v[0] for k, v in times.items()}
     tight = f"vs packed tolerance 0 {times['packed tol 0'] / times['packed']:.2f}x, " if "packed tol 0" in times else ""
-    print(f"speedup (CPU time) packed vs padded {times['padded'] / times['packed']:.2f}x, "
-          f"vs sorted padding {times['padded sorted'] / times['packed']:.2f}x, {tight}"
-          f"max |logprob packed - padded| over action tokens {diff:.2e}")
+    print(
+        f"speedup (CPU time) packed vs padded {times['padded'] / times['packed']:.2f}x, "
+        f"vs sorted padding {times['padded sorted'] / times['packed']:.2f}x, {tight}"
+        f"max |logprob packed - padded| over action tokens {diff:.2e}"
+    )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,15 @@ REPO = Path(__file__).resolve().parents[1]
 def _trainer_config(a: argparse.Namespace) -> Any:
     from ludic_lab.training.config import TrainerConfig
 
-    return TrainerConfig(lr=a.lr, max_seq_len=512, micro_token_budget=4096, seed=a.seed,
-                         max_lag=None if a.max_lag < 0 else a.max_lag, lora_r=a.lora_r,
-                         lora_alpha=2.0 * a.lora_r if a.lora_r else 16.0)
+    return TrainerConfig(
+        lr=a.lr,
+        max_seq_len=512,
+        micro_token_budget=4096,
+        seed=a.seed,
+        max_lag=None if a.max_lag < 0 else a.max_lag,
+        lora_r=a.lora_r,
+        lora_alpha=2.0 * a.lora_r if a.lora_r else 16.0,
+    )
 
 
 def _load(a: argparse.Namespace) -> tuple[Any, Any]:
@@ -77,20 +83,36 @@ async def run_sync_mode(a: argparse.Namespace) -> dict[str, Any]:
     client, policy = _load(a)
     task = make_task(a.task, client, prompts=a.prompts, max_tokens=a.max_tokens, seed=a.seed)
     algo = make_algo(a.algo, max_tokens=a.max_tokens)
-    source = RolloutBatchSource(task.engine, task.requests_fn, algo.credit_assigner,
-                                request_strategy=GRPORequestStrategy(a.group_size, seed=a.seed))
-    trainer = Trainer(policy, algo, source, config=_trainer_config(a), publisher=ClientPublisher(client),
-                      pad_token_id=client.pad_token_id)
+    source = RolloutBatchSource(
+        task.engine,
+        task.requests_fn,
+        algo.credit_assigner,
+        request_strategy=GRPORequestStrategy(a.group_size, seed=a.seed),
+    )
+    trainer = Trainer(
+        policy,
+        algo,
+        source,
+        config=_trainer_config(a),
+        publisher=ClientPublisher(client),
+        pad_token_id=client.pad_token_id,
+    )
     await trainer.train(a.warmup_steps, progress=False)  # first-call costs stay out of the timing
     c0, t0 = _cpu(), time.perf_counter()
     hist = await trainer.train(a.steps, progress=False)
     wall, cpu = time.perf_counter() - t0, _cpu() - c0
     trainer.close()
     gen = sum(h.get("source/generation_s", 0.0) for h in hist)
-    return {"wall_s": wall, "cpu_s": cpu, "generation_s": gen, "train_s": wall - gen,
-            "publish_s": sum(h.get("time/publish_s", 0.0) for h in hist),
-            "reward_first": hist[0].get("reward_mean"), "reward_last": hist[-1].get("reward_mean"),
-            "torch_threads": torch.get_num_threads()}
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "generation_s": gen,
+        "train_s": wall - gen,
+        "publish_s": sum(h.get("time/publish_s", 0.0) for h in hist),
+        "reward_first": hist[0].get("reward_mean"),
+        "reward_last": hist[-1].get("reward_mean"),
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 # -- pipelined: the two roles (child processes) -------------------------------------------------
@@ -130,9 +152,16 @@ async def run_actor_role(a: argparse.Namespace) -> dict[str, Any]:
     watcher = asyncio.create_task(watch())
     c0, t0 = _cpu(), time.perf_counter()
     stats = await run_pipeline_actor(
-        task.engine, task.requests_fn, algo.credit_assigner, a.redis_url, a.prefix,
-        request_strategy=GRPORequestStrategy(a.group_size, seed=a.seed), client=client,
-        weights_key=QueueKeys(a.prefix).weights, max_queue_items=a.max_queue_items, stop_event=stop,
+        task.engine,
+        task.requests_fn,
+        algo.credit_assigner,
+        a.redis_url,
+        a.prefix,
+        request_strategy=GRPORequestStrategy(a.group_size, seed=a.seed),
+        client=client,
+        weights_key=QueueKeys(a.prefix).weights,
+        max_queue_items=a.max_queue_items,
+        stop_event=stop,
         concurrency=a.prompts * a.group_size,
     )
     wall = time.perf_counter() - t0
@@ -163,8 +192,14 @@ async def run_trainer_role(a: argparse.Namespace) -> dict[str, Any]:
     cfg = _trainer_config(a)
     source = PipelineBatchSource(a.redis_url, a.prefix, a.prompts * a.group_size, max_lag=cfg.max_lag)
     pub = RedisWeightsPublisher(a.redis_url, QueueKeys(a.prefix).weights)
-    trainer = Trainer(policy, algo, source, config=cfg, publisher=pub,
-                      pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    trainer = Trainer(
+        policy,
+        algo,
+        source,
+        config=cfg,
+        publisher=pub,
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+    )
     source.policy_version_fn = lambda: trainer.policy_version
     r = await connect_redis(a.redis_url)
     await _gate(r, a.prefix, "trainer")
@@ -180,11 +215,18 @@ async def run_trainer_role(a: argparse.Namespace) -> dict[str, Any]:
     await r.set(f"{a.prefix}:stop", "1")
     await close_client(r)
     wait = sum(h.get("time/data_s", 0.0) for h in hist)
-    return {"wall_s": wall, "cpu_s": cpu, "data_wait_s": wait, "idle_fraction": wait / wall,
-            "publish_s": sum(h.get("time/publish_s", 0.0) for h in hist),
-            "stale_dropped": source.counters["stale_dropped"], "lag_mean": _mean(h.get("source/lag_mean") for h in hist),
-            "reward_first": hist[0].get("reward_mean"), "reward_last": hist[-1].get("reward_mean"),
-            "torch_threads": torch.get_num_threads()}
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "data_wait_s": wait,
+        "idle_fraction": wait / wall,
+        "publish_s": sum(h.get("time/publish_s", 0.0) for h in hist),
+        "stale_dropped": source.counters["stale_dropped"],
+        "lag_mean": _mean(h.get("source/lag_mean") for h in hist),
+        "reward_first": hist[0].get("reward_mean"),
+        "reward_last": hist[-1].get("reward_mean"),
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def _mean(xs: Any) -> float:
@@ -207,8 +249,11 @@ def run_pipelined_mode(a: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("redis-server is not installed (apt-get install -y redis-server)")
     tmp = Path(tempfile.mkdtemp(prefix="ludic-bench-redis-"))
     port = _free_port()
-    server = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                               "--dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     url = f"redis://127.0.0.1:{port}/0"
     procs: list[subprocess.Popen] = []
     try:
@@ -267,9 +312,12 @@ def main() -> None:
     p.add_argument("--actor-threads", type=int, default=1)
     p.add_argument("--trainer-threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", default="sync,sync1,pipelined",
-                   help="sync (default threads), sync1 (sync on 1 thread: each phase's speed on the one core "
-                        "a pipelined role gets, for the overlap bound), pipelined")
+    p.add_argument(
+        "--modes",
+        default="sync,sync1,pipelined",
+        help="sync (default threads), sync1 (sync on 1 thread: each phase's speed on the one core "
+        "a pipelined role gets, for the overlap bound), pipelined",
+    )
     p.add_argument("--json", default=None, help="also write the results here")
     # internal: the pipelined roles
     p.add_argument("--role", choices=("actor", "trainer"), help=argparse.SUPPRESS)
@@ -303,43 +351,58 @@ def main() -> None:
 
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0]
-    res: dict[str, Any] = {"config": {k: v for k, v in vars(a).items() if k not in ("role", "redis_url", "prefix", "result")},
-                           "cores": cores, "load_avg_1min_at_start": load}
-    print(f"{cores} cores, 1-min load average {load:.2f} at start" + ("  (the machine is busy: ratios are unreliable)"
-                                                                      if load > 0.5 * cores else ""))
+    res: dict[str, Any] = {
+        "config": {k: v for k, v in vars(a).items() if k not in ("role", "redis_url", "prefix", "result")},
+        "cores": cores,
+        "load_avg_1min_at_start": load,
+    }
+    print(
+        f"{cores} cores, 1-min load average {load:.2f} at start"
+        + ("  (the machine is busy: ratios are unreliable)" if load > 0.5 * cores else "")
+    )
     modes = a.modes.split(",")
     if "sync" in modes:
         s = res["sync"] = asyncio.run(run_sync_mode(a))
-        print(f"sync       {s['wall_s']:7.1f} s for {a.steps} steps ({s['generation_s']:.1f} s generating, "
-              f"{s['train_s']:.1f} s training; {s['torch_threads']} threads); CPU {s['cpu_s']:.1f} s = "
-              f"{s['cpu_s'] / s['wall_s']:.2f} of {cores} cores busy")
+        print(
+            f"sync       {s['wall_s']:7.1f} s for {a.steps} steps ({s['generation_s']:.1f} s generating, "
+            f"{s['train_s']:.1f} s training; {s['torch_threads']} threads); CPU {s['cpu_s']:.1f} s = "
+            f"{s['cpu_s'] / s['wall_s']:.2f} of {cores} cores busy"
+        )
     if "sync1" in modes:
         import copy
 
         a1 = copy.copy(a)
         a1.sync_threads = 1
         s1 = res["sync1"] = asyncio.run(run_sync_mode(a1))
-        print(f"sync1      {s1['wall_s']:7.1f} s for {a.steps} steps ({s1['generation_s']:.1f} s generating, "
-              f"{s1['train_s']:.1f} s training; 1 thread); CPU {s1['cpu_s']:.1f} s")
+        print(
+            f"sync1      {s1['wall_s']:7.1f} s for {a.steps} steps ({s1['generation_s']:.1f} s generating, "
+            f"{s1['train_s']:.1f} s training; 1 thread); CPU {s1['cpu_s']:.1f} s"
+        )
     if "pipelined" in modes:
         q = res["pipelined"] = run_pipelined_mode(a)
         act, tr = q["actor"], q["trainer"]
         busy = (act["cpu_s"] + tr["cpu_s"]) / q["wall_s"]
-        print(f"pipelined  {q['wall_s']:7.1f} s for {a.steps} steps; trainer idle {100 * tr['idle_fraction']:.0f}% "
-              f"(waiting for batches {tr['data_wait_s']:.1f} s), mean lag {tr['lag_mean']:.2f}, stale dropped "
-              f"{tr['stale_dropped']}; trainer spent {tr['publish_s']:.1f} s writing weights to Redis")
-        print(f"           CPU: actor {act['cpu_s']:.1f} s ({act['torch_threads']} thr, generating "
-              f"{act['generation_s']:.1f} s, back-pressure {act['backpressure_wait_s']:.1f} s), trainer "
-              f"{tr['cpu_s']:.1f} s ({tr['torch_threads']} thr) = {busy:.2f} of {cores} cores busy")
+        print(
+            f"pipelined  {q['wall_s']:7.1f} s for {a.steps} steps; trainer idle {100 * tr['idle_fraction']:.0f}% "
+            f"(waiting for batches {tr['data_wait_s']:.1f} s), mean lag {tr['lag_mean']:.2f}, stale dropped "
+            f"{tr['stale_dropped']}; trainer spent {tr['publish_s']:.1f} s writing weights to Redis"
+        )
+        print(
+            f"           CPU: actor {act['cpu_s']:.1f} s ({act['torch_threads']} thr, generating "
+            f"{act['generation_s']:.1f} s, back-pressure {act['backpressure_wait_s']:.1f} s), trainer "
+            f"{tr['cpu_s']:.1f} s ({tr['torch_threads']} thr) = {busy:.2f} of {cores} cores busy"
+        )
     if "sync" in res and "pipelined" in res:
         sp = res["sync"]["wall_s"] / res["pipelined"]["wall_s"]
         res["speedup"] = sp
         print(f"speedup    {sp:.2f}x (target >= 1.5x)")
         s = res["sync"]
         ideal = s["wall_s"] / max(s["generation_s"], s["train_s"])
-        print(f"           perfect overlap at sync's per-phase speeds would give {ideal:.2f}x (max of generation "
-              f"and training time); sync keeps {s['cpu_s'] / s['wall_s']:.2f} of {cores} cores busy, so the overlap "
-              f"has {cores - s['cpu_s'] / s['wall_s']:.2f} idle cores to use")
+        print(
+            f"           perfect overlap at sync's per-phase speeds would give {ideal:.2f}x (max of generation "
+            f"and training time); sync keeps {s['cpu_s'] / s['wall_s']:.2f} of {cores} cores busy, so the overlap "
+            f"has {cores - s['cpu_s'] / s['wall_s']:.2f} idle cores to use"
+        )
     if "sync" in res and "sync1" in res:
         s, s1 = res["sync"], res["sync1"]
         # the pipelined roles get one core each: a step can go no faster than the slower phase
@@ -347,14 +410,18 @@ def main() -> None:
         bound = s["wall_s"] / max(s1["generation_s"], s1["train_s"])
         res["overlap_bound"] = bound
         g_scale, t_scale = s1["generation_s"] / max(s["generation_s"], 1e-9), s1["train_s"] / max(s["train_s"], 1e-9)
-        print(f"bound      one core per role: at most {bound:.2f}x (sync's wall over the slower one-thread phase); "
-              f"{cores} threads speed generation up {g_scale:.2f}x and training {t_scale:.2f}x over 1 thread")
+        print(
+            f"bound      one core per role: at most {bound:.2f}x (sync's wall over the slower one-thread phase); "
+            f"{cores} threads speed generation up {g_scale:.2f}x and training {t_scale:.2f}x over 1 thread"
+        )
         # whatever the scheduling, N steps need at least their CPU work spread over every core;
         # one thread per phase is the most CPU-efficient way to do that work
         work = min(s["cpu_s"], s1["cpu_s"]) / cores
         res["work_bound"] = s["wall_s"] / work
-        print(f"           any schedule on {cores} cores: at most {s['wall_s'] / work:.2f}x (the steps' CPU work, "
-              f"{min(s['cpu_s'], s1['cpu_s']):.0f} s, spread perfectly over {cores} cores = {work:.0f} s)")
+        print(
+            f"           any schedule on {cores} cores: at most {s['wall_s'] / work:.2f}x (the steps' CPU work, "
+            f"{min(s['cpu_s'], s1['cpu_s']):.0f} s, spread perfectly over {cores} cores = {work:.0f} s)"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
 

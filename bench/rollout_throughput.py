@@ -21,7 +21,8 @@ CPU and compare, on that one server, at the same concurrency:
 
 The target is vllm engine >= 0.9x vllm raw.
 
-    .venv/bin/python bench/rollout_throughput.py [--model default] [--episodes 16] [--max-tokens 64] [--vllm auto|on|off]
+    .venv/bin/python bench/rollout_throughput.py [--model default] [--episodes 16] [--max-tokens 64] \
+        [--vllm auto|on|off]
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ def run_generate(client, prompt_ids: list[list[int]], temperature: float, max_to
     pad = client.pad_token_id
     ids = torch.tensor([[pad] * (L - len(p)) + p for p in prompt_ids])
     attn = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompt_ids])
-    kw = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
+    kw = (
+        dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
+    )
     t = time.perf_counter()
     with torch.no_grad():
         out = model.generate(
@@ -111,7 +114,9 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2, help="best of N for each measurement")
-    ap.add_argument("--vllm", choices=("auto", "on", "off"), default="auto", help="the vLLM rows (auto: when vLLM is installed)")
+    ap.add_argument(
+        "--vllm", choices=("auto", "on", "off"), default="auto", help="the vLLM rows (auto: when vLLM is installed)"
+    )
     ap.add_argument("--vllm-dtype", default="bfloat16", help="dtype of the vLLM server")
     ap.add_argument("--local", choices=("on", "off"), default="on", help="the LocalChatClient / model.generate rows")
     args = ap.parse_args()
@@ -138,11 +143,11 @@ def main() -> None:
         return min(runs, key=lambda x: x[0])
 
     print(f"model={client.model_path} episodes={n} max_tokens={mt} torch_threads={torch.get_num_threads()}")
-    for temp in ((0.0, 1.0) if args.local == "on" else ()):
+    for temp in (0.0, 1.0) if args.local == "on" else ():
         reqs = requests(n, temp, mt, es, ps)
-        e_dt, e_c = best(lambda: asyncio.run(run_engine(engine, reqs, n)))
-        s_dt, s_c = best(lambda: asyncio.run(run_engine(engine, reqs, 1)))
-        g_dt, g_c = best(lambda: run_generate(client, prompts, temp, mt))
+        e_dt, e_c = best(lambda reqs=reqs: asyncio.run(run_engine(engine, reqs, n)))
+        s_dt, s_c = best(lambda reqs=reqs: asyncio.run(run_engine(engine, reqs, 1)))
+        g_dt, g_c = best(lambda temp=temp: run_generate(client, prompts, temp, mt))
         e_tok, s_tok, g_tok = (sum(map(len, c)) for c in (e_c, s_c, g_c))
         label = "greedy" if temp == 0 else f"T={temp}"
         print(f"\n[{label}]")
@@ -150,7 +155,7 @@ def main() -> None:
         print(f"  serial   : {s_dt:7.2f}s  {n / s_dt:6.2f} episodes/s  {s_tok / s_dt:7.1f} tok/s  ({s_tok} tokens)")
         print(f"  generate : {g_dt:7.2f}s  {n / g_dt:6.2f} episodes/s  {g_tok / g_dt:7.1f} tok/s  ({g_tok} tokens)")
         if temp == 0:
-            same = sum(a == b for a, b in zip(e_c, g_c))
+            same = sum(a == b for a, b in zip(e_c, g_c, strict=False))
             print(f"  identical completions engine vs generate: {same}/{n}")
         print(f"  ratio engine/generate (tok/s): {(e_tok / e_dt) / (g_tok / g_dt):.2f}x   (target >= 0.9)")
         print(f"  speedup engine/serial (tok/s): {(e_tok / e_dt) / (s_tok / s_dt):.2f}x")
@@ -168,7 +173,9 @@ def main() -> None:
             vllm_rows(args, prompts, data, stop_ids)
 
 
-async def run_raw_openai(api_base: str, model_name: str, prompt_ids, temperature: float, max_tokens: int, stop_ids, concurrency: int):
+async def run_raw_openai(
+    api_base: str, model_name: str, prompt_ids, temperature: float, max_tokens: int, stop_ids, concurrency: int
+):
     """The baseline: AsyncOpenAI, one /v1/completions request per prompt, ``concurrency`` in flight."""
     from openai import AsyncOpenAI
 
@@ -233,13 +240,19 @@ def vllm_rows(args, prompts, data, stop_ids) -> None:
             for temp in (0.0, 1.0):
                 reqs = requests(n, temp, mt, es, ps)
                 e = [await run_engine(engine, reqs, n) for _ in range(args.repeats)]
-                r = [await run_raw_openai(server.api_base, path, prompts, temp, mt, stop_ids, n) for _ in range(args.repeats)]
+                r = [
+                    await run_raw_openai(server.api_base, path, prompts, temp, mt, stop_ids, n)
+                    for _ in range(args.repeats)
+                ]
                 out[temp] = (min(e, key=lambda x: x[0]), min(r, key=lambda x: x[0]))
             await vclient.aclose()
             return out
 
         res = asyncio.run(session())
-        print(f"\nvLLM (bundled server on CPU, dtype={args.vllm_dtype}, {n} concurrent requests, same server for both rows)")
+        print(
+            f"\nvLLM (bundled server on CPU, dtype={args.vllm_dtype}, {n} concurrent requests, "
+            "same server for both rows)"
+        )
         for temp, ((e_dt, e_c), (r_dt, r_c)) in res.items():
             e_tok, r_tok = sum(map(len, e_c)), sum(map(len, r_c))
             label = "greedy" if temp == 0 else f"T={temp}"
@@ -247,7 +260,7 @@ def vllm_rows(args, prompts, data, stop_ids) -> None:
             print(f"  vllm engine : {e_dt:7.2f}s  {e_tok / e_dt:7.1f} tok/s  ({e_tok} tokens)")
             print(f"  vllm raw    : {r_dt:7.2f}s  {r_tok / r_dt:7.1f} tok/s  ({r_tok} tokens)")
             if temp == 0:
-                same = sum(a == b for a, b in zip(e_c, r_c))
+                same = sum(a == b for a, b in zip(e_c, r_c, strict=False))
                 print(f"  identical completions engine vs raw: {same}/{n}")
             print(f"  ratio vllm engine/raw (tok/s): {(e_tok / e_dt) / (r_tok / r_dt):.2f}x   (target >= 0.9)")
     finally:

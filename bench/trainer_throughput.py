@@ -35,7 +35,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -66,7 +67,7 @@ def make_items(model: Any, seqs: int, seq_len: int, prompt_len: int, seed: int =
         for mb in mbs:
             lp = model_token_logprobs(model, mb)[0]
             it = draft[mb.item_indices[0]]
-            blp = tuple(float(x) if m else 0.0 for x, m in zip(lp.tolist(), it.action_mask))
+            blp = tuple(float(x) if m else 0.0 for x, m in zip(lp.tolist(), it.action_mask, strict=False))
             out.append(SAWItem(it.input_ids, it.action_mask, it.weights, blp, policy_version=0))
     return out
 
@@ -144,8 +145,14 @@ def build_side(side: str, model_name: str, mode: str, a: argparse.Namespace) -> 
     items = make_items(model, a.seqs, a.seq_len, a.prompt_len)
     lora_r = a.lora_r if mode == "lora" else 0
     cfg = TrainerConfig(
-        lr=a.lr, max_seq_len=a.seq_len, micro_token_budget=max(a.budget, a.seq_len), lora_r=lora_r,
-        lora_alpha=2.0 * max(lora_r, 1), max_grad_norm=1.0, sync_every_steps=0, seed=0,
+        lr=a.lr,
+        max_seq_len=a.seq_len,
+        micro_token_budget=max(a.budget, a.seq_len),
+        lora_r=lora_r,
+        lora_alpha=2.0 * max(lora_r, 1),
+        max_grad_norm=1.0,
+        sync_every_steps=0,
+        seed=0,
     )
     if side == "trainer":
         algo = make_grpo()
@@ -213,14 +220,17 @@ def run_mode(mode: str, a: argparse.Namespace) -> dict:
     medians over every timed step of each side."""
     res: dict[str, list[dict]] = {"trainer": [], "baseline": []}
     for r in range(a.rounds):
-        for side in (("trainer", "baseline") if r % 2 == 0 else ("baseline", "trainer")):
+        for side in ("trainer", "baseline") if r % 2 == 0 else ("baseline", "trainer"):
             res[side].append(run_worker(side, mode, a))
     tokens = a.seqs * a.seq_len
     med = {(s, k): statistics.median([x for w in res[s] for x in w[k]]) for s in res for k in ("wall", "cpu")}
     return {
-        "model": a.model, "mode": "full" if mode == "full" else f"lora r={a.lora_r}",
-        "trainer_tok_s": tokens / med["trainer", "wall"], "baseline_tok_s": tokens / med["baseline", "wall"],
-        "trainer_cpu_tok_s": tokens / med["trainer", "cpu"], "baseline_cpu_tok_s": tokens / med["baseline", "cpu"],
+        "model": a.model,
+        "mode": "full" if mode == "full" else f"lora r={a.lora_r}",
+        "trainer_tok_s": tokens / med["trainer", "wall"],
+        "baseline_tok_s": tokens / med["baseline", "wall"],
+        "trainer_cpu_tok_s": tokens / med["trainer", "cpu"],
+        "baseline_cpu_tok_s": tokens / med["baseline", "cpu"],
         "ratio_wall": med["baseline", "wall"] / med["trainer", "wall"],
         "ratio_cpu": med["baseline", "cpu"] / med["trainer", "cpu"],
         "loss_diff": abs(res["trainer"][0]["first_loss"] - res["baseline"][0]["first_loss"]),
@@ -244,8 +254,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per worker")
     ap.add_argument("--rounds", type=int, default=2, help="(trainer, baseline) worker pairs, order alternating")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    ap.add_argument("--all-token-logprobs", action="store_true",
-                    help="trainer: LM head at prompt positions too (the behaviour before only_at_RT)")
+    ap.add_argument(
+        "--all-token-logprobs",
+        action="store_true",
+        help="trainer: LM head at prompt positions too (the behaviour before only_at_RT)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON row per mode only")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -257,22 +270,33 @@ def main() -> None:
     if not a.json:
         head = "every position" if a.all_token_logprobs else "action positions only"
         print(f"trainer LM head at {head}")
-        print(f"{a.seqs} x {a.seq_len} tokens ({a.prompt_len} prompt); {a.rounds} rounds x {a.steps} timed steps per "
-              f"side, one process per side and round; torch threads {torch.get_num_threads()}")
-        print("tok/s = tokens / median step time; wall = elapsed, cpu = process CPU time (steadier on a shared machine)")
-        print(f"{'model':<10}{'mode':<11}{'trainer tok/s':>20}{'baseline tok/s':>20}{'ratio':>14}{'loss diff':>11}"
-              f"{'peak MiB':>16}")
-        print(f"{'':<21}{'wall':>10}{'cpu':>10}{'wall':>10}{'cpu':>10}{'wall':>7}{'cpu':>7}{'':>11}"
-              f"{'trainer':>8}{'base':>8}")
+        print(
+            f"{a.seqs} x {a.seq_len} tokens ({a.prompt_len} prompt); {a.rounds} rounds x {a.steps} timed steps per "
+            f"side, one process per side and round; torch threads {torch.get_num_threads()}"
+        )
+        print(
+            "tok/s = tokens / median step time; wall = elapsed, cpu = process CPU time (steadier on a shared machine)"
+        )
+        print(
+            f"{'model':<10}{'mode':<11}{'trainer tok/s':>20}{'baseline tok/s':>20}{'ratio':>14}{'loss diff':>11}"
+            f"{'peak MiB':>16}"
+        )
+        print(
+            f"{'':<21}{'wall':>10}{'cpu':>10}{'wall':>10}{'cpu':>10}{'wall':>7}{'cpu':>7}{'':>11}"
+            f"{'trainer':>8}{'base':>8}"
+        )
     for mode in [m for m in a.modes.split(",") if m]:
         r = run_mode(mode, a)
         if a.json:
             print(json.dumps(r), flush=True)
             continue
         ok = "OK" if min(r["ratio_wall"], r["ratio_cpu"]) >= 0.95 else "BELOW TARGET"
-        print(f"{r['model']:<10}{r['mode']:<11}{r['trainer_tok_s']:>10.0f}{r['trainer_cpu_tok_s']:>10.0f}"
-              f"{r['baseline_tok_s']:>10.0f}{r['baseline_cpu_tok_s']:>10.0f}{r['ratio_wall']:>7.3f}{r['ratio_cpu']:>7.3f}"
-              f"{r['loss_diff']:>11.2e}{r['peak_mib_trainer']:>8.0f}{r['peak_mib_baseline']:>8.0f}  {ok}", flush=True)
+        print(
+            f"{r['model']:<10}{r['mode']:<11}{r['trainer_tok_s']:>10.0f}{r['trainer_cpu_tok_s']:>10.0f}"
+            f"{r['baseline_tok_s']:>10.0f}{r['baseline_cpu_tok_s']:>10.0f}{r['ratio_wall']:>7.3f}{r['ratio_cpu']:>7.3f}"
+            f"{r['loss_diff']:>11.2e}{r['peak_mib_trainer']:>8.0f}{r['peak_mib_baseline']:>8.0f}  {ok}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -46,7 +46,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", help="dtype of both backends")
     ap.add_argument("--repeats", type=int, default=2, help="best of N for each measurement")
     ap.add_argument(
-        "--server-threads", type=int, default=0,
+        "--server-threads",
+        type=int,
+        default=0,
         help="OMP_NUM_THREADS of the vLLM server (0: vLLM's default, which serves with 1 torch thread on CPU)",
     )
     args = ap.parse_args()
@@ -98,7 +100,7 @@ def main() -> None:
         print(f"  vllm  : {v_dt:7.2f}s  {v_tok / v_dt:7.1f} tok/s  ({v_tok} tokens)")
         print(f"  local : {l_dt:7.2f}s  {l_tok / l_dt:7.1f} tok/s  ({l_tok} tokens)")
         print(f"  ratio vllm/local (tok/s): {(v_tok / v_dt) / (l_tok / l_dt):.2f}x")
-        same = sum(a == b for a, b in zip(v_c, l_c))
+        same = sum(a == b for a, b in zip(v_c, l_c, strict=False))
         print(f"  identical greedy completions: {same}/{n} ({args.dtype} kernels differ between backends)")
 
         # one full weight sync (fp32 trainer weights -> the server's dtype, via /dev/shm)
@@ -119,7 +121,8 @@ def main() -> None:
         copy_s = time.perf_counter() - t
         print(
             f"\n  sync_weights: {s_dt:.2f}s for {len(sd)} tensors, {nbytes / 1e6:.0f} MB "
-            f"(server {info.get('server_seconds', float('nan')):.2f}s, of which load {info.get('load_seconds', float('nan')):.2f}s); "
+            f"(server {info.get('server_seconds', float('nan')):.2f}s, "
+            f"of which load {info.get('load_seconds', float('nan')):.2f}s); "
             f"in-memory copy of the same bytes {copy_s:.3f}s -> {s_dt / max(copy_s, 1e-9):.0f}x"
         )
     finally:

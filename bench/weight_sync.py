@@ -88,8 +88,14 @@ def measure(path: str, label: str, dtype: str, repeats: int, fractions: tuple[fl
     del model
     rows = []
     g = torch.Generator().manual_seed(0)
-    alt = {k: (v + 1e-3 * torch.randn(v.shape, generator=g).to(v.dtype)) if v.is_floating_point() else v for k, v in sd.items()}
-    if "lm_head.weight" in alt and sd["lm_head.weight"].data_ptr() == sd.get("model.embed_tokens.weight", sd["lm_head.weight"]).data_ptr():
+    alt = {
+        k: (v + 1e-3 * torch.randn(v.shape, generator=g).to(v.dtype)) if v.is_floating_point() else v
+        for k, v in sd.items()
+    }
+    if (
+        "lm_head.weight" in alt
+        and sd["lm_head.weight"].data_ptr() == sd.get("model.embed_tokens.weight", sd["lm_head.weight"]).data_ptr()
+    ):
         alt["lm_head.weight"] = alt["model.embed_tokens.weight"]  # keep the tie
     server = start_vllm_server(path, port=0, dtype=dtype, max_model_len=512)
     try:
@@ -112,8 +118,15 @@ def measure(path: str, label: str, dtype: str, repeats: int, fractions: tuple[fl
                     parts.append({k: v for k, v in d.items() if any(k.startswith(p) for p in keep)})
             part = parts[0]
             # a tied lm_head is the embedding's tensor: it is not sent twice, nor copied twice
-            sent = {k: v.to(tdtype) for k, v in part.items() if not (k == "lm_head.weight" and "model.embed_tokens.weight" in part
-                                                          and v.data_ptr() == part["model.embed_tokens.weight"].data_ptr())}
+            sent = {
+                k: v.to(tdtype)
+                for k, v in part.items()
+                if not (
+                    k == "lm_head.weight"
+                    and "model.embed_tokens.weight" in part
+                    and v.data_ptr() == part["model.embed_tokens.weight"].data_ptr()
+                )
+            }
             client.sync_weights(parts[1])  # first push of this name set (a new staging buffer)
             syncs = []
             for r in range(repeats):
@@ -176,15 +189,21 @@ def main() -> None:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"\nweight sync via /dev/shm, dtype={args.dtype}, best of {args.repeats}, torch threads={torch.get_num_threads()}, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    hdr = (f"{'model':<12} {'input':>7} {'part':>5} {'tensors':>7} {'MB':>7} {'copy s':>7} {'push s':>7} {'stage s':>8} "
-           f"{'load s':>7} {'(pack s)':>8} {'other s':>8} {'push/copy':>9}  load")
+    print(
+        f"\nweight sync via /dev/shm, dtype={args.dtype}, best of {args.repeats}, "
+        f"torch threads={torch.get_num_threads()}, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    hdr = (
+        f"{'model':<12} {'input':>7} {'part':>5} {'tensors':>7} {'MB':>7} {'copy s':>7} {'push s':>7} {'stage s':>8} "
+        f"{'load s':>7} {'(pack s)':>8} {'other s':>8} {'push/copy':>9}  load"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(
-            f"{r['model']:<12} {r['kind']:>7} {r['fraction']:>5.2f} {r['tensors']:>7d} {r['mb']:>7.1f} {r['copy_s']:>7.3f} "
+            f"{r['model']:<12} {r['kind']:>7} {r['fraction']:>5.2f} {r['tensors']:>7d} {r['mb']:>7.1f} "
+            f"{r['copy_s']:>7.3f} "
             f"{r['push_s']:>7.3f} {r['stage_s']:>8.3f} {r['load_s']:>7.3f} {r['pack_s']:>8.3f} {r['other_s']:>8.3f} "
             f"{r['ratio']:>8.1f}x  {r['mode']}"
         )
@@ -192,19 +211,29 @@ def main() -> None:
     if len(big) >= 2:  # least squares: push = fixed + bytes / rate
         xs, ys = [r["mb"] for r in big], [r["push_s"] for r in big]
         mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(sum((x - mx) ** 2 for x in xs), 1e-12)
-        print(f"\nfit over the >50 MB rows: push ~ {my - slope * mx:.3f} s + {slope * 1e3:.2f} ms/MB "
-              f"({1 / max(slope, 1e-12):.0f} MB/s; in-memory copy {statistics.fmean(r['mb'] / r['copy_s'] for r in big):.0f} MB/s)")
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False)) / max(
+            sum((x - mx) ** 2 for x in xs), 1e-12
+        )
+        print(
+            f"\nfit over the >50 MB rows: push ~ {my - slope * mx:.3f} s + {slope * 1e3:.2f} ms/MB "
+            f"({1 / max(slope, 1e-12):.0f} MB/s; "
+            f"in-memory copy {statistics.fmean(r['mb'] / r['copy_s'] for r in big):.0f} MB/s)"
+        )
     for r in rows:
         if r["fraction"] >= 1.0 and r["model"] == "default":
             ph = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r["phases"].items())
             if r["kind"] == "fp32 in":
-                print(f"SmolLM2 full push from an fp32 state dict: {r['push_s']:.3f}s = {r['ratio']:.1f}x the bf16 copy "
-                      f"(a separate fp32 -> {args.dtype} cast alone takes {r['cast_fp32_s']:.3f}s)")
+                print(
+                    f"SmolLM2 full push from an fp32 state dict: {r['push_s']:.3f}s = {r['ratio']:.1f}x the bf16 copy "
+                    f"(a separate fp32 -> {args.dtype} cast alone takes {r['cast_fp32_s']:.3f}s)"
+                )
                 continue
-            print(f"SmolLM2 full push / in-memory copy: {r['ratio']:.1f}x (target <= 3x). Of the push: vLLM's re-packing "
-                  f"{r['pack_s'] / r['copy_s']:.1f}x the copy, staging {r['stage_s'] / r['copy_s']:.1f}x, everything else "
-                  f"{(r['push_s'] - r['pack_s'] - r['stage_s']) / r['copy_s']:.1f}x. Server phases: {ph}")
+            print(
+                f"SmolLM2 full push / in-memory copy: {r['ratio']:.1f}x (target <= 3x). Of the push: vLLM's re-packing "
+                f"{r['pack_s'] / r['copy_s']:.1f}x the copy, staging {r['stage_s'] / r['copy_s']:.1f}x, "
+                "everything else "
+                f"{(r['push_s'] - r['pack_s'] - r['stage_s']) / r['copy_s']:.1f}x. Server phases: {ph}"
+            )
 
 
 if __name__ == "__main__":

@@ -71,7 +71,9 @@ def main() -> None:
     train_step()
     results: dict[str, dict[str, float]] = {}
     for name, extra in SETTINGS.items():
-        server = start_vllm_server(path, port=0, dtype="bfloat16", max_model_len=2048, wait=True, timeout=600, extra_args=extra)
+        server = start_vllm_server(
+            path, port=0, dtype="bfloat16", max_model_len=2048, wait=True, timeout=600, extra_args=extra
+        )
         try:
             client = VLLMChatClient(path, api_base=server.api_base)
             asyncio.run(rollouts(client))  # warm-up
@@ -86,11 +88,17 @@ def main() -> None:
             server.stop()
         r = {"tok_s": statistics.median(tps), "after": statistics.median(after), "idle": statistics.median(idle)}
         results[name] = r
-        print(f"{name:16s} rollouts {r['tok_s']:6.0f} tok/s | step after rollouts {r['after']:.3f} s, "
-              f"after idle {r['idle']:.3f} s: x{r['after'] / r['idle']:.2f}", flush=True)
+        print(
+            f"{name:16s} rollouts {r['tok_s']:6.0f} tok/s | step after rollouts {r['after']:.3f} s, "
+            f"after idle {r['idle']:.3f} s: x{r['after'] / r['idle']:.2f}",
+            flush=True,
+        )
     ours, theirs = results["ludic (0.02 s)"], results["vLLM's (1 s)"]
-    print(f"step right after rollouts, ours vs vLLM's default: {ours['after'] / theirs['after']:.2f}x the time "
-          f"({theirs['after'] - ours['after']:+.3f} s per step); rollout throughput ratio {ours['tok_s'] / theirs['tok_s']:.2f}")
+    print(
+        f"step right after rollouts, ours vs vLLM's default: {ours['after'] / theirs['after']:.2f}x the time "
+        f"({theirs['after'] - ours['after']:+.3f} s per step); "
+        f"rollout throughput ratio {ours['tok_s'] / theirs['tok_s']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -17,15 +17,16 @@ import atexit
 import concurrent.futures
 import inspect
 import threading
-from typing import Any, Coroutine, Optional, TypeVar
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 _TIMEOUT_GRACE_S = 1.0
 """Extra wait past ``timeout`` before giving up on a coroutine that cannot be cancelled."""
 
-_bg_loop: Optional[asyncio.AbstractEventLoop] = None
-_bg_thread: Optional[threading.Thread] = None
+_bg_loop: asyncio.AbstractEventLoop | None = None
+_bg_thread: threading.Thread | None = None
 _bg_lock = threading.Lock()
 _owned = threading.local()  # .flag is True on the background thread and nested helper threads
 
@@ -69,14 +70,14 @@ def in_running_loop() -> bool:
         return False
 
 
-def _stuck(timeout: Optional[float]) -> TimeoutError:
+def _stuck(timeout: float | None) -> TimeoutError:
     return TimeoutError(
         f"run_sync: the coroutine did not finish within {timeout:g} s and could not be cancelled "
         "(it is blocking its event loop in sync code)"
     )
 
 
-def _run_in_helper_thread(coro: Coroutine[Any, Any, T], timeout: Optional[float]) -> T:
+def _run_in_helper_thread(coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
     """``asyncio.run(coro)`` in a new thread (marked as ours), blocking until it is done."""
     box: dict[str, Any] = {}
 
@@ -97,7 +98,7 @@ def _run_in_helper_thread(coro: Coroutine[Any, Any, T], timeout: Optional[float]
     return box["result"]
 
 
-def run_sync(coro: Coroutine[Any, Any, T], *, timeout: Optional[float] = None) -> T:
+def run_sync(coro: Coroutine[Any, Any, T], *, timeout: float | None = None) -> T:
     """Run ``coro`` to completion and return its result (see module docstring).
 
     ``timeout`` (seconds) cancels the coroutine and raises ``TimeoutError`` when exceeded;

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ludic_lab.config import add_dataclass_args, config_or_usage_error
 from ludic_lab.extras import missing_extra_message
@@ -33,13 +33,15 @@ def _cmd_model_path(ns: argparse.Namespace) -> int:
 
 
 def _cmd_actor(ns: argparse.Namespace) -> int:
-    from ludic_lab.pipeline.actor_main import PipelineActorConfig, main as actor_main
+    from ludic_lab.pipeline.actor_main import PipelineActorConfig
+    from ludic_lab.pipeline.actor_main import main as actor_main
 
     return int(actor_main(config_or_usage_error(ns.parser, PipelineActorConfig, ns)) or 0)
 
 
 def _cmd_trainer(ns: argparse.Namespace) -> int:
-    from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig, main as trainer_main
+    from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig
+    from ludic_lab.pipeline.trainer_main import main as trainer_main
 
     return int(trainer_main(config_or_usage_error(ns.parser, PipelineTrainerConfig, ns)) or 0)
 
@@ -55,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="ludic-lab", description="ludic_lab: RL for LLM agents, notebook-first.")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help=DemoConfig.__doc__.strip().splitlines()[0])
+    d = sub.add_parser("demo", help=(DemoConfig.__doc__ or "").strip().splitlines()[0])
     add_dataclass_args(d, DemoConfig)
     d.set_defaults(func=_cmd_demo, parser=d)
     m = sub.add_parser("model-path", help="materialise a model (default: SmolLM2) and print its local path")
@@ -86,7 +88,7 @@ def subcommands() -> list[str]:
     return list(sub.choices)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run ``ludic-lab ARGV``; a missing optional extra is one line on stderr and exit status 1."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and not argv[0].startswith("-") else None

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import types
 import typing
-from typing import Any, Literal, Optional, Sequence, TypeVar, get_args, get_origin
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 C = TypeVar("C")
 
@@ -80,7 +82,7 @@ def dataclass_from_args(cls: type[C], ns: argparse.Namespace, *, prefix: str = "
     """Build ``cls`` from the parsed flags added by :func:`add_dataclass_args`."""
     kw = {}
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # C is unbounded; callers pass dataclasses
         if not f.init or f.name.startswith("_"):
             continue
         v = getattr(ns, prefix.replace("-", "_") + f.name)
@@ -91,7 +93,7 @@ def dataclass_from_args(cls: type[C], ns: argparse.Namespace, *, prefix: str = "
     return cls(**kw)
 
 
-def parse_config(cls: type[C], argv: Optional[Sequence[str]] = None, *, description: str = "") -> C:
+def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, description: str = "") -> C:
     """Parse ``argv`` into an instance of dataclass ``cls``."""
     p = argparse.ArgumentParser(description=description or (cls.__doc__ or "").strip().split("\n")[0])
     add_dataclass_args(p, cls)
@@ -121,7 +123,7 @@ def field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(src)
     out: dict[str, str] = {}
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-    for a, b in zip(body, body[1:]):
+    for a, b in itertools.pairwise(body):
         if (
             isinstance(a, ast.AnnAssign)
             and isinstance(a.target, ast.Name)

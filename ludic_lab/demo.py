@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
@@ -67,17 +68,29 @@ class DemoConfig:
     seed: int = 0
     """Seeds questions, sampling and initialisation."""
     backend: Literal["local", "vllm"] = "local"
-    """Sampler: "local" (in-process transformers) or "vllm" (the bundled vLLM server on CPU, weights pushed each step)."""
+    """Sampler: "local" (in-process transformers) or "vllm" (the bundled vLLM server on CPU,
+    weights pushed each step)."""
     task: Literal["capitals", "tools"] = "capitals"
-    """Which demo: "capitals", or "tools" (learn to use a calculator; fields left at their default take that task's own: 5 steps, 4 questions, 40 tokens, lr 1e-3)."""
+    """Which demo: "capitals", or "tools" (learn to use a calculator; fields left at their
+    default take that task's own: 5 steps, 4 questions, 40 tokens, lr 1e-3)."""
 
     def __post_init__(self) -> None:
         from ludic_lab.validation import check_config
 
-        check_config(self, {
-            "steps": ">= 1", "questions_per_step": ">= 1", "group_size": ">= 1", "max_tokens": ">= 1",
-            "temperature": "> 0", "lr": "> 0", "lora_r": ">= 0", "eval_k": ">= 0",
-        }, hints={"temperature": "the trainer scores at the sampling temperature", "lora_r": "0 trains all weights"})
+        check_config(
+            self,
+            {
+                "steps": ">= 1",
+                "questions_per_step": ">= 1",
+                "group_size": ">= 1",
+                "max_tokens": ">= 1",
+                "temperature": "> 0",
+                "lr": "> 0",
+                "lora_r": ">= 0",
+                "eval_k": ">= 0",
+            },
+            hints={"temperature": "the trainer scores at the sampling temperature", "lora_r": "0 trains all weights"},
+        )
 
 
 def _engine(client: Any, rows: list[dict[str, Any]], verifier: Any) -> RolloutEngine:
@@ -118,14 +131,16 @@ BACKENDS = ("local", "vllm")
 async def _start_backend(cfg: DemoConfig, out: Path, stack: list[Callable[[], Any]]) -> tuple[Any, str]:
     """``(client, model folder)`` of ``cfg.backend``; cleanups go onto ``stack``."""
     if cfg.backend == "local":
-        client = LocalChatClient(cfg.model, max_batch_size=cfg.questions_per_step * cfg.group_size)
-        return client, str(client.model_path)
+        local = LocalChatClient(cfg.model, max_batch_size=cfg.questions_per_step * cfg.group_size)
+        return local, str(local.model_path)
     from ludic_lab.inference.models import resolve_model
     from ludic_lab.inference.vllm_client import VLLMChatClient
     from ludic_lab.inference.vllm_process import start_vllm_server, wait_for_vllm_health
 
     path = resolve_model(cfg.model)
-    server = start_vllm_server(path, port=0, dtype="bfloat16", max_model_len=1024, log_file=str(out / "vllm_server.log"))
+    server = start_vllm_server(
+        path, port=0, dtype="bfloat16", max_model_len=1024, log_file=str(out / "vllm_server.log")
+    )
     stack.append(server.stop)
     await wait_for_vllm_health(server.api_base, timeout=900, process=server)
     client = VLLMChatClient(path, api_base=server.api_base, enable_weight_updates=True)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ludic_lab.data import load_multiplication
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
@@ -71,8 +72,15 @@ def _line(d: dict[str, Any]) -> str:
 
 
 async def _train(
-    cfg: Any, client: Any, model_path: str, publisher_for: Callable[[Any], Any], rows: list[dict[str, Any]], *,
-    use_tool: bool, metrics_path: Path, console: Any,
+    cfg: Any,
+    client: Any,
+    model_path: str,
+    publisher_for: Callable[[Any], Any],
+    rows: list[dict[str, Any]],
+    *,
+    use_tool: bool,
+    metrics_path: Path,
+    console: Any,
 ) -> tuple[list[dict[str, Any]], Any, float]:
     """One GRPO run on ``rows``; returns ``(history, source, seconds)``. Each step's history
     row gets the batch's :func:`~ludic_lab.tool_task.tool_stats` under ``tools/``."""
@@ -85,14 +93,21 @@ async def _train(
         raise ValueError(f"unknown --algo {cfg.algo!r}; choose one of {sorted(PRESETS)}")
     algo = PRESETS[cfg.algo](max_tokens=cfg.max_tokens) if cfg.algo == "dr_grpo" else PRESETS[cfg.algo]()
     engine, env, protocol = tool_task_engine(client, rows, use_tool=use_tool)
-    inference = InferenceSpec(SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training())
+    inference = InferenceSpec(
+        SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training()
+    )
     counter = {"n": 0}
 
     def requests() -> list[RolloutRequest]:
         n, counter["n"] = counter["n"], counter["n"] + 1
         return [
-            RolloutRequest(env=env, protocol=protocol, inference=inference, max_steps=1,
-                           env_seed=(cfg.seed * 7919 + n * cfg.questions_per_step + q) % len(rows))  # fmt: skip
+            RolloutRequest(
+                env=env,
+                protocol=protocol,
+                inference=inference,
+                max_steps=1,
+                env_seed=(cfg.seed * 7919 + n * cfg.questions_per_step + q) % len(rows),
+            )  # fmt: skip
             for q in range(cfg.questions_per_step)
         ]
 
@@ -179,7 +194,7 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
         control_after = await _evaluate(client, test_rows, cfg, use_tool=False, tag="control after", sampled=False)
     console.print(f"[bold]control, no tool, after[/bold]: {_line(control_after)}")
 
-    summary = {
+    summary: dict[str, Any] = {
         "config": {**asdict(cfg), "task": "tools"},
         "held_out_questions": len(test_rows),
         "with_tool": {"before": before, "after": after},
@@ -197,7 +212,8 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     plot_metrics(
         history, out / "reward_curve.png", keys=("reward_mean", "tools/valid_call_rate", "tools/calls_per_episode"),
         title="GRPO with a calculator tool",
-        hlines={"held-out before (greedy)": before["greedy"]["accuracy"], "held-out after (greedy)": after["greedy"]["accuracy"]},
+        hlines={"held-out before (greedy)": before["greedy"]["accuracy"],
+                "held-out after (greedy)": after["greedy"]["accuracy"]},
     )  # fmt: skip
     r = summary["train_reward"]
     console.print(

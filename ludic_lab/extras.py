@@ -11,7 +11,6 @@ to run, never a traceback from deep inside an import.
 from __future__ import annotations
 
 import importlib.util
-from typing import Optional
 
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "pipeline": ("redis", "msgpack"),
@@ -40,14 +39,14 @@ def install_hint(extra: str) -> str:
     return hint
 
 
-def extra_for_module(module_name: Optional[str]) -> Optional[str]:
+def extra_for_module(module_name: str | None) -> str | None:
     """The extra that provides top-level module ``module_name`` (``"msgpack"`` -> ``"pipeline"``), else None."""
     if not module_name:
         return None
     return _EXTRA_OF_MODULE.get(module_name.split(".")[0])
 
 
-def missing_extra_message(exc: BaseException, *, what: str = "this command") -> Optional[str]:
+def missing_extra_message(exc: BaseException, *, what: str = "this command") -> str | None:
     """One line for a ``ModuleNotFoundError`` of an extra's module, else ``None`` (a genuine bug)."""
     if isinstance(exc, MissingExtraError):
         return str(exc)
@@ -68,7 +67,16 @@ def require_extra(extra: str, *, what: str) -> None:
         raise ValueError(f"unknown extra {extra!r}; known: {sorted(EXTRA_MODULES)}")
     for mod in _REQUIRED.get(extra, EXTRA_MODULES[extra]):
         if importlib.util.find_spec(mod) is None:
-            raise MissingExtraError(f"{what} needs the {extra!r} extra (no module named {mod!r}): {install_hint(extra)}")
+            raise MissingExtraError(
+                f"{what} needs the {extra!r} extra (no module named {mod!r}): {install_hint(extra)}"
+            )
 
 
-__all__ = ["EXTRA_MODULES", "MissingExtraError", "extra_for_module", "install_hint", "missing_extra_message", "require_extra"]
+__all__ = [
+    "EXTRA_MODULES",
+    "MissingExtraError",
+    "extra_for_module",
+    "install_hint",
+    "missing_extra_message",
+    "require_extra",
+]

@@ -7,10 +7,10 @@ these return ``None``/``False`` at no cost.
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import Any
 
 
-def ipython_shell() -> Optional[Any]:
+def ipython_shell() -> Any | None:
     """The running IPython shell (terminal IPython or a Jupyter kernel), or None."""
     ipy = sys.modules.get("IPython")
     return ipy.get_ipython() if ipy is not None else None

@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional, overload
+from typing import Literal, overload
 
 
 @dataclass(frozen=True)
 class ParseResult:
-    action: Optional[str]
+    action: str | None
     """The parsed action, or ``None`` when the completion is malformed."""
     reward: float = 0.0
     """Format reward (>= 0 on success) or penalty (< 0 on failure)."""
-    obs: Optional[str] = None
+    obs: str | None = None
     """Feedback shown to the agent when parsing failed."""
 
 
@@ -81,9 +82,10 @@ def xml_parser(
     """Make a parser for the ``<tag>...</tag>`` contract (tag names match case-insensitively).
 
     ``kind="inner"``: the action is the stripped text inside the *last* complete block (for
-    nested blocks, the innermost one; an unclosed trailing ``<tag>`` is ignored); ``exact=True`` requires the whole completion to be one
-    block, modulo surrounding whitespace. ``kind="remainder_after_prefix"``: the completion
-    must start with the block and the action is the non-empty text after it.
+    nested blocks, the innermost one; an unclosed trailing ``<tag>`` is ignored);
+    ``exact=True`` requires the whole completion to be one block, modulo surrounding whitespace.
+    ``kind="remainder_after_prefix"``: the completion must start with the block and the action
+    is the non-empty text after it.
     """
     _check_tag(tag)
     if kind == "remainder_after_prefix":
@@ -170,7 +172,7 @@ def think_prefix_parser(raw: str, *, success_reward: float = 0.0, error_reward: 
 @overload
 def think_prefix_parser(raw: None = None, *, success_reward: float = 0.0, error_reward: float = -1.0) -> Parser: ...
 def think_prefix_parser(
-    raw: Optional[str] = None, *, success_reward: float = 0.0, error_reward: float = -1.0
+    raw: str | None = None, *, success_reward: float = 0.0, error_reward: float = -1.0
 ) -> ParseResult | Parser:
     """Require a ``<think>...</think>`` prefix; the action is the non-empty text after it.
 
@@ -192,7 +194,7 @@ cot_prefix_parser = think_prefix_parser
 _BOXED = re.compile(r"\\boxed\s*\{")
 
 
-def extract_last_boxed_content(raw: str) -> Optional[str]:
+def extract_last_boxed_content(raw: str) -> str | None:
     """The content of the last well-formed ``\\boxed{...}`` (nested braces kept), else ``None``.
 
     Escaped braces (``\\{``, ``\\}``) do not count. Linear time, whatever the input.
@@ -223,7 +225,9 @@ def _boxed(raw: object, success_reward: float, error_reward: float) -> ParseResu
         return _fail(error_reward, "Format error: write your final answer as \\boxed{...}, e.g. \\boxed{42}.")
     inner = inner.strip()
     if not inner:
-        return _fail(error_reward, "Format error: \\boxed{} is empty; write your final answer inside it, e.g. \\boxed{42}.")
+        return _fail(
+            error_reward, "Format error: \\boxed{} is empty; write your final answer inside it, e.g. \\boxed{42}."
+        )
     return _ok(inner, success_reward)
 
 
@@ -232,7 +236,7 @@ def boxed_parser(raw: str, *, success_reward: float = 0.0, error_reward: float =
 @overload
 def boxed_parser(raw: None = None, *, success_reward: float = 0.0, error_reward: float = -1.0) -> Parser: ...
 def boxed_parser(
-    raw: Optional[str] = None, *, success_reward: float = 0.0, error_reward: float = -1.0
+    raw: str | None = None, *, success_reward: float = 0.0, error_reward: float = -1.0
 ) -> ParseResult | Parser:
     """Require a final answer in ``\\boxed{...}``; the action is the last box's stripped content.
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import html
 import math
 import os
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ludic_lab.types import Rollout
 
@@ -34,8 +35,8 @@ def rollouts_html(
     rollouts: Sequence[Rollout],
     *,
     title: str = "rollouts",
-    weights: Optional[Mapping[tuple[str, int], float]] = None,
-    summary: Optional[Mapping[str, Any]] = None,
+    weights: Mapping[tuple[str, int], float] | None = None,
+    summary: Mapping[str, Any] | None = None,
 ) -> str:
     """A self-contained HTML page: one row per step, grouped by ``group_id``, with the
     observation, the completion, parse/env/format rewards and (if given) the step's weight."""
@@ -57,13 +58,31 @@ def rollouts_html(
                 f"<td>{_fmt(s.info.get('target', ''))}</td></tr>"
             )
         if r.error:
-            rows.append(f"<tr><td colspan='10' class='err'>rollout {html.escape(r.id)} failed: {html.escape(r.error)}</td></tr>")
+            rows.append(
+                f"<tr><td colspan='10' class='err'>rollout {html.escape(r.id)} failed: {html.escape(r.error)}</td></tr>"
+            )
     summ = ""
     if summary:
-        summ = "<table style='width:auto;margin-bottom:1em'>" + "".join(
-            f"<tr><th>{html.escape(str(k))}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items()
-        ) + "</table>"
-    head = "".join(f"<th>{h}</th>" for h in ("group", "step", "observation", "completion", "parsed", "env r", "format r", "reward", "weight", "target"))
+        summ = (
+            "<table style='width:auto;margin-bottom:1em'>"
+            + "".join(f"<tr><th>{html.escape(str(k))}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
+            + "</table>"
+        )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "group",
+            "step",
+            "observation",
+            "completion",
+            "parsed",
+            "env r",
+            "format r",
+            "reward",
+            "weight",
+            "target",
+        )
+    )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{_CSS}</style></head><body><h2>{html.escape(title)}</h2>{summ}"
@@ -84,7 +103,7 @@ def plot_metrics(
     *,
     keys: Sequence[str] = ("reward_mean", "loss"),
     title: str = "",
-    hlines: Optional[Mapping[str, float]] = None,
+    hlines: Mapping[str, float] | None = None,
 ) -> str:
     """One panel per metric key against ``step``; ``hlines`` draws labelled reference
     levels (e.g. evaluation before/after) on the first panel. Saves a PNG at ``path``."""
@@ -95,7 +114,7 @@ def plot_metrics(
 
     keys = [k for k in keys if any(isinstance(h.get(k), (int, float)) for h in history)]
     fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(5 * max(1, len(keys)), 3.6), squeeze=False)
-    for ax, k in zip(axes[0], keys):
+    for ax, k in zip(axes[0], keys, strict=False):  # one blank panel when no key is numeric
         pts = [(h["step"], h[k]) for h in history if isinstance(h.get(k), (int, float)) and "step" in h]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3)
@@ -106,7 +125,15 @@ def plot_metrics(
         for label, y in hlines.items():
             axes[0][0].axhline(y, ls="--", lw=1, color="gray")
             ax0 = axes[0][0]
-            ax0.text(0.01, y, f" {label} = {y:.2f}", transform=ax0.get_yaxis_transform(), fontsize=8, color="gray", va="bottom")
+            ax0.text(
+                0.01,
+                y,
+                f" {label} = {y:.2f}",
+                transform=ax0.get_yaxis_transform(),
+                fontsize=8,
+                color="gray",
+                va="bottom",
+            )
     if title:
         fig.suptitle(title)
     fig.tight_layout()

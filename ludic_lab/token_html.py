@@ -27,9 +27,10 @@ import functools
 import html
 import math
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any
 
 POS_RGB = (33, 102, 172)
 """Colour of the largest positive weight (blue)."""
@@ -64,7 +65,7 @@ CSS = """
 
 
 # -- numbers and colours -----------------------------------------------------------------------
-def fmt(x: Optional[float], signed: bool = True) -> str:
+def fmt(x: float | None, signed: bool = True) -> str:
     """A short form of a number for headers and hover text (``-`` for ``None``)."""
     if x is None:
         return "-"
@@ -83,7 +84,7 @@ def weight_rgb(w: float, scale: float) -> tuple[int, int, int]:
         return (255, 255, 255)
     end = POS_RGB if w > 0 else NEG_RGB
     t = MIN_TINT + (1.0 - MIN_TINT) * min(1.0, abs(w) / scale) if scale > 0 else 1.0
-    return tuple(int(round(255 + (c - 255) * t)) for c in end)  # type: ignore[return-value]
+    return tuple(int(round(255 + (c - 255) * t)) for c in end)  # type: ignore[return-value]  # 3 channels in, 3 out
 
 
 def _style(rgb: tuple[int, int, int]) -> str:
@@ -203,7 +204,7 @@ def token_pieces(ids: Sequence[int], tokenizer: Any, *, context: int = 6, max_gr
         j = i + 1
         while True:
             full = _decode(tokenizer, ids[ctx_start:j])
-            text = full[len(base):] if full.startswith(base) else _decode(tokenizer, ids[i:j])
+            text = full[len(base) :] if full.startswith(base) else _decode(tokenizer, ids[i:j])
             if not text.endswith("\ufffd") or j >= n or j - i >= max_group:
                 break
             j += 1
@@ -213,11 +214,11 @@ def token_pieces(ids: Sequence[int], tokenizer: Any, *, context: int = 6, max_gr
 
 
 # -- token spans -----------------------------------------------------------------------------
-def _num(x: Optional[float]) -> str:
+def _num(x: float | None) -> str:
     return "" if x is None else repr(float(x))
 
 
-def _join(xs: Sequence[Any]) -> str:
+def _join(xs: Iterable[Any]) -> str:
     return " ".join(str(x) for x in xs)
 
 
@@ -225,14 +226,14 @@ def tokens_html(
     ids: Sequence[int],
     *,
     tokenizer: Any = None,
-    mask: Optional[Sequence[int]] = None,
-    weights: Optional[Sequence[float]] = None,
-    logprobs: Optional[Sequence[Optional[float]]] = None,
-    ratios: Optional[Sequence[Optional[float]]] = None,
-    advantage: Optional[float] = None,
-    scale: Optional[float] = None,
+    mask: Sequence[int] | None = None,
+    weights: Sequence[float] | None = None,
+    logprobs: Sequence[float | None] | None = None,
+    ratios: Sequence[float | None] | None = None,
+    advantage: float | None = None,
+    scale: float | None = None,
     start: int = 0,
-    stop: Optional[int] = None,
+    stop: int | None = None,
 ) -> str:
     """Spans of tokens ``ids[start:stop]`` coloured by ``weights[t] * mask[t]`` (all per-token
     sequences align with ``ids``; ``mask`` defaults to all 1, ``weights`` to unknown = white).
@@ -246,7 +247,7 @@ def tokens_html(
         if seq is not None and len(seq) != n:
             raise ValueError(f"tokens_html: {name} has {len(seq)} entries for {n} token ids")
     m = [1] * n if mask is None else [1 if x else 0 for x in mask]
-    eff = None if weights is None else [float(w) * mk for w, mk in zip(weights, m)]
+    eff = None if weights is None else [float(w) * mk for w, mk in zip(weights, m, strict=True)]
     if scale is None:
         scale = scale_of(eff) if eff is not None else 1.0
     tok = resolve_tokenizer(tokenizer)
@@ -262,7 +263,7 @@ def tokens_html(
         masked = all(m[t] == 0 for t in rng)
         attrs = {"data-ids": _join(int(ids[t]) for t in rng), "data-mask": "0" if masked else "1"}
         title = [("token " if len(rng) == 1 else "tokens ") + ", ".join(str(int(ids[t])) for t in rng)]
-        w_piece: Optional[float] = None
+        w_piece: float | None = None
         if eff is not None:
             acts = [eff[t] for t in rng if m[t]] or [0.0]
             w_piece = sum(acts) / len(acts)
@@ -271,12 +272,12 @@ def tokens_html(
             lps = [logprobs[t] for t in rng]
             if all(x is not None for x in lps) and not masked:
                 attrs["data-logprob"] = _join(_num(x) for x in lps)
-                title.append("logprob " + ", ".join(f"{x:.3f}" for x in lps))  # type: ignore[union-attr]
+                title.append("logprob " + ", ".join(f"{x:.3f}" for x in lps))
         if ratios is not None:
             rs = [ratios[t] for t in rng]
             if all(x is not None for x in rs) and not masked:
                 attrs["data-ratio"] = _join(_num(x) for x in rs)
-                title.append("ratio " + ", ".join(f"{x:.3f}" for x in rs))  # type: ignore[union-attr]
+                title.append("ratio " + ", ".join(f"{x:.3f}" for x in rs))
         if advantage is not None and not masked:
             attrs["data-adv"] = _num(advantage)
             title.append(f"adv {fmt(advantage)}")
@@ -340,7 +341,7 @@ def to_html(obj: Any) -> str:
     return out
 
 
-def save_html(obj: Any, path: str | os.PathLike, *, title: Optional[str] = None) -> str:
+def save_html(obj: Any, path: str | os.PathLike, *, title: str | None = None) -> str:
     """Write ``obj``'s HTML view (anything with ``_repr_html_``, or an HTML string) to
     ``path`` as a standalone page (UTF-8, styles inline); returns the path.
 

@@ -21,7 +21,8 @@ valid-call rate (episodes with at least one call that ran), calls per episode, f
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ludic_lab.agents import Agent, ToolAgent
 from ludic_lab.context import FullDialog
@@ -91,11 +92,15 @@ def final_number_match(reply: str, target: str) -> bool:
     return bool(found) and found[-1].replace(",", "").strip() == str(target).strip()
 
 
-def tool_task_agent(client: Any, *, use_tool: bool = True, max_tool_turns: int = 2, tool_timeout_s: float = 5.0) -> Agent:
+def tool_task_agent(
+    client: Any, *, use_tool: bool = True, max_tool_turns: int = 2, tool_timeout_s: float = 5.0
+) -> Agent:
     """The agent of one episode: a calculator :class:`ToolAgent` (``use_tool``) or a plain
     :class:`Agent` (the control), each with its system prompt and examples."""
     if not use_tool:
-        return Agent(client, FullDialog(examples=NO_TOOL_EXAMPLES), identity_parser, system_prompt=NO_TOOL_SYSTEM_PROMPT)
+        return Agent(
+            client, FullDialog(examples=NO_TOOL_EXAMPLES), identity_parser, system_prompt=NO_TOOL_SYSTEM_PROMPT
+        )
     return ToolAgent(
         client,
         FullDialog(examples=TOOL_EXAMPLES),
@@ -108,7 +113,12 @@ def tool_task_agent(client: Any, *, use_tool: bool = True, max_tool_turns: int =
 
 
 def tool_task_engine(
-    client: Any, rows: Sequence[dict[str, Any]], *, use_tool: bool = True, max_tool_turns: int = 2, concurrency: int = 64
+    client: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    use_tool: bool = True,
+    max_tool_turns: int = 2,
+    concurrency: int = 64,
 ) -> tuple[RolloutEngine, EnvSpec, ProtocolSpec]:
     """``(engine, env_spec, protocol_spec)`` serving ``rows`` (env seed ``i`` is question
     ``i``) to the tool agent, or to the no-tool control when ``use_tool`` is false."""
@@ -180,7 +190,7 @@ async def evaluate_tool_task(
     max_tokens: int = 48,
     max_tool_turns: int = 2,
     sampling_seed: int = 0,
-    limit: Optional[int] = None,
+    limit: int | None = None,
     name: str = "eval",
 ) -> dict[str, Any]:
     """One episode per question of ``rows`` (the first ``limit``): :func:`tool_stats` of the

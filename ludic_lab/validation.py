@@ -21,7 +21,8 @@ import numbers
 import re
 import types
 import typing
-from typing import Any, Collection, Literal, Mapping, Optional, get_args, get_origin
+from collections.abc import Collection, Mapping
+from typing import Any, Literal, get_args, get_origin
 
 _RANGE = re.compile(r"^\s*([\[(])\s*(\S+?)\s*,\s*(\S+?)\s*([\])])\s*$")
 _BOUND = re.compile(r"^\s*(>=|>|<=|<)\s*(\S+)\s*$")
@@ -62,7 +63,7 @@ def check_number(
     owner: str,
     name: str,
     value: Any,
-    rule: Optional[str] = None,
+    rule: str | None = None,
     *,
     integer: bool = False,
     optional: bool = False,
@@ -86,17 +87,17 @@ def check_number(
         raise ValueError(f"{owner}.{name} must be {what}, got {value!r}{'; ' + hint if hint else ''}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
 def check_config(
     obj: Any,
-    ranges: Optional[Mapping[str, str]] = None,
+    ranges: Mapping[str, str] | None = None,
     *,
     allow_inf: Collection[str] = (),
-    hints: Optional[Mapping[str, str]] = None,
+    hints: Mapping[str, str] | None = None,
 ) -> None:
     """Check every field of dataclass instance ``obj`` (see the module docstring).
 
@@ -104,7 +105,7 @@ def check_config(
     float fields where an infinity means something; ``hints`` adds a note per field.
     Fields annotated other than int/float/Literal/tuple-of-numbers are not checked here.
     """
-    cls = type(obj)
+    cls: type = type(obj)
     owner = cls.__name__
     ranges = dict(ranges or {})
     hints = dict(hints or {})
@@ -119,10 +120,13 @@ def check_config(
                 continue
             if v not in choices or isinstance(v, bool) != any(isinstance(c, bool) for c in choices):
                 allowed = ", ".join(repr(c) for c in choices)
-                raise ValueError(f"{owner}.{f.name} must be one of {allowed}{' (or None)' if optional else ''}, got {v!r}")
+                raise ValueError(
+                    f"{owner}.{f.name} must be one of {allowed}{' (or None)' if optional else ''}, got {v!r}"
+                )
         elif tp is int or tp is float:
-            check_number(owner, f.name, v, rule, integer=tp is int, optional=optional,
-                         allow_inf=f.name in allow_inf, hint=hint)
+            check_number(
+                owner, f.name, v, rule, integer=tp is int, optional=optional, allow_inf=f.name in allow_inf, hint=hint
+            )
         elif get_origin(tp) is tuple and get_args(tp)[:1] in ((int,), (float,)):
             if v is None and optional:
                 continue

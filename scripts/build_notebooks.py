@@ -132,7 +132,9 @@ def notebook_to_myst(nb: Any) -> str:
 
 def sources() -> list[tuple[Path, Path]]:
     """``(source.md, target.ipynb)`` pairs for every notebook source."""
-    return [(src, ROOT / folder / f"{src.stem}.ipynb") for folder in FOLDERS for src in sorted((SRC / folder).glob("*.md"))]
+    return [
+        (src, ROOT / folder / f"{src.stem}.ipynb") for folder in FOLDERS for src in sorted((SRC / folder).glob("*.md"))
+    ]
 
 
 def render(src: Path) -> str:
@@ -143,8 +145,14 @@ def render(src: Path) -> str:
 
 
 _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
-_NAMES = {"\t": "TAB (\\t)", "\x08": "backspace (\\b)", "\x0c": "form feed (\\f)", "\r": "carriage return (\\r)",
-          "\x0b": "vertical tab (\\v)", "\x07": "bell (\\a)"}
+_NAMES = {
+    "\t": "TAB (\\t)",
+    "\x08": "backspace (\\b)",
+    "\x0c": "form feed (\\f)",
+    "\r": "carriage return (\\r)",
+    "\x0b": "vertical tab (\\v)",
+    "\x07": "bell (\\a)",
+}
 
 
 def control_characters(src: Path) -> list[str]:
@@ -166,7 +174,8 @@ def control_characters(src: Path) -> list[str]:
             name = _NAMES.get(ch, f"control character U+{ord(ch):04X}")
             where = "code" if in_code else "markdown"
             problems.append(
-                f"{src.relative_to(ROOT)}:{n}:{m.start() + 1}: a {name} in {where} (before {line[m.end():m.end() + 12]!r}): "
+                f"{src.relative_to(ROOT)}:{n}:{m.start() + 1}: a {name} in {where} "
+                f"(before {line[m.end() : m.end() + 12]!r}): "
                 "an escape gone wrong? write a backslash as \\\\ (or use a raw string) where this text is generated"
             )
     return problems

@@ -32,14 +32,22 @@ TEMPLATES: list[tuple[str, str]] = [
     ("add", "{n} has {a} {x}. {P} gets {b} more {x}. How many {x} does {n} have now?"),
     ("add", "{n} had {a} {x} and then found {b} more. How many {x} does {n} have in total?"),
     ("add", "There are {a} {x} in a box and {b} {x} on the table. How many {x} are there altogether?"),
-    ("add", "A train has {a} passengers. At the next station {b} more passengers get on. How many passengers are on the train now?"),
+    (
+        "add",
+        "A train has {a} passengers. At the next station {b} more passengers get on. "
+        "How many passengers are on the train now?",
+    ),
     ("add", "{n} read {a} pages on Monday and {b} pages on Tuesday. How many pages did {p} read in all?"),
     ("add", "There are {a} birds on a tree. Then {b} more birds land on it. How many birds are on the tree?"),
     ("add", "What is {a} plus {b}?"),
     ("add", "{n} saved {a} coins last week and {b} coins this week. How many coins did {n} save?"),
     ("sub", "{n} has {a} {x}. {P} gives away {b} of them. How many {x} does {n} have left?"),
     ("sub", "{n} had {a} coins and spent {b} coins. How many coins are left?"),
-    ("sub", "A train has {a} passengers. At the station {b} passengers get off. How many passengers are still on the train?"),
+    (
+        "sub",
+        "A train has {a} passengers. At the station {b} passengers get off. "
+        "How many passengers are still on the train?",
+    ),
     ("sub", "A baker made {a} cookies and sold {b} of them. How many cookies are left?"),
     ("sub", "There are {a} {x} in a bag. {n} takes out {b}. How many {x} are still in the bag?"),
     ("sub", "What is {a} minus {b}?"),

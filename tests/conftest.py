@@ -15,7 +15,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

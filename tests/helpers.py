@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
@@ -85,12 +86,12 @@ class Reply:
 
     text: str = ""
     finish_reason: str = "stop"
-    error: Optional[BaseException] = None
+    error: BaseException | None = None
     delay_s: float = 0.0
     per_char: bool = False
 
 
-Script = Union[Sequence[Union[str, Reply]], Callable[[ChatCompletionRequest], Union[str, Reply]]]
+Script = Sequence[str | Reply] | Callable[[ChatCompletionRequest], str | Reply]
 
 
 class ScriptedChatClient:
@@ -105,8 +106,8 @@ class ScriptedChatClient:
         self,
         script: Script,
         *,
-        chat_template: Optional[ChatTemplate] = None,
-        policy_version: Optional[int] = None,
+        chat_template: ChatTemplate | None = None,
+        policy_version: int | None = None,
     ) -> None:
         self._script = script
         self._calls = 0
@@ -136,7 +137,9 @@ class ScriptedChatClient:
         if self._template is None:
             return ChatResponse(text=reply.text, finish_reason=reply.finish_reason), {"call": self._calls - 1}
         t = self._template
-        prompt = list(request.prompt_token_ids) if request.prompt_token_ids is not None else t.render_ids(request.messages)
+        prompt = (
+            list(request.prompt_token_ids) if request.prompt_token_ids is not None else t.render_ids(request.messages)
+        )
         if reply.per_char:
             completion = [i for ch in reply.text for i in t.encode_text(ch)]
         else:
@@ -171,20 +174,20 @@ class CountingEnv(SingleAgentEnv):
     reward ``-0.1`` and the observation ``"try again (n)"``. ``reset_raises`` makes reset fail.
     """
 
-    def __init__(self, *, reset_raises: bool = False, sysprompt: Optional[str] = "Guess the word.") -> None:
+    def __init__(self, *, reset_raises: bool = False, sysprompt: str | None = "Guess the word.") -> None:
         super().__init__()
         self.step_calls = 0
-        self.reset_seeds: list[Optional[int]] = []
+        self.reset_seeds: list[int | None] = []
         self.actions: list[str] = []
         self._reset_raises = reset_raises
         self._sysprompt = sysprompt
         self._obs = ""
 
     @property
-    def suggested_sysprompt(self) -> Optional[str]:
+    def suggested_sysprompt(self) -> str | None:
         return self._sysprompt
 
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         if self._reset_raises:
             raise OSError("dataset file missing")
         self.reset_seeds.append(seed)
@@ -231,10 +234,10 @@ class TurnGameEnv(LudicEnv[str, str, str]):
             return []
         return ["A", "B"] if self.simultaneous else [self.agent_ids[self._turn % 2]]
 
-    def suggested_sysprompt(self, agent_id: Optional[str] = None) -> Optional[str]:
+    def suggested_sysprompt(self, agent_id: str | None = None) -> str | None:
         return f"You are player {agent_id}."
 
-    def reset(self, seed: Optional[int] = None) -> dict[str, tuple[str, Info]]:
+    def reset(self, seed: int | None = None) -> dict[str, tuple[str, Info]]:
         self._turn = 0
         self._done = False
         return {a: (f"new game (seed={seed}), you are {a}", {}) for a in self.agent_ids}
@@ -252,14 +255,16 @@ class TurnGameEnv(LudicEnv[str, str, str]):
                 other = "B" if a == "A" else "A"
                 self._done = True
                 out[a] = StepOutcome(obs="you won", reward=1.0, truncated=False, terminated=True)
-                out[other] = StepOutcome(obs="you lost", reward=-1.0, truncated=False, terminated=True,
-                                         info={"winner": a})
+                out[other] = StepOutcome(
+                    obs="you lost", reward=-1.0, truncated=False, terminated=True, info={"winner": a}
+                )
                 return out
         for a, act in actions.items():
             out[a] = StepOutcome(obs=f"you played {act}", reward=0.0, truncated=False, terminated=False)
             if not self.simultaneous:
                 other = "B" if a == "A" else "A"
-                out[other] = StepOutcome(obs=f"{a} played {act}, your turn", reward=0.0,
-                                         truncated=False, terminated=False)
+                out[other] = StepOutcome(
+                    obs=f"{a} played {act}, your turn", reward=0.0, truncated=False, terminated=False
+                )
         self._turn += 1
         return out

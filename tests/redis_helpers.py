@@ -15,8 +15,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import pytest
 
@@ -44,21 +44,34 @@ def free_port() -> int:
 class RedisServer:
     """One ``redis-server`` process on 127.0.0.1 with AOF in ``data_dir``."""
 
-    def __init__(self, data_dir: Path, port: Optional[int] = None) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
         self.binary = require_redis_server()
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 60.0) -> "RedisServer":
+    def start(self, timeout_s: float = 60.0) -> RedisServer:
         cmd = [
-            self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "yes",
-            "--appendfsync", "always", "--dir", str(self.data_dir), "--protected-mode", "yes",
+            self.binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--dir",
+            str(self.data_dir),
+            "--protected-mode",
+            "yes",
         ]
         log = open(self.data_dir / "redis.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -66,7 +79,9 @@ class RedisServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}; see {self.data_dir / 'redis.log'}")
+                raise RuntimeError(
+                    f"redis-server exited with {self.proc.returncode}; see {self.data_dir / 'redis.log'}"
+                )
             if self.ping():
                 return self
             time.sleep(0.05)
@@ -127,7 +142,10 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for child processes: offline switches, repo on PYTHONPATH, few threads."""
     env = dict(os.environ)
     env.update(
-        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         PYTHONUNBUFFERED="1",
     )

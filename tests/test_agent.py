@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from helpers import Reply, ScriptedChatClient, chatml_template, raw_decode
 
 from ludic_lab.agents import ActResult, Agent, derive_seed
 from ludic_lab.context import FullDialog, TruncatedThinkingContext
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.parsers import ParseResult, identity_parser
 from ludic_lab.types import ChatResponse
-from helpers import Reply, ScriptedChatClient, chatml_template, raw_decode
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,7 @@ async def test_extended_prompt_is_prev_prompt_plus_completion_plus_new_messages(
         traces.append(res.trace)
         agent.on_after_step(f"Opponent played {i}. Your turn.", {})
     reqs = agent.client.requests
-    for prev, cur, req in zip(traces, traces[1:], reqs[1:]):
+    for prev, cur, req in zip(traces, traces[1:], reqs[1:], strict=False):  # consecutive turns
         assert cur.prompt_source == "extended"
         n = len(prev.input_ids)
         # exact token prefix: what the model saw and produced is reused verbatim
@@ -162,8 +164,9 @@ async def test_inference_spec_and_tools_are_forwarded(tpl):
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
     agent = make_agent(["x"], tpl, model="tiny", tools=tools)
     start(agent)
-    spec = InferenceSpec(sampling=SamplingConfig(max_tokens=7), return_=ReturnSpec.for_training(),
-                         extensions={"foo": 1})
+    spec = InferenceSpec(
+        sampling=SamplingConfig(max_tokens=7), return_=ReturnSpec.for_training(), extensions={"foo": 1}
+    )
     await agent.act(spec)
     req = agent.client.requests[0]
     assert req.model == "tiny" and req.sampling.max_tokens == 7 and req.return_ == ReturnSpec.for_training()
@@ -195,7 +198,9 @@ async def test_client_ignoring_prompt_ids_is_detected(tpl):
 
 async def test_parser_result_is_returned_and_validated(tpl):
     def strict(text: str) -> ParseResult:
-        return ParseResult(action=None, reward=-1.0, obs="use <move>") if "<move>" not in text else ParseResult(text, 0.1)
+        return (
+            ParseResult(action=None, reward=-1.0, obs="use <move>") if "<move>" not in text else ParseResult(text, 0.1)
+        )
 
     agent = Agent(ScriptedChatClient(["nope"], chat_template=tpl), FullDialog(), strict)
     start(agent)
@@ -251,5 +256,5 @@ def test_derive_seed_is_stable():
 
 def test_act_result_is_frozen():
     r = ActResult(ParseResult("a"), ChatResponse(text="a"), None, {})
-    with pytest.raises(Exception):
-        r.info = {}  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.info = {}  # type: ignore[misc]  # the point: a frozen record refuses it

@@ -97,8 +97,12 @@ def test_drop_zero_weight_items_keeps_signal_and_counts() -> None:
 def test_every_preset_trains_on_fixed_items(tiny_model_dir: str, name: str) -> None:
     items = random_items(8, vocab_size=V, seed=11, behaviour_logprob=-7.6)
     algo = make(name)
-    t = Trainer(load_model(tiny_model_dir), algo, ListBatchSource([SAWBatch(tuple(items))]),
-                config=TrainerConfig(lr=1e-2, max_seq_len=64, micro_token_budget=128))
+    t = Trainer(
+        load_model(tiny_model_dir),
+        algo,
+        ListBatchSource([SAWBatch(tuple(items))]),
+        config=TrainerConfig(lr=1e-2, max_seq_len=64, micro_token_budget=128),
+    )
     before = params_of(t.model)
     ms = t.train_sync(2, progress=False)
     assert all(not m.get("skipped") and math.isfinite(m["loss"]) and m["grad_norm"] > 0 for m in ms)
@@ -108,8 +112,13 @@ def test_every_preset_trains_on_fixed_items(tiny_model_dir: str, name: str) -> N
 def test_regularised_preset_with_a_reference_copy(tiny_model_dir: str) -> None:
     items = random_items(6, vocab_size=V, seed=12)
     algo = alg.make_grpo(kl_coeff=0.1, entropy_coeff=0.01)
-    t = Trainer(load_model(tiny_model_dir), algo, ListBatchSource([SAWBatch(tuple(items))]),
-                config=TrainerConfig(lr=1e-2, max_seq_len=64), ref_model=load_model(tiny_model_dir))
+    t = Trainer(
+        load_model(tiny_model_dir),
+        algo,
+        ListBatchSource([SAWBatch(tuple(items))]),
+        config=TrainerConfig(lr=1e-2, max_seq_len=64),
+        ref_model=load_model(tiny_model_dir),
+    )
     ms = t.train_sync(2, progress=False)
     assert all(math.isfinite(m["loss"]) for m in ms)
     assert ms[0]["loss/kl/kl"] == pytest.approx(0.0, abs=1e-10) and ms[1]["loss/kl/kl"] > 0
@@ -143,10 +152,21 @@ def test_scoring_temperature_of_the_algorithm_is_used(tiny_model_dir: str) -> No
 def test_reinforce_and_rloo_on_rollouts(tiny_model_dir: str, name: str, group_size: int) -> None:
     client = LocalChatClient(tiny_model_dir)
     algo = make(name)
-    src = digits_source(client, algo.credit_assigner, prompts=16 // group_size, group_size=group_size,
-                        max_tokens=8, reward_fn=lambda s: float(len(s.strip()) % 3))  # dense, varied reward
-    t = Trainer(load_model(tiny_model_dir), algo, src, config=TrainerConfig(lr=1e-2, max_seq_len=128),
-                publisher=ClientPublisher(client))
+    src = digits_source(
+        client,
+        algo.credit_assigner,
+        prompts=16 // group_size,
+        group_size=group_size,
+        max_tokens=8,
+        reward_fn=lambda s: float(len(s.strip()) % 3),
+    )  # dense, varied reward
+    t = Trainer(
+        load_model(tiny_model_dir),
+        algo,
+        src,
+        config=TrainerConfig(lr=1e-2, max_seq_len=128),
+        publisher=ClientPublisher(client),
+    )
     before = params_of(t.model)
     ms = t.train_sync(3, progress=False)
     assert all(math.isfinite(m["loss"]) and m["items"] == 16 for m in ms)

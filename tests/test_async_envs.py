@@ -9,7 +9,6 @@ small local asyncio TCP server (bound to 127.0.0.1 on a free port) for its answe
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
 
 import pytest
 
@@ -34,10 +33,10 @@ class SleepyCountdown(SingleAgentEnv):
         self.closed = 0
 
     @property
-    def suggested_sysprompt(self) -> Optional[str]:
+    def suggested_sysprompt(self) -> str | None:
         return "Say anything."
 
-    async def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    async def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         await asyncio.sleep(self.delay_s)
         self.n = 1 + (seed or 0) % 3
         return f"n={self.n}", {"n": self.n}
@@ -73,7 +72,7 @@ class ServerEnv(SingleAgentEnv):
             writer.close()
             await writer.wait_closed()
 
-    async def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    async def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         self._obs = await self._ask(f"reset {seed}")
         return self._obs, {}
 

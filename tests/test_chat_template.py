@@ -66,7 +66,9 @@ def test_render_ids_is_the_template_text_tokenized_without_extra_specials(tiny_t
     assert ids == enc(tiny_tokenizer, text)
     assert ids[0] == tiny_tokenizer.convert_tokens_to_ids(IM_START)  # nothing prepended
     assert ids.count(tiny_tokenizer.convert_tokens_to_ids(IM_END)) == 2  # specials are single ids
-    assert ct.render_ids(msgs, add_generation_prompt=False) == enc(tiny_tokenizer, text[: -len(f"{IM_START}assistant\n")])
+    assert ct.render_ids(msgs, add_generation_prompt=False) == enc(
+        tiny_tokenizer, text[: -len(f"{IM_START}assistant\n")]
+    )
 
 
 def test_decode_skips_special_tokens(tiny_tokenizer, ct):
@@ -174,7 +176,10 @@ def test_smollm2_template_extension_equals_fresh_render(default_model_dir):
     tok = AutoTokenizer.from_pretrained(default_model_dir)
     ct = ChatTemplate(tok)
     assert tok.convert_tokens_to_ids(IM_END) in ct.stop_token_ids
-    histories = ([{"role": "user", "content": "Play."}], [{"role": "system", "content": "S"}, {"role": "user", "content": "Go"}])
+    histories = (
+        [{"role": "user", "content": "Play."}],
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "Go"}],
+    )
     for history in histories:
         for ended in (True, False):
             reply = "I pick 5, the centre."

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import pytest
 
@@ -71,7 +71,7 @@ class Countdown(SingleAgentEnv):
         super().__init__()
         self.n = 0
 
-    def env_reset(self, *, seed: Optional[int] = None):
+    def env_reset(self, *, seed: int | None = None):
         self.n = 1 + (seed or 0) % 3
         return f"n={self.n}", {"n": self.n}
 
@@ -206,8 +206,15 @@ class StepRaisesOnLegalPlay(Countdown):
 class TwoPlayers(LudicEnv):
     """Multi-agent reference: A then B, each moves once, both see the end."""
 
-    def __init__(self, *, leak_unknown=False, drop_outcome=False, bad_active=False, no_active=False, stale=False) -> None:
-        self.leak_unknown, self.drop_outcome, self.bad_active, self.no_active = leak_unknown, drop_outcome, bad_active, no_active
+    def __init__(
+        self, *, leak_unknown=False, drop_outcome=False, bad_active=False, no_active=False, stale=False
+    ) -> None:
+        self.leak_unknown, self.drop_outcome, self.bad_active, self.no_active = (
+            leak_unknown,
+            drop_outcome,
+            bad_active,
+            no_active,
+        )
         self.stale = stale
         self.turn = 2
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -14,7 +14,7 @@ from ludic_lab.envs.single_agent_env import SingleAgentEnv
 
 
 class GymStyle(SingleAgentEnv):
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, dict]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, dict]:
         return "obs", {}
 
     def env_step(self, action: str) -> Any:

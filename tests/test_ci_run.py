@@ -36,7 +36,9 @@ def _ci(tmp_path: Path, *, make_rc: int = 0, demo_rc: int = 0, binder_rc: int = 
     calls = tmp_path / "calls"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CI_CALLS": str(calls),
            "MAKE_RC": str(make_rc), "DEMO_RC": str(demo_rc), "BINDER_RC": str(binder_rc)}  # fmt: skip
-    p = subprocess.run(["bash", str(repo / ".ci" / "run")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        ["bash", str(repo / ".ci" / "run")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     return p.returncode, calls.read_text().splitlines() if calls.exists() else [], p.stdout + p.stderr
 
 
@@ -57,7 +59,9 @@ def test_ci_runs_make_test_the_demo_check_and_the_binder_check(tmp_path: Path) -
         ({"binder_rc": 3}, 3),
     ],
 )
-def test_ci_fails_when_any_step_fails_and_still_runs_the_others(tmp_path: Path, rcs: dict[str, int], expected: int) -> None:
+def test_ci_fails_when_any_step_fails_and_still_runs_the_others(
+    tmp_path: Path, rcs: dict[str, int], expected: int
+) -> None:
     rc, calls, out = _ci(tmp_path, **rcs)
     assert rc == expected, out
     assert [c.split()[0] for c in calls] == ["make", "check_fresh_demo", "check_binder"], calls

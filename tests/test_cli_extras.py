@@ -44,9 +44,7 @@ print(json.dumps({"subcommands": subcommands(), "results": results}))
 @pytest.fixture(scope="module")
 def without_pipeline_extra() -> dict:
     """What the CLI does when ``redis`` and ``msgpack`` are not installed (one child process)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, "redis,msgpack"], capture_output=True, text=True, timeout=300
-    )
+    proc = subprocess.run([sys.executable, "-c", _CHILD, "redis,msgpack"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -141,7 +139,10 @@ def test_make_test_fast_collects_on_a_core_install() -> None:
     marker = re.search(r'-m "([^"]+)"', recipe).group(1)
     proc = subprocess.run(
         [sys.executable, "-c", _COLLECT, "redis,msgpack,httpx,vllm", marker],
-        cwd=root, capture_output=True, text=True, timeout=600,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     errors = [line for line in proc.stdout.splitlines() if line.startswith("ERROR")]
     assert proc.returncode == 0 and not errors, "\n".join(errors) or proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 import pytest
 
@@ -28,7 +28,7 @@ class AllKinds:
     lr: float = 1e-3
     name: str = "run"
     """Run name."""
-    maybe_int: Optional[int] = None
+    maybe_int: int | None = None
     """An optional int (typing.Optional)."""
     maybe_float: float | None = None
     """An optional float (PEP 604 union)."""
@@ -110,7 +110,9 @@ def test_bad_values_are_argparse_errors(argv, message, capsys):
 
 
 def test_instance_round_trips_through_argv():
-    cfg = AllKinds(flag=True, count=-2, lr=0.1 + 0.2, name="x", maybe_int=0, mode="slow", level=1, sizes=(9,), tags=("t",))
+    cfg = AllKinds(
+        flag=True, count=-2, lr=0.1 + 0.2, name="x", maybe_int=0, mode="slow", level=1, sizes=(9,), tags=("t",)
+    )
     argv: list[str] = []
     for f in dataclasses.fields(cfg):
         if not f.init or f.name.startswith("_"):
@@ -119,9 +121,11 @@ def test_instance_round_trips_through_argv():
         if v is None:
             continue
         argv.append("--" + f.name.replace("_", "-"))
-        argv += [repr(x) if isinstance(x, float) else str(x) for x in v] if isinstance(v, tuple) else [
-            repr(v) if isinstance(v, float) else str(v)
-        ]
+        argv += (
+            [repr(x) if isinstance(x, float) else str(x) for x in v]
+            if isinstance(v, tuple)
+            else [repr(v) if isinstance(v, float) else str(v)]
+        )
     assert parse_config(AllKinds, argv) == cfg
 
 

@@ -35,7 +35,10 @@ NAN, INF = float("nan"), float("inf")
     [
         ({"max_grad_norm": -1}, "TrainerConfig.max_grad_norm must be a finite number > 0 (or None), got -1"),
         ({"lr": INF}, "TrainerConfig.lr must be a finite number > 0, got inf"),
-        ({"lr_schedule": "bogus"}, "TrainerConfig.lr_schedule must be one of 'constant', 'linear', 'cosine', got 'bogus'"),
+        (
+            {"lr_schedule": "bogus"},
+            "TrainerConfig.lr_schedule must be one of 'constant', 'linear', 'cosine', got 'bogus'",
+        ),
         ({"total_steps": -5}, "TrainerConfig.total_steps must be an integer >= 1 (or None), got -5"),
         ({"lora_r": -4}, "TrainerConfig.lora_r must be an integer >= 0, got -4; 0 trains all weights"),
         ({"scoring_temperature": NAN}, "TrainerConfig.scoring_temperature must be a finite number > 0, got nan"),
@@ -60,8 +63,19 @@ def test_trainer_config_refuses(kw: dict, message: str) -> None:
 
 def test_trainer_config_still_accepts_what_is_meaningful() -> None:
     TrainerConfig()
-    TrainerConfig(lr=1, max_grad_norm=None, max_lag=0, total_steps=10, lr_schedule="cosine", warmup_steps=10,
-                  lora_r=0, keep_checkpoints=0, sync_every_steps=0, weight_decay=0.0, adam_betas=[0.0, 0.5])
+    TrainerConfig(
+        lr=1,
+        max_grad_norm=None,
+        max_lag=0,
+        total_steps=10,
+        lr_schedule="cosine",
+        warmup_steps=10,
+        lora_r=0,
+        keep_checkpoints=0,
+        sync_every_steps=0,
+        weight_decay=0.0,
+        adam_betas=[0.0, 0.5],
+    )
 
 
 @pytest.mark.parametrize(
@@ -111,7 +125,9 @@ def test_losses_refuse_nan_and_infinite_parameters() -> None:
     assert TokenClippedSurrogateLoss(tis_cap=INF).tis_cap == INF  # an infinite cap means no cap: allowed
     from ludic_lab.training.algorithm import RLAlgorithm, make_grpo
 
-    with pytest.raises(ValueError, match="RLAlgorithm.scoring_temperature must be a finite number > 0 .or None., got nan"):
+    with pytest.raises(
+        ValueError, match="RLAlgorithm.scoring_temperature must be a finite number > 0 .or None., got nan"
+    ):
         RLAlgorithm("x", make_grpo().credit_assigner, make_grpo().loss, scoring_temperature=NAN)
     with pytest.raises(ValueError, match="TokenKLLoss.coeff must be a finite number, got nan"):
         make_grpo(kl_coeff=NAN)
@@ -137,9 +153,15 @@ CONFIGS: list[tuple[type, dict[str, Any]]] = [
 ]
 """The library's config dataclasses with the arguments they need besides defaults."""
 
-ALLOWED_INF = {(TokenClippedSurrogateLoss, "tis_cap"), (TokenClippedSurrogateLoss, "ratio_clip"),
-               (SequenceClippedSurrogateLoss, "tis_cap"), (CISPOLoss, "tis_cap"), (CISPOLoss, "clip_eps_high"),
-               (ReinforceLoss, "tis_cap"), (ReinforceBaselineLoss, "tis_cap")}
+ALLOWED_INF = {
+    (TokenClippedSurrogateLoss, "tis_cap"),
+    (TokenClippedSurrogateLoss, "ratio_clip"),
+    (SequenceClippedSurrogateLoss, "tis_cap"),
+    (CISPOLoss, "tis_cap"),
+    (CISPOLoss, "clip_eps_high"),
+    (ReinforceLoss, "tis_cap"),
+    (ReinforceBaselineLoss, "tis_cap"),
+}
 """Where an infinity means something (a cap of inf = no cap)."""
 
 

@@ -27,8 +27,10 @@ from ludic_lab.types import Rollout, Step
 
 def ro(rewards, *, gid=None, agent="agent_0", error=None, rid=None) -> Rollout:
     """A rollout whose steps carry ``rewards`` (no traces needed for credit)."""
-    steps = tuple(Step(index=i, prev_obs="o", action="a", parsed_action="a", next_obs="o", reward=r)
-                  for i, r in enumerate(rewards))
+    steps = tuple(
+        Step(index=i, prev_obs="o", action="a", parsed_action="a", next_obs="o", reward=r)
+        for i, r in enumerate(rewards)
+    )
     kw = {} if rid is None else {"id": rid}
     return Rollout(steps=steps, group_id=gid, agent_id=agent, error=error, **kw)
 
@@ -40,14 +42,21 @@ def per_rollout(weights, rollouts):
 
 def close(got, expected, tol=1e-12) -> bool:
     """Nested lists equal in shape, numbers within ``tol`` (``None`` only where ``None``)."""
-    if len(got) != len(expected) or any(len(a) != len(b) for a, b in zip(got, expected)):
+    if len(got) != len(expected) or any(len(a) != len(b) for a, b in zip(got, expected, strict=True)):
         return False
-    pairs = [(x, y) for a, b in zip(got, expected) for x, y in zip(a, b)]
+    pairs = [(x, y) for a, b in zip(got, expected, strict=True) for x, y in zip(a, b, strict=True)]
     return all((x is None) == (y is None) and (x is None or abs(x - y) <= tol * max(1.0, abs(y))) for x, y in pairs)
 
 
-ALL = [MonteCarloReturn(), PerStepReturn(), EpisodicReturn(), ConstantCredit(), GroupNormalizedReturn(),
-       HybridNormalizedReturn(), LeaveOneOutReturn()]
+ALL = [
+    MonteCarloReturn(),
+    PerStepReturn(),
+    EpisodicReturn(),
+    ConstantCredit(),
+    GroupNormalizedReturn(),
+    HybridNormalizedReturn(),
+    LeaveOneOutReturn(),
+]
 
 
 @pytest.mark.parametrize("assigner", ALL, ids=lambda a: type(a).__name__)
@@ -138,8 +147,12 @@ def test_hybrid_normalized_hand_computed():
 
 
 def test_groups_are_keyed_by_group_id_and_agent():
-    rs = [ro([1.0], gid="g", agent="X"), ro([0.0], gid="g", agent="X"),
-          ro([-1.0], gid="g", agent="O"), ro([0.0], gid="g", agent="O")]
+    rs = [
+        ro([1.0], gid="g", agent="X"),
+        ro([0.0], gid="g", agent="X"),
+        ro([-1.0], gid="g", agent="O"),
+        ro([0.0], gid="g", agent="O"),
+    ]
     w = GroupNormalizedReturn().compute(rs)
     assert per_rollout(w, rs) == [[0.5], [-0.5], [-0.5], [0.5]]  # mixed, it would be 1, 0, -1, 0
     assert GroupNormalizedReturn().last_stats.num_groups == 0
@@ -170,8 +183,7 @@ def test_failed_rollouts_get_no_weight_and_are_counted():
     a = GroupNormalizedReturn()
     w, stats = a.compute_with_stats(g1 + g2)  # nominal sizes 4 and 4: not "uneven"
     assert close(per_rollout(w, g1), [[2 / 3], [-1 / 3], [-1 / 3], [None]])
-    assert stats == CreditStats(num_rollouts=8, weighted_rollouts=7, weighted_steps=7, failed_rollouts=1,
-                                num_groups=2)
+    assert stats == CreditStats(num_rollouts=8, weighted_rollouts=7, weighted_steps=7, failed_rollouts=1, num_groups=2)
     for other in (MonteCarloReturn(), EpisodicReturn(), ConstantCredit(), LeaveOneOutReturn()):
         w = other.compute(g1 + g2)
         assert (g1[3].id, 0) not in w and len(w) == 7 and other.last_stats.failed_rollouts == 1
@@ -198,8 +210,9 @@ def test_zero_std_groups_give_zero_advantage_without_nan():
     assert a.last_stats.zero_std_groups == 1
 
 
-@pytest.mark.parametrize("assigner", [a for a in ALL if not isinstance(a, ConstantCredit)],
-                         ids=lambda a: type(a).__name__)
+@pytest.mark.parametrize(
+    "assigner", [a for a in ALL if not isinstance(a, ConstantCredit)], ids=lambda a: type(a).__name__
+)
 def test_nan_reward_is_a_clear_error_or_a_counted_skip(assigner):
     bad = ro([0.0, float("nan")], gid="g", rid="nan-rollout")
     rs = [bad, ro([1.0], gid="g"), ro([0.0], gid="g")]

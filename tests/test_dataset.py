@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ludic_lab.data import MATH_WORD_PROBLEMS_PATH, load_math_word_problems, reasoning_gym_dataset, reasoning_gym_verifier
+from ludic_lab.data import (
+    MATH_WORD_PROBLEMS_PATH,
+    load_math_word_problems,
+    reasoning_gym_dataset,
+    reasoning_gym_verifier,
+)
 from ludic_lab.envs import DatasetQAEnv, check_env
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "make_math_dataset.py"
@@ -75,7 +80,10 @@ def test_shipped_data_drives_dataset_qa_env() -> None:
     assert obs == test[5]["question"] and info["id"] == test[5]["id"]
     answer = parser(f"<think>easy</think> <answer>{test[5]['answer']}</answer>").action
     assert env.step({"agent_0": answer})["agent_0"].reward == 1.0
-    assert DatasetQAEnv(MATH_WORD_PROBLEMS_PATH).reset(seed=0)["agent_0"][0] == load_math_word_problems("all")[0]["question"]
+    assert (
+        DatasetQAEnv(MATH_WORD_PROBLEMS_PATH).reset(seed=0)["agent_0"][0]
+        == load_math_word_problems("all")[0]["question"]
+    )
 
 
 def test_shipped_file_loads_with_datasets_offline(monkeypatch) -> None:
@@ -116,5 +124,5 @@ def test_reasoning_gym_errors() -> None:
     pytest.importorskip("reasoning_gym")
     with pytest.raises(ValueError, match="size"):
         reasoning_gym_dataset("basic_arithmetic", size=0)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - reasoning_gym's own error type, which varies by version
         reasoning_gym_dataset("no_such_task_xyz", size=1)

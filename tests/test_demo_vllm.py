@@ -65,7 +65,13 @@ def _alive(pid: int) -> bool:
 def _run_demo(cmd: list[str], out: Path, timeout: float) -> subprocess.CompletedProcess:
     """Run the demo to its end. If it hangs (or the test is interrupted), stop it like Ctrl-C
     and, should its server outlive it, that server's process group (started by this test)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
@@ -95,7 +101,9 @@ def _require_vllm() -> None:
 def test_demo_with_the_vllm_backend_trains_pushes_and_stops_the_server(tmp_path, default_model_dir):
     _require_vllm()
     out = tmp_path / "demo"
-    cmd = _demo_cmd(out, "--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--eval-k", "1", "--max-tokens", "8")
+    cmd = _demo_cmd(
+        out, "--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--eval-k", "1", "--max-tokens", "8"
+    )
     t = time.perf_counter()
     proc = _run_demo(cmd, out, timeout=1500)
     print(f"\ndemo --backend vllm took {time.perf_counter() - t:.0f}s")
@@ -117,7 +125,7 @@ def _check_demo_run(proc: subprocess.CompletedProcess, out: Path) -> None:
     assert set(summary["after"]) >= {"greedy_accuracy", "sampled_accuracy", "pass@1"}
     port = _server_port(out)
     log = (out / "vllm_server.log").read_text(errors="replace")
-    assert log.count("POST /update_param_batch HTTP/1.1\" 200") == 2
+    assert log.count('POST /update_param_batch HTTP/1.1" 200') == 2
     assert _server_processes(port) == [] and port_is_free("127.0.0.1", port)
 
 
@@ -126,7 +134,9 @@ def test_ctrl_c_stops_the_vllm_server(tmp_path, tiny_model_dir):
     out = tmp_path / "demo"
     console = (tmp_path / "console.txt").open("w")
     proc = subprocess.Popen(
-        _demo_cmd(out, "--model", tiny_model_dir, "--steps", "50", "--eval-k", "0"), stdout=console, stderr=subprocess.STDOUT
+        _demo_cmd(out, "--model", tiny_model_dir, "--steps", "50", "--eval-k", "0"),
+        stdout=console,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 600

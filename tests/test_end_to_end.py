@@ -19,9 +19,10 @@ unknown env kind) and checks each gives a clear error or a recorded failed step.
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import torch
@@ -63,7 +64,7 @@ def hashed_move(text: str, legal: list[int]) -> str:
 class HashMoveTicTacToe(TicTacToeEnv):
     """TicTacToe vs the random opponent; any completion becomes a legal move (by hash)."""
 
-    def __init__(self, *, fail_on_step: Optional[int] = None) -> None:
+    def __init__(self, *, fail_on_step: int | None = None) -> None:
         super().__init__(opponent="random")
         self.fail_on_step = fail_on_step
         self.step_calls = 0
@@ -155,12 +156,16 @@ def batch_requests(model: str) -> list[RolloutRequest]:
     tiny = model == "tiny"
     ttt_tokens, qa_tokens = (8, 8) if tiny else (12, 32)
     grpo = GRPORequestStrategy(2, seed=1234)
-    ttt = RolloutRequest(EnvSpec("ttt"), ProtocolSpec("single"), env_seed=1, max_steps=5, inference=inference(ttt_tokens))
+    ttt = RolloutRequest(
+        EnvSpec("ttt"), ProtocolSpec("single"), env_seed=1, max_steps=5, inference=inference(ttt_tokens)
+    )
     ttt2 = RolloutRequest(
         EnvSpec("ttt2"), ProtocolSpec("two_players"), env_seed=7, max_steps=9, inference=inference(ttt_tokens)
     )
     qa = [
-        RolloutRequest(EnvSpec("qa"), ProtocolSpec("single_qa"), env_seed=s, max_steps=1, inference=inference(qa_tokens))
+        RolloutRequest(
+            EnvSpec("qa"), ProtocolSpec("single_qa"), env_seed=s, max_steps=1, inference=inference(qa_tokens)
+        )
         for s in (11, 250)
     ]
     two_player = grpo.expand([ttt2]) if tiny else GRPORequestStrategy(1, seed=1234).expand([ttt2])
@@ -302,7 +307,7 @@ def test_tictactoe_vs_opponent_plays_real_games(batch):
         result = last.info["result"]
         assert r.total_reward == RESULT_REWARD[result] == last.env_reward
         assert all(s.info["parse_error"] is False for s in r.steps)
-        for a, b in zip(r.steps, r.steps[1:]):
+        for a, b in itertools.pairwise(r.steps):
             assert b.prev_obs == a.next_obs
             assert "opponent_move" in a.info
         assert r.meta["end"] == "terminated" and r.meta["env"] == "HashMoveTicTacToe"
@@ -439,7 +444,12 @@ def test_garbage_completions_become_parse_error_steps(tiny_client, tiny_ref):
     engine.register_protocol("strict", lambda: SingleAgentSyncProtocol(Agent(tiny_client, FullDialog(), parser)))
     reqs = [
         RolloutRequest(
-            EnvSpec("counted"), ProtocolSpec("strict"), env_seed=0, sampling_seed=5, num_episodes=2, inference=inference(8)
+            EnvSpec("counted"),
+            ProtocolSpec("strict"),
+            env_seed=0,
+            sampling_seed=5,
+            num_episodes=2,
+            inference=inference(8),
         )
     ]
     rollouts = engine.generate_rollouts_sync(reqs, max_steps=3, concurrency=2)

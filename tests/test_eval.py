@@ -12,11 +12,11 @@ import math
 import warnings
 from collections import Counter
 from fractions import Fraction
-from typing import Any, Optional
+from typing import Any
 
 import pytest
-
 from helpers import ScriptedChatClient, chatml_template
+
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
 from ludic_lab.data import load_math_word_problems
@@ -111,11 +111,11 @@ def test_wilson_interval_hand_values():
 
 
 # -- success rules ---------------------------------------------------------------------------
-def _rollout(*infos: Info, rewards: Optional[list[float]] = None, error: Optional[str] = None) -> Rollout:
+def _rollout(*infos: Info, rewards: list[float] | None = None, error: str | None = None) -> Rollout:
     rewards = rewards or [0.0] * len(infos)
     steps = tuple(
         Step(index=i, prev_obs="q", action="a", parsed_action="a", next_obs="o", reward=r, info=dict(info))
-        for i, (info, r) in enumerate(zip(infos, rewards))
+        for i, (info, r) in enumerate(zip(infos, rewards, strict=True))
     )
     return Rollout(steps=steps, error=error)
 
@@ -187,7 +187,7 @@ class FlakyQAEnv(DatasetQAEnv):
         super().__init__(data, **kw)
         self.bad_seeds = bad_seeds
 
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         if seed in self.bad_seeds:
             raise OSError(f"dataset shard for seed {seed} is unreadable")
         return super().env_reset(seed=seed)
@@ -275,9 +275,7 @@ async def test_repr_html_compare_and_examples():
     html = before._repr_html_()
     assert "<table>" in html and "pass@3" in html and "accuracy" in html and "0.7500" in html
     assert "pass@3=0.7500" in repr(before)
-    after = EvalResult.from_rollouts(
-        before.rollouts, k=3, success=lambda r: True, success_rule="all", name="after"
-    )
+    after = EvalResult.from_rollouts(before.rollouts, k=3, success=lambda r: True, success_rule="all", name="after")
     cmp = before.compare(after)
     assert cmp.loc["accuracy", "delta"] == pytest.approx(0.5)
     assert "success_rule" not in cmp.index

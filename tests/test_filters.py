@@ -42,8 +42,7 @@ def strict_parser(text: str) -> ParseResult:
 
 
 def item(**meta) -> SAWItem:
-    return SAWItem(input_ids=(1, 2), action_mask=(0, 1), weights=(0.0, 1.0), behaviour_logprobs=(0.0, -0.1),
-                   meta=meta)
+    return SAWItem(input_ids=(1, 2), action_mask=(0, 1), weights=(0.0, 1.0), behaviour_logprobs=(0.0, -0.1), meta=meta)
 
 
 # -- the step records a completion cut at max_tokens ------------------------------------------
@@ -65,8 +64,9 @@ async def test_cut_completion_is_flagged_on_a_rejected_step_too():
 
 async def test_an_agent_rejecting_cut_completions_gives_a_flagged_penalised_step_the_filter_drops():
     client = ScriptedChatClient([Reply("wi", finish_reason="length"), "win"], chat_template=chatml_template())
-    agent = Agent(client, FullDialog(), strict_parser, reject_incomplete_completions=True,
-                  incomplete_completion_penalty=-0.3)
+    agent = Agent(
+        client, FullDialog(), strict_parser, reject_incomplete_completions=True, incomplete_completion_penalty=-0.3
+    )
     env = CountingEnv()
     [r] = await SingleAgentSyncProtocol(agent).run(env=env, max_steps=4)
     cut = r.steps[0]
@@ -78,8 +78,10 @@ async def test_an_agent_rejecting_cut_completions_gives_a_flagged_penalised_step
 
 async def test_multi_agent_steps_carry_the_flag():
     tpl = chatml_template()
-    agents = {a: Agent(ScriptedChatClient(s, chat_template=tpl), FullDialog(), strict_parser)
-              for a, s in {"A": [Reply("a1", finish_reason="length"), "win"], "B": ["b1"]}.items()}
+    agents = {
+        a: Agent(ScriptedChatClient(s, chat_template=tpl), FullDialog(), strict_parser)
+        for a, s in {"A": [Reply("a1", finish_reason="length"), "win"], "B": ["b1"]}.items()
+    }
     ra, rb = await MultiAgentProtocol(agents).run(env=TurnGameEnv(), max_steps=5)
     assert [s.info["incomplete_completion"] for s in ra.steps] == [True, False]
     assert rb.steps[0].info["incomplete_completion"] is False
@@ -98,8 +100,13 @@ def test_shipped_filters_read_item_meta():
 
 
 def test_filters_combine_with_operators_lists_and_functions():
-    its = [item(), item(truncated=True), item(parse_error=True), item(finish_reason="length"),
-           item(truncated=True, parse_error=True)]
+    its = [
+        item(),
+        item(truncated=True),
+        item(parse_error=True),
+        item(finish_reason="length"),
+        item(truncated=True, parse_error=True),
+    ]
     both = drop_truncated & drop_parse_errors
     assert [both(i) for i in its] == [True, False, False, True, False]
     listed = as_filter([drop_truncated, drop_parse_errors, drop_incomplete_completions])
@@ -119,8 +126,13 @@ def test_filters_combine_with_operators_lists_and_functions():
 
 
 def test_filter_items_counts_each_drop_under_the_first_filter_that_rejected_it():
-    its = [item(), item(truncated=True), item(parse_error=True), item(truncated=True, parse_error=True),
-           item(finish_reason="length")]
+    its = [
+        item(),
+        item(truncated=True),
+        item(parse_error=True),
+        item(truncated=True, parse_error=True),
+        item(finish_reason="length"),
+    ]
     kept, dropped = filter_items(its, [drop_truncated, drop_parse_errors, drop_incomplete_completions])
     assert kept == [its[0]]
     assert dropped == {"drop_truncated": 2, "drop_parse_errors": 1, "drop_incomplete_completions": 1}
@@ -133,17 +145,38 @@ def test_filter_items_counts_each_drop_under_the_first_filter_that_rejected_it()
 
 
 def test_sample_meta_reads_the_step_and_its_episode():
-    s0 = Step(index=0, prev_obs="o", action="a", parsed_action=None, next_obs="fb", reward=0.0,
-              info={"parse_error": True, "agent": {"finish_reason": "length"}})
-    s1 = Step(index=1, prev_obs="fb", action="b", parsed_action="b", next_obs="o2", reward=0.0, truncated=True,
-              info={"parse_error": False, "incomplete_completion": False})
+    s0 = Step(
+        index=0,
+        prev_obs="o",
+        action="a",
+        parsed_action=None,
+        next_obs="fb",
+        reward=0.0,
+        info={"parse_error": True, "agent": {"finish_reason": "length"}},
+    )
+    s1 = Step(
+        index=1,
+        prev_obs="fb",
+        action="b",
+        parsed_action="b",
+        next_obs="o2",
+        reward=0.0,
+        truncated=True,
+        info={"parse_error": False, "incomplete_completion": False},
+    )
     r = Rollout(steps=(s0, s1))
     m0, m1 = sample_meta(r, s0), sample_meta(r, s1)
-    assert m0 == {"truncated": True, "step_truncated": False, "parse_error": True,
-                  "incomplete_completion": True, "finish_reason": "length"}
+    assert m0 == {
+        "truncated": True,
+        "step_truncated": False,
+        "parse_error": True,
+        "incomplete_completion": True,
+        "finish_reason": "length",
+    }
     assert m1["truncated"] and m1["step_truncated"] and not m1["parse_error"] and not m1["incomplete_completion"]
-    ended = Rollout(steps=(s0, Step(index=1, prev_obs="", action="", parsed_action="", next_obs="", reward=1.0,
-                                    terminated=True)))
+    ended = Rollout(
+        steps=(s0, Step(index=1, prev_obs="", action="", parsed_action="", next_obs="", reward=1.0, terminated=True))
+    )
     assert sample_meta(ended, s0)["truncated"] is False
 
 
@@ -166,18 +199,25 @@ def _reply(request) -> Reply:
 
 def _source(**kw) -> RolloutBatchSource:
     client = ScriptedChatClient(_reply, chat_template=chatml_template())
-    engine = RolloutEngine({"count": CountingEnv},
-                           {"agent": lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), strict_parser))})
-    reqs = lambda: [RolloutRequest(env=EnvSpec("count"), protocol=ProtocolSpec("agent"), env_seed=s, inference=SPEC)
-                    for s in SCRIPTS]  # noqa: E731
+    engine = RolloutEngine(
+        {"count": CountingEnv}, {"agent": lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), strict_parser))}
+    )
+
+    def reqs() -> list[RolloutRequest]:
+        return [
+            RolloutRequest(env=EnvSpec("count"), protocol=ProtocolSpec("agent"), env_seed=s, inference=SPEC)
+            for s in SCRIPTS
+        ]
+
     return RolloutBatchSource(engine, reqs, ConstantCredit(), max_steps=2, **kw)
 
 
 async def test_items_carry_step_flags_without_a_filter():
     batch = await _source().next_batch()
     assert len(batch) == 7 and batch.meta["skipped/filtered_samples"] == 0
-    flags = sorted((it.meta["truncated"], it.meta["parse_error"], it.meta["incomplete_completion"])
-                   for it in batch.items)
+    flags = sorted(
+        (it.meta["truncated"], it.meta["parse_error"], it.meta["incomplete_completion"]) for it in batch.items
+    )
     assert flags.count((True, False, False)) == 2 and flags.count((False, True, False)) == 1
     assert flags.count((False, False, True)) == 1 and flags.count((False, False, False)) == 3
 
@@ -191,8 +231,9 @@ async def test_rollout_batch_source_drops_and_counts_by_filter():
     assert m["skipped/filtered_samples/drop_truncated"] == 2
     assert m["skipped/filtered_samples/drop_parse_errors"] == 1
     assert m["skipped/filtered_samples/drop_incomplete_completions"] == 1
-    assert not any(it.meta["truncated"] or it.meta["parse_error"] or it.meta["incomplete_completion"]
-                   for it in batch.items)
+    assert not any(
+        it.meta["truncated"] or it.meta["parse_error"] or it.meta["incomplete_completion"] for it in batch.items
+    )
     assert len(src.last_rollouts) == 4  # the rollouts are all still there to look at
     assert m["parse_error_rate"] == pytest.approx(1 / 7) and m["incomplete_completion_rate"] == pytest.approx(1 / 7)
 
@@ -217,8 +258,12 @@ async def test_offline_source_filters_saved_rollouts_once_and_reports_it(tmp_pat
     await src.next_batch()
     path = tmp_path / "rollouts.jsonl"
     save_rollouts(src.last_rollouts, path)
-    offline = OfflineBatchSource(path, batch_size=10, shuffle=False,
-                                 sample_filter=drop_truncated & drop_parse_errors & drop_incomplete_completions)
+    offline = OfflineBatchSource(
+        path,
+        batch_size=10,
+        shuffle=False,
+        sample_filter=drop_truncated & drop_parse_errors & drop_incomplete_completions,
+    )
     batch = offline.next_batch_sync()
     assert len(offline) == 3 and len(batch) == 3
     assert batch.meta["skipped/filtered_samples"] == 4 and batch.meta["skipped/filtered_samples/drop_truncated"] == 2

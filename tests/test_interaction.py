@@ -4,9 +4,11 @@ failures carried by EpisodeError, and the multi-agent protocol with per-agent ro
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 
 import pytest
+from helpers import CountingEnv, Reply, ScriptedChatClient, TurnGameEnv, chatml_template
 
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
@@ -20,7 +22,6 @@ from ludic_lab.interaction import (
 )
 from ludic_lab.parsers import ParseResult, identity_parser
 from ludic_lab.types import Rollout, Step, StepOutcome
-from helpers import CountingEnv, Reply, ScriptedChatClient, TurnGameEnv, chatml_template
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,12 @@ def strict_parser(text: str) -> ParseResult:
 
 
 def single(script, tpl, parser=strict_parser, **kw) -> SingleAgentSyncProtocol:
-    agent = Agent(ScriptedChatClient(script, chat_template=tpl, policy_version=kw.pop("version", None)),
-                  FullDialog(), parser, system_prompt=kw.pop("system_prompt", None))
+    agent = Agent(
+        ScriptedChatClient(script, chat_template=tpl, policy_version=kw.pop("version", None)),
+        FullDialog(),
+        parser,
+        system_prompt=kw.pop("system_prompt", None),
+    )
     return SingleAgentSyncProtocol(agent, **kw)
 
 
@@ -247,8 +252,10 @@ async def test_async_env_methods_are_awaited(tpl):
 
 
 def players(scripts: dict, tpl, parser=strict_parser) -> dict:
-    return {a: Agent(ScriptedChatClient(s, chat_template=tpl), FullDialog(), parser, name=f"p{a}")
-            for a, s in scripts.items()}
+    return {
+        a: Agent(ScriptedChatClient(s, chat_template=tpl), FullDialog(), parser, name=f"p{a}")
+        for a, s in scripts.items()
+    }
 
 
 async def test_turn_game_terminal_reward_reaches_the_non_mover(tpl):
@@ -309,7 +316,7 @@ async def test_partial_parse_failure_leaves_agent_out_of_env_step(tpl):
 async def test_turn_based_parse_failure_keeps_same_player_to_move(tpl):
     agents = players({"A": ["bad", "win"], "B": []}, tpl)
     env = TurnGameEnv()
-    ra, = await MultiAgentProtocol(agents, trained_agents=["A"]).run(env=env, max_steps=5)
+    (ra,) = await MultiAgentProtocol(agents, trained_agents=["A"]).run(env=env, max_steps=5)
     assert env.step_actions == [{"A": "win"}] and len(ra.steps) == 2
 
 
@@ -408,8 +415,9 @@ async def test_local_client_multi_turn_is_token_exact_and_reproducible(tiny_clie
 
     async def episode(seed):
         agent = Agent(tiny_client, FullDialog(), identity_parser)
-        [r] = await SingleAgentSyncProtocol(agent).run(env=CountingEnv(), max_steps=3, env_seed=0,
-                                                       sampling_seed=seed, inference=spec)
+        [r] = await SingleAgentSyncProtocol(agent).run(
+            env=CountingEnv(), max_steps=3, env_seed=0, sampling_seed=seed, inference=spec
+        )
         return r, agent
 
     r, agent = await episode(5)
@@ -417,9 +425,12 @@ async def test_local_client_multi_turn_is_token_exact_and_reproducible(tiny_clie
     assert len(r.steps) == 3 and r.steps[-1].truncated
     assert [s.trace.prompt_source for s in r.steps] == ["fresh", "extended", "extended"]
     assert list(r.steps[0].trace.prompt_token_ids) == tpl.render_ids(
-        [{"role": "system", "content": "Guess the word."}, {"role": "user", "content": "Guess the secret word (seed=0)."}]
+        [
+            {"role": "system", "content": "Guess the word."},
+            {"role": "user", "content": "Guess the secret word (seed=0)."},
+        ]
     )
-    for prev, cur in zip(r.steps, r.steps[1:]):
+    for prev, cur in itertools.pairwise(r.steps):
         n = len(prev.trace.input_ids)
         assert cur.trace.prompt_token_ids[:n] == prev.trace.input_ids
         assert tpl.decode(cur.trace.prompt_token_ids[n:]).strip().startswith("user")
@@ -438,8 +449,9 @@ async def test_local_client_serves_concurrent_players(tiny_client):
 
     agents = {a: Agent(tiny_client, FullDialog(), identity_parser) for a in "AB"}
     spec = InferenceSpec(sampling=SamplingConfig(max_tokens=4))
-    ra, rb = await MultiAgentProtocol(agents).run(env=TurnGameEnv(simultaneous=True), max_steps=2,
-                                                  sampling_seed=1, inference=spec)
+    ra, rb = await MultiAgentProtocol(agents).run(
+        env=TurnGameEnv(simultaneous=True), max_steps=2, sampling_seed=1, inference=spec
+    )
     assert len(ra.steps) == len(rb.steps) == 2
     assert ra.steps[0].trace.completion_token_ids != rb.steps[0].trace.completion_token_ids
     assert rb.steps[1].trace.prompt_source == "extended"
@@ -451,10 +463,14 @@ async def test_tic_tac_toe_multi_agent_env_end_to_end(tpl):
     env = TicTacToeMultiAgentEnv()
     parser = TicTacToeMultiAgentEnv.recommended_parser()
     agents = {
-        "X": Agent(ScriptedChatClient(["<move>A1</move>", "<move>B1</move>", "<move>C1</move>"], chat_template=tpl),
-                   FullDialog(), parser),
-        "O": Agent(ScriptedChatClient(["hi", "<move>A2</move>", "<move>B2</move>"], chat_template=tpl),
-                   FullDialog(), parser),
+        "X": Agent(
+            ScriptedChatClient(["<move>A1</move>", "<move>B1</move>", "<move>C1</move>"], chat_template=tpl),
+            FullDialog(),
+            parser,
+        ),
+        "O": Agent(
+            ScriptedChatClient(["hi", "<move>A2</move>", "<move>B2</move>"], chat_template=tpl), FullDialog(), parser
+        ),
     }
     rx, ro = await MultiAgentProtocol(agents).run(env=env, max_steps=20, env_seed=0)
     assert [s.parsed_action for s in rx.steps] == ["A1", "B1", "C1"]

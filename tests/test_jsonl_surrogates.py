@@ -30,7 +30,9 @@ def test_save_rollouts_round_trips_a_lone_surrogate(tmp_path: Path) -> None:
 
 def test_json_line() -> None:
     assert json_line({"a": "\u00e9"}) == '{"a": "\u00e9"}'
-    assert json_line({"a": "\udc80"}) == '{"a": "\\udc80"}' and json.loads(json_line({"a": "\udc80"})) == {"a": "\udc80"}
+    assert json_line({"a": "\udc80"}) == '{"a": "\\udc80"}' and json.loads(json_line({"a": "\udc80"})) == {
+        "a": "\udc80"
+    }
     assert json_line({"x": float("nan")}) == '{"x": NaN}'
 
 

@@ -166,7 +166,7 @@ def test_trainer_in_a_kernel_shows_one_live_plot_and_tasks_print_to_their_widget
     assert 1 <= updates <= 4, CountingClient.counts  # start + at most one per step + close
     assert CountingClient.counts.get((2, "stream"), 0) == 0
 
-    keys, n_hist = eval(nb.cells[3].outputs[0].data["text/plain"])  # noqa: S307 - our own repr
+    keys, n_hist = eval(nb.cells[3].outputs[0].data["text/plain"])
     assert any(k.endswith("/kl") for k in keys) and any(k.endswith("clip_frac") for k in keys) and n_hist == 3
     for panel in ("reward", "loss", "KL", "clip fraction"):
         assert f"{panel} " in out.data["text/plain"], out.data["text/plain"]

@@ -52,7 +52,9 @@ def _port_free(port: int) -> bool:
 
 
 # -- bookkeeping (no vLLM) ----------------------------------------------------------------------
-def test_reaper_on_import_kills_only_orphans_that_are_really_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reaper_on_import_kills_only_orphans_that_are_really_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LUDIC_LAB_CACHE", str(tmp_path / "cache"))
     dead_owner = _dead_process()
     orphan, reused, owned = (_sleeper(f"ludic-test-{k}-{os.getpid()}") for k in ("orphan", "reused", "owned"))
@@ -87,7 +89,8 @@ def test_watchdog_kills_the_tree_when_the_owner_dies(tmp_path: Path, monkeypatch
     owner = subprocess.Popen([PY, "-c", "import time; time.sleep(600)"])
     # the target leads its own group and has a child that starts its own session
     target = subprocess.Popen(
-        [PY, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', "
+        [PY, "-c", "import subprocess, sys, time; "
+                   f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', "
                    f"'{marker}'], start_new_session=True); time.sleep(600)", marker],
         start_new_session=True,
     )  # fmt: skip
@@ -166,7 +169,7 @@ def test_kill_9_of_the_owner_leaves_no_server(tiny_model_dir: str, free_port: in
         from ludic_lab.lab import VLLMServer
         from ludic_lab.inference import processes
         s = VLLMServer(model={tiny_model_dir!r}, port={free_port}, max_model_len=512,
-                       log_file={str(tmp_path / 'vllm.log')!r}, display=False)
+                       log_file={str(tmp_path / "vllm.log")!r}, display=False)
         tree = processes.tree(s.pid, s.record.pgid)
         print(json.dumps({{"pid": s.pid, "tree": tree, "record": str(s.record.path)}}), flush=True)
         time.sleep(600)
@@ -187,7 +190,9 @@ def test_kill_9_of_the_owner_leaves_no_server(tiny_model_dir: str, free_port: in
         record = Path(info["record"])
         # the watchdog removes the record once the whole tree (and any straggler in its process
         # group, which `tree` above may not have listed) is gone: wait for both
-        while time.monotonic() < deadline and (any(processes.is_alive(p, s) for p, s in tree.items()) or record.exists()):
+        while time.monotonic() < deadline and (
+            any(processes.is_alive(p, s) for p, s in tree.items()) or record.exists()
+        ):
             time.sleep(0.2)
         assert not any(processes.is_alive(p, s) for p, s in tree.items())
         assert _server_procs(free_port) == []

@@ -108,7 +108,11 @@ def test_crash_on_rank_1_names_the_rank_with_its_traceback_and_leaves_nothing(tm
     msg = str(e.value)
     assert e.value.rank == 1 and run.status == "failed" and run.returncode != 0
     assert "rank 1 failed (exit code 1)" in msg
-    assert "Traceback (most recent call last)" in msg and "in load_shard" in msg and "ValueError: shard 1 is corrupt" in msg
+    assert (
+        "Traceback (most recent call last)" in msg
+        and "in load_shard" in msg
+        and "ValueError: shard 1 is corrupt" in msg
+    )
     assert str(tmp_path / "logs") in msg
     assert run.error is e.value and "shard 1 is corrupt" in run._repr_html_()
     assert _wait_gone(str(script)) == []
@@ -152,7 +156,7 @@ def test_kill_9_of_the_owner_leaves_nothing(tmp_path: Path) -> None:
         f"""
         import sys, time
         from ludic_lab.lab.torchrun import launch_torchrun
-        run = launch_torchrun({str(script)!r}, nproc=2, log_dir={str(tmp_path / 'logs')!r})
+        run = launch_torchrun({str(script)!r}, nproc=2, log_dir={str(tmp_path / "logs")!r})
         while "up" not in run.tail(1):
             time.sleep(0.2)
         print("ready", run.pid, flush=True)
@@ -200,13 +204,19 @@ def test_in_a_real_kernel_status_live_plot_and_crash_message(tmp_path: Path) -> 
         print("rank", os.environ["RANK"], "finished", flush=True)
         """,
     )
-    _script(tmp_path, "bad.py", "import os\nif os.environ['RANK'] == '1':\n    raise KeyError('no such column: reward')\n")
+    _script(
+        tmp_path, "bad.py", "import os\nif os.environ['RANK'] == '1':\n    raise KeyError('no such column: reward')\n"
+    )
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell("from ludic_lab import lab"),
         nbformat.v4.new_code_cell('run = lab.launch_torchrun("ok.py", nproc=2, metrics_path="m.jsonl")\nrun.wait(180)'),
-        nbformat.v4.new_code_cell("print(run.status, [r['step'] for r in run.metrics()], run._live.history[-1]['reward_mean'])"),
-        nbformat.v4.new_code_cell('lab.launch_torchrun("bad.py", nproc=2).wait(180)', metadata={"tags": ["raises-exception"]}),
+        nbformat.v4.new_code_cell(
+            "print(run.status, [r['step'] for r in run.metrics()], run._live.history[-1]['reward_mean'])"
+        ),
+        nbformat.v4.new_code_cell(
+            'lab.launch_torchrun("bad.py", nproc=2).wait(180)', metadata={"tags": ["raises-exception"]}
+        ),
     ]
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     shown = [o for o in nb.cells[1].outputs if o.get("output_type") == "display_data"]

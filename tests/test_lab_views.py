@@ -46,7 +46,9 @@ def test_credit_view_dispatches_and_saves(tiny_tokenizer, tmp_path: Path):
 
 
 def test_ratio_and_kl_statistics_match_hand_computation():
-    it = SAWItem(input_ids=(1, 2, 3, 4), action_mask=(0, 0, 1, 1), weights=(0, 0, 1, 1), behaviour_logprobs=(0, 0, -1.0, -2.0))
+    it = SAWItem(
+        input_ids=(1, 2, 3, 4), action_mask=(0, 0, 1, 1), weights=(0, 0, 1, 1), behaviour_logprobs=(0, 0, -1.0, -2.0)
+    )
     current = [[0.0, 0.0, -0.9, -2.2]]  # log ratios 0.1 and -0.2
     st = ratio_kl_stats([it], current)
     assert st["log_ratios"] == pytest.approx([0.1, -0.2])
@@ -72,7 +74,7 @@ def test_policy_logprobs_match_a_plain_forward_pass(tiny_model_dir, tiny_tokeniz
     assert model.training  # restored
     assert [len(x) for x in lps] == [it.num_tokens for it in items]
     with torch.no_grad():
-        for it, lp in zip(items, lps):
+        for it, lp in zip(items, lps, strict=True):
             ids = torch.tensor([it.input_ids])
             logits = model(input_ids=ids).logits[0].float()
             ref = torch.log_softmax(logits[:-1], -1).gather(1, ids[0, 1:, None])[:, 0].numpy()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Any, Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -54,9 +55,9 @@ def own_client(tiny_model_dir: str) -> LocalChatClient:
 def req(
     content: Any = "Hello there",
     *,
-    ids: Optional[Sequence[int]] = None,
-    ret: ReturnSpec = ReturnSpec.for_training(),
-    extensions: Optional[dict] = None,
+    ids: Sequence[int] | None = None,
+    ret: ReturnSpec = ReturnSpec.for_training(),  # noqa: B008 - a frozen dataclass, safe to share
+    extensions: dict | None = None,
     **sampling: Any,
 ) -> ChatCompletionRequest:
     messages = [{"role": "user", "content": content}] if isinstance(content, str) else list(content)
@@ -70,7 +71,9 @@ def req(
     )
 
 
-def reference_logprobs(model: Any, prompt: Sequence[int], completion: Sequence[int], cfg: SamplingConfig) -> torch.Tensor:
+def reference_logprobs(
+    model: Any, prompt: Sequence[int], completion: Sequence[int], cfg: SamplingConfig
+) -> torch.Tensor:
     """Per completion token: its logprob under ``cfg``'s distribution, from one plain forward.
 
     fp32 forward of prompt + completion (no padding, no cache); then, by hand in float64:
@@ -190,7 +193,7 @@ async def test_batched_logprobs_equal_a_plain_forward_pass(client, case):
     assert {info["batch_size"] for _, info in results} == {len(reqs)}  # really one batch
     lengths = {len(resp.completion_token_ids) for resp, _ in results}
     assert len(lengths) > 3  # rows left the batch at different steps
-    for r, (resp, info) in zip(reqs, results):
+    for r, (resp, info) in zip(reqs, results, strict=True):
         assert_exact(client, r, resp)
         assert resp.prompt_token_ids == tuple(client.prompt_ids(r))
         assert info["prompt_tokens"] == len(resp.prompt_token_ids)
@@ -282,7 +285,7 @@ async def test_seeded_request_is_reproducible_whatever_the_batch(client):
         assert info["batch_size"] == 5
         assert got.completion_token_ids == alone.completion_token_ids
         assert got.text == alone.text
-        diff = max(abs(a - b) for a, b in zip(got.completion_logprobs, alone.completion_logprobs))
+        diff = max(abs(a - b) for a, b in zip(got.completion_logprobs, alone.completion_logprobs, strict=True))
         assert diff < 1e-5
     assert client.complete_sync(target)[0].completion_token_ids == alone.completion_token_ids
 
@@ -382,7 +385,7 @@ async def test_top_logprobs(client):
     ]
     reqs.append(req("no top", max_tokens=4, seed=9))  # k = 0 in the same batch
     results = await asyncio.gather(*(client.complete(r) for r in reqs))
-    for r, (resp, _) in zip(reqs, results):
+    for r, (resp, _) in zip(reqs, results, strict=True):
         k = r.return_.top_logprobs_k
         if k == 0:
             assert resp.top_logprobs is None
@@ -391,7 +394,9 @@ async def test_top_logprobs(client):
         ids = torch.tensor([list(resp.prompt_token_ids) + list(resp.completion_token_ids)])
         with torch.no_grad():
             logits = client.model(input_ids=ids).logits[0, len(resp.prompt_token_ids) - 1 : -1]
-        for t, (tok, lp, top) in enumerate(zip(resp.completion_token_ids, resp.completion_logprobs, resp.top_logprobs)):
+        for t, (tok, lp, top) in enumerate(
+            zip(resp.completion_token_ids, resp.completion_logprobs, resp.top_logprobs, strict=True)
+        ):
             assert len(top) == k
             vals = list(top.values())
             assert vals == sorted(vals, reverse=True)
@@ -403,7 +408,7 @@ async def test_top_logprobs(client):
                 ref = torch.log_softmax(logits[t].double(), -1)
                 v, i = torch.topk(ref, k)
                 assert list(top) == i.tolist()
-                assert max(abs(a - b) for a, b in zip(vals, v.tolist())) < TOL
+                assert max(abs(a - b) for a, b in zip(vals, v.tolist(), strict=True)) < TOL
 
 
 async def test_return_spec_without_ids_returns_only_text(client):
@@ -442,7 +447,7 @@ def test_penalties_change_greedy_decoding_as_openai_defines(client):
             ids.append(tok)
             counts[tok] += 1
     assert list(pen.completion_token_ids) == expected
-    assert max(abs(a - b) for a, b in zip(pen.completion_logprobs, lps)) < TOL
+    assert max(abs(a - b) for a, b in zip(pen.completion_logprobs, lps, strict=True)) < TOL
     assert len(set(plain.completion_token_ids)) < len(set(pen.completion_token_ids))  # fewer repeats
 
 
@@ -493,7 +498,7 @@ def test_sync_weights_loads_new_weights_and_bumps_version(own_client, tiny_model
 def test_sync_weights_partial_update_and_dtype_cast(own_client):
     name = "model.layers.0.mlp.down_proj.weight"
     w = own_client.model.state_dict()[name]
-    new = (w.double() + 1.0)
+    new = w.double() + 1.0
     own_client.sync_weights({name: new})
     assert own_client.model.state_dict()[name].dtype == torch.float32
     assert torch.allclose(own_client.model.state_dict()[name], new.float())
@@ -666,7 +671,9 @@ async def test_a_failing_batch_fails_its_callers_and_the_client_recovers(own_cli
     handle = own_client.model.register_forward_pre_hook(boom)
     try:
         results = await asyncio.wait_for(
-            asyncio.gather(*(own_client.complete(req(f"q{i}", max_tokens=3)) for i in range(3)), return_exceptions=True),
+            asyncio.gather(
+                *(own_client.complete(req(f"q{i}", max_tokens=3)) for i in range(3)), return_exceptions=True
+            ),
             60,
         )
         assert all(isinstance(x, RuntimeError) and "simulated" in str(x) for x in results)
@@ -734,11 +741,23 @@ def test_generated_tool_call_is_parsed_into_openai_format(own_client):
     "text, calls, rest",
     [
         ('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', [("f", {"x": 1})], ""),
-        ('Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>', [("add", {"a": 1})], "Let me add."),
-        ('<tool_call>{"name": "f", "arguments": "{\\"x\\": 2}"}</tool_call>', [("f", {"x": 2})], ""),  # args as a JSON string
+        (
+            'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>',
+            [("add", {"a": 1})],
+            "Let me add.",
+        ),
+        (
+            '<tool_call>{"name": "f", "arguments": "{\\"x\\": 2}"}</tool_call>',
+            [("f", {"x": 2})],
+            "",
+        ),  # args as a JSON string
         ('<tool_call>{"name": "f"}</tool_call>', [("f", {})], ""),
-        ('<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g", "arguments": {"y": [1]}}</tool_call>',
-         [("f", {}), ("g", {"y": [1]})], ""),
+        (
+            '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+            '<tool_call>{"name": "g", "arguments": {"y": [1]}}</tool_call>',
+            [("f", {}), ("g", {"y": [1]})],
+            "",
+        ),
     ],
 )
 def test_tool_call_parsing(text, calls, rest):
@@ -810,7 +829,7 @@ async def test_smollm2_batch_of_16_is_exact(smol, case):
     assert [info["batch_size"] for _, info in results] == [16] * 16
     assert len({len(resp.prompt_token_ids) for resp, _ in results}) > 8  # very different prompt lengths
     assert len({len(resp.completion_token_ids) for resp, _ in results}) > 8
-    diffs = [assert_exact(smol, r, resp) for r, (resp, _) in zip(reqs, results)]
+    diffs = [assert_exact(smol, r, resp) for r, (resp, _) in zip(reqs, results, strict=True)]
     assert max(diffs) < TOL
 
 

@@ -6,9 +6,10 @@ import json
 import math
 import struct
 import time
+from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -109,7 +110,9 @@ def test_jsonl_round_trip_with_nonfinite_values(tmp_path: Path):
     df = read_jsonl_metrics(path)
     assert df["step"].tolist() == [1, 2]
     assert df["loss"].tolist() == [0.5, 0.25]
-    assert math.isnan(df.loc[0, "reward"]) and df.loc[0, "ratio_max"] == math.inf and df.loc[0, "ratio_min"] == -math.inf
+    assert (
+        math.isnan(df.loc[0, "reward"]) and df.loc[0, "ratio_max"] == math.inf and df.loc[0, "ratio_min"] == -math.inf
+    )
     assert df.loc[0, "algo"] == "grpo" and math.isnan(df.loc[1, "reward"])  # missing -> NaN
     assert df.loc[1, "skipped"] == 1 and bool(df.loc[1, "ok"]) is True
     assert (df["time"] > 1.6e9).all() and df["time"].is_monotonic_increasing

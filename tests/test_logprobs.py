@@ -69,7 +69,7 @@ def test_gradients_equal_full_path_with_both_outputs_float32():
 
     got = grads(token_logprobs, chunk_size=64)
     want = grads(full_logits_token_logprobs)
-    for a, c in zip(got, want):
+    for a, c in zip(got, want, strict=True):
         assert torch.allclose(a, c, atol=2e-5, rtol=1e-4)
 
 
@@ -164,7 +164,7 @@ def test_packed_rows_equal_each_sequence_alone(tiny_models, sequences, impl):
     batch = packed_batch([[a, b, c], [d]], width=21)  # row 0: 6 + 9 + 5 + 1 pad ; row 1: 12 + 9 pad
     with torch.no_grad():
         lp, ent = model_token_logprobs(model, batch, return_entropy=True, chunk_size=300, temperature=0.7)
-        for s, (r, off) in zip(sequences, [(0, 0), (0, 6), (0, 15), (1, 0)]):
+        for s, (r, off) in zip(sequences, [(0, 0), (0, 6), (0, 15), (1, 0)], strict=True):
             want_lp, want_ent = alone_logprobs(model, s, temperature=0.7)
             L = len(s)
             assert (lp[r, off + 1 : off + L] - want_lp).abs().max().item() < 1e-5

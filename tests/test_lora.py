@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,8 +72,12 @@ def test_lora_grpo_reward_rises(sharp_model_dir: str) -> None:
 
 def test_only_adapters_train_and_base_weights_never_move(tiny_model_dir: str) -> None:
     items = random_items(6, vocab_size=V)
-    t = Trainer(load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]),
-                config=TrainerConfig(lr=1e-2, max_seq_len=64, lora_r=4, lora_alpha=8))
+    t = Trainer(
+        load_model(tiny_model_dir),
+        make_grpo(),
+        ListBatchSource([SAWBatch(tuple(items))]),
+        config=TrainerConfig(lr=1e-2, max_seq_len=64, lora_r=4, lora_alpha=8),
+    )
     trainable = [n for n, p in t.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
     assert len(trainable) == 2 * len(TARGETS) * 2  # A and B, 7 linears, 2 layers
@@ -96,9 +99,19 @@ def test_merged_weights_are_base_plus_scaled_product_under_base_names(tiny_model
             if "lora_B" in n:
                 p.normal_(std=0.1)
     merged = merged_lora_weights(model)
-    assert set(merged) == {f"model.layers.{i}.{blk}.{m}.weight" for i in range(2) for blk, m in
-                           [("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"),
-                            ("self_attn", "o_proj"), ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj")]}
+    assert set(merged) == {
+        f"model.layers.{i}.{blk}.{m}.weight"
+        for i in range(2)
+        for blk, m in [
+            ("self_attn", "q_proj"),
+            ("self_attn", "k_proj"),
+            ("self_attn", "v_proj"),
+            ("self_attn", "o_proj"),
+            ("mlp", "gate_proj"),
+            ("mlp", "up_proj"),
+            ("mlp", "down_proj"),
+        ]
+    }
     assert set(merged) <= set(base_sd)
     layer = model.get_base_model().model.layers[1].mlp.down_proj
     A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight
@@ -126,7 +139,9 @@ def test_lora_sampler_logprobs_equal_the_trainers_after_publishing(tiny_model_di
     untouched = {k: v.clone() for k, v in client.model.state_dict().items() if "proj" not in k}
     ms = trainer.train_sync(2, progress=False)
     for m in ms:
-        assert abs(m["loss/ratio_mean"] - 1.0) < 1e-5 and m["loss/ratio_max"] < 1 + 1e-4 and m["loss/ratio_min"] > 1 - 1e-4
+        assert (
+            abs(m["loss/ratio_mean"] - 1.0) < 1e-5 and m["loss/ratio_max"] < 1 + 1e-4 and m["loss/ratio_min"] > 1 - 1e-4
+        )
     assert client.policy_version == 2
     for k, v in untouched.items():  # embeddings and norms: not adapted, not sent, not changed
         assert torch.equal(client.model.state_dict()[k], v), k
@@ -147,8 +162,12 @@ def test_lora_sampler_logprobs_equal_the_trainers_after_publishing(tiny_model_di
 def test_kl_reference_under_lora_is_the_base_model(tiny_model_dir: str) -> None:
     items = random_items(6, vocab_size=V, seed=4)
     algo = make_grpo(kl_coeff=0.1)
-    t = Trainer(load_model(tiny_model_dir), algo, ListBatchSource([SAWBatch(tuple(items))]),
-                config=TrainerConfig(lr=5e-2, max_seq_len=64, lora_r=4, lora_alpha=8))
+    t = Trainer(
+        load_model(tiny_model_dir),
+        algo,
+        ListBatchSource([SAWBatch(tuple(items))]),
+        config=TrainerConfig(lr=5e-2, max_seq_len=64, lora_r=4, lora_alpha=8),
+    )
     assert t.ref_model is None  # no second copy
     ms = t.train_sync(3, progress=False)
     assert ms[0]["loss/kl/kl"] == pytest.approx(0.0, abs=1e-10)  # B = 0 at init: policy == reference
@@ -171,9 +190,21 @@ def test_lora_with_gradient_checkpointing_gives_the_same_update(tiny_model_dir: 
     items = random_items(6, vocab_size=V, seed=5)
     out = []
     for gc in (False, True):
-        t = Trainer(load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]),
-                    config=TrainerConfig(lr=1.0, optimizer="sgd", max_grad_norm=None, max_seq_len=64, lora_r=4,
-                                         lora_alpha=8, gradient_checkpointing=gc, seed=3))
+        t = Trainer(
+            load_model(tiny_model_dir),
+            make_grpo(),
+            ListBatchSource([SAWBatch(tuple(items))]),
+            config=TrainerConfig(
+                lr=1.0,
+                optimizer="sgd",
+                max_grad_norm=None,
+                max_seq_len=64,
+                lora_r=4,
+                lora_alpha=8,
+                gradient_checkpointing=gc,
+                seed=3,
+            ),
+        )
         t.train_sync(2, progress=False)  # step 1 moves B off zero, step 2 then trains A as well
         out.append({n: p.detach().clone() for n, p in t.model.named_parameters() if p.requires_grad})
     plain, ckpt = out
@@ -228,7 +259,9 @@ class _Recorder:
 
     def publish(self, state_dict: Any, version: Any = None) -> None:
         self.kept.append(dict(state_dict))
-        self.calls.append(({k: v.data_ptr() for k, v in state_dict.items()}, {k: v.clone() for k, v in state_dict.items()}))
+        self.calls.append(
+            ({k: v.data_ptr() for k, v in state_dict.items()}, {k: v.clone() for k, v in state_dict.items()})
+        )
 
 
 @pytest.mark.parametrize("reuse", [True, False])
@@ -236,7 +269,9 @@ def test_the_trainer_publishes_each_step_s_merge_into_the_same_tensors(tiny_mode
     items = random_items(6, vocab_size=V, seed=4)
     rec = _Recorder()
     cfg = TrainerConfig(lr=5e-2, max_seq_len=64, lora_r=4, lora_alpha=8, reuse_publish_buffers=reuse)
-    t = Trainer(load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]), config=cfg, publisher=rec)
+    t = Trainer(
+        load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]), config=cfg, publisher=rec
+    )
     t.train_sync(1, progress=False)
     first = rec.calls[-1][1]
     t.train_sync(1, progress=False)

@@ -97,7 +97,9 @@ def test_make_lab_starts_jupyterlab_on_the_tutorials(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"{base}/api/contents?token={token}", timeout=10) as r:
             names = {c["name"] for c in json.load(r)["content"]}
         assert {"tutorials", "notebooks"} <= names, names
-        with urllib.request.urlopen(f"{base}/api/contents/tutorials/03_grpo.ipynb?token={token}&content=0", timeout=10) as r:
+        with urllib.request.urlopen(
+            f"{base}/api/contents/tutorials/03_grpo.ipynb?token={token}&content=0", timeout=10
+        ) as r:
             assert json.load(r)["type"] == "notebook"
         lan = _lan_address()
         if lan is not None:

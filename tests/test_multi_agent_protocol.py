@@ -4,7 +4,7 @@ synthetic step records when the other players' moves reach that agent in the sam
 from __future__ import annotations
 
 import json
-from typing import Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -41,7 +41,7 @@ class DuelEnv(LudicEnv[str, str, str]):
     rejected may be missing: it sits the round out).
     """
 
-    def __init__(self, bots: Optional[Mapping[str, Callable[[int], str]]] = None) -> None:
+    def __init__(self, bots: Mapping[str, Callable[[int], str]] | None = None) -> None:
         self.bots = dict(bots or {})
         self.received: list[dict[str, str]] = []
         self.round = 0
@@ -59,7 +59,7 @@ class DuelEnv(LudicEnv[str, str, str]):
     def active_agents(self) -> list[str]:
         return [] if self._done else list(self.agent_ids)
 
-    def reset(self, seed: Optional[int] = None) -> dict[str, tuple[str, Info]]:
+    def reset(self, seed: int | None = None) -> dict[str, tuple[str, Info]]:
         self.round, self._done, self.received = 0, False, []
         return {a: (f"duel (seed={seed}), you are {a}", {}) for a in self.agent_ids}
 
@@ -76,8 +76,10 @@ class DuelEnv(LudicEnv[str, str, str]):
         winners = [a for a, m in moves.items() if m == "win"]
         if winners:
             self._done = True
-            return {a: StepOutcome("you won" if a in winners else "you lost", 1.0 if a in winners else -1.0, False, True)
-                    for a in self.agent_ids}
+            return {
+                a: StepOutcome("you won" if a in winners else "you lost", 1.0 if a in winners else -1.0, False, True)
+                for a in self.agent_ids
+            }
         seen = f"round {self.round}: " + ", ".join(f"{a}={m}" for a, m in sorted(moves.items()))
         return {a: StepOutcome(seen, 0.0, False, False) for a in self.agent_ids}
 
@@ -130,6 +132,7 @@ async def test_a_terminal_outcome_after_a_rejected_reply_is_its_own_step():
 def scripted_bot(*moves: str):
     def bot(game, rng) -> int:
         return next(i for i in map(coord_to_index, moves) if game.is_legal(i))
+
     return bot
 
 
@@ -211,8 +214,12 @@ async def test_external_tool_calls_reach_the_env_with_the_callers_role():
             return f"{agent_id} may win now"
 
     call = '<tool_call>{"name": "peek", "arguments": {"what": "score"}}</tool_call>'
-    a = ToolAgent(ScriptedChatClient([call, "win"], chat_template=chatml_template()), FullDialog(), strict_parser,
-                  external_tools=[peek])
+    a = ToolAgent(
+        ScriptedChatClient([call, "win"], chat_template=chatml_template()),
+        FullDialog(),
+        strict_parser,
+        external_tools=[peek],
+    )
     env = RefereeDuel()
     ra, rb = await MultiAgentProtocol({"A": a, "B": agent(["b1"])}).run(env=env, max_steps=3)
     assert env.calls == [("A", "score")] and env.received == [{"A": "win", "B": "b1"}]
@@ -225,8 +232,19 @@ def test_trace_collector_never_folds_into_a_rejected_step():
     from ludic_lab.types import Step
 
     c = TraceCollector(["A"])
-    c.add("A", Step(index=0, prev_obs="o", action="bad", parsed_action=None, next_obs=FEEDBACK, reward=-0.5,
-                    info={"parse_error": True}, format_reward=-0.5))
+    c.add(
+        "A",
+        Step(
+            index=0,
+            prev_obs="o",
+            action="bad",
+            parsed_action=None,
+            next_obs=FEEDBACK,
+            reward=-0.5,
+            info={"parse_error": True},
+            format_reward=-0.5,
+        ),
+    )
     assert c.deliver("A", StepOutcome(obs="B moved", reward=0.0, truncated=False, terminated=False))
     assert c.deliver("A", StepOutcome(obs="you lost", reward=-1.0, truncated=False, terminated=True))
     rejected, seen = c.steps("A")

@@ -37,10 +37,12 @@ EXPECTED = {
         "06_cispo_scalerl",
         "07_sft_rejection_sampling",
         "08_tool_use",
+        "09_code_exec",
     ),
 }
 SIGNAL_CHECKED = {
     "01_reinforce", "02_rloo", "03_grpo", "04_dr_grpo_dapo", "05_gspo", "06_cispo_scalerl", "07_sft_rejection_sampling",
+    "09_code_exec",
 }  # fmt: skip
 """Tutorials whose smoke run must show reward signal (:func:`_check_signal`)."""
 NEEDS_VLLM = {"server_weight_sync"}
@@ -100,7 +102,9 @@ def test_committed_without_outputs(path: Path) -> None:
     nb = _read(path)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code, f"{path.name} has no code cells"
-    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]
+    dirty = [
+        i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)
+    ]
     assert not dirty, f"{path.name}: code cells {dirty} hold outputs; run python scripts/strip_notebooks.py"
     assert "widgets" not in nb.metadata, f"{path.name} holds saved widget state; run python scripts/strip_notebooks.py"
 
@@ -116,7 +120,9 @@ def test_parameters_cell_then_smoke_switch(path: Path) -> None:
     assert len(tagged) == 1, f"{path.name}: {len(tagged)} cells tagged 'parameters', need exactly 1"
     params = tagged[0]
     assert code[0] is params, f"{path.name}: the parameters cell must be the first code cell"
-    assert _src(params).lstrip().startswith("#| parameters"), f"{path.name}: start the parameters cell with '#| parameters'"
+    assert _src(params).lstrip().startswith("#| parameters"), (
+        f"{path.name}: start the parameters cell with '#| parameters'"
+    )
     for node in ast.parse(_src(params)).body:
         assert isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name), (
             f"{path.name}: the parameters cell holds only `name = value` lines, found {ast.unparse(node)!r}"
@@ -138,7 +144,14 @@ def test_strip_script_strips_and_check_detects(tmp_path: Path) -> None:
 
     strip = _load_script("strip_notebooks")
     nb = nbformat.v4.new_notebook()
-    cell = nbformat.v4.new_code_cell("1 + 1", metadata={"tags": ["parameters"], "execution": {"iopub.execute_input": "2024-01-01T00:00:00.000Z"}, "scrolled": True})
+    cell = nbformat.v4.new_code_cell(
+        "1 + 1",
+        metadata={
+            "tags": ["parameters"],
+            "execution": {"iopub.execute_input": "2024-01-01T00:00:00.000Z"},
+            "scrolled": True,
+        },
+    )
     cell.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "2"}, execution_count=3)]
     cell.execution_count = 3
     nb.cells.append(cell)
@@ -207,7 +220,12 @@ def _ludic_signal_probe():
         return {"rewards": [float(it.reward) for it in b.items], "groups": list(groups.values()),
                 "weighted_items": sum(any(w != 0 for w in it.weights) for it in b.items)}
     def _is_history(v):
-        return isinstance(v, list) and bool(v) and all(isinstance(h, dict) for h in v) and any("source/reward_std" in h for h in v)
+        return (
+            isinstance(v, list)
+            and bool(v)
+            and all(isinstance(h, dict) for h in v)
+            and any("source/reward_std" in h for h in v)
+        )
     out = {"batches": {}, "histories": {}, "kept": None}
     for name, v in list(globals().items()):
         if name.startswith("_"):
@@ -231,11 +249,10 @@ count — for :func:`_check_signal`."""
 
 
 def _execute(path: Path, kernel_dir: Path, workdir: Path, *, probe: bool = False) -> tuple[Any, float]:
+    import nbformat
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
-
-    import nbformat
 
     nb = nbformat.read(path, as_version=4)
     if probe:
@@ -270,7 +287,11 @@ def _stderr_tracebacks(nb: Any) -> list[str]:
     bad = []
     for i, c in enumerate(nb.cells):
         for o in c.get("outputs", []):
-            if o.get("output_type") == "stream" and o.get("name") == "stderr" and "Traceback (most recent call last)" in o.get("text", ""):
+            if (
+                o.get("output_type") == "stream"
+                and o.get("name") == "stderr"
+                and "Traceback (most recent call last)" in o.get("text", "")
+            ):
                 bad.append(f"cell {i}: {o['text'][-2000:]}")
     return bad
 
@@ -313,7 +334,9 @@ def _check_exported_run(workdir: Path) -> None:
     scripts = sorted(workdir.glob("runs/*/train.py"))
     assert scripts, f"no exported script under {workdir}/runs/*/train.py"
     assert "ludic_export" in scripts[0].read_text(), f"{scripts[0]} was not written by %%ludic_export"
-    rows = [json.loads(ln) for p in workdir.glob("runs/*/metrics.jsonl") for ln in p.read_text().splitlines() if ln.strip()]
+    rows = [
+        json.loads(ln) for p in workdir.glob("runs/*/metrics.jsonl") for ln in p.read_text().splitlines() if ln.strip()
+    ]
     steps = [r for r in rows if isinstance(r.get("loss"), (int, float))]
     assert steps, f"the exported script logged no optimizer step (metrics rows: {rows[:3]})"
 
@@ -335,7 +358,9 @@ def _check_signal(stem: str, nb: Any) -> None:
     sig = _signal(nb)
     print(f"[signal] {stem}: {json.dumps(sig)}")
     if stem.startswith("07_"):
-        assert sig["kept"], f"{stem}: rejection sampling kept no sample in the smoke run: nothing to fine-tune on ({sig})"
+        assert sig["kept"], (
+            f"{stem}: rejection sampling kept no sample in the smoke run: nothing to fine-tune on ({sig})"
+        )
         return
     varied_groups = {n: [g for g in b["groups"] if len(set(g)) > 1] for n, b in sig["batches"].items()}
     if stem == "03_grpo":

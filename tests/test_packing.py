@@ -5,7 +5,7 @@ each sequence alone."""
 from __future__ import annotations
 
 import random
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -19,7 +19,7 @@ from ludic_lab.training.saw import SAWItem
 from ludic_lab.training.token_batch import TokenBatch
 
 
-def make_item(n_prompt: int, n_action: int, *, seed: int, vocab: int = 2000, version: Optional[int] = None) -> SAWItem:
+def make_item(n_prompt: int, n_action: int, *, seed: int, vocab: int = 2000, version: int | None = None) -> SAWItem:
     rng = random.Random(seed)
     n = n_prompt + n_action
     w = rng.uniform(-2, 2)
@@ -177,7 +177,7 @@ def test_deterministic() -> None:
     a = pack_items(items, micro_token_budget=150, max_seq_len=60)
     b = pack_items(list(items), micro_token_budget=150, max_seq_len=60)
     assert len(a) == len(b) and a.stats == b.stats
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x.item_indices == y.item_indices and x.policy_versions == y.policy_versions
         for name in ("input_ids", "position_ids", "seq_ids", "action_mask", "weights", "behaviour_logprobs"):
             assert torch.equal(getattr(x, name), getattr(y, name))
@@ -326,7 +326,9 @@ def tiny_models(tiny_model_dir: str):
 
     torch.manual_seed(0)
     sdpa = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
-    eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    eager = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     return {"sdpa": sdpa, "eager": eager}
 
 
@@ -373,7 +375,7 @@ def test_packed_gradients_equal_unpacked(tiny_models) -> None:
     g_alone = [p.grad.clone() for p in params]
     model.zero_grad()
 
-    for gp, ga in zip(g_packed, g_alone):
+    for gp, ga in zip(g_packed, g_alone, strict=True):
         assert torch.allclose(gp, ga, atol=1e-5, rtol=1e-4), (gp - ga).abs().max()
 
 

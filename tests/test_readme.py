@@ -28,7 +28,7 @@ def blocks_under(heading: str) -> list[str]:
 def run_notebook_code(code: str, ns: dict) -> None:
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     compiled = compile(code, "README.md", "exec", flags=flags)
-    result = eval(compiled, ns)  # noqa: S307 - the README's own code, run as its readers will
+    result = eval(compiled, ns)
     if asyncio.iscoroutine(result):
         asyncio.run(result)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -191,7 +191,7 @@ def test_grpo_unseeded_strategy_still_groups_correctly():
 class EchoSeedEnv(SingleAgentEnv):
     """Shows the reset seed as the observation: the rollout proves which problem it got."""
 
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         self.seed = seed
         return f"problem {seed}", {}
 

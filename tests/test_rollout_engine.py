@@ -11,7 +11,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -34,23 +34,23 @@ class Tracker:
     in_flight: int = 0
     max_in_flight: int = 0
     finished: list[tuple[int, int]] = field(default_factory=list)
-    inference_seen: list[Optional[InferenceSpec]] = field(default_factory=list)
+    inference_seen: list[InferenceSpec | None] = field(default_factory=list)
 
 
 class DigitEnv(SingleAgentEnv):
     """Guess a hidden digit (``seed % 10``, or drawn when no seed); reward 1 on a hit."""
 
-    def __init__(self, tracker: Tracker, fail_at_step: Optional[int] = None, close_raises: bool = False) -> None:
+    def __init__(self, tracker: Tracker, fail_at_step: int | None = None, close_raises: bool = False) -> None:
         super().__init__()
         self.tracker = tracker
         self.fail_at_step = fail_at_step
         self.close_raises = close_raises
         self.target = 0
-        self.seed: Optional[int] = None
+        self.seed: int | None = None
         self.t = 0
         tracker.envs_built += 1
 
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         self.seed = seed
         self.target = seed % 10 if seed is not None else random.randrange(10)
         self.t = 0
@@ -99,7 +99,7 @@ class ScriptedProtocol(InteractionProtocol):
         self,
         tracker: Tracker,
         delay_s: float = 0.0,
-        delays: Optional[dict[int, float]] = None,
+        delays: dict[int, float] | None = None,
         carrier: str = "rollout",
         agents: int = 1,
         tag: Any = None,
@@ -116,9 +116,9 @@ class ScriptedProtocol(InteractionProtocol):
         *,
         env,
         max_steps: int,
-        env_seed: Optional[int] = None,
-        sampling_seed: Optional[int] = None,
-        inference: Optional[InferenceSpec] = None,
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+        inference: InferenceSpec | None = None,
     ) -> list[Rollout]:
         tr = self.tracker
         tr.in_flight += 1
@@ -210,7 +210,7 @@ def make_engine(tracker: Tracker, **kw: Any) -> RolloutEngine:
 
 
 def req(
-    env_kwargs: Optional[dict] = None, protocol: str = "scripted", protocol_kwargs: Optional[dict] = None, **kw: Any
+    env_kwargs: dict | None = None, protocol: str = "scripted", protocol_kwargs: dict | None = None, **kw: Any
 ) -> RolloutRequest:
     return RolloutRequest(EnvSpec("digit", env_kwargs or {}), ProtocolSpec(protocol, protocol_kwargs or {}), **kw)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from helpers import CountingEnv, Reply, ScriptedChatClient, chatml_template
@@ -21,7 +21,7 @@ from ludic_lab.interaction.base import InteractionProtocol
 from ludic_lab.parsers import identity_parser
 from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.training.rollout_engine import DEFAULT_EPISODE_TIMEOUT_S
-from ludic_lab.types import Info, Rollout, StepOutcome
+from ludic_lab.types import Rollout, StepOutcome
 
 
 def _engine(script: Any, **kw: Any) -> tuple[RolloutEngine, list[CountingEnv]]:

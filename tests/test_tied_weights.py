@@ -5,8 +5,6 @@ last and vLLM ignored ``lm_head.weight``: two samplers, two policies, one update
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 

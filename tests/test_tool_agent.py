@@ -18,7 +18,7 @@ from ludic_lab.agents import ReActAgent, Tool, ToolAgent
 from ludic_lab.context import FullDialog
 from ludic_lab.inference.tool_calls import scan_tool_calls
 from ludic_lab.interaction import SingleAgentSyncProtocol
-from ludic_lab.parsers import ParseResult, identity_parser
+from ludic_lab.parsers import identity_parser
 from ludic_lab.training.saw import SAWItem
 from ludic_lab.types import Rollout, TokenTrace
 from tests.helpers import CountingEnv, Reply, ScriptedChatClient, chatml_template, raw_decode
@@ -75,7 +75,7 @@ def weird() -> object:
 
 
 def call(name: str, **args) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": args})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
 
 
 def make_agent(script, cls=ToolAgent, **kw) -> tuple[ToolAgent, ScriptedChatClient]:
@@ -113,7 +113,9 @@ def test_undocumented_tool_is_a_clear_error() -> None:
 
 
 def test_scan_reports_malformed_and_unclosed_blocks() -> None:
-    s = scan_tool_calls('a <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call> <tool_call>{nope</tool_call> <tool_call>{"na')
+    s = scan_tool_calls(
+        'a <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call> <tool_call>{nope</tool_call> <tool_call>{"na'
+    )
     assert [c["function"]["name"] for c in s.calls] == ["add"]
     assert len(s.errors) == 2 and "not valid JSON" in s.errors[0][1] and "not closed" in s.errors[1][1]
 
@@ -192,7 +194,9 @@ async def test_too_many_calls_in_one_reply_are_refused() -> None:
 
 
 async def test_context_overflow_ends_the_step_with_its_reward() -> None:
-    agent, client = make_agent([call("huge"), "never"], max_tool_result_chars=None, max_prompt_tokens=500, context_overflow_reward=-0.5)
+    agent, client = make_agent(
+        [call("huge"), "never"], max_tool_result_chars=None, max_prompt_tokens=500, context_overflow_reward=-0.5
+    )
     res = await agent.act()
     assert res.parse_failed and res.parse_result.reward == -0.5 and res.info["context_overflow"] is True
     assert len(client.requests) == 1
@@ -200,7 +204,12 @@ async def test_context_overflow_ends_the_step_with_its_reward() -> None:
 
 @pytest.mark.parametrize(
     "kw",
-    [{"max_tool_turns": -1}, {"tool_timeout_s": float("nan")}, {"tool_error_penalty": float("inf")}, {"max_tool_calls_per_turn": 0}],
+    [
+        {"max_tool_turns": -1},
+        {"tool_timeout_s": float("nan")},
+        {"tool_error_penalty": float("inf")},
+        {"max_tool_calls_per_turn": 0},
+    ],
 )
 def test_nonsense_config_is_refused(kw: dict) -> None:
     with pytest.raises(ValueError):
@@ -233,13 +242,15 @@ async def test_one_trace_for_the_whole_exchange_tool_tokens_never_trained() -> N
 
     step = Step(index=0, prev_obs="q", action=res.text, parsed_action=res.action, next_obs=None, reward=1.0, trace=tr)
     item = SAWItem.from_step(Rollout(steps=(step,)), step, 0.7)
-    trained = [i for i, m in zip(item.input_ids, item.action_mask) if m]
+    trained = [i for i, m in zip(item.input_ids, item.action_mask, strict=True) if m]
     assert trained == [i for t in turns for i in t.completion_token_ids]
-    tool_text = "".join(raw_decode(tpl, [i]) for i, m, w in zip(item.input_ids, item.action_mask, item.weights) if not m)
+    tool_text = "".join(
+        raw_decode(tpl, [i]) for i, m, w in zip(item.input_ids, item.action_mask, item.weights, strict=True) if not m
+    )
     assert "ZeroDivisionError" in tool_text and "<|im_start|>tool" in tool_text
-    assert all(w == 0.0 for m, w in zip(item.action_mask, item.weights) if not m)
-    assert all(w == 0.7 for m, w in zip(item.action_mask, item.weights) if m)
-    assert all(lp == 0.0 for m, lp in zip(item.action_mask, item.behaviour_logprobs) if not m)
+    assert all(w == 0.0 for m, w in zip(item.action_mask, item.weights, strict=True) if not m)
+    assert all(w == 0.7 for m, w in zip(item.action_mask, item.weights, strict=True) if m)
+    assert all(lp == 0.0 for m, lp in zip(item.action_mask, item.behaviour_logprobs, strict=True) if not m)
 
 
 async def test_next_env_step_extends_across_tool_messages() -> None:
@@ -273,11 +284,15 @@ def test_trace_mask_round_trips_through_json() -> None:
 
 
 async def test_react_forces_a_final_answer_on_its_last_step() -> None:
-    agent, client = make_agent([call("add", a=1, b=1), call("add", a=2, b=2), call("add", a=3, b=3)], cls=ReActAgent, max_react_steps=3)
+    agent, client = make_agent(
+        [call("add", a=1, b=1), call("add", a=2, b=2), call("add", a=3, b=3)], cls=ReActAgent, max_react_steps=3
+    )
     res = await agent.act()
     assert len(client.requests) == 3 and res.info["tools"]["calls"] == 2
     last_prompt = raw_decode(agent.chat_template, client.requests[2].prompt_token_ids)
-    assert last_prompt.rstrip().endswith("Give your final answer now, without calling a tool.<|im_end|>\n<|im_start|>assistant")
+    assert last_prompt.rstrip().endswith(
+        "Give your final answer now, without calling a tool.<|im_end|>\n<|im_start|>assistant"
+    )
     assert res.trace is not None and len(res.trace.model_turns()) == 3
 
 
@@ -304,10 +319,12 @@ async def test_another_tool_call_format_through_tool_call_parser() -> None:
     def bracket_parser(text: str) -> ToolCallScan:  # e.g. a model trained on "[CALL] {json}"
         if not text.startswith("[CALL] "):
             return ToolCallScan()
-        obj = json.loads(text[len("[CALL] "):])
+        obj = json.loads(text[len("[CALL] ") :])
         fn = {"name": obj["name"], "arguments": json.dumps(obj["arguments"])}
         return ToolCallScan(calls=({"id": "call_0", "type": "function", "function": fn},))
 
-    agent, _ = make_agent(['[CALL] {"name": "add", "arguments": {"a": 4, "b": 5}}', "9"], tool_call_parser=bracket_parser)
+    agent, _ = make_agent(
+        ['[CALL] {"name": "add", "arguments": {"a": 4, "b": 5}}', "9"], tool_call_parser=bracket_parser
+    )
     res = await agent.act()
     assert [m["content"] for m in tool_messages(agent)] == ["9"] and res.action == "9"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -87,7 +87,7 @@ def multiply(a: int, b: int) -> int:
 class MultiplyEnv(SingleAgentEnv):
     """One question; reward 1 when the answer holds the product."""
 
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         return QUESTION, {}
 
     def env_step(self, action: str) -> StepOutcome:
@@ -217,10 +217,12 @@ def test_trainer_logprobs_of_a_tool_episode_equal_the_samplers(local_episode, lo
     assert item.input_ids == tr.input_ids
     turns = tr.model_turns()
     assert len(turns) == tool_info(rollout)["tools"]["model_turns"] >= 2
-    assert [i for i, m in zip(item.input_ids, item.action_mask) if m] == [i for t in turns for i in t.completion_token_ids]
+    assert [i for i, m in zip(item.input_ids, item.action_mask, strict=True) if m] == [
+        i for t in turns for i in t.completion_token_ids
+    ]
     assert [tpl.decode(t.completion_token_ids) for t in turns] == [
         m["content"] for m in agent.ctx.messages if m["role"] == "assistant"
-    ][-len(turns):]
+    ][-len(turns) :]
     # inserted tokens (the tool result and the template's glue) are context: mask 0, weight 0
     inserted = [k for k, m in enumerate(item.action_mask) if k >= len(tr.prompt_token_ids) and not m]
     assert inserted, "the episode inserted no tool tokens"
@@ -231,10 +233,15 @@ def test_trainer_logprobs_of_a_tool_episode_equal_the_samplers(local_episode, lo
     # the trainer's logprob function on the packed item, as Trainer calls it (actions only)
     diff = trainer_vs_behaviour(scorer, item)
     assert diff.numel() == tr.num_sampled_tokens
-    print(f"\n[local fp32] |trainer - sampler| over {diff.numel()} action tokens: max {diff.max():.2e} mean {diff.mean():.2e}")
+    print(
+        f"\n[local fp32] |trainer - sampler| over {diff.numel()} action tokens: "
+        f"max {diff.max():.2e} mean {diff.mean():.2e}"
+    )
     assert float(diff.max()) < TRAINER_LOGPROB_TOL
     # negative control: were the inserted tokens actions (behaviour logprob 0), the check fails
-    leaky = dataclasses.replace(item, action_mask=tuple(int(k >= len(tr.prompt_token_ids)) for k in range(item.num_tokens)))
+    leaky = dataclasses.replace(
+        item, action_mask=tuple(int(k >= len(tr.prompt_token_ids)) for k in range(item.num_tokens))
+    )
     assert float(trainer_vs_behaviour(scorer, leaky).max()) > 100 * TRAINER_LOGPROB_TOL
 
 
@@ -274,7 +281,9 @@ def test_same_tool_episode_through_local_and_vllm(local_episode, vllm_episode, s
     assert va.ctx.messages == la.ctx.messages and vr.steps[0].action == lr.steps[0].action
     lt, vt = lr.steps[0].trace, vr.steps[0].trace
     assert (vt.prompt_token_ids, vt.completion_token_ids, vt.completion_mask) == (
-        lt.prompt_token_ids, lt.completion_token_ids, lt.completion_mask
+        lt.prompt_token_ids,
+        lt.completion_token_ids,
+        lt.completion_mask,
     )
     for a, b in zip(vt.model_turns(), lt.model_turns(), strict=True):
         assert (a.prompt_token_ids, a.completion_token_ids) == (b.prompt_token_ids, b.completion_token_ids)
@@ -304,7 +313,7 @@ def test_react_agent_over_vllm_keeps_every_model_turn_exact(vllm_client) -> None
     step = rollout.steps[0]
     turns = step.trace.model_turns()
     assert len(turns) == len(calls) == 2  # max_react_steps model calls, the last without tools
-    for turn, (sent, choice) in zip(turns, calls):
+    for turn, (sent, choice) in zip(turns, calls, strict=True):
         reported = choice.get("prompt_token_ids")
         assert reported is not None, "the server reports no prompt_token_ids (return_token_ids)"
         assert list(turn.prompt_token_ids) == sent == reported
@@ -314,7 +323,7 @@ def test_react_agent_over_vllm_keeps_every_model_turn_exact(vllm_client) -> None
     print(f"\n[vLLM ReAct] turns: {[vllm_client.chat_template.decode(t.completion_token_ids) for t in turns]}")
     # between the calls: the tool result and the final-answer prompt, inserted (mask 0)
     tpl = vllm_client.chat_template
-    gap = turns[1].prompt_token_ids[len(turns[0].input_ids):]
+    gap = turns[1].prompt_token_ids[len(turns[0].input_ids) :]
     gap_text = tpl.tokenizer.decode(list(gap))
     assert ANSWER in gap_text and agent.final_answer_prompt in gap_text
     # the whole exchange is the conversation as the template renders it, ids never re-rendered

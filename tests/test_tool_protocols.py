@@ -7,7 +7,7 @@ import asyncio
 import json
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.agents import ToolAgent
 from ludic_lab.context import FullDialog
@@ -21,7 +21,7 @@ from tests.helpers import ScriptedChatClient, chatml_template
 
 
 def call(name: str, **args: Any) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": args})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
 
 
 def lookup(key: str) -> str:
@@ -50,7 +50,7 @@ class TableEnv(SingleAgentEnv):
         self.tool_calls: list[tuple[str, dict]] = []
         self.table = {"paris": "France", "rome": "Italy"}
 
-    async def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    async def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         await asyncio.sleep(0)
         return "Which country is Rome in?", {}
 
@@ -113,7 +113,9 @@ async def test_episode_timeout_while_a_tool_runs_is_a_failed_rollout_with_its_st
         env_registry={"count": lambda: CountingEnv()},
         protocol_registry={"p": lambda: SingleAgentSyncProtocol(agent)},
     )
-    req = RolloutRequest(env=EnvSpec("count"), protocol=ProtocolSpec("p"), inference=InferenceSpec(return_=ReturnSpec.for_training()))
+    req = RolloutRequest(
+        env=EnvSpec("count"), protocol=ProtocolSpec("p"), inference=InferenceSpec(return_=ReturnSpec.for_training())
+    )
     (r,) = await engine.generate_rollouts([req], max_steps=3, timeout_s=0.5)
     assert time.perf_counter() - t0 < 5
     assert r.failed and "timeout" in r.error
@@ -125,7 +127,9 @@ async def test_the_notebook_stepper_runs_a_tool_turn_exactly_as_the_protocol() -
     from ludic_lab.lab.stepper import RolloutStepper
 
     script = [call("lookup", key="rome"), "Italy"]
-    (via_protocol,) = await SingleAgentSyncProtocol(agent_for(script, external_tools=[lookup])).run(env=TableEnv(), max_steps=2)
+    (via_protocol,) = await SingleAgentSyncProtocol(agent_for(script, external_tools=[lookup])).run(
+        env=TableEnv(), max_steps=2
+    )
     env = TableEnv()
     stepper = RolloutStepper(env, agent_for(script, external_tools=[lookup]), max_steps=2)
     turn = await stepper.step()

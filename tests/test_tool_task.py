@@ -82,8 +82,10 @@ def test_final_number_match() -> None:
     assert not final_number_match('<tool_call>{"name": "calculator", "arguments": {"expression": "347 * 29"}}', "10063")
     assert not final_number_match("I don't know", "10063")
     # the examples shown to the model are right
-    for q, a in zip(TOOL_EXAMPLES[0::4], TOOL_EXAMPLES[3::4]):
-        assert final_number_match(a["content"], str(safe_eval(q["content"].split("is ")[1].rstrip("?").replace("times", "*"))))
+    for q, a in zip(TOOL_EXAMPLES[0::4], TOOL_EXAMPLES[3::4], strict=True):
+        assert final_number_match(
+            a["content"], str(safe_eval(q["content"].split("is ")[1].rstrip("?").replace("times", "*")))
+        )
 
 
 def _rollout(correct: bool, calls: int = 0, ok: int = 0, errors: dict | None = None, failed: bool = False) -> Rollout:

@@ -35,7 +35,9 @@ def _extra(name: str, extras: dict[str, list[str]]) -> set[str]:
             for sub in base[len("ludic_lab[") : base.index("]")].split(","):
                 names |= _extra(sub.strip(), extras)
         else:
-            names.add(base.split("[")[0].split("=")[0].split(">")[0].split("<")[0].split("!")[0].split("~")[0].strip().lower())
+            names.add(
+                base.split("[")[0].split("=")[0].split(">")[0].split("<")[0].split("!")[0].split("~")[0].strip().lower()
+            )
     return names
 
 
@@ -80,7 +82,9 @@ def _read_run(run_file: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return history, config
 
 
-def test_trainer_metrics_land_in_an_offline_run_under_wandb_dir(tiny_model_dir: str, tmp_path: Path, monkeypatch) -> None:
+def test_trainer_metrics_land_in_an_offline_run_under_wandb_dir(
+    tiny_model_dir: str, tmp_path: Path, monkeypatch
+) -> None:
     _wandb()
     wandb_dir = tmp_path / "wandb-dir"
     wandb_dir.mkdir()

@@ -5,4 +5,14 @@ from ludic_lab.agents.react_agent import ReActAgent
 from ludic_lab.agents.tool_agent import ToolAgent, merge_traces
 from ludic_lab.agents.tools import Tool, ToolResult, run_tool_call
 
-__all__ = ["ActResult", "Agent", "ReActAgent", "Tool", "ToolAgent", "ToolResult", "derive_seed", "merge_traces", "run_tool_call"]
+__all__ = [
+    "ActResult",
+    "Agent",
+    "ReActAgent",
+    "Tool",
+    "ToolAgent",
+    "ToolResult",
+    "derive_seed",
+    "merge_traces",
+    "run_tool_call",
+]

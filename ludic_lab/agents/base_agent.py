@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from ludic_lab.context.base import ContextStrategy
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.client import ChatClient
 from ludic_lab.inference.request import ChatCompletionRequest, InferenceSpec, SamplingConfig, ToolRequest
-from ludic_lab.parsers import ParseResult, Parser
+from ludic_lab.parsers import Parser, ParseResult
 from ludic_lab.types import ChatResponse, Info, Message, Observation, PromptSource, TokenTrace
-
 
 INCOMPLETE_FEEDBACK = "Your reply was cut off at the token limit before it was complete. Answer more briefly."
 """Feedback after a completion cut at ``max_tokens`` when ``reject_incomplete_completions``."""
@@ -50,12 +50,12 @@ class ActResult:
 
     parse_result: ParseResult
     response: ChatResponse
-    trace: Optional[TokenTrace]
+    trace: TokenTrace | None
     info: Info
     prompt_messages: tuple[Message, ...] = field(default=())
 
     @property
-    def action(self) -> Optional[str]:
+    def action(self) -> str | None:
         """The parsed action (``None`` when the parser rejected the reply)."""
         return self.parse_result.action
 
@@ -72,8 +72,8 @@ class ActResult:
 @dataclass(frozen=True)
 class _LastTurn:
     messages: tuple[Message, ...]
-    prompt_ids: Optional[tuple[int, ...]]
-    completion_ids: Optional[tuple[int, ...]]
+    prompt_ids: tuple[int, ...] | None
+    completion_ids: tuple[int, ...] | None
     text: str
 
 
@@ -94,10 +94,10 @@ class Agent:
         parser: Parser,
         *,
         model: str = "default",
-        chat_template: Optional[ChatTemplate] = None,
-        tools: Optional[Sequence[dict[str, Any]] | ToolRequest] = None,
-        system_prompt: Optional[str] = None,
-        name: Optional[str] = None,
+        chat_template: ChatTemplate | None = None,
+        tools: Sequence[dict[str, Any]] | ToolRequest | None = None,
+        system_prompt: str | None = None,
+        name: str | None = None,
         reject_incomplete_completions: bool = False,
         incomplete_completion_penalty: float = -0.1,
         incomplete_completion_feedback: str = INCOMPLETE_FEEDBACK,
@@ -112,11 +112,11 @@ class Agent:
         self.ctx = ctx
         self.parser = parser
         self.model = model
-        self.chat_template: Optional[ChatTemplate] = (
+        self.chat_template: ChatTemplate | None = (
             chat_template if chat_template is not None else getattr(client, "chat_template", None)
         )
         if tools is None or isinstance(tools, ToolRequest):
-            self.tools: Optional[ToolRequest] = tools
+            self.tools: ToolRequest | None = tools
         else:
             self.tools = ToolRequest(tools=tuple(tools))
         self._system_prompt = system_prompt
@@ -127,11 +127,11 @@ class Agent:
         self.incomplete_completion_penalty = float(incomplete_completion_penalty)
         self.incomplete_completion_feedback = incomplete_completion_feedback
         self._turn = 0
-        self._last: Optional[_LastTurn] = None
+        self._last: _LastTurn | None = None
 
     # -- lifecycle (delegates to the context) ------------------------------------------------
     @property
-    def system_prompt(self) -> Optional[str]:
+    def system_prompt(self) -> str | None:
         """The agent's own system prompt, else its context's default (``None`` if neither)."""
         return self._system_prompt if self._system_prompt is not None else self.ctx.default_system_prompt
 
@@ -140,7 +140,7 @@ class Agent:
         """Number of :meth:`act` calls since the last :meth:`reset`."""
         return self._turn
 
-    def reset(self, system_prompt: Optional[str] = None) -> None:
+    def reset(self, system_prompt: str | None = None) -> None:
         """Start a new episode: clear the context (with ``system_prompt``, else the agent's own)."""
         self.ctx.reset(system_prompt=system_prompt if system_prompt is not None else self._system_prompt)
         self._turn = 0
@@ -150,16 +150,16 @@ class Agent:
         """Feed the episode's first observation to the context."""
         self.ctx.on_env_reset(obs, info)
 
-    def on_after_step(self, obs: Observation, info: Info) -> None:
+    def on_after_step(self, obs: Observation | None, info: Info) -> None:
         """Feed a step's observation (env's, or a parser's feedback) to the context."""
         self.ctx.on_after_step(obs, info)
 
     # -- acting --------------------------------------------------------------------------------
     async def act(
         self,
-        inference: Optional[InferenceSpec] = None,
+        inference: InferenceSpec | None = None,
         *,
-        sampling_seed: Optional[int] = None,
+        sampling_seed: int | None = None,
     ) -> ActResult:
         """Sample one reply to the current context, record it in the context and parse it.
 
@@ -181,11 +181,11 @@ class Agent:
     async def _sample(
         self,
         messages: Sequence[Message],
-        prompt_ids: Optional[list[int]],
+        prompt_ids: list[int] | None,
         source: PromptSource,
-        inference: Optional[InferenceSpec],
-        sampling_seed: Optional[int],
-    ) -> tuple[ChatResponse, Optional[TokenTrace], Info]:
+        inference: InferenceSpec | None,
+        sampling_seed: int | None,
+    ) -> tuple[ChatResponse, TokenTrace | None, Info]:
         """One model call on ``messages`` (token-in when ``prompt_ids`` is given); advances the
         turn counter and remembers the call so the next prompt can extend it."""
         inf = inference or InferenceSpec()
@@ -208,7 +208,7 @@ class Agent:
         response, client_info = await self.client.complete(request)
         response = self._check_prompt_ids(response, request.prompt_token_ids)
 
-        trace: Optional[TokenTrace] = None
+        trace: TokenTrace | None = None
         if response.prompt_token_ids is not None and response.completion_token_ids is not None:
             trace = TokenTrace.from_response(response, prompt_source=source)
         self._last = _LastTurn(
@@ -242,7 +242,7 @@ class Agent:
         return parse_result
 
     # -- token-in bookkeeping ----------------------------------------------------------------
-    def _prompt_ids(self, messages: list[Message]) -> tuple[Optional[list[int]], PromptSource]:
+    def _prompt_ids(self, messages: list[Message]) -> tuple[list[int] | None, PromptSource]:
         """Prompt ids for ``messages`` and how they were made (see the module docstring)."""
         tpl = self.chat_template
         if tpl is None:
@@ -260,12 +260,12 @@ class Agent:
         )
         return [*last.prompt_ids, *last.completion_ids, *cont], "extended"
 
-    def _template_tools(self) -> Optional[list[dict[str, Any]]]:
+    def _template_tools(self) -> list[dict[str, Any]] | None:
         """Tool schemas the chat template renders into prompts (``None``: none)."""
         return list(self.tools.tools) if self.tools is not None else None
 
     @staticmethod
-    def _check_prompt_ids(response: ChatResponse, sent: Optional[tuple[int, ...]]) -> ChatResponse:
+    def _check_prompt_ids(response: ChatResponse, sent: tuple[int, ...] | None) -> ChatResponse:
         if sent is None:
             return response
         if response.prompt_token_ids is None:
@@ -281,7 +281,7 @@ class Agent:
         return f"Agent(name={self.name!r}, model={self.model!r}, ctx={self.ctx!r}, turn={self._turn})"
 
 
-def _new_messages(last: _LastTurn, messages: Sequence[Message]) -> Optional[list[Message]]:
+def _new_messages(last: _LastTurn, messages: Sequence[Message]) -> list[Message] | None:
     """Messages appended after the previous prompt + its exact reply, or ``None`` if the
     context rewrote anything before them."""
     n = len(last.messages)
@@ -290,4 +290,4 @@ def _new_messages(last: _LastTurn, messages: Sequence[Message]) -> Optional[list
     reply = messages[n]
     if reply.get("role") != "assistant" or reply.get("content") != last.text:
         return None
-    return list(messages[n + 1:])
+    return list(messages[n + 1 :])

@@ -13,7 +13,7 @@ token trace (``step.trace.model_turns()``).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.agents.tool_agent import ToolAgent
 from ludic_lab.inference.tool_calls import ToolCallScan
@@ -54,7 +54,7 @@ class ReActAgent(ToolAgent):
         self.tool_parse_error_feedback = tool_parse_error_feedback
         self.final_answer_prompt = final_answer_prompt
 
-    def _before_tools(self, scan: ToolCallScan, flags: Info) -> Optional[ParseResult]:
+    def _before_tools(self, scan: ToolCallScan, flags: Info) -> ParseResult | None:
         if not scan.errors:
             return None
         flags["tool_parse_error"] = True

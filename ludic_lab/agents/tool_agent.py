@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ludic_lab.agents.base_agent import ActResult, Agent
 from ludic_lab.agents.tools import ExternalToolHandler, Tool, ToolResult, run_tool_call
@@ -69,11 +70,11 @@ class ToolAgent(Agent):
         tools: Sequence[Callable[..., Any] | Tool] = (),
         external_tools: Sequence[Callable[..., Any] | Tool] = (),
         max_tool_turns: int = 4,
-        tool_timeout_s: Optional[float] = 30.0,
+        tool_timeout_s: float | None = 30.0,
         tool_error_penalty: float = 0.0,
-        max_tool_result_chars: Optional[int] = 4000,
+        max_tool_result_chars: int | None = 4000,
         max_tool_calls_per_turn: int = 8,
-        max_prompt_tokens: Optional[int] = None,
+        max_prompt_tokens: int | None = None,
         context_overflow_reward: float = 0.0,
         tool_call_parser: Callable[[str], ToolCallScan] = scan_tool_calls,
         **agent_kwargs: Any,
@@ -92,7 +93,10 @@ class ToolAgent(Agent):
             _check_int("max_tool_result_chars", max_tool_result_chars, 1)
         if tool_timeout_s is not None and not (math.isfinite(tool_timeout_s) and tool_timeout_s > 0):
             raise ValueError(f"tool_timeout_s must be a positive number of seconds (or None), got {tool_timeout_s}")
-        for name, x in (("tool_error_penalty", tool_error_penalty), ("context_overflow_reward", context_overflow_reward)):
+        for name, x in (
+            ("tool_error_penalty", tool_error_penalty),
+            ("context_overflow_reward", context_overflow_reward),
+        ):
             if not math.isfinite(x):
                 raise ValueError(f"{name} must be finite, got {x}")
         self.max_tool_turns = max_tool_turns
@@ -103,7 +107,9 @@ class ToolAgent(Agent):
         self.max_prompt_tokens = max_prompt_tokens
         self.context_overflow_reward = float(context_overflow_reward)
         self.tool_call_parser = tool_call_parser
-        self.tool_schemas: list[dict[str, Any]] = [t.schema for t in (*self.internal_tools.values(), *self.external_tools.values())]
+        self.tool_schemas: list[dict[str, Any]] = [
+            t.schema for t in (*self.internal_tools.values(), *self.external_tools.values())
+        ]
         self._template_renders_tools = self._probe_template()
 
     # -- prompts -----------------------------------------------------------------------------
@@ -115,17 +121,17 @@ class ToolAgent(Agent):
         msgs = [{"role": "user", "content": "x"}]
         try:
             return tpl.render_text(msgs, tools=self.tool_schemas) != tpl.render_text(msgs)
-        except Exception:  # a template that cannot render tools at all  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a template that cannot render tools at all
             return False
 
-    def _template_tools(self) -> Optional[list[dict[str, Any]]]:
+    def _template_tools(self) -> list[dict[str, Any]] | None:
         return list(self.tool_schemas) if self._template_renders_tools else None
 
     def tool_prompt(self) -> str:
         """The tool description put in the system prompt when the template has no tool format."""
         return TOOL_PROMPT.format(tools="\n".join(json.dumps(s, ensure_ascii=False) for s in self.tool_schemas))
 
-    def reset(self, system_prompt: Optional[str] = None) -> None:
+    def reset(self, system_prompt: str | None = None) -> None:
         prompt = system_prompt if system_prompt is not None else self._system_prompt
         if self.tool_schemas and not self._template_renders_tools:
             prompt = f"{prompt}\n\n{self.tool_prompt()}" if prompt else self.tool_prompt()
@@ -134,10 +140,10 @@ class ToolAgent(Agent):
     # -- acting ------------------------------------------------------------------------------
     async def act(
         self,
-        inference: Optional[InferenceSpec] = None,
+        inference: InferenceSpec | None = None,
         *,
-        sampling_seed: Optional[int] = None,
-        external_tool_handler: Optional[ExternalToolHandler] = None,
+        sampling_seed: int | None = None,
+        external_tool_handler: ExternalToolHandler | None = None,
     ) -> ActResult:
         """Sample, run tool calls, sample again ... until a reply without tool calls; parse it.
 
@@ -150,7 +156,7 @@ class ToolAgent(Agent):
             raise RuntimeError("the context is empty: call agent.reset() and agent.on_env_reset(obs, info) first")
         first_messages = tuple(messages)
         prompt_ids, source = self._prompt_ids(messages)
-        traces: list[Optional[TokenTrace]] = []
+        traces: list[TokenTrace | None] = []
         records: list[ToolResult] = []
         flags: Info = {}
         turn = 0
@@ -189,7 +195,11 @@ class ToolAgent(Agent):
                     f"({source}); the chat template must render tool messages after the assistant turn"
                 )
             turn += 1
-            if self.max_prompt_tokens is not None and prompt_ids is not None and len(prompt_ids) > self.max_prompt_tokens:
+            if (
+                self.max_prompt_tokens is not None
+                and prompt_ids is not None
+                and len(prompt_ids) > self.max_prompt_tokens
+            ):
                 flags["context_overflow"] = True
                 parse_result = ParseResult(
                     action=None,
@@ -211,7 +221,7 @@ class ToolAgent(Agent):
         """Index of the first model turn whose tool calls are no longer run."""
         return self.max_tool_turns
 
-    def _before_tools(self, scan: ToolCallScan, flags: Info) -> Optional[ParseResult]:
+    def _before_tools(self, scan: ToolCallScan, flags: Info) -> ParseResult | None:
         """A verdict that ends the step before the calls run (``None``: run them)."""
         return None
 
@@ -220,13 +230,17 @@ class ToolAgent(Agent):
         return []
 
     # -- tools ---------------------------------------------------------------------------------
-    async def _run_calls(self, scan: ToolCallScan, handler: Optional[ExternalToolHandler]) -> list[ToolResult]:
+    async def _run_calls(self, scan: ToolCallScan, handler: ExternalToolHandler | None) -> list[ToolResult]:
         results: list[ToolResult] = []
         for k, (raw, why) in enumerate(scan.errors):
             results.append(
                 ToolResult(
-                    f"invalid_{k}", "", raw, f"Error: could not read your tool call: {why}. Write "
-                    '<tool_call>{"name": <function-name>, "arguments": {...}}</tool_call>.', error="invalid_call",
+                    f"invalid_{k}",
+                    "",
+                    raw,
+                    f"Error: could not read your tool call: {why}. Write "
+                    '<tool_call>{"name": <function-name>, "arguments": {...}}</tool_call>.',
+                    error="invalid_call",
                 )
             )
         for k, call in enumerate(scan.calls):
@@ -234,7 +248,9 @@ class ToolAgent(Agent):
                 fn = call["function"]
                 results.append(
                     ToolResult(
-                        call["id"], fn["name"], fn["arguments"],
+                        call["id"],
+                        fn["name"],
+                        fn["arguments"],
                         f"Error: at most {self.max_tool_calls_per_turn} tool calls per reply; this one was not run.",
                         error="invalid_call",
                     )
@@ -285,7 +301,7 @@ def tool_summary(records: Sequence[ToolResult], *, model_turns: int, penalty: fl
     }
 
 
-def merge_traces(traces: Sequence[Optional[TokenTrace]]) -> Optional[TokenTrace]:
+def merge_traces(traces: Sequence[TokenTrace | None]) -> TokenTrace | None:
     """One trace for a tool step: the first prompt, then each call's completion (mask 1) with
     the inserted tokens between calls (mask 0). ``None`` if any call has no trace; a call
     whose prompt does not extend the sequence so far is an error (nothing re-tokenized)."""
@@ -305,7 +321,7 @@ def merge_traces(traces: Sequence[Optional[TokenTrace]]) -> Optional[TokenTrace]
         prompt = list(t.prompt_token_ids)
         if prompt[: len(seq)] != seq:
             raise RuntimeError("a tool turn's prompt does not extend the previous turn's ids; cannot merge traces")
-        inserted = prompt[len(seq):]
+        inserted = prompt[len(seq) :]
         ids += inserted + list(t.completion_token_ids)
         mask += [0] * len(inserted) + [1] * len(t.completion_token_ids)
         if have_lps:
@@ -318,6 +334,6 @@ def merge_traces(traces: Sequence[Optional[TokenTrace]]) -> Optional[TokenTrace]
         completion_logprobs=tuple(lps) if have_lps else None,
         prompt_source=first.prompt_source,
         policy_version=min(versions) if versions else None,
-        finish_reason=traces[-1].finish_reason,  # type: ignore[union-attr]
+        finish_reason=traces[-1].finish_reason,  # type: ignore[union-attr]  # a step has at least one trace
         completion_mask=tuple(mask),
     )

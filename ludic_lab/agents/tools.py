@@ -22,8 +22,9 @@ import inspect
 import json
 import threading
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Awaitable, Callable, Literal, Mapping, Optional
+from typing import Any, Literal
 
 ToolScope = Literal["internal", "external"]
 ToolError = Literal[
@@ -33,7 +34,13 @@ ExternalToolHandler = Callable[[str, dict[str, Any]], Any]
 """``handler(name, arguments)`` -> the result of an external tool call (may be awaitable)."""
 
 TOOL_ERRORS: tuple[str, ...] = (
-    "unknown_tool", "invalid_call", "invalid_arguments", "raised", "timeout", "non_serializable", "no_handler"
+    "unknown_tool",
+    "invalid_call",
+    "invalid_arguments",
+    "raised",
+    "timeout",
+    "non_serializable",
+    "no_handler",
 )
 
 
@@ -48,7 +55,7 @@ class ToolResult:
     content: str
     """What the model reads in the tool message (the result, or what went wrong)."""
     scope: ToolScope = "internal"
-    error: Optional[str] = None
+    error: str | None = None
     """``None`` for a successful call, else one of :data:`TOOL_ERRORS`."""
     truncated: bool = False
     """The result was longer than the agent's ``max_tool_result_chars`` and was cut."""
@@ -75,7 +82,7 @@ class Tool:
     document every argument under ``Args:``) or pass ``schema`` yourself.
     """
 
-    def __init__(self, fn: Callable[..., Any], *, schema: Optional[Mapping[str, Any]] = None) -> None:
+    def __init__(self, fn: Callable[..., Any], *, schema: Mapping[str, Any] | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"a tool must be callable, got {type(fn).__name__}")
         self.fn = fn
@@ -89,10 +96,10 @@ class Tool:
             raise ValueError(f"tool schema has no function name: {schema}")
         self.schema: dict[str, Any] = schema
         self.name: str = name
-        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
     @classmethod
-    def from_callable(cls, fn: Any) -> "Tool":
+    def from_callable(cls, fn: Any) -> Tool:
         """``fn`` itself if it is a :class:`Tool`, else a Tool built from its signature."""
         return fn if isinstance(fn, Tool) else cls(fn)
 
@@ -100,7 +107,7 @@ class Tool:
     def parameters(self) -> dict[str, Any]:
         return dict(self.schema["function"].get("parameters") or {"type": "object", "properties": {}})
 
-    def validate(self, arguments: Mapping[str, Any]) -> Optional[str]:
+    def validate(self, arguments: Mapping[str, Any]) -> str | None:
         """``None`` if ``arguments`` match the schema, else a one-line reason for the model."""
         import jsonschema
 
@@ -142,19 +149,19 @@ def result_text(value: Any) -> str:
         ) from None
 
 
-def truncate_text(text: str, max_chars: Optional[int]) -> tuple[str, bool]:
+def truncate_text(text: str, max_chars: int | None) -> tuple[str, bool]:
     """``text`` cut to ``max_chars`` with a note saying how long it was."""
     if max_chars is None or len(text) <= max_chars:
         return text, False
     return text[:max_chars] + f"\n...[truncated: {len(text)} characters in all]", True
 
 
-def _run_in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: str) -> "asyncio.Future[Any]":
+def _run_in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: str) -> asyncio.Future[Any]:
     """A future resolved by ``fn(**kwargs)`` run in a fresh daemon thread."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
 
-    def settle(value: Any, exc: Optional[BaseException]) -> None:
+    def settle(value: Any, exc: BaseException | None) -> None:
         if fut.done():
             return
         if exc is not None:
@@ -190,9 +197,9 @@ async def run_tool_call(
     tools: Mapping[str, Tool],
     *,
     external: Mapping[str, Tool] = {},
-    external_handler: Optional[ExternalToolHandler] = None,
-    timeout_s: Optional[float] = None,
-    max_result_chars: Optional[int] = None,
+    external_handler: ExternalToolHandler | None = None,
+    timeout_s: float | None = None,
+    max_result_chars: int | None = None,
 ) -> ToolResult:
     """Execute one OpenAI-format tool call; every failure becomes an error :class:`ToolResult`.
 

@@ -17,7 +17,7 @@ prompts to decide whether it can extend the previous turn's token ids exactly.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ludic_lab.types import ChatResponse, Info, Message, Observation
 
@@ -32,31 +32,32 @@ class ContextStrategy(ABC):
     exchange far more reliably than a described one.
     """
 
-    def __init__(self, system_prompt: Optional[str] = None, *, examples: Sequence[Message] = ()) -> None:
+    def __init__(self, system_prompt: str | None = None, *, examples: Sequence[Message] = ()) -> None:
         for m in examples:
-            if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "tool") or not isinstance(
-                m.get("content"), str
+            if (
+                not isinstance(m, dict)
+                or m.get("role") not in ("user", "assistant", "tool")
+                or not isinstance(m.get("content"), str)
             ):
                 raise ValueError(
-                    "examples must be chat messages {'role': 'user'|'assistant'|'tool', 'content': str}, "
-                    f"got {m!r}"
+                    f"examples must be chat messages {{'role': 'user'|'assistant'|'tool', 'content': str}}, got {m!r}"
                 )
         self._default_system_prompt = system_prompt
         self._examples: tuple[Message, ...] = tuple(dict(m) for m in examples)
         self._messages: list[Message] = self._start(system_prompt)
 
-    def _start(self, prompt: Optional[str]) -> list[Message]:
+    def _start(self, prompt: str | None) -> list[Message]:
         """A fresh history: the system prompt (if any), then the few-shot ``examples``."""
         head: list[Message] = [{"role": "system", "content": prompt}] if prompt else []
         return head + [dict(m) for m in self._examples]
 
     # -- lifecycle ----------------------------------------------------------------------
     @property
-    def default_system_prompt(self) -> Optional[str]:
+    def default_system_prompt(self) -> str | None:
         """The system prompt given at construction (``None`` if none)."""
         return self._default_system_prompt
 
-    def reset(self, system_prompt: Optional[str] = None) -> None:
+    def reset(self, system_prompt: str | None = None) -> None:
         """Clear the history and start it with ``system_prompt`` (else the default, if any)."""
         prompt = system_prompt if system_prompt is not None else self._default_system_prompt
         self._messages = self._start(prompt)
@@ -75,7 +76,7 @@ class ContextStrategy(ABC):
         """Record the model's reply (typically as an assistant message with its exact text)."""
 
     @abstractmethod
-    def on_after_step(self, obs: Observation, info: Info) -> None:
+    def on_after_step(self, obs: Observation | None, info: Info) -> None:
         """Record the observation that follows a step (env's, or a parser's feedback)."""
 
     def on_tool_result(self, message: Message) -> None:

@@ -26,7 +26,7 @@ class FullDialog(ContextStrategy):
             msg["tool_calls"] = [dict(c) for c in response.tool_calls]
         self._messages.append(msg)
 
-    def on_after_step(self, obs: Observation, info: Info) -> None:
+    def on_after_step(self, obs: Observation | None, info: Info) -> None:
         if obs is None:
             return
         self._messages.append({"role": "user", "content": _as_text(obs)})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ludic_lab.context.full_dialog import FullDialog
 from ludic_lab.types import Message
@@ -31,7 +31,11 @@ class TruncatedThinkingContext(FullDialog):
     """
 
     def __init__(
-        self, system_prompt: Optional[str] = None, *, placeholder: str = DEFAULT_PLACEHOLDER, examples: Sequence[Message] = ()
+        self,
+        system_prompt: str | None = None,
+        *,
+        placeholder: str = DEFAULT_PLACEHOLDER,
+        examples: Sequence[Message] = (),
     ) -> None:
         super().__init__(system_prompt, examples=examples)
         self.placeholder = placeholder

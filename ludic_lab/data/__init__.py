@@ -10,8 +10,9 @@ network is ever needed.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 DATA_DIR = Path(__file__).resolve().parent
 MATH_WORD_PROBLEMS_PATH = DATA_DIR / "math_word_problems.jsonl"

@@ -1,7 +1,5 @@
 """Distribution (layer 4): pushing policy weights to inference runtimes."""
 
-from ludic_lab.distributed.interfaces import PolicyPublisher
-from ludic_lab.distributed.publisher import ClientPublisher, Rank0OnlyPublisher
 from ludic_lab.distributed.dist_utils import (
     destroy_distributed,
     get_rank,
@@ -17,15 +15,31 @@ from ludic_lab.distributed.fsdp import (
     load_full_state_dict,
     shard_model,
 )
+from ludic_lab.distributed.interfaces import PolicyPublisher
+from ludic_lab.distributed.publisher import ClientPublisher, Rank0OnlyPublisher
 
 __all__ = [
-    "PolicyPublisher", "ClientPublisher", "Rank0OnlyPublisher",
-    "init_distributed", "destroy_distributed", "is_distributed", "is_main_process", "get_rank", "get_world_size",
-    "shard_model", "ShardedRoot", "find_transformer_blocks", "gather_full_state_dict", "load_full_state_dict",
+    "PolicyPublisher",
+    "ClientPublisher",
+    "Rank0OnlyPublisher",
+    "init_distributed",
+    "destroy_distributed",
+    "is_distributed",
+    "is_main_process",
+    "get_rank",
+    "get_world_size",
+    "shard_model",
+    "ShardedRoot",
+    "find_transformer_blocks",
+    "gather_full_state_dict",
+    "load_full_state_dict",
 ]
 
 # the vLLM publisher imports the HTTP client (the vllm extra): loaded on first access
-_LAZY = {"BroadcastPolicyPublisher": "ludic_lab.distributed.broadcast", "PartialPublishError": "ludic_lab.distributed.broadcast"}
+_LAZY = {
+    "BroadcastPolicyPublisher": "ludic_lab.distributed.broadcast",
+    "PartialPublishError": "ludic_lab.distributed.broadcast",
+}
 __all__ += list(_LAZY)
 
 

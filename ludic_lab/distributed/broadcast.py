@@ -24,12 +24,13 @@ sends the same tensors.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ludic_lab.aio import run_sync
 from ludic_lab.inference.vllm_client import VLLMChatClient
 
-Target = Union[VLLMChatClient, str]
+Target = VLLMChatClient | str
 
 _ADAPTER_MARKERS = (".lora_A.", ".lora_B.", "lora_embedding_", ".lora_magnitude_vector")
 _PEFT_MARKERS = ("base_model.model.", ".base_layer.", *_ADAPTER_MARKERS)
@@ -55,11 +56,11 @@ class BroadcastPolicyPublisher:
 
     def __init__(
         self,
-        targets: Union[Target, Sequence[Target]],
+        targets: Target | Sequence[Target],
         *,
         model: Any = None,
         timeout_s: float = 600.0,
-        api_key: Optional[str] = None,
+        api_key: str | None = None,
         device: str = "cpu",
     ) -> None:
         items = [targets] if isinstance(targets, (str, VLLMChatClient)) else list(targets)
@@ -68,20 +69,24 @@ class BroadcastPolicyPublisher:
         self.clients: list[VLLMChatClient] = []
         for t in items:
             if isinstance(t, str):
-                t = VLLMChatClient(t, api_base=t, api_key=api_key, enable_weight_updates=True, device=device, tokenizer=False)
+                t = VLLMChatClient(
+                    t, api_base=t, api_key=api_key, enable_weight_updates=True, device=device, tokenizer=False
+                )
             elif not isinstance(t, VLLMChatClient):
-                raise TypeError(f"publisher targets must be VLLMChatClient objects or api_base URLs, got {type(t).__name__}")
+                raise TypeError(
+                    f"publisher targets must be VLLMChatClient objects or api_base URLs, got {type(t).__name__}"
+                )
             if not t.enable_weight_updates:
                 raise ValueError(f"{t!r} was created with enable_weight_updates=False; it cannot receive weights")
             self.clients.append(t)
         self.model = model
         self.timeout_s = float(timeout_s)
-        self.last_version: Optional[int] = None
-        self.last_seconds: Optional[float] = None
+        self.last_version: int | None = None
+        self.last_seconds: float | None = None
         self.last_num_params: int = 0
 
     # -- state dicts ----------------------------------------------------------------------
-    async def publish_async(self, state_dict: Mapping[str, Any], version: Optional[int] = None) -> int:
+    async def publish_async(self, state_dict: Mapping[str, Any], version: int | None = None) -> int:
         """Push ``state_dict`` to every server in turn; returns the version they now serve.
 
         Raises ``ValueError`` for an empty state dict, adapter (peft) names, or a partly
@@ -92,7 +97,7 @@ class BroadcastPolicyPublisher:
         _check_names(state_dict)
         return await self._push(await self._complete_fused(state_dict, self.model), version)
 
-    async def _push(self, state_dict: Mapping[str, Any], version: Optional[int]) -> int:
+    async def _push(self, state_dict: Mapping[str, Any], version: int | None) -> int:
         t0 = time.perf_counter()
         done: list[str] = []
         versions: list[int] = []
@@ -102,18 +107,22 @@ class BroadcastPolicyPublisher:
             except Exception as e:
                 if not done:
                     raise
-                rest = [x.server_url for x in self.clients[len(done):]]
-                raise PartialPublishError(f"{e} [servers already updated: {done}; not updated: {rest}]", done, rest) from e
+                rest = [x.server_url for x in self.clients[len(done) :]]
+                raise PartialPublishError(
+                    f"{e} [servers already updated: {done}; not updated: {rest}]", done, rest
+                ) from e
             done.append(c.server_url)
             versions.append(int(v))
         if len(set(versions)) != 1:
-            raise RuntimeError(f"servers report different versions after the update: {dict(zip(done, versions))}")
+            raise RuntimeError(
+                f"servers report different versions after the update: {dict(zip(done, versions, strict=True))}"
+            )
         self.last_version = versions[0]
         self.last_num_params = int((self.clients[0].last_sync or {}).get("num_params", len(state_dict)))
         self.last_seconds = time.perf_counter() - t0
         return versions[0]
 
-    def publish(self, state_dict: Mapping[str, Any], version: Optional[int] = None) -> None:
+    def publish(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         """``PolicyPublisher.publish``: :meth:`publish_async` from sync code (any thread,
         also inside a running event loop)."""
         run_sync(self.publish_async(state_dict, version))
@@ -128,7 +137,8 @@ class BroadcastPolicyPublisher:
             return sd
         if model is None:
             raise ValueError(
-                f"the update covers part of fused vLLM layers but lacks {missing[:4]}{' ...' if len(missing) > 4 else ''}: "
+                "the update covers part of fused vLLM layers but lacks "
+                f"{missing[:4]}{' ...' if len(missing) > 4 else ''}: "
                 "vLLM loads them as one piece. Pass model=<the trained model> to BroadcastPolicyPublisher "
                 "(the missing members are taken from it), or send them too."
             )
@@ -139,7 +149,7 @@ class BroadcastPolicyPublisher:
         return {**sd, **{n: base[n] for n in missing}}
 
     # -- models (LoRA merge -> push -> unmerge) -------------------------------------------
-    async def publish_model_async(self, model: Any, version: Optional[int] = None) -> int:
+    async def publish_model_async(self, model: Any, version: int | None = None) -> int:
         """Publish ``model``'s policy: a peft model's merged LoRA weights (the adapted
         modules, completed to whole fused layers, under the base model's names; the model is
         unmerged afterwards with its base weights restored exactly), or a plain model's full
@@ -150,7 +160,7 @@ class BroadcastPolicyPublisher:
                 return await self._push(await self._complete_fused(sd, model), version)
         return await self.publish_async({k: v.detach() for k, v in model.state_dict().items()}, version)
 
-    def publish_model(self, model: Any, version: Optional[int] = None) -> int:
+    def publish_model(self, model: Any, version: int | None = None) -> int:
         """:meth:`publish_model_async` from sync code."""
         return run_sync(self.publish_model_async(model, version))
 
@@ -223,7 +233,9 @@ class merged_lora:
 def _refuse_tied(base: Any, layers: Mapping[str, Any]) -> None:
     """A LoRA-adapted weight shared with another parameter (tied embeddings) cannot be
     published under one name without changing the other on the server."""
-    adapted = {id(mod.get_base_layer().weight): name for name, mod in layers.items() if hasattr(mod.get_base_layer(), "weight")}
+    adapted = {
+        id(mod.get_base_layer().weight): name for name, mod in layers.items() if hasattr(mod.get_base_layer(), "weight")
+    }
     for pname, p in base.named_parameters(remove_duplicate=False):
         owner = adapted.get(id(p))
         if owner is not None and not pname.startswith(owner + "."):

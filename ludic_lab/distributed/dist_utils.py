@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -89,7 +90,7 @@ def init_distributed(device: str | torch.device = "cpu", *, timeout_s: float = D
         backend = "nccl"
     else:
         backend = "gloo"
-    kw = {"device_id": dev} if dev.type == "cuda" else {}
+    kw: dict[str, Any] = {"device_id": dev} if dev.type == "cuda" else {}
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=float(timeout_s)), **kw)
     return True
 
@@ -151,10 +152,10 @@ def all_gather_bytes(data: bytes) -> list[bytes]:
         buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
     out = [torch.zeros_like(buf) for _ in range(world)]
     dist.all_gather(out, buf)
-    return [bytes(o[: int(s)].cpu().numpy().tobytes()) for o, s in zip(out, sizes)]
+    return [bytes(o[: int(s)].cpu().numpy().tobytes()) for o, s in zip(out, sizes, strict=True)]
 
 
-def broadcast_bytes(data: Optional[bytes], src: int = 0) -> bytes:
+def broadcast_bytes(data: bytes | None, src: int = 0) -> bytes:
     """``data`` from rank ``src`` on every rank (others pass ``None``). No pickle."""
     if not is_distributed():
         if data is None:
@@ -166,7 +167,7 @@ def broadcast_bytes(data: Optional[bytes], src: int = 0) -> bytes:
     mine = dist.get_rank() == src
     if mine and data is None:
         raise ValueError(f"rank {src} is the broadcast source and must pass the data")
-    n = torch.tensor([len(data) if mine else 0], dtype=torch.int64, device=dev)  # type: ignore[arg-type]
+    n = torch.tensor([len(data) if mine else 0], dtype=torch.int64, device=dev)  # type: ignore[arg-type]  # data is set on the source rank
     dist.broadcast(n, src=src)
     buf = torch.zeros(max(int(n), 1), dtype=torch.uint8, device=dev)
     if mine and data:
@@ -185,7 +186,7 @@ def all_reduce_dict(values: Mapping[str, float]) -> dict[str, float]:
         names.update(json.loads(raw.decode()))
     keys = sorted(names)
     summed = all_reduce_floats([float(values.get(k, 0.0)) for k in keys], "sum")
-    return dict(zip(keys, summed))
+    return dict(zip(keys, summed, strict=True))
 
 
 def split_balanced(sizes: Sequence[int], world_size: int) -> list[list[int]]:

@@ -20,7 +20,8 @@ receive ``{}``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,7 +42,7 @@ class ShardedRoot(nn.Module):
         super().__init__()
         self.module = module
 
-    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:  # noqa: D102
+    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return fn(self.module, *args, **kwargs)
 
 
@@ -143,7 +144,7 @@ def shard_model(
 def set_gradient_sync(root: nn.Module, enabled: bool) -> None:
     """Reduce gradients in the next backward (True) or only accumulate them locally (False):
     off for every micro-batch of a step but the last."""
-    root.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+    root.set_requires_gradient_sync(enabled)  # type: ignore[operator]  # an FSDPModule method
 
 
 def _full_options(**kw: Any) -> Any:
@@ -158,10 +159,12 @@ def gather_full_state_dict(root: ShardedRoot) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     sd = get_model_state_dict(root, options=_full_options(cpu_offload=True))
-    return {_strip(k): v for k, v in sd.items()}
+    return {_strip(k): v for k, v in sd.items()}  # type: ignore[misc]  # full_state_dict=True: plain tensors only
 
 
-def load_full_state_dict(root: ShardedRoot, state_dict: Mapping[str, torch.Tensor], *, strict: bool = True) -> tuple[list[str], list[str]]:
+def load_full_state_dict(
+    root: ShardedRoot, state_dict: Mapping[str, torch.Tensor], *, strict: bool = True
+) -> tuple[list[str], list[str]]:
     """Load full (unsharded) tensors named as in the model's ``state_dict`` into the shards.
 
     Every rank passes the same tensors. Returns ``(missing, unexpected)`` names (without the
@@ -169,7 +172,9 @@ def load_full_state_dict(root: ShardedRoot, state_dict: Mapping[str, torch.Tenso
     """
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    res = set_model_state_dict(root, {ROOT_PREFIX + k: v for k, v in state_dict.items()}, options=_full_options(strict=strict))
+    res = set_model_state_dict(
+        root, {ROOT_PREFIX + k: v for k, v in state_dict.items()}, options=_full_options(strict=strict)
+    )
     return [_strip(k) for k in res.missing_keys], [_strip(k) for k in res.unexpected_keys]
 
 
@@ -203,7 +208,7 @@ def _rename_optimizer_state(osd: Mapping[str, Any], rename: Callable[[str], str]
     return {"state": state, "param_groups": groups}
 
 
-def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: Optional[float]) -> float:
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float | None) -> float:
     """Global L2 norm of the (sharded) gradients over all ranks; clips them to ``max_norm``
     when given. Collective under FSDP (the norm of ``DTensor`` gradients is all-reduced)."""
     from torch.distributed.tensor import DTensor

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -14,4 +15,4 @@ class PolicyPublisher(Protocol):
     step's merged LoRA weights into the same tensors): a publisher that keeps them, rather
     than copying them out before returning, must copy them."""
 
-    def publish(self, state_dict: Mapping[str, Any], version: Optional[int] = None) -> None: ...
+    def publish(self, state_dict: Mapping[str, Any], version: int | None = None) -> None: ...

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from ludic_lab.inference.client import ChatClient
 
@@ -19,9 +20,9 @@ class ClientPublisher:
             raise TypeError(f"{type(client).__name__} has no sync_weights(); it cannot receive weights")
         self.client = client
         self.timeout_s = timeout_s
-        self.last_version: Optional[str] = None
+        self.last_version: str | None = None
 
-    def publish(self, state_dict: Mapping[str, Any], version: Optional[int] = None) -> None:
+    def publish(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         self.last_version = self.client.sync_weights(state_dict, timeout_s=self.timeout_s, version=version)
 
 
@@ -38,7 +39,7 @@ class Rank0OnlyPublisher:
             raise TypeError(f"{type(inner).__name__} has no publish(state_dict, version)")
         self.inner = inner
 
-    def publish(self, state_dict: Mapping[str, Any], version: Optional[int] = None) -> None:
+    def publish(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:

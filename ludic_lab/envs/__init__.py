@@ -4,13 +4,13 @@
 conformance checker (:func:`check_env_async` in a running event loop)."""
 
 from ludic_lab.envs.checker import EnvCheckError, EnvCheckReport, check_env, check_env_async
+from ludic_lab.envs.code_exec import CodeExecConfig, CodeExecEnv, SandboxPool
 from ludic_lab.envs.dataset_qa_env import DatasetQAEnv
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.envs.tic_tac_toe import TicTacToeEnv, TicTacToeGame, TicTacToeRewards
 from ludic_lab.envs.tic_tac_toe_multi import TicTacToeMultiAgentEnv
 from ludic_lab.envs.verifiers import Verifier, exact_match, numeric_match
-from ludic_lab.envs.code_exec import CodeExecConfig, CodeExecEnv, SandboxPool
 
 __all__ = [
     "LudicEnv",

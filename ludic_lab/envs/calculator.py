@@ -13,8 +13,8 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Callable, Union
 
 __all__ = ["CalculatorError", "MAX_EXPRESSION_CHARS", "MAX_MAGNITUDE", "calculator", "format_number", "safe_eval"]
 
@@ -45,7 +45,7 @@ def _check(x: Fraction) -> Fraction:
 def _walk(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Expression):
         return _walk(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
         if not math.isfinite(node.value):
             raise CalculatorError("numbers must be finite")
         return _check(Fraction(node.value))
@@ -60,7 +60,7 @@ def _walk(node: ast.AST) -> Fraction:
     raise CalculatorError(f"only numbers, + - * / and parentheses are allowed (found {what})")
 
 
-def safe_eval(expression: str) -> Union[int, Fraction]:
+def safe_eval(expression: str) -> int | Fraction:
     """The exact value of ``expression`` (numbers, ``+ - * /``, parentheses; ``x`` and ``×``
     read as ``*``, ``÷`` as ``/``, ``,`` thousands separators dropped).
 
@@ -83,7 +83,7 @@ def safe_eval(expression: str) -> Union[int, Fraction]:
     return int(value) if value.denominator == 1 else value
 
 
-def format_number(value: Union[int, Fraction]) -> str:
+def format_number(value: int | Fraction) -> str:
     """``value`` as the calculator prints it: an integer exactly, else a decimal (at most 6 places)."""
     if isinstance(value, int) or value.denominator == 1:
         return str(int(value))

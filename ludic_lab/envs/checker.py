@@ -43,8 +43,9 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from ludic_lab.aio import maybe_await, run_sync
 from ludic_lab.envs.env import LudicEnv
@@ -82,7 +83,7 @@ class EnvCheckReport:
 
     env: str
     agent_ids: tuple[str, ...]
-    seed: Optional[int]
+    seed: int | None
     num_steps: int
     """Steps of the played episode."""
     returns: dict[str, float]
@@ -158,14 +159,20 @@ async def _step(env: LudicEnv, acts: dict, where: str) -> Any:
     try:
         return await maybe_await(env.step(acts))
     except Exception as e:  # noqa: BLE001 - reported as a rule failure
-        _fail("step_raised", f"{where}: step({ {a: f'{v!r:.40}' for a, v in acts.items()} }) raised {type(e).__name__}: {e}")
+        _fail(
+            "step_raised",
+            f"{where}: step({ {a: f'{v!r:.40}' for a, v in acts.items()} }) raised {type(e).__name__}: {e}",
+        )
 
 
-async def _reset(env: LudicEnv, seed: Optional[int], ids: set) -> dict:
+async def _reset(env: LudicEnv, seed: int | None, ids: set) -> dict:
     res = await maybe_await(env.reset(seed=seed))
     if not isinstance(res, dict) or set(res) != ids:
         got = sorted(map(repr, res)) if isinstance(res, dict) else type(res).__name__
-        _fail("reset_agents", f"reset must return {{agent_id: (obs, info)}} for every agent id {sorted(map(repr, ids))}; got {got}")
+        _fail(
+            "reset_agents",
+            f"reset must return {{agent_id: (obs, info)}} for every agent id {sorted(map(repr, ids))}; got {got}",
+        )
     for a, v in res.items():
         if not (isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], dict)):
             _fail("reset_types", f"reset()[{a!r}] must be (str obs, dict info); got {v!r:.200}")
@@ -176,8 +183,8 @@ async def _reset(env: LudicEnv, seed: Optional[int], ids: set) -> dict:
 def check_env(
     env: LudicEnv,
     *,
-    seed: Optional[int] = 0,
-    actions: Union[None, Sequence[str], ActionFn] = None,
+    seed: int | None = 0,
+    actions: None | Sequence[str] | ActionFn = None,
     max_steps: int = 1000,
     garbage_probe: bool = True,
     check_replay: bool = True,
@@ -199,8 +206,8 @@ def check_env(
 async def check_env_async(
     env: LudicEnv,
     *,
-    seed: Optional[int] = 0,
-    actions: Union[None, Sequence[str], ActionFn] = None,
+    seed: int | None = 0,
+    actions: None | Sequence[str] | ActionFn = None,
     max_steps: int = 1000,
     garbage_probe: bool = True,
     check_replay: bool = True,
@@ -240,10 +247,13 @@ async def check_env_async(
         if isinstance(env, SingleAgentEnv):
             got = await maybe_await(env.env_current_obs())
             if got != expected[env.agent_id]:
-                _fail("current_obs", f"{where}: env_current_obs() returned {got!r:.120}, expected {expected[env.agent_id]!r:.120}")
+                _fail(
+                    "current_obs",
+                    f"{where}: env_current_obs() returned {got!r:.120}, expected {expected[env.agent_id]!r:.120}",
+                )
         elif callable(getattr(env, "current_obs", None)):
             for a, obs in expected.items():
-                got = await maybe_await(env.current_obs(a))  # type: ignore[attr-defined]
+                got = await maybe_await(env.current_obs(a))  # type: ignore[attr-defined]  # checked callable above
                 if got != obs:
                     _fail("current_obs", f"{where}: current_obs({a!r}) returned {got!r:.120}, expected {obs!r:.120}")
 
@@ -254,7 +264,11 @@ async def check_env_async(
     second = await _reset(env, seed, ids)
     for a in ids_list if seed is not None else ():
         if second[a][0] != first[a][0]:
-            _fail("determinism", f"reset(seed={seed}) gave different observations for {a!r}: {first[a][0]!r:.120} vs {second[a][0]!r:.120}")
+            _fail(
+                "determinism",
+                f"reset(seed={seed}) gave different observations for {a!r}: "
+                f"{first[a][0]!r:.120} vs {second[a][0]!r:.120}",
+            )
         if json.dumps(second[a][1], sort_keys=True) != json.dumps(first[a][1], sort_keys=True):
             _fail("determinism", f"reset(seed={seed}) gave different infos for {a!r}: {first[a][1]} vs {second[a][1]}")
     if seed is not None:
@@ -272,14 +286,20 @@ async def check_env_async(
         probes.append((f"inactive agent {inactive[0]!r} instead of the active ones", {inactive[0]: "A1"}))
     bots_active = [a for a in active if a in driven]
     if bots_active:
-        probes.append((f"an action for env-driven agent {bots_active[0]!r}", {**{a: "A1" for a in keys}, bots_active[0]: "A1"}))
+        probes.append(
+            (f"an action for env-driven agent {bots_active[0]!r}", {**{a: "A1" for a in keys}, bots_active[0]: "A1"})
+        )
     for what, acts in probes:
         await _reset(env, seed, ids)
         try:
             await maybe_await(env.step(acts))
         except Exception:  # noqa: BLE001 - any error is the expected refusal
             continue
-        _fail("step_rejects_wrong_keys", f"step accepted {what} (keys {sorted(map(repr, acts))}); it must raise unless the keys are exactly active_agents (less env_driven_agents)")
+        _fail(
+            "step_rejects_wrong_keys",
+            f"step accepted {what} (keys {sorted(map(repr, acts))}); it must raise unless the keys are "
+            "exactly active_agents (less env_driven_agents)",
+        )
     rules.append("step_rejects_wrong_keys")
 
     # -- arbitrary text must not crash the env ---------------------------------------------------
@@ -290,7 +310,10 @@ async def check_env_async(
             try:
                 outs = await maybe_await(env.step(acts))
             except Exception as e:  # noqa: BLE001 - reported as a rule failure
-                _fail("step_accepts_any_text", f"step raised {type(e).__name__}: {e} on action {g!r:.60}; return a penalised outcome instead")
+                _fail(
+                    "step_accepts_any_text",
+                    f"step raised {type(e).__name__}: {e} on action {g!r:.60}; return a penalised outcome instead",
+                )
             if isinstance(outs, dict):
                 for a, o in outs.items():
                     _check_outcome(a, o, f"step with action {g!r:.40}")
@@ -320,16 +343,26 @@ async def check_env_async(
     while steps < max_steps:
         active = _active(env, f"step {steps}", ids)
         if done & set(active):
-            _fail("active_agents", f"step {steps}: {sorted(map(repr, done & set(active)))} still active after their episode ended")
+            _fail(
+                "active_agents",
+                f"step {steps}: {sorted(map(repr, done & set(active)))} still active after their episode ended",
+            )
         if not active:
             break
         acts = {a: choose(a, obs[a], steps) for a in expected_keys(active)}
         where = f"step {steps}"
         outs = await _step(env, acts, where)
         if not isinstance(outs, dict):
-            _fail("outcome_keys", f"{where}: step returned a {type(outs).__name__}, expected {{agent_id: StepOutcome}}{_gym_hint(outs)}")
+            _fail(
+                "outcome_keys",
+                f"{where}: step returned a {type(outs).__name__}, expected {{agent_id: StepOutcome}}{_gym_hint(outs)}",
+            )
         if not set(acts) <= set(outs) or not set(outs) <= ids:
-            _fail("outcome_keys", f"{where}: step got actions for {sorted(map(repr, acts))} but returned outcomes for {sorted(map(repr, outs))}")
+            _fail(
+                "outcome_keys",
+                f"{where}: step got actions for {sorted(map(repr, acts))} "
+                f"but returned outcomes for {sorted(map(repr, outs))}",
+            )
         for a, o in outs.items():
             _check_outcome(a, o, where)
             obs[a] = o.obs
@@ -339,13 +372,19 @@ async def check_env_async(
         await check_current_obs({a: o.obs for a, o in outs.items()}, where)
         still = set(_active(env, where, ids)) & done
         if still:
-            _fail("active_agents", f"{where}: {sorted(map(repr, still))} ended (terminated/truncated) but are still in active_agents")
+            _fail(
+                "active_agents",
+                f"{where}: {sorted(map(repr, still))} ended (terminated/truncated) but are still in active_agents",
+            )
         played.append(acts)
         trace.append(_signature(outs))
         steps += 1
     else:
         if _active(env, f"step {steps}", ids):
-            _fail("episode_ends", f"the episode did not end within max_steps={max_steps}; pass a larger max_steps if that is expected")
+            _fail(
+                "episode_ends",
+                f"the episode did not end within max_steps={max_steps}; pass a larger max_steps if that is expected",
+            )
     rules += ["outcome_keys", "outcome_types", "current_obs", "active_agents", "step_raised", "episode_ends"]
 
     if check_replay and seed is not None:
@@ -353,10 +392,16 @@ async def check_env_async(
         for t, acts in enumerate(played):
             sig = _signature(await _step(env, acts, f"replay step {t}"))
             if sig != trace[t]:
-                _fail("replay_determinism", f"replaying the same actions from seed={seed} gave a different outcome at step {t}: {sig!r:.200} vs {trace[t]!r:.200}")
+                _fail(
+                    "replay_determinism",
+                    f"replaying the same actions from seed={seed} gave a different outcome at step {t}: "
+                    f"{sig!r:.200} vs {trace[t]!r:.200}",
+                )
         rules.append("replay_determinism")
 
-    return EnvCheckReport(env=name, agent_ids=tuple(map(str, ids_list)), seed=seed, num_steps=steps, returns=returns, rules=tuple(rules))
+    return EnvCheckReport(
+        env=name, agent_ids=tuple(map(str, ids_list)), seed=seed, num_steps=steps, returns=returns, rules=tuple(rules)
+    )
 
 
 __all__ = ["check_env", "check_env_async", "EnvCheckError", "EnvCheckReport", "GARBAGE_ACTIONS"]

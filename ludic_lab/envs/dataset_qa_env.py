@@ -9,11 +9,12 @@ one sample per reset, wrapping around.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from ludic_lab.jsonl import read_jsonl
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.envs.verifiers import Verifier, numeric_match
+from ludic_lab.jsonl import read_jsonl
 from ludic_lab.parsers import Parser, xml_tag_parser
 from ludic_lab.types import Info, StepOutcome
 
@@ -56,8 +57,8 @@ class DatasetQAEnv(SingleAgentEnv):
         verifier: Verifier = numeric_match,
         correct_reward: float = 1.0,
         incorrect_reward: float = 0.0,
-        system_prompt: Optional[str] = DEFAULT_QA_SYSPROMPT,
-        prompt_builder: Optional[PromptBuilder] = None,
+        system_prompt: str | None = DEFAULT_QA_SYSPROMPT,
+        prompt_builder: PromptBuilder | None = None,
     ) -> None:
         super().__init__()
         if not callable(verifier):
@@ -72,7 +73,7 @@ class DatasetQAEnv(SingleAgentEnv):
             raise ValueError("DatasetQAEnv: the dataset is empty; pass at least one sample")
         self._validate_keys()
         self._cursor = 0
-        self._index: Optional[int] = None
+        self._index: int | None = None
         self._obs = ""
 
     # -- data ---------------------------------------------------------------------------
@@ -95,7 +96,8 @@ class DatasetQAEnv(SingleAgentEnv):
                     raise TypeError(f"DatasetQAEnv: sample {i} is a {type(r).__name__}, expected a dict")
             return rows
         raise TypeError(
-            f"DatasetQAEnv: unsupported data {type(data).__name__}; pass a list of dicts, a JSONL path or a datasets.Dataset"
+            f"DatasetQAEnv: unsupported data {type(data).__name__}; "
+            "pass a list of dicts, a JSONL path or a datasets.Dataset"
         )
 
     def _validate_keys(self) -> None:
@@ -123,7 +125,7 @@ class DatasetQAEnv(SingleAgentEnv):
 
     # -- SingleAgentEnv -------------------------------------------------------------------
     @property
-    def suggested_sysprompt(self) -> Optional[str]:
+    def suggested_sysprompt(self) -> str | None:  # type: ignore[override]  # a property, as on SingleAgentEnv
         return self._system_prompt
 
     @classmethod
@@ -132,11 +134,11 @@ class DatasetQAEnv(SingleAgentEnv):
         return xml_tag_parser(cls.ANSWER_TAG, success_reward=success_reward, error_reward=error_reward)
 
     @property
-    def current_index(self) -> Optional[int]:
+    def current_index(self) -> int | None:
         """Index of the current sample (``None`` before the first reset)."""
         return self._index
 
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         n = len(self._data)
         if seed is None:
             index = self._cursor % n

@@ -13,7 +13,8 @@ server without blocking the event loop that runs the other episodes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Generic, Mapping, Optional, Sequence, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 from ludic_lab.types import Info, StepOutcome
 
@@ -43,7 +44,7 @@ class LudicEnv(ABC, Generic[AgentIDT, ObsT, ActionT]):
         """Agents expected to act in the next :meth:`step` (empty when the episode is over)."""
 
     @abstractmethod
-    def reset(self, seed: Optional[int] = None) -> dict[AgentIDT, tuple[ObsT, Info]]:
+    def reset(self, seed: int | None = None) -> dict[AgentIDT, tuple[ObsT, Info]]:
         """Start a new episode; the same seed gives the same episode."""
 
     @abstractmethod
@@ -59,7 +60,7 @@ class LudicEnv(ABC, Generic[AgentIDT, ObsT, ActionT]):
     active ids inside that call. Protocols give Agents only for the other ids.
     """
 
-    def suggested_sysprompt(self, agent_id: Optional[AgentIDT] = None) -> Optional[str]:
+    def suggested_sysprompt(self, agent_id: AgentIDT | None = None) -> str | None:
         """A system prompt the env's author recommends for ``agent_id`` (or ``None``)."""
         return None
 

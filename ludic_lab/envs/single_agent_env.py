@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import inspect
 from abc import abstractmethod
-from typing import Any, Awaitable, Mapping, Optional, Union
+from collections.abc import Awaitable, Mapping
+from typing import Any
 
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.types import Info, StepOutcome
@@ -36,19 +37,19 @@ class SingleAgentEnv(LudicEnv[str, str, str]):
 
     # -- to implement -------------------------------------------------------------
     @abstractmethod
-    def env_reset(self, *, seed: Optional[int] = None) -> Union[tuple[str, Info], Awaitable[tuple[str, Info]]]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info] | Awaitable[tuple[str, Info]]:
         """Start an episode and return ``(observation, info)`` (may be ``async def``)."""
 
     @abstractmethod
-    def env_step(self, action: str) -> Union[StepOutcome, Awaitable[StepOutcome]]:
+    def env_step(self, action: str) -> StepOutcome | Awaitable[StepOutcome]:
         """Apply a (parsed) action and return the outcome (may be ``async def``)."""
 
     @abstractmethod
-    def env_current_obs(self) -> Union[str, Awaitable[str]]:
+    def env_current_obs(self) -> str | Awaitable[str]:
         """The observation the agent would see now (may be ``async def``)."""
 
     @property
-    def suggested_sysprompt(self) -> Optional[str]:  # type: ignore[override]
+    def suggested_sysprompt(self) -> str | None:  # type: ignore[override]  # a property, as Ludic's API has it
         """A recommended system prompt for this task (or ``None``)."""
         return None
 
@@ -74,7 +75,7 @@ class SingleAgentEnv(LudicEnv[str, str, str]):
         """True when ``env_reset`` or ``env_step`` is ``async def``: ``reset``/``step`` return awaitables."""
         return inspect.iscoroutinefunction(self.env_reset) or inspect.iscoroutinefunction(self.env_step)
 
-    def reset(self, seed: Optional[int] = None) -> Union[ResetResult, Awaitable[ResetResult]]:
+    def reset(self, seed: int | None = None) -> ResetResult | Awaitable[ResetResult]:  # type: ignore[override]  # awaitable for an async env
         """``{agent_id: (obs, info)}``; an awaitable of it when ``env_reset`` is async."""
         self._done = True  # an episode in progress is abandoned, also while an async reset runs
         res = self.env_reset(seed=seed)
@@ -82,7 +83,7 @@ class SingleAgentEnv(LudicEnv[str, str, str]):
             return self._finish_reset(res)
         return self._after_reset(res)
 
-    def step(self, actions: Mapping[str, str]) -> Union[StepResult, Awaitable[StepResult]]:
+    def step(self, actions: Mapping[str, str]) -> StepResult | Awaitable[StepResult]:  # type: ignore[override]  # awaitable for an async env
         """``{agent_id: StepOutcome}``; an awaitable of it when ``env_step`` is async.
 
         Wrong keys or a step after the episode ended raise at once (not when awaited).

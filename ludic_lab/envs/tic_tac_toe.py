@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from typing import Callable, Literal, Optional, Union
+from functools import cache
+from typing import TYPE_CHECKING, Literal
 
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.parsers import Parser, xml_tag_parser
 from ludic_lab.types import Info, StepOutcome
+
+if TYPE_CHECKING:  # provided lazily by __getattr__ (the module imports this one)
+    from ludic_lab.envs.tic_tac_toe_multi import TicTacToeMultiAgentEnv
 
 EMPTY = "."
 COLS = "ABC"
@@ -35,7 +39,7 @@ _MOVE = re.compile(r"\s*([A-Ca-c])\s*[-,:]?\s*([1-3])\s*\.?\s*")
 _MOVE_REVERSED = re.compile(r"\s*([1-3])\s*[-,:]?\s*([A-Ca-c])\s*\.?\s*")
 
 
-def coord_to_index(coord: str) -> Optional[int]:
+def coord_to_index(coord: str) -> int | None:
     """Board index 0..8 of a move like ``"B2"`` (lenient about case, spaces, order), else ``None``."""
     if not isinstance(coord, str) or len(coord) > 32:
         return None
@@ -66,7 +70,7 @@ def _shown(action: object) -> str:
     return text if len(text) <= 40 else f"{text[:40]}..."
 
 
-def read_move(game: "TicTacToeGame", action: str) -> tuple[Optional[int], str]:
+def read_move(game: TicTacToeGame, action: str) -> tuple[int | None, str]:
     """``(index, "")`` when ``action`` is a legal move in ``game``, else ``(None, why not)``."""
     idx = coord_to_index(action)
     if idx is None:
@@ -96,7 +100,7 @@ class TicTacToeGame:
             raise ValueError(f"to_move must be 'X' or 'O', got {self.to_move!r}")
 
     @property
-    def winner(self) -> Optional[str]:
+    def winner(self) -> str | None:
         return _winner(self.board)
 
     @property
@@ -117,7 +121,7 @@ class TicTacToeGame:
     def is_legal(self, index: int) -> bool:
         return 0 <= index < 9 and not self.is_over and self.board[index] == EMPTY
 
-    def play(self, index: int) -> "TicTacToeGame":
+    def play(self, index: int) -> TicTacToeGame:
         """The position after ``to_move`` plays ``index``; raises ``ValueError`` if illegal."""
         if not self.is_legal(index):
             raise ValueError(f"illegal move {index} on board {self.board!r}")
@@ -132,14 +136,14 @@ class TicTacToeGame:
         return "\n".join(lines)
 
 
-def _winner(board: str) -> Optional[str]:
+def _winner(board: str) -> str | None:
     for a, b, c in LINES:
         if board[a] != EMPTY and board[a] == board[b] == board[c]:
             return board[a]
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _negamax(board: str, player: str) -> int:
     """Value of ``board`` for ``player`` to move: > 0 win (larger = sooner), 0 draw, < 0 loss."""
     empties = [i for i, c in enumerate(board) if c == EMPTY]
@@ -178,7 +182,7 @@ def minimax_opponent(game: TicTacToeGame, rng: random.Random) -> int:
     return rng.choice(minimax_moves(game))
 
 
-def _resolve_opponent(opponent: Union[str, OpponentFn]) -> OpponentFn:
+def _resolve_opponent(opponent: str | OpponentFn) -> OpponentFn:
     if callable(opponent):
         return opponent
     table = {"random": random_opponent, "minimax": minimax_opponent}
@@ -234,7 +238,7 @@ class TicTacToeEnv(SingleAgentEnv):
     def __init__(
         self,
         *,
-        opponent: Union[Literal["random", "minimax"], OpponentFn] = "random",
+        opponent: Literal["random", "minimax"] | OpponentFn = "random",
         agent_starts: bool = True,
         rewards: TicTacToeRewards = TicTacToeRewards(),
         show_opponent_move: bool = True,
@@ -248,11 +252,11 @@ class TicTacToeEnv(SingleAgentEnv):
         self._rng = random.Random(0)
         self.game = TicTacToeGame()
         self._obs = ""
-        self._last_opponent_move: Optional[str] = None
+        self._last_opponent_move: str | None = None
         self._over = True
 
     @property
-    def suggested_sysprompt(self) -> Optional[str]:
+    def suggested_sysprompt(self) -> str | None:  # type: ignore[override]  # a property, as on SingleAgentEnv
         return _sysprompt(self.agent_mark, f"a {self.opponent_name} opponent playing {self.opponent_mark}")
 
     @classmethod
@@ -264,7 +268,7 @@ class TicTacToeEnv(SingleAgentEnv):
         """A random legal move (used by :func:`~ludic_lab.envs.check_env`)."""
         return index_to_coord(rng.choice(self.game.legal_moves())) if not self.game.is_over else "A1"
 
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         self._rng = random.Random(seed)
         first = self.agent_mark if self.agent_starts else self.opponent_mark
         self.game = TicTacToeGame(to_move=first)
@@ -280,7 +284,9 @@ class TicTacToeEnv(SingleAgentEnv):
 
     def env_step(self, action: str) -> StepOutcome:
         if self._over:
-            raise RuntimeError("TicTacToeEnv.env_step called after the game ended (or before reset); call reset() first")
+            raise RuntimeError(
+                "TicTacToeEnv.env_step called after the game ended (or before reset); call reset() first"
+            )
         info: Info = {}
         idx, why = read_move(self.game, action)
         if idx is None:

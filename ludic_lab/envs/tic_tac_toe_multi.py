@@ -8,7 +8,8 @@ calls ``step({})`` on the bot's turns (see :class:`~ludic_lab.envs.env.LudicEnv`
 from __future__ import annotations
 
 import random
-from typing import Literal, Mapping, Optional, Union
+from collections.abc import Mapping
+from typing import Literal
 
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.envs.tic_tac_toe import (
@@ -26,7 +27,7 @@ from ludic_lab.envs.tic_tac_toe import (
 from ludic_lab.parsers import Parser
 from ludic_lab.types import Info, StepOutcome
 
-BotSpec = Union[Literal["random", "minimax"], OpponentFn]
+BotSpec = Literal["random", "minimax"] | OpponentFn
 """A bot: ``"random"``, ``"minimax"`` or a callable ``(game, rng) -> board index``."""
 
 
@@ -48,7 +49,7 @@ class TicTacToeMultiAgentEnv(LudicEnv[str, str, str]):
         *,
         first: Literal["X", "O"] = "X",
         rewards: TicTacToeRewards = TicTacToeRewards(),
-        bots: Optional[Mapping[str, BotSpec]] = None,
+        bots: Mapping[str, BotSpec] | None = None,
     ) -> None:
         if first not in ("X", "O"):
             raise ValueError(f"first must be 'X' or 'O', got {first!r}")
@@ -62,7 +63,7 @@ class TicTacToeMultiAgentEnv(LudicEnv[str, str, str]):
         self._rng = random.Random(0)
         self.game = TicTacToeGame(to_move=first)
         self._done = True
-        self._last_move: dict[str, Optional[str]] = {"X": None, "O": None}
+        self._last_move: dict[str, str | None] = {"X": None, "O": None}
         self._final: dict[str, str] = {}
 
     @property
@@ -70,14 +71,14 @@ class TicTacToeMultiAgentEnv(LudicEnv[str, str, str]):
         return ["X", "O"]
 
     @property
-    def env_driven_agents(self) -> list[str]:
+    def env_driven_agents(self) -> list[str]:  # type: ignore[override]  # derived from the bots, read-only
         return [a for a in self.agent_ids if a in self.bots]
 
     @property
     def active_agents(self) -> list[str]:
         return [] if self._done else [self.game.to_move]
 
-    def suggested_sysprompt(self, agent_id: Optional[str] = None) -> Optional[str]:
+    def suggested_sysprompt(self, agent_id: str | None = None) -> str | None:
         mark = agent_id if agent_id in ("X", "O") else "X"
         opp = other(mark)
         who = f"a {self.bot_names[opp]} bot playing {opp}" if opp in self.bots else f"another player, {opp}"
@@ -92,7 +93,7 @@ class TicTacToeMultiAgentEnv(LudicEnv[str, str, str]):
         """A random legal move (used by :func:`~ludic_lab.envs.check_env`)."""
         return index_to_coord(rng.choice(self.game.legal_moves())) if not self.game.is_over else "A1"
 
-    def reset(self, seed: Optional[int] = None) -> dict[str, tuple[str, Info]]:
+    def reset(self, seed: int | None = None) -> dict[str, tuple[str, Info]]:
         """Start a game; ``seed`` seeds the bots (the game itself is deterministic)."""
         self.game = TicTacToeGame(to_move=self.first)
         self._rng = random.Random(seed)
@@ -123,10 +124,15 @@ class TicTacToeMultiAgentEnv(LudicEnv[str, str, str]):
         mover = self.game.to_move
         if mover in self.bots:
             if actions:
-                raise ValueError(f"it is the bot {mover!r}'s turn, which the env plays: step expects {{}}, got keys {sorted(actions)}")
+                raise ValueError(
+                    f"it is the bot {mover!r}'s turn, which the env plays: "
+                    f"step expects {{}}, got keys {sorted(actions)}"
+                )
             return self._play(mover, index_to_coord(self.bots[mover](self.game, self._rng)))
         if set(actions) != {mover}:
-            raise ValueError(f"it is {mover!r}'s turn: step expects exactly {{{mover!r}: move}}, got keys {sorted(actions)}")
+            raise ValueError(
+                f"it is {mover!r}'s turn: step expects exactly {{{mover!r}: move}}, got keys {sorted(actions)}"
+            )
         return self._play(mover, actions[mover])
 
     def _play(self, mover: str, action: str) -> dict[str, StepOutcome]:
@@ -141,7 +147,9 @@ class TicTacToeMultiAgentEnv(LudicEnv[str, str, str]):
             }
             base = {"illegal_move": True, "error": why, "move": _shown(action), "mover": mover}
             return {
-                mover: StepOutcome(self._final[mover], self.rewards.illegal, False, True, {**base, "result": "illegal"}),
+                mover: StepOutcome(
+                    self._final[mover], self.rewards.illegal, False, True, {**base, "result": "illegal"}
+                ),
                 opp: StepOutcome(
                     self._final[opp], self.rewards.opponent_illegal, False, True, {**base, "result": "opponent_illegal"}
                 ),
@@ -150,7 +158,7 @@ class TicTacToeMultiAgentEnv(LudicEnv[str, str, str]):
         self.game = self.game.play(idx)
         self._last_move[mover] = coord
         if not self.game.is_over:
-            info = {"move": coord, "mover": mover}
+            info: Info = {"move": coord, "mover": mover}
             return {
                 mover: StepOutcome(self.current_obs(mover), self.rewards.step, False, False, info),
                 opp: StepOutcome(self.current_obs(opp), 0.0, False, False, {**info, "your_turn": True}),
@@ -163,7 +171,7 @@ class TicTacToeMultiAgentEnv(LudicEnv[str, str, str]):
             reward = {"win": self.rewards.win, "draw": self.rewards.draw, "loss": self.rewards.loss}[result]
             msg = {"win": "You win!", "draw": "Draw.", "loss": "You lose."}[result]
             self._final[a] = f"{mover} played {coord}.\nBoard:\n{self.game.render()}\nYou are {a}. {msg}"
-            info: Info = {"move": coord, "mover": mover, "result": result}
+            info = {"move": coord, "mover": mover, "result": result}
             out[a] = StepOutcome(self._final[a], reward, False, True, info)
         return out
 

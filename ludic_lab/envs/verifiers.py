@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Optional
+from collections.abc import Callable
 
 Verifier = Callable[[str, str], bool]
 """``verifier(prediction, target) -> bool``: is the (parsed) prediction a correct answer?"""
@@ -36,7 +36,7 @@ def normalize_answer(text: str) -> str:
     return _SPACES.sub(" ", s).casefold()
 
 
-def parse_number(text: str) -> Optional[float]:
+def parse_number(text: str) -> float | None:
     """The number ``text`` spells (``"$1,234.50"``, ``"-3"``, ``"2.0"``, ``"3/4"``, ``"1e3"``), else ``None``.
 
     A currency sign, thousands separators, whitespace and a trailing period are ignored;

@@ -13,8 +13,9 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping, Optional, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ludic_lab.aio import run_sync
 from ludic_lab.eval.result import ITEM_META_KEY, EvalResult
@@ -34,11 +35,11 @@ class Evaluator(Protocol):
 
 
 def eval_inference(
-    inference: Optional[InferenceSpec] = None,
+    inference: InferenceSpec | None = None,
     *,
     k: int = 1,
-    temperature: Optional[float] = None,
-    max_tokens: Optional[int] = None,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
 ) -> InferenceSpec:
     """The inference spec an evaluation uses (rule in the module docstring).
 
@@ -67,8 +68,8 @@ def eval_requests(
     seeds: Iterable[int],
     *,
     k: int = 1,
-    inference: Optional[InferenceSpec] = None,
-    max_steps: Optional[int] = 1,
+    inference: InferenceSpec | None = None,
+    max_steps: int | None = 1,
     sampling_seed: int = 0,
 ) -> list[RolloutRequest]:
     """One request of ``k`` episodes per seed (shared env seed, distinct sampling seeds).
@@ -103,14 +104,14 @@ async def evaluate(
     seeds: Iterable[int],
     *,
     k: int = 1,
-    inference: Optional[InferenceSpec] = None,
-    temperature: Optional[float] = None,
-    max_tokens: Optional[int] = None,
+    inference: InferenceSpec | None = None,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
     max_steps: int = 1,
-    success: Optional[SuccessFn] = None,
+    success: SuccessFn | None = None,
     sampling_seed: int = 0,
-    concurrency: Optional[int] = None,
-    timeout_s: Optional[float] = None,
+    concurrency: int | None = None,
+    timeout_s: float | None = None,
     progress: bool = False,
     name: str = "eval",
 ) -> EvalResult:
@@ -124,7 +125,9 @@ async def evaluate(
     if not callable(rule):
         raise TypeError(f"success must be a callable Rollout -> bool, got {rule!r}")
     spec = eval_inference(inference, k=k, temperature=temperature, max_tokens=max_tokens)
-    requests = eval_requests(env, protocol, seeds, k=k, inference=spec, max_steps=max_steps, sampling_seed=sampling_seed)
+    requests = eval_requests(
+        env, protocol, seeds, k=k, inference=spec, max_steps=max_steps, sampling_seed=sampling_seed
+    )
     t0 = time.perf_counter()
     rollouts = await engine.generate_rollouts(requests, concurrency=concurrency, timeout_s=timeout_s, progress=progress)
     return EvalResult.from_rollouts(
@@ -150,7 +153,7 @@ class EngineEvaluator:
     env: EnvSpec
     protocol: ProtocolSpec
     seeds: tuple[int, ...]
-    options: Optional[dict[str, Any]] = None
+    options: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))

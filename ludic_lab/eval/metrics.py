@@ -13,8 +13,8 @@ is its mean over items. Pure Python: no torch, no numpy.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from fractions import Fraction
-from typing import Iterable, Sequence
 
 _EXACT_MAX_N = 2000
 """Up to this ``n`` the estimator is computed in exact integer arithmetic (then rounded once)."""

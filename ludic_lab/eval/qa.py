@@ -10,7 +10,8 @@ success is the verifier's verdict (``info["correct"]``).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ludic_lab.agents.base_agent import Agent
 from ludic_lab.aio import run_sync
@@ -33,10 +34,10 @@ def qa_engine(
     client: ChatClient,
     data: Any,
     *,
-    parser: Optional[Parser] = None,
-    env_kwargs: Optional[Mapping[str, Any]] = None,
+    parser: Parser | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
     concurrency: int = 32,
-    episode_timeout_s: Optional[float] = None,
+    episode_timeout_s: float | None = None,
 ) -> tuple[RolloutEngine, EnvSpec, ProtocolSpec, int]:
     """``(engine, env_spec, protocol_spec, num_items)`` for evaluating ``client`` on ``data``.
 
@@ -68,16 +69,16 @@ async def evaluate_qa(
     data: Any,
     *,
     k: int = 1,
-    seeds: Optional[Sequence[int]] = None,
-    limit: Optional[int] = None,
-    temperature: Optional[float] = None,
+    seeds: Sequence[int] | None = None,
+    limit: int | None = None,
+    temperature: float | None = None,
     max_tokens: int = 256,
-    parser: Optional[Parser] = None,
-    verifier: Optional[Callable[[str, str], bool]] = None,
-    env_kwargs: Optional[Mapping[str, Any]] = None,
-    success: Optional[SuccessFn] = None,
+    parser: Parser | None = None,
+    verifier: Callable[[str, str], bool] | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    success: SuccessFn | None = None,
     concurrency: int = 32,
-    timeout_s: Optional[float] = None,
+    timeout_s: float | None = None,
     sampling_seed: int = 0,
     progress: bool = False,
     name: str = "eval",

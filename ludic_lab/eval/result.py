@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import Any
 
 import pandas as pd
 
@@ -27,7 +28,7 @@ from ludic_lab.eval.metrics import pass_at_k_curve, wilson_interval
 from ludic_lab.eval.success import SuccessFn
 from ludic_lab.types import Rollout
 
-Scalar = Union[float, int, str]
+Scalar = float | int | str
 
 ITEM_META_KEY = "eval_item"
 """``Rollout.meta`` key holding the item's position in the evaluated seed list."""
@@ -102,7 +103,7 @@ class EvalResult:
     def from_rollouts(
         cls, rollouts: Sequence[Rollout], *, k: int, success: SuccessFn, success_rule: str,
         duration_s: float = math.nan, name: str = "eval",
-    ) -> "EvalResult":  # fmt: skip
+    ) -> EvalResult:  # fmt: skip
         """Score ``rollouts`` with ``success`` and wrap them (``k`` = samples per item)."""
         return cls(tuple(rollouts), eval_table(rollouts, success), int(k), success_rule, float(duration_s), name)
 
@@ -130,7 +131,7 @@ class EvalResult:
     def pass_at(self) -> dict[int, float]:
         """``{j: mean pass@j}`` for ``j = 1..k`` (items with fewer than ``j`` samples left out)."""
         items = self.per_item()
-        counts = list(zip(items["n"].astype(int), items["c"].astype(int)))
+        counts = list(zip(items["n"].astype(int), items["c"].astype(int), strict=True))
         return pass_at_k_curve(counts, self.k)
 
     def summary(self, prefix: str = "") -> dict[str, Scalar]:
@@ -170,7 +171,7 @@ class EvalResult:
         )
         return {f"{prefix}{key}": v for key, v in out.items()}
 
-    def compare(self, other: "EvalResult", names: tuple[str, str] = ("before", "after")) -> pd.DataFrame:
+    def compare(self, other: EvalResult, names: tuple[str, str] = ("before", "after")) -> pd.DataFrame:
         """Numeric summary metrics of ``self`` and ``other`` side by side, with ``other - self``."""
         a, b = self.summary(), other.summary()
         keys = [key for key in a if isinstance(a[key], (int, float)) and isinstance(b.get(key), (int, float))]

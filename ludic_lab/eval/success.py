@@ -9,8 +9,8 @@ decides that before a rule is consulted.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ludic_lab.types import Rollout
 

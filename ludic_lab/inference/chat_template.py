@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ludic_lab.types import Message
 
@@ -47,11 +48,9 @@ class ChatTemplate:
     ``<|im_end|>``, plus any extra ids given, e.g. :func:`generation_eos_ids`).
     """
 
-    def __init__(self, tokenizer: Any, stop_token_ids: Optional[Sequence[int]] = None) -> None:
+    def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int] | None = None) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(
-                "the tokenizer has no chat_template; set tokenizer.chat_template (e.g. ChatML) first"
-            )
+            raise ValueError("the tokenizer has no chat_template; set tokenizer.chat_template (e.g. ChatML) first")
         self.tokenizer = tokenizer
         ids = set(stop_token_ids or ())
         if tokenizer.eos_token_id is not None:
@@ -67,7 +66,7 @@ class ChatTemplate:
         messages: Sequence[Message],
         *,
         add_generation_prompt: bool = True,
-        tools: Optional[Sequence[dict]] = None,
+        tools: Sequence[dict] | None = None,
     ) -> str:
         kw: dict[str, Any] = {}
         if tools:
@@ -85,7 +84,7 @@ class ChatTemplate:
         messages: Sequence[Message],
         *,
         add_generation_prompt: bool = True,
-        tools: Optional[Sequence[dict]] = None,
+        tools: Sequence[dict] | None = None,
     ) -> list[int]:
         """Token ids of ``messages`` rendered by the chat template (a fresh prompt)."""
         return self.encode_text(self.render_text(messages, add_generation_prompt=add_generation_prompt, tools=tools))
@@ -97,7 +96,7 @@ class ChatTemplate:
         new_messages: Sequence[Message],
         *,
         completion_ended_with_stop: bool,
-        tools: Optional[Sequence[dict]] = None,
+        tools: Sequence[dict] | None = None,
     ) -> list[int]:
         """Ids to append after an assistant completion so the prompt now ends with
         ``new_messages`` and the generation prompt.
@@ -112,7 +111,7 @@ class ChatTemplate:
         pos = full.rfind(_SENTINEL)
         if pos < 0:
             raise ValueError("chat template dropped the assistant content; cannot extend token-exactly")
-        suffix = full[pos + len(_SENTINEL):]
+        suffix = full[pos + len(_SENTINEL) :]
         ids = self.encode_text(suffix)
         if completion_ended_with_stop and ids and ids[0] in self.stop_token_ids:
             ids = ids[1:]
@@ -134,7 +133,6 @@ def check_prompt_ids(ids: list[int], vocab_size: int) -> list[int]:
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(
-            f"prompt token ids out of range [0, {vocab_size}): {bad[:5]}; were they made "
-            "by another model's tokenizer?"
+            f"prompt token ids out of range [0, {vocab_size}): {bad[:5]}; were they made by another model's tokenizer?"
         )
     return ids

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from ludic_lab.inference.request import ChatCompletionRequest
 from ludic_lab.types import ChatResponse
@@ -26,7 +27,7 @@ class ChatClient(Protocol):
         params: Mapping[str, Any],
         *,
         timeout_s: float = 600.0,
-        version: Optional[str | int] = None,
+        version: str | int | None = None,
     ) -> str: ...
 
 

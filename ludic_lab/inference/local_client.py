@@ -14,9 +14,10 @@ import asyncio
 import threading
 import time
 import weakref
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -28,22 +29,21 @@ from ludic_lab.inference.tool_calls import parse_tool_calls, tool_schemas
 from ludic_lab.types import ChatResponse
 
 
-
 @dataclass
 class _Pending:
     request: ChatCompletionRequest
-    future: "asyncio.Future[tuple[ChatResponse, dict[str, Any]]]"
+    future: asyncio.Future[tuple[ChatResponse, dict[str, Any]]]
 
 
 class _LoopBatcher:
     """Per-event-loop queue: gathers concurrent requests and runs them as one batch."""
 
-    def __init__(self, client: "LocalChatClient") -> None:
+    def __init__(self, client: LocalChatClient) -> None:
         self.client = client
         self.pending: list[_Pending] = []
-        self.worker: Optional[asyncio.Task] = None
+        self.worker: asyncio.Task | None = None
 
-    def submit(self, req: ChatCompletionRequest) -> "asyncio.Future[tuple[ChatResponse, dict[str, Any]]]":
+    def submit(self, req: ChatCompletionRequest) -> asyncio.Future[tuple[ChatResponse, dict[str, Any]]]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         self.pending.append(_Pending(req, fut))
@@ -78,14 +78,14 @@ class _LoopBatcher:
             results = await asyncio.get_running_loop().run_in_executor(
                 self.client._executor, self.client._generate_isolated, [p.request for p in batch]
             )
-        except BaseException as e:  # noqa: BLE001 - delivered to every waiter of this batch
+        except BaseException as e:
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
             if not isinstance(e, Exception):
                 raise
             return
-        for p, r in zip(batch, results):
+        for p, r in zip(batch, results, strict=True):
             if p.future.done():
                 continue
             if isinstance(r, BaseException):
@@ -124,7 +124,7 @@ class LocalChatClient:
             from ludic_lab.inference.models import resolve_model
 
             path = resolve_model(None if model is None else str(model))
-            self.model_path: Optional[str] = path
+            self.model_path: str | None = path
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(path)
@@ -145,9 +145,7 @@ class LocalChatClient:
         self.policy_version = int(policy_version)
         self._lock = threading.RLock()  # held while generating and while loading weights
         # one batcher per event loop, dropped with its loop (ids of dead loops get reused)
-        self._batchers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBatcher]" = (
-            weakref.WeakKeyDictionary()
-        )
+        self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBatcher] = weakref.WeakKeyDictionary()
         self.vocab_size: int = int(self.model.get_input_embeddings().weight.shape[0])
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad if pad is not None else tokenizer.eos_token_id)
@@ -180,7 +178,7 @@ class LocalChatClient:
         params: Mapping[str, Any],
         *,
         timeout_s: float = 600.0,
-        version: Optional[str | int] = None,
+        version: str | int | None = None,
     ) -> str:
         """Copy ``params`` (a full or partial state dict) into the model in place.
 
@@ -189,7 +187,7 @@ class LocalChatClient:
         finish (at most ``timeout_s``), then bumps the policy version (to ``version`` if
         given). Returns the new version as a string.
         """
-        new_version: Optional[int] = None
+        new_version: int | None = None
         if version is not None:
             try:
                 new_version = int(version)
@@ -203,7 +201,11 @@ class LocalChatClient:
                 f"names must match model.state_dict() (e.g. {next(iter(own))!r}); nothing was loaded"
             )
         tensors = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in params.items()}
-        bad = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in tensors.items() if tuple(v.shape) != tuple(own[k].shape)]
+        bad = [
+            (k, tuple(v.shape), tuple(own[k].shape))
+            for k, v in tensors.items()
+            if tuple(v.shape) != tuple(own[k].shape)
+        ]
         if bad:
             raise ValueError(f"sync_weights: shape mismatch for {bad[:3]} (got, expected); nothing was loaded")
         check_tied_values(tensors, tied_groups(own), who="sync_weights")  # the rule vLLM's client applies too
@@ -255,7 +257,7 @@ class LocalChatClient:
 
     def _generate_isolated(
         self, requests: Sequence[ChatCompletionRequest]
-    ) -> list["tuple[ChatResponse, dict[str, Any]] | Exception"]:
+    ) -> list[tuple[ChatResponse, dict[str, Any]] | Exception]:
         """Like :meth:`generate_batch`, but a bad request gets its exception in its slot."""
         out: list[Any] = [None] * len(requests)
         good: list[int] = []
@@ -267,7 +269,7 @@ class LocalChatClient:
             except Exception as e:  # noqa: BLE001 - delivered to that request's caller
                 out[i] = e
         if good:
-            for i, res in zip(good, self._generate([requests[i] for i in good], prompts)):
+            for i, res in zip(good, self._generate([requests[i] for i in good], prompts), strict=True):
                 out[i] = res
         return out
 
@@ -290,8 +292,8 @@ class LocalChatClient:
             input_ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
             attn = torch.zeros((B, L), dtype=torch.long)
             for b, p in enumerate(prompts):
-                input_ids[b, L - len(p):] = torch.tensor(p, dtype=torch.long)
-                attn[b, L - len(p):] = 1
+                input_ids[b, L - len(p) :] = torch.tensor(p, dtype=torch.long)
+                attn[b, L - len(p) :] = 1
             input_ids, attn = input_ids.to(self.device), attn.to(self.device)
             pos = (attn.cumsum(-1) - 1).clamp(min=0)
             need_counts = any(c.frequency_penalty or c.presence_penalty for c in cfgs)
@@ -301,8 +303,8 @@ class LocalChatClient:
             out_ids: list[list[int]] = [[] for _ in range(B)]
             out_lps: list[list[float]] = [[] for _ in range(B)]
             out_top: list[list[dict[int, float]]] = [[] for _ in range(B)]
-            finish: list[Optional[str]] = [None] * B
-            stop_cut: list[Optional[int]] = [None] * B  # text cut position for stop strings
+            finish: list[str | None] = [None] * B
+            stop_cut: list[int | None] = [None] * B  # text cut position for stop strings
             text_len = [0] * B  # decoded length before the last token (stop-string search start)
             alive = list(range(B))  # original row index of each current batch row
             alive_t = torch.arange(B)
@@ -339,9 +341,9 @@ class LocalChatClient:
                     tok = toks_l[j]
                     out_ids[i].append(tok)
                     out_lps[i].append(lps_l[j])
-                    if top_ks[i] > 0:
+                    if top_ks[i] > 0 and top_ids_l is not None and top_lps_l is not None:
                         kk = top_ks[i]
-                        out_top[i].append(dict(zip(top_ids_l[j][:kk], top_lps_l[j][:kk])))
+                        out_top[i].append(dict(zip(top_ids_l[j][:kk], top_lps_l[j][:kk], strict=True)))
                     if tok in stop_ids:
                         finish[i] = "stop"
                     elif cfgs[i].stop and self._hit_stop_string(out_ids[i], cfgs[i].stop, i, stop_cut, text_len):
@@ -368,7 +370,9 @@ class LocalChatClient:
                     alive = [alive[j] for j in keep]
                     alive_t = torch.tensor(alive, dtype=torch.long)
                 step_ids = next_tok[:, None]
-                step_attn = torch.cat([step_attn, torch.ones((len(alive), 1), dtype=step_attn.dtype, device=self.device)], dim=1)
+                step_attn = torch.cat(
+                    [step_attn, torch.ones((len(alive), 1), dtype=step_attn.dtype, device=self.device)], dim=1
+                )
                 step_pos = step_pos[:, -1:] + 1
             gen_s = time.perf_counter() - t0
 
@@ -403,7 +407,7 @@ class LocalChatClient:
         return results
 
     def _hit_stop_string(
-        self, ids: list[int], stops: Sequence[str], i: int, cut: list[Optional[int]], text_len: list[int]
+        self, ids: list[int], stops: Sequence[str], i: int, cut: list[int | None], text_len: list[int]
     ) -> bool:
         """True when a stop string ends in the text of the newest token; records the cut.
 

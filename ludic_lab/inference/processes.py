@@ -24,9 +24,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
 
 import psutil
 
@@ -37,14 +37,14 @@ _GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 # -- identity ---------------------------------------------------------------------------------
-def _process(pid: int) -> Optional[psutil.Process]:
+def _process(pid: int) -> psutil.Process | None:
     try:
         return psutil.Process(pid)
     except (psutil.Error, ValueError):  # ValueError: a negative pid
         return None
 
 
-def start_time(pid: int) -> Optional[int]:
+def start_time(pid: int) -> int | None:
     """The process's start time (milliseconds since the epoch), or None when there is no such
     process. Two calls for the same process, in any process, give the same number."""
     p = _process(pid)
@@ -54,7 +54,7 @@ def start_time(pid: int) -> Optional[int]:
         return None
 
 
-def parent_pid(pid: int) -> Optional[int]:
+def parent_pid(pid: int) -> int | None:
     """The parent's pid, or None when there is no such process."""
     p = _process(pid)
     try:
@@ -63,7 +63,7 @@ def parent_pid(pid: int) -> Optional[int]:
         return None
 
 
-def cmdline(pid: int) -> Optional[list[str]]:
+def cmdline(pid: int) -> list[str] | None:
     """The process's argv, or None when it is gone (or a zombie)."""
     p = _process(pid)
     try:
@@ -73,7 +73,7 @@ def cmdline(pid: int) -> Optional[list[str]]:
     return argv or None
 
 
-def is_alive(pid: int, start: Optional[int] = None) -> bool:
+def is_alive(pid: int, start: int | None = None) -> bool:
     """True when ``pid`` runs (not a zombie) and, if given, started at ``start``."""
     p = _process(pid)
     if p is None:
@@ -112,7 +112,7 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
-def tree(pid: int, pgid: Optional[int] = None) -> dict[int, int]:
+def tree(pid: int, pgid: int | None = None) -> dict[int, int]:
     """``{pid: start time}`` of ``pid``, its descendants and, when ``pid`` leads its own
     process group (``pgid == pid``), that group's members. Never includes this process."""
     pids = {pid, *descendants(pid)}
@@ -126,7 +126,7 @@ def tree(pid: int, pgid: Optional[int] = None) -> dict[int, int]:
     return out
 
 
-def kill_tree(pid: int, *, pgid: Optional[int] = None, grace_s: float = 5.0) -> list[int]:
+def kill_tree(pid: int, *, pgid: int | None = None, grace_s: float = 5.0) -> list[int]:
     """SIGTERM ``pid``'s tree (see :func:`tree`), SIGKILL what is left after ``grace_s``.
 
     Returns the pids that were signalled. Pids are re-checked by start time before every
@@ -138,7 +138,7 @@ def kill_tree(pid: int, *, pgid: Optional[int] = None, grace_s: float = 5.0) -> 
     _signal_all(procs, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        for p, s in list(procs.items()):  # catch children forked while shutting down
+        for p in list(procs):  # catch children forked while shutting down
             for c in descendants(p):
                 if c not in procs and (cs := start_time(c)) is not None:
                     procs[c] = cs
@@ -191,7 +191,7 @@ class ProcessRecord:
     """The owner's start time."""
     info: dict = field(default_factory=dict)
     """Port, log path, ... for humans."""
-    watchdog_pid: Optional[int] = None
+    watchdog_pid: int | None = None
     """The watchdog's pid, when one was started."""
 
     @property
@@ -219,11 +219,11 @@ class ProcessRecord:
         return is_alive(self.owner_pid, self.owner_start)
 
     @classmethod
-    def load(cls, path: Path) -> "ProcessRecord":
+    def load(cls, path: Path) -> ProcessRecord:
         return cls(**json.loads(path.read_text()))
 
     @classmethod
-    def for_process(cls, kind: str, pid: int, *, info: Optional[dict] = None) -> "ProcessRecord":
+    def for_process(cls, kind: str, pid: int, *, info: dict | None = None) -> ProcessRecord:
         """A record of live process ``pid`` owned by this process."""
         s = start_time(pid)
         if s is None:
@@ -241,7 +241,7 @@ class ProcessRecord:
         )
 
 
-def reap_orphans(kinds: Optional[Iterable[str]] = None) -> list[ProcessRecord]:
+def reap_orphans(kinds: Iterable[str] | None = None) -> list[ProcessRecord]:
     """Kill process trees whose owner is dead (e.g. a restarted kernel) and drop their records.
 
     Only a process that is alive, has the recorded start time and the recorded argv is
@@ -303,7 +303,7 @@ def start_watchdog(record: ProcessRecord) -> int:
 _WATCHDOGS: list[subprocess.Popen] = []  # kept so they are reaped (no zombies) when they exit
 
 
-def stop_watchdog(pid: Optional[int]) -> None:
+def stop_watchdog(pid: int | None) -> None:
     """Stop a watchdog started by :func:`start_watchdog` (its target is being stopped by us)."""
     for proc in list(_WATCHDOGS):
         if proc.pid == pid:
@@ -317,7 +317,7 @@ def stop_watchdog(pid: Optional[int]) -> None:
             _WATCHDOGS.remove(proc)
 
 
-def _watch(owner: tuple[int, int], target: tuple[int, int], pgid: int, record: Optional[str]) -> int:
+def _watch(owner: tuple[int, int], target: tuple[int, int], pgid: int, record: str | None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped by the owner: it handles the target
     while True:
         # the owner first: when both are gone (another watchdog, or the target's own exit, beat

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from ludic_lab.types import Message
 from ludic_lab.validation import check_config
@@ -33,7 +34,7 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     top_k: int = 0
-    seed: Optional[int] = None
+    seed: int | None = None
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -47,7 +48,7 @@ class SamplingConfig:
             if not isinstance(s, str):
                 raise ValueError(f"SamplingConfig.stop must hold strings, got {self.stop!r}")
 
-    def with_seed(self, seed: Optional[int]) -> "SamplingConfig":
+    def with_seed(self, seed: int | None) -> SamplingConfig:
         return replace(self, seed=seed)
 
 
@@ -63,7 +64,7 @@ class ReturnSpec:
         check_config(self, {"top_logprobs_k": ">= 0"})
 
     @classmethod
-    def for_training(cls, top_logprobs_k: int = 0) -> "ReturnSpec":
+    def for_training(cls, top_logprobs_k: int = 0) -> ReturnSpec:
         """Token ids and chosen logprobs: what drift-free RL needs."""
         return cls(return_token_ids=True, return_chosen_logprobs=True, top_logprobs_k=top_logprobs_k)
 
@@ -84,13 +85,15 @@ class ToolRequest:
 class InferenceSpec:
     """High-level inference config handed to ``agent.act()``; ``None`` sampling = defaults."""
 
-    sampling: Optional[SamplingConfig] = None
+    sampling: SamplingConfig | None = None
     return_: ReturnSpec = field(default_factory=ReturnSpec.for_training)
-    extensions: Optional[dict[str, Any]] = None
+    extensions: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.sampling is not None and not isinstance(self.sampling, SamplingConfig):
-            raise TypeError(f"InferenceSpec.sampling must be a SamplingConfig or None, got {type(self.sampling).__name__}")
+            raise TypeError(
+                f"InferenceSpec.sampling must be a SamplingConfig or None, got {type(self.sampling).__name__}"
+            )
         if not isinstance(self.return_, ReturnSpec):
             raise TypeError(f"InferenceSpec.return_ must be a ReturnSpec, got {type(self.return_).__name__}")
 
@@ -107,8 +110,8 @@ class ChatCompletionRequest:
     messages: Sequence[Message]
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     return_: ReturnSpec = field(default_factory=ReturnSpec)
-    extensions: Optional[dict[str, Any]] = None
-    prompt_token_ids: Optional[tuple[int, ...]] = None
+    extensions: dict[str, Any] | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_token_ids is not None and not isinstance(self.prompt_token_ids, tuple):
@@ -117,6 +120,6 @@ class ChatCompletionRequest:
             raise ValueError("ChatCompletionRequest needs messages or prompt_token_ids")
 
     @property
-    def tools(self) -> Optional[ToolRequest]:
+    def tools(self) -> ToolRequest | None:
         t = (self.extensions or {}).get("tools")
         return t

@@ -13,7 +13,7 @@ model, and ``exp`` over a row that is mostly ``-inf`` is slow on CPU.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -25,9 +25,7 @@ _NEG_INF = float("-inf")
 _TOP_P_FIRST_K = 64  # nucleus search starts with this many candidates, then grows x4
 
 
-def _penalised_scaled(
-    logits_BV: torch.Tensor, cfg: SamplingConfig, counts_BV: Optional[torch.Tensor]
-) -> torch.Tensor:
+def _penalised_scaled(logits_BV: torch.Tensor, cfg: SamplingConfig, counts_BV: torch.Tensor | None) -> torch.Tensor:
     """fp32 logits after OpenAI penalties and temperature (untempered when greedy)."""
     x = logits_BV.float()
     if counts_BV is not None and (cfg.frequency_penalty or cfg.presence_penalty):
@@ -37,7 +35,7 @@ def _penalised_scaled(
     return x
 
 
-def _truncate(x_BV: torch.Tensor, cfg: SamplingConfig) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+def _truncate(x_BV: torch.Tensor, cfg: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Top-k / top-p candidates of each row as ``(values_BK, token_ids_BK)``, or None.
 
     Values are sorted descending; candidates dropped by top-p (or ties padding a row) are
@@ -80,7 +78,7 @@ def _truncate(x_BV: torch.Tensor, cfg: SamplingConfig) -> Optional[tuple[torch.T
 def process_logits(
     logits_BV: torch.Tensor,
     cfg: SamplingConfig,
-    generated_counts_BV: Optional[torch.Tensor] = None,
+    generated_counts_BV: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Processed fp32 logits (rows share ``cfg``): penalties, temperature, top-k, top-p.
 
@@ -113,10 +111,10 @@ def _inverse_cdf(probs_BN: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
 def sample_rows(
     logits_BV: torch.Tensor,
     cfgs: Sequence[SamplingConfig],
-    generators: Sequence[Optional[torch.Generator]],
-    counts_BV: Optional[torch.Tensor] = None,
+    generators: Sequence[torch.Generator | None],
+    counts_BV: torch.Tensor | None = None,
     top_k_logprobs: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, Optional[tuple[torch.Tensor, torch.Tensor]]]:
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """Sample one token per row, each row with its own config and generator.
 
     Rows sharing a distribution config are processed together. Sampling is by inverse CDF
@@ -164,7 +162,8 @@ def sample_rows(
                 lp = torch.full((len(rows), V), _NEG_INF).scatter_(-1, ids, lp)
                 ids = None
             v, i = torch.topk(lp, top_k_logprobs, dim=-1)
+            assert top_ids is not None and top_lps is not None
             top_ids[idx] = i if ids is None else ids.gather(-1, i)
             top_lps[idx] = v
-    top = (top_ids, top_lps) if top_k_logprobs > 0 else None
+    top = (top_ids, top_lps) if top_ids is not None and top_lps is not None else None
     return tokens, chosen, top

@@ -11,7 +11,8 @@ for one tied tensor must be equal; otherwise it is refused with an error naming 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 
 class TiedWeightsMismatch(ValueError):

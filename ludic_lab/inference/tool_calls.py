@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.inference.request import ChatCompletionRequest
 
@@ -85,7 +85,7 @@ def scan_tool_calls(text: str) -> ToolCallScan:
     return ToolCallScan(tuple(calls), tuple(errors))
 
 
-def parse_tool_calls(text: str) -> tuple[Optional[tuple[dict[str, Any], ...]], str]:
+def parse_tool_calls(text: str) -> tuple[tuple[dict[str, Any], ...] | None, str]:
     """Hermes-style ``<tool_call>{json}</tool_call>`` blocks -> OpenAI tool calls.
 
     A block whose JSON is invalid (or lacks a string ``name``, or whose ``arguments`` are
@@ -106,7 +106,7 @@ def parse_tool_calls(text: str) -> tuple[Optional[tuple[dict[str, Any], ...]], s
                 raise TypeError("arguments")
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
-        kept.append(text[last:m.start()])
+        kept.append(text[last : m.start()])
         last = m.end()
         calls.append(
             {
@@ -121,7 +121,7 @@ def parse_tool_calls(text: str) -> tuple[Optional[tuple[dict[str, Any], ...]], s
     return tuple(calls), "".join(kept).strip()
 
 
-def tool_schemas(request: ChatCompletionRequest) -> Optional[list[dict[str, Any]]]:
+def tool_schemas(request: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     """The request's tool schemas (a ``ToolRequest`` or a plain list of schemas), or None."""
     t = request.tools
     if t is None:

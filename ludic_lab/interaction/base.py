@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Optional
 
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.inference.request import InferenceSpec
@@ -25,8 +24,8 @@ class InteractionProtocol(ABC):
         *,
         env: LudicEnv,
         max_steps: int,
-        env_seed: Optional[int] = None,
-        sampling_seed: Optional[int] = None,
-        inference: Optional[InferenceSpec] = None,
-        timeout_s: Optional[float] = None,
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+        inference: InferenceSpec | None = None,
+        timeout_s: float | None = None,
     ) -> list[Rollout]: ...

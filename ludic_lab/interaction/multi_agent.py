@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ludic_lab.agents.base_agent import ActResult, Agent, derive_seed
 from ludic_lab.envs.env import LudicEnv
@@ -68,15 +69,15 @@ class MultiAgentProtocol(InteractionProtocol):
     rejected (or raise, which fails the episode with :class:`EpisodeError`).
     """
 
-    def __init__(self, agents: Mapping[Any, Agent], *, trained_agents: Optional[Iterable[Any]] = None) -> None:
+    def __init__(self, agents: Mapping[Any, Agent], *, trained_agents: Iterable[Any] | None = None) -> None:
         if not agents:
             raise ValueError("MultiAgentProtocol needs at least one agent: {agent_id: Agent}")
         for a, ag in agents.items():
             if not isinstance(ag, Agent):
                 raise TypeError(f"agents[{a!r}] must be an Agent, got {type(ag).__name__}")
-        if len({id(ag) for ag in agents.values()}) != len(agents) or len(
-            {id(ag.ctx) for ag in agents.values()}
-        ) != len(agents):
+        if len({id(ag) for ag in agents.values()}) != len(agents) or len({id(ag.ctx) for ag in agents.values()}) != len(
+            agents
+        ):
             raise ValueError(
                 "each role needs its own Agent with its own context (agents are stateful); "
                 "for self-play build one Agent per role sharing the same client"
@@ -93,10 +94,10 @@ class MultiAgentProtocol(InteractionProtocol):
         *,
         env: LudicEnv,
         max_steps: int,
-        env_seed: Optional[int] = None,
-        sampling_seed: Optional[int] = None,
-        inference: Optional[InferenceSpec] = None,
-        timeout_s: Optional[float] = None,
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+        inference: InferenceSpec | None = None,
+        timeout_s: float | None = None,
     ) -> list[Rollout]:
         """Run one episode; one rollout (with steps) per trained agent, all sharing
         ``env_seed`` and ``meta["episode_id"]``. Raises :class:`EpisodeError` on failure."""
@@ -158,7 +159,7 @@ class MultiAgentProtocol(InteractionProtocol):
                         finished.add(a)
                     else:
                         self.agents[a].on_after_step(step.next_obs, step.info)
-                        current_obs[a] = step.next_obs
+                        current_obs[a] = step.next_obs  # type: ignore[assignment]  # a step not done has a next obs
                 for a, out in outcomes.items():
                     if a in actions or a not in self.agents or a in finished:
                         continue
@@ -231,9 +232,9 @@ class MultiAgentProtocol(InteractionProtocol):
         self,
         env: LudicEnv,
         active: list[Any],
-        inference: Optional[InferenceSpec],
-        seeds: Mapping[Any, Optional[int]],
-        deadline: Optional[float],
+        inference: InferenceSpec | None,
+        seeds: Mapping[Any, int | None],
+        deadline: float | None,
     ) -> tuple[dict[Any, ActResult], list[tuple[Any, Exception]]]:
         """All active agents act concurrently (external tool calls go to ``env``); every call
         finishes before failures are returned."""
@@ -245,7 +246,7 @@ class MultiAgentProtocol(InteractionProtocol):
         )
         acts: dict[Any, ActResult] = {}
         failures: list[tuple[Any, Exception]] = []
-        for a, r in zip(active, results):
+        for a, r in zip(active, results, strict=True):
             if isinstance(r, Exception):
                 failures.append((a, r))
             elif isinstance(r, BaseException):

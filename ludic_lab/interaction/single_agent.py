@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from ludic_lab.agents.base_agent import ActResult, Agent
-from ludic_lab.aio import maybe_await  # noqa: F401 - re-exported: protocols and the lab stepper use it
+from ludic_lab.aio import maybe_await
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.inference.request import InferenceSpec
 from ludic_lab.interaction.base import InteractionProtocol
@@ -50,7 +51,7 @@ class EpisodeError(RuntimeError):
         self.phase = phase
 
     @property
-    def rollout(self) -> Optional[Rollout]:
+    def rollout(self) -> Rollout | None:
         """The first partial rollout (the only one for single-agent episodes)."""
         return self.rollouts[0] if self.rollouts else None
 
@@ -58,7 +59,7 @@ class EpisodeError(RuntimeError):
 # -- helpers shared by the protocols ---------------------------------------------------------
 
 
-def env_system_prompt(env: LudicEnv, agent_id: Any) -> Optional[str]:
+def env_system_prompt(env: LudicEnv, agent_id: Any) -> str | None:
     """The env's suggested system prompt for ``agent_id`` (a property or a method)."""
     s = getattr(env, "suggested_sysprompt", None)
     if callable(s):
@@ -66,7 +67,7 @@ def env_system_prompt(env: LudicEnv, agent_id: Any) -> Optional[str]:
     return s if isinstance(s, str) and s else None
 
 
-def oldest_policy_version(steps: Sequence[Step]) -> Optional[int]:
+def oldest_policy_version(steps: Sequence[Step]) -> int | None:
     """Minimum ``trace.policy_version`` over the steps that know it (``None`` if none do)."""
     versions = [s.trace.policy_version for s in steps if s.trace is not None and s.trace.policy_version is not None]
     return min(versions) if versions else None
@@ -74,11 +75,11 @@ def oldest_policy_version(steps: Sequence[Step]) -> Optional[int]:
 
 async def act_before(
     agent: Agent,
-    inference: Optional[InferenceSpec],
-    sampling_seed: Optional[int],
-    deadline: Optional[float],
+    inference: InferenceSpec | None,
+    sampling_seed: int | None,
+    deadline: float | None,
     *,
-    env: Optional[LudicEnv] = None,
+    env: LudicEnv | None = None,
     agent_id: Any = None,
 ) -> ActResult:
     """``agent.act`` bounded by a loop-time ``deadline`` (raises ``TimeoutError`` past it).
@@ -97,7 +98,7 @@ async def act_before(
     return await asyncio.wait_for(agent.act(inference, **kw), remaining)
 
 
-def deadline_from(timeout_s: Optional[float]) -> Optional[float]:
+def deadline_from(timeout_s: float | None) -> float | None:
     if timeout_s is None:
         return None
     if timeout_s <= 0:
@@ -203,7 +204,7 @@ class TurnResult:
 
     act: ActResult
     step: Step
-    end: Optional[str] = None
+    end: str | None = None
 
 
 async def run_turn(
@@ -213,9 +214,9 @@ async def run_turn(
     index: int,
     obs: Any,
     *,
-    inference: Optional[InferenceSpec],
-    sampling_seed: Optional[int],
-    deadline: Optional[float] = None,
+    inference: InferenceSpec | None,
+    sampling_seed: int | None,
+    deadline: float | None = None,
     stop_on_parse_error: bool = False,
 ) -> TurnResult:
     """One single-agent turn: act (tools included), then either the parse-error step (env not
@@ -267,10 +268,10 @@ class SingleAgentSyncProtocol(InteractionProtocol):
         *,
         env: LudicEnv,
         max_steps: int,
-        env_seed: Optional[int] = None,
-        sampling_seed: Optional[int] = None,
-        inference: Optional[InferenceSpec] = None,
-        timeout_s: Optional[float] = None,
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+        inference: InferenceSpec | None = None,
+        timeout_s: float | None = None,
     ) -> list[Rollout]:
         """Run one episode and return ``[rollout]``; raises :class:`EpisodeError` on failure.
 
@@ -308,8 +309,15 @@ class SingleAgentSyncProtocol(InteractionProtocol):
                     break
                 phase = "turn"
                 turn = await run_turn(
-                    agent, env, agent_id, t, obs, inference=inference, sampling_seed=sampling_seed,
-                    deadline=deadline, stop_on_parse_error=self.stop_on_parse_error,
+                    agent,
+                    env,
+                    agent_id,
+                    t,
+                    obs,
+                    inference=inference,
+                    sampling_seed=sampling_seed,
+                    deadline=deadline,
+                    stop_on_parse_error=self.stop_on_parse_error,
                 )
                 steps.append(turn.step)
                 obs = turn.step.next_obs
@@ -318,7 +326,7 @@ class SingleAgentSyncProtocol(InteractionProtocol):
                     break
         except Exception as e:
             if isinstance(e, TurnFailed):
-                phase, e = e.phase, e.__cause__  # type: ignore[assignment]
+                phase, e = e.phase, e.__cause__  # type: ignore[assignment]  # TurnFailed always wraps a cause
             phase = "timeout" if isinstance(e, TimeoutError) and phase == "agent.act" else phase
             partial = self._rollout(steps, agent_id, env_seed, sampling_seed, {**meta, "end": "error"})
             partial = replace(partial, error=error_text(phase, e))
@@ -336,7 +344,7 @@ class SingleAgentSyncProtocol(InteractionProtocol):
 
     @staticmethod
     def _rollout(
-        steps: list[Step], agent_id: Any, env_seed: Optional[int], sampling_seed: Optional[int], meta: dict
+        steps: list[Step], agent_id: Any, env_seed: int | None, sampling_seed: int | None, meta: dict
     ) -> Rollout:
         return Rollout(
             steps=tuple(steps),

@@ -7,8 +7,9 @@ folded into its last step, or recorded as an :func:`observation_step` after a re
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 from ludic_lab.interaction.single_agent import oldest_policy_version
 from ludic_lab.types import Rollout, Step, StepOutcome
@@ -43,7 +44,7 @@ class TraceCollector:
     per agent on :meth:`add`, so each rollout's indices run 0, 1, 2, ...
     """
 
-    def __init__(self, agent_ids: Iterable[Any], *, meta: Optional[Mapping[str, Any]] = None) -> None:
+    def __init__(self, agent_ids: Iterable[Any], *, meta: Mapping[str, Any] | None = None) -> None:
         self._steps: dict[Any, list[Step]] = {a: [] for a in agent_ids}
         self._unattached: dict[Any, float] = {}
         self.meta: dict[str, Any] = dict(meta or {})
@@ -63,7 +64,7 @@ class TraceCollector:
     def steps(self, agent_id: Any) -> tuple[Step, ...]:
         return tuple(self._list(agent_id))
 
-    def last(self, agent_id: Any) -> Optional[Step]:
+    def last(self, agent_id: Any) -> Step | None:
         steps = self._list(agent_id)
         return steps[-1] if steps else None
 
@@ -117,12 +118,12 @@ class TraceCollector:
 
     def rollouts(
         self,
-        agent_ids: Optional[Sequence[Any]] = None,
+        agent_ids: Sequence[Any] | None = None,
         *,
-        env_seed: Optional[int] = None,
-        sampling_seed: Optional[int] = None,
-        error: Optional[str] = None,
-        per_agent_meta: Optional[Mapping[Any, Mapping[str, Any]]] = None,
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+        error: str | None = None,
+        per_agent_meta: Mapping[Any, Mapping[str, Any]] | None = None,
         keep_empty: bool = False,
     ) -> list[Rollout]:
         """One rollout per agent in ``agent_ids`` (default: all, in order); agents without

@@ -12,8 +12,10 @@ from typing import Any
 from ludic_lab.jupyter import ipython_shell
 from ludic_lab.lab.export import ExportedScript, ExportError, export_cells, export_notebook
 from ludic_lab.lab.live import LivePlot, plot_metrics_jsonl
+from ludic_lab.lab.servers import VLLMServer
 from ludic_lab.lab.stepper import RolloutStepper, StepperWidget, Turn
 from ludic_lab.lab.tasks import BackgroundTask, enable_nested_asyncio, run_sync, show, start_background
+from ludic_lab.lab.torchrun import TorchrunError, TorchrunRun, launch_torchrun
 from ludic_lab.lab.views import (
     credit_view,
     log_html_to_wandb,
@@ -23,8 +25,6 @@ from ludic_lab.lab.views import (
     ratio_kl_stats,
 )
 from ludic_lab.token_html import HTMLView, save_html, set_display_tokenizer
-from ludic_lab.lab.servers import VLLMServer
-from ludic_lab.lab.torchrun import TorchrunError, TorchrunRun, launch_torchrun
 
 __all__ = [
     "BackgroundTask",

@@ -15,7 +15,6 @@ rank its own source, e.g. a Redis queue) are left as they are.
 from __future__ import annotations
 
 import ast
-from typing import Optional
 
 WRAPPER = "Rank0BroadcastSource"
 IMPORT_LINES = [
@@ -30,7 +29,7 @@ NOTE = (
 )
 
 
-def asks_per_rank(tree: Optional[ast.AST]) -> bool:
+def asks_per_rank(tree: ast.AST | None) -> bool:
     """True when the code passes ``batch_split="per_rank"`` anywhere (each rank its own source)."""
     if tree is None:
         return False
@@ -47,7 +46,7 @@ def _is_name(node: ast.AST, name: str) -> bool:
     return (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name)
 
 
-def _source_arg(call: ast.Call) -> Optional[ast.expr]:
+def _source_arg(call: ast.Call) -> ast.expr | None:
     """The ``batch_source`` argument of a ``Trainer(model, algo, batch_source, ...)`` call."""
     if any(isinstance(a, ast.Starred) for a in call.args[:3]):
         return None
@@ -70,7 +69,7 @@ def wrap_trainer_sources(body: str) -> tuple[str, int]:
         arg = _source_arg(n)
         if arg is None or (isinstance(arg, ast.Call) and _is_name(arg.func, WRAPPER)):
             continue
-        spans.append((arg.lineno, arg.col_offset, arg.end_lineno, arg.end_col_offset))
+        spans.append((arg.lineno, arg.col_offset, arg.end_lineno or arg.lineno, arg.end_col_offset or arg.col_offset))
     if not spans:
         return body, 0
     lines = body.splitlines(keepends=True)

@@ -27,15 +27,16 @@ import html
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from ludic_lab.inference import processes
 from ludic_lab.jupyter import in_kernel
 from ludic_lab.lab.status_html import LiveStatus
 from ludic_lab.net import free_port
 
-_SERVERS: "set[VLLMServer]" = set()
+_SERVERS: set[VLLMServer] = set()
 _LOCK = threading.Lock()
 
 
@@ -61,16 +62,16 @@ class VLLMServer(LiveStatus):
         self,
         model: str = "default",
         *,
-        port: Optional[int] = None,
+        port: int | None = None,
         host: str = "127.0.0.1",
-        max_model_len: Optional[int] = 2048,
-        dtype: Optional[str] = "bfloat16",
+        max_model_len: int | None = 2048,
+        dtype: str | None = "bfloat16",
         extra_args: Sequence[str] = (),
-        env: Optional[Mapping[str, str]] = None,
-        log_file: Optional[Union[str, os.PathLike]] = None,
+        env: Mapping[str, str] | None = None,
+        log_file: str | os.PathLike | None = None,
         wait: bool = True,
         startup_timeout: float = 600.0,
-        display: Optional[bool] = None,
+        display: bool | None = None,
         tail_lines: int = 12,
     ) -> None:
         from ludic_lab.inference import vllm_process
@@ -85,6 +86,7 @@ class VLLMServer(LiveStatus):
         self.log_path = Path(log_file).expanduser().resolve()
         self._stopped = False
         self._ready = False
+        self.record: processes.ProcessRecord | None = None
         self._handle = None
         self._last_html = ""
         self.started_at = time.time()
@@ -102,7 +104,9 @@ class VLLMServer(LiveStatus):
         self.model = self.proc.model
         try:
             self.record = processes.ProcessRecord.for_process(
-                "vllm", self.proc.pid, info={"port": self.port, "host": host, "model": self.model, "log": str(self.log_path)}
+                "vllm",
+                self.proc.pid,
+                info={"port": self.port, "host": host, "model": self.model, "log": str(self.log_path)},
             )
             self.record.save()
             self.record.watchdog_pid = processes.start_watchdog(self.record)
@@ -143,7 +147,7 @@ class VLLMServer(LiveStatus):
         return self.proc.tail(n)
 
     # -- control -------------------------------------------------------------------------
-    def wait_ready(self, timeout: float = 600.0) -> "VLLMServer":
+    def wait_ready(self, timeout: float = 600.0) -> VLLMServer:
         """Block until ``/health`` answers; if the server dies or ``timeout`` passes it is
         stopped and :class:`VLLMServerError` (with the log tail) is raised."""
         from ludic_lab.inference.vllm_process import wait_for_vllm_health_sync
@@ -176,7 +180,7 @@ class VLLMServer(LiveStatus):
                 _SERVERS.discard(self)
             self._draw(force=True)
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -202,10 +206,13 @@ class VLLMServer(LiveStatus):
         )
 
     def __repr__(self) -> str:
-        return f"VLLMServer(model={Path(self.model).name!r}, api_base={self.api_base!r}, pid={self.pid}, status={self.status!r})"
+        return (
+            f"VLLMServer(model={Path(self.model).name!r}, api_base={self.api_base!r}, "
+            f"pid={self.pid}, status={self.status!r})"
+        )
 
     @staticmethod
-    def running() -> list["VLLMServer"]:
+    def running() -> list[VLLMServer]:
         """Servers started by this process that have not been stopped."""
         with _LOCK:
             return [s for s in _SERVERS if not s._stopped]
@@ -221,7 +228,7 @@ def _busy_message(host: str, port: int) -> str:
     return f"port {port} on {host} is already in use {who}: choose another port, or port=None for a free one"
 
 
-def _port_holder(port: int) -> Optional[tuple[int, list[str]]]:
+def _port_holder(port: int) -> tuple[int, list[str]] | None:
     """(pid, argv) of a process listening on ``port``, when the OS tells (it may not for other
     users' processes, or at all without privileges on macOS)."""
     import psutil

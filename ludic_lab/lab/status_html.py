@@ -6,7 +6,7 @@ Shared by the lab's long-lived handles (:class:`~ludic_lab.lab.servers.VLLMServe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 class LiveStatus:
@@ -17,6 +17,10 @@ class LiveStatus:
 
     _handle: Any = None
     _last_html: str = ""
+
+    if TYPE_CHECKING:
+
+        def _repr_html_(self) -> str: ...
 
     def show(self) -> Any:
         """Display the status below the current cell (updated in place while it changes)."""

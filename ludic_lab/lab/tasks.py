@@ -29,7 +29,8 @@ import inspect
 import sys
 import threading
 import time
-from typing import Any, Awaitable, Callable, Generator, Optional, Union
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
 
 from ludic_lab.aio import run_sync
 from ludic_lab.jupyter import in_kernel
@@ -51,7 +52,7 @@ class _OutputSink:
         self._pending: dict[str, str] = {"stdout": "", "stderr": ""}
         self._lock = threading.Lock()
         self._last = 0.0
-        self._timer: Optional[threading.Timer] = None
+        self._timer: threading.Timer | None = None
 
     def write(self, name: str, text: str) -> None:
         with self._lock:
@@ -88,7 +89,7 @@ class _OutputSink:
         self.output.append_display_data(obj)
 
 
-_SINK: contextvars.ContextVar[Optional[_OutputSink]] = contextvars.ContextVar("ludic_lab_task_sink", default=None)
+_SINK: contextvars.ContextVar[_OutputSink | None] = contextvars.ContextVar("ludic_lab_task_sink", default=None)
 
 
 class _RoutedStream:
@@ -188,7 +189,7 @@ class BackgroundTask:
     Example: ``task = start_background(job()); task.status; task.cancel(); await task``.
     """
 
-    def __init__(self, target: Union[Awaitable[Any], Callable[[], Any]], output: Any, name: str) -> None:
+    def __init__(self, target: Awaitable[Any] | Callable[[], Any], output: Any, name: str) -> None:
         self.name = name
         self.output = output
         self._sink = _OutputSink(output) if output is not None else None
@@ -197,15 +198,15 @@ class BackgroundTask:
         self._future: concurrent.futures.Future = concurrent.futures.Future()
         self._status = "pending"
         self._lock = threading.Lock()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._task: Optional[asyncio.Task] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
         self._cancel_requested = False
-        self.started_at: Optional[float] = None
-        self.finished_at: Optional[float] = None
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"ludic-lab-task-{name}", daemon=True)
 
     # -- running -----------------------------------------------------------------------
-    def _start(self) -> "BackgroundTask":
+    def _start(self) -> BackgroundTask:
         if self._sink is not None:
             _install_routing()
         self._thread.start()
@@ -222,7 +223,7 @@ class BackgroundTask:
                     if self._cancel_requested:
                         raise asyncio.CancelledError()
                     self._status = "running"
-                result = self._target()  # type: ignore[operator]
+                result = self._target()  # type: ignore[operator]  # a callable in this branch
                 if inspect.iscoroutine(result):  # a function that returns a coroutine: run it too
                     with self._lock:
                         self._is_coro, self._target = True, result
@@ -244,7 +245,7 @@ class BackgroundTask:
         try:
             with self._lock:
                 self._loop = loop
-                self._task = loop.create_task(self._target)  # type: ignore[arg-type]
+                self._task = loop.create_task(self._target)  # type: ignore[arg-type]  # a coroutine in this branch
                 self._status = "running"
                 if self._cancel_requested:
                     self._task.cancel()
@@ -264,7 +265,7 @@ class BackgroundTask:
                 asyncio.set_event_loop(None)
                 loop.close()
 
-    def _finish(self, status: str, *, result: Any = None, exc: Optional[BaseException] = None) -> None:
+    def _finish(self, status: str, *, result: Any = None, exc: BaseException | None = None) -> None:
         self.finished_at = time.time()
         if self._sink is not None:
             self._sink.flush()
@@ -300,7 +301,7 @@ class BackgroundTask:
             raise asyncio.CancelledError(f"task {self.name!r} was cancelled")
         return self._future.result()
 
-    def exception(self) -> Optional[BaseException]:
+    def exception(self) -> BaseException | None:
         """The task's exception (``None`` if it succeeded); raises like :meth:`result` while running."""
         if not self._future.done():
             raise asyncio.InvalidStateError(f"task {self.name!r} is still {self._status}")
@@ -308,7 +309,7 @@ class BackgroundTask:
             raise asyncio.CancelledError(f"task {self.name!r} was cancelled")
         return self._future.exception()
 
-    def wait(self, timeout: Optional[float] = None) -> Any:
+    def wait(self, timeout: float | None = None) -> Any:
         """Block until done and return :meth:`result` (``TimeoutError`` after ``timeout`` s).
         For scripts; in a notebook cell prefer ``await task``, which keeps the kernel free."""
         try:
@@ -319,7 +320,7 @@ class BackgroundTask:
             raise asyncio.CancelledError(f"task {self.name!r} was cancelled") from None
 
     @property
-    def elapsed_s(self) -> Optional[float]:
+    def elapsed_s(self) -> float | None:
         """Seconds since the task started (until it finished); ``None`` before it starts."""
         if self.started_at is None:
             return None
@@ -362,7 +363,7 @@ class BackgroundTask:
                 if f.cancelled():
                     waiter.cancel()
                 elif f.exception() is not None:
-                    waiter.set_exception(f.exception())  # type: ignore[arg-type]
+                    waiter.set_exception(f.exception())  # type: ignore[arg-type]  # not None: checked above
                 else:
                     waiter.set_result(f.result())
 
@@ -384,10 +385,10 @@ _counter_lock = threading.Lock()
 
 
 def start_background(
-    coro_or_fn: Union[Awaitable[Any], Callable[[], Any]],
+    coro_or_fn: Awaitable[Any] | Callable[[], Any],
     output: Any = None,
     *,
-    name: Optional[str] = None,
+    name: str | None = None,
 ) -> BackgroundTask:
     """Start ``coro_or_fn`` on its own thread and return its :class:`BackgroundTask` at once.
 
@@ -403,9 +404,7 @@ def start_background(
     target: Any = coro_or_fn
     if not inspect.iscoroutine(target):
         if not callable(target):
-            raise TypeError(
-                f"start_background expects a coroutine or a callable, got {type(target).__name__}"
-            )
+            raise TypeError(f"start_background expects a coroutine or a callable, got {type(target).__name__}")
         if inspect.iscoroutinefunction(target):
             target = target()
     if output is None:
@@ -423,7 +422,7 @@ def start_background(
     return BackgroundTask(target, output, name)._start()
 
 
-def enable_nested_asyncio(loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+def enable_nested_asyncio(loop: asyncio.AbstractEventLoop | None = None) -> None:
     """Opt in to ``nest_asyncio`` so code calling ``asyncio.run()`` works inside a running
     loop (a notebook cell). It patches ``asyncio`` process-wide and the given (default:
     current) loop; ludic_lab never does this by itself — ``run_sync`` needs no patching.

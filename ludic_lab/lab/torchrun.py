@@ -34,8 +34,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Union
 
 from ludic_lab.inference import processes
 from ludic_lab.jupyter import in_kernel
@@ -43,14 +44,14 @@ from ludic_lab.lab.status_html import LiveStatus
 
 PathLike = Union[str, "os.PathLike[str]"]
 _RANK_PREFIX = re.compile(r"^\[(?:[A-Za-z_]\w*?)?(\d+)\]:")
-_LIVE_RUNS: "set[TorchrunRun]" = set()
+_LIVE_RUNS: set[TorchrunRun] = set()
 _RUNS_LOCK = threading.Lock()
 
 
 class TorchrunError(RuntimeError):
     """A torchrun run failed; the message names the rank and ends with its traceback tail."""
 
-    def __init__(self, message: str, *, rank: Optional[int] = None, returncode: Optional[int] = None) -> None:
+    def __init__(self, message: str, *, rank: int | None = None, returncode: int | None = None) -> None:
         super().__init__(message)
         self.rank = rank
         self.returncode = returncode
@@ -105,7 +106,7 @@ class TorchrunRun(LiveStatus):
         args: Sequence[str],
         env: Mapping[str, str],
         log_dir: Path,
-        metrics_path: Optional[Path],
+        metrics_path: Path | None,
         live: Any,
         tail_lines: int = 8,
     ) -> None:
@@ -121,9 +122,9 @@ class TorchrunRun(LiveStatus):
             str(script), *self.args,
         ]  # fmt: skip
         self.started_at = time.time()
-        self.ended_at: Optional[float] = None
-        self.returncode: Optional[int] = None
-        self.error: Optional[TorchrunError] = None
+        self.ended_at: float | None = None
+        self.returncode: int | None = None
+        self.error: TorchrunError | None = None
         self._stopped = False
         self._rows: list[dict[str, Any]] = []
         self._live = live
@@ -190,7 +191,7 @@ class TorchrunRun(LiveStatus):
                     out[int(d.name)] = {"stdout": d / "stdout.log", "stderr": d / "stderr.log"}
         return out
 
-    def tail(self, rank: Optional[int] = None, n: int = 20) -> str:
+    def tail(self, rank: int | None = None, n: int = 20) -> str:
         """The last ``n`` output lines of ``rank`` (stdout and stderr, as teed), or of
         torchrun itself (its own messages) when ``rank`` is None."""
         lines = _read_tail(self.console_path).splitlines()
@@ -205,14 +206,16 @@ class TorchrunRun(LiveStatus):
         return "\n".join(picked[-n:])
 
     # -- control -------------------------------------------------------------------------
-    def wait(self, timeout: Optional[float] = None, *, check: bool = True) -> int:
+    def wait(self, timeout: float | None = None, *, check: bool = True) -> int:
         """Block until the run ends; returns torchrun's exit code.
 
         With ``check`` a failed run raises :class:`TorchrunError` (failing rank, traceback
         tail); a timeout raises ``TimeoutError`` and leaves the run going (``stop()`` it).
         """
         if not self._done.wait(timeout):
-            raise TimeoutError(f"torchrun run of {self.script.name} still running after {timeout:g} s (logs: {self.log_dir})")
+            raise TimeoutError(
+                f"torchrun run of {self.script.name} still running after {timeout:g} s (logs: {self.log_dir})"
+            )
         if check and self.error is not None:
             raise self.error
         assert self.returncode is not None
@@ -228,7 +231,7 @@ class TorchrunRun(LiveStatus):
         self._done.wait(grace_s + 15.0)
         self._finish()
 
-    def __enter__(self) -> "TorchrunRun":
+    def __enter__(self) -> TorchrunRun:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -276,7 +279,7 @@ class TorchrunRun(LiveStatus):
         if callable(close):
             try:
                 close()  # the final state of the plot
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a plot that fails to close must not fail the run
                 pass
 
     def _poll_metrics(self) -> None:
@@ -317,7 +320,9 @@ class TorchrunRun(LiveStatus):
         else:
             tb = self.tail(None, 25)
             what = f"torchrun exited with code {self.returncode}"
-        msg = f"torchrun run of {self.script.name} ({self.nproc} ranks) failed: {what}.\n{tb}\n(all logs: {self.log_dir})"
+        msg = (
+            f"torchrun run of {self.script.name} ({self.nproc} ranks) failed: {what}.\n{tb}\n(all logs: {self.log_dir})"
+        )
         return TorchrunError(msg, rank=rank, returncode=self.returncode)
 
     # -- display -------------------------------------------------------------------------
@@ -332,7 +337,9 @@ class TorchrunRun(LiveStatus):
         if self._rows:
             last = self._rows[-1]
             shown = ", ".join(
-                f"{k}={v:.4g}" for k, v in last.items() if k in ("loss", "reward_mean", "kl", "grad_norm") and isinstance(v, float)
+                f"{k}={v:.4g}"
+                for k, v in last.items()
+                if k in ("loss", "reward_mean", "kl", "grad_norm") and isinstance(v, float)
             )
             head += f" — step {last.get('step', '?')}" + (f": {html.escape(shown)}" if shown else "")
         parts = [f"<div style='font-size:12px'>{head}"]
@@ -341,7 +348,8 @@ class TorchrunRun(LiveStatus):
         for r in range(self.nproc):
             t = self.tail(r, self.tail_lines)
             parts.append(
-                f"<div><i>rank {r}</i><pre style='margin:0;max-height:12em;overflow:auto'>{html.escape(t) or '…'}</pre></div>"
+                f"<div><i>rank {r}</i><pre style='margin:0;max-height:12em;overflow:auto'>"
+                f"{html.escape(t) or '…'}</pre></div>"
             )
         parts.append(f"<small>logs: <code>{html.escape(str(self.log_dir))}</code></small></div>")
         return "".join(parts)
@@ -354,12 +362,12 @@ def launch_torchrun(
     script_or_exported_cell: PathLike,
     nproc: int = 2,
     args: Sequence[Any] = (),
-    env: Optional[Mapping[str, str]] = None,
-    metrics_path: Optional[PathLike] = None,
+    env: Mapping[str, str] | None = None,
+    metrics_path: PathLike | None = None,
     live: Any = None,
     *,
-    log_dir: Optional[PathLike] = None,
-    display: Optional[bool] = None,
+    log_dir: PathLike | None = None,
+    display: bool | None = None,
 ) -> TorchrunRun:
     """Start ``torchrun --nproc_per_node=nproc script args...`` in the background.
 
@@ -437,7 +445,7 @@ def _read_tail(path: Path, max_bytes: int = 32_000) -> str:
     return text.split("\n", 1)[1] if size > max_bytes and "\n" in text else text
 
 
-def _root_cause(console: str) -> tuple[Optional[int], Optional[int]]:
+def _root_cause(console: str) -> tuple[int | None, int | None]:
     """(rank, exit code) of torchrun's "Root Cause (first observed failure)" block."""
     i = console.rfind("Root Cause")
     if i < 0:

@@ -20,7 +20,8 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -48,11 +49,11 @@ __all__ = [
 def credit_view(
     obj: Any,
     *,
-    weights: Optional[Mapping[tuple[str, int], float]] = None,
+    weights: Mapping[tuple[str, int], float] | None = None,
     tokenizer: Any = None,
-    logprobs: Optional[Sequence[Sequence[float]]] = None,
+    logprobs: Sequence[Sequence[float]] | None = None,
     max_items: int = 64,
-    title: Optional[str] = None,
+    title: str | None = None,
 ) -> HTMLView:
     """The token view of ``obj`` (a Rollout or list of them, a SAWItem, a list of items or a
     SAWBatch). ``weights`` colours rollouts by credit; ``logprobs`` (from
@@ -75,7 +76,7 @@ def credit_view(
     raise TypeError(f"credit_view shows Rollouts, SAWItems or a SAWBatch, got {type(obj).__name__}")
 
 
-def _figure(**kw: Any) -> "Figure":
+def _figure(**kw: Any) -> Figure:
     """A new matplotlib Figure (no pyplot state) that a notebook cell shows as a PNG."""
     from matplotlib.figure import Figure
 
@@ -116,15 +117,18 @@ def policy_logprobs(
     if not items:
         return []
     longest = max(it.num_tokens for it in items)
-    micro = pack_items(items, micro_token_budget=max(micro_token_budget, longest), max_seq_len=longest, truncation="error")
-    out: list[Optional[np.ndarray]] = [None] * len(items)
+    micro = pack_items(
+        items, micro_token_budget=max(micro_token_budget, longest), max_seq_len=longest, truncation="error"
+    )
+    out: list[np.ndarray | None] = [None] * len(items)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             for mb in micro:
-                lp_RT = model_token_logprobs(model, mb.to(device), temperature=temperature).float().cpu()
+                lp_RT = cast(torch.Tensor, model_token_logprobs(model, mb.to(device), temperature=temperature))
+                lp_RT = lp_RT.float().cpu()
                 seq = mb.seq_ids
                 for j, idx in enumerate(mb.item_indices):
                     out[idx] = lp_RT[seq == j].numpy().astype(np.float64)
@@ -133,7 +137,7 @@ def policy_logprobs(
     missing = [k for k, x in enumerate(out) if x is None or len(x) != items[k].num_tokens]
     if missing:
         raise RuntimeError(f"policy_logprobs: items {missing[:5]} were not scored whole (packing dropped them)")
-    return out  # type: ignore[return-value]
+    return out  # type: ignore[return-value]  # no None left: checked above
 
 
 def ratio_kl_stats(batch: SAWBatch | Sequence[SAWItem], logprobs: Sequence[Sequence[float]]) -> dict[str, Any]:
@@ -148,10 +152,13 @@ def ratio_kl_stats(batch: SAWBatch | Sequence[SAWItem], logprobs: Sequence[Seque
         raise ValueError(f"logprobs has {len(logprobs)} sequences for {len(items)} items")
     all_lr: list[float] = []
     k1_items, k3_items = [], []
-    for it, lp in zip(items, logprobs):
+    for it, lp in zip(items, logprobs, strict=True):
         if len(lp) != it.num_tokens:
             raise ValueError(f"logprobs of item {it.rollout_id!r} has {len(lp)} entries for {it.num_tokens} tokens")
-        lr = np.array([float(a) - b for a, b, m in zip(lp, it.behaviour_logprobs, it.action_mask) if m], dtype=np.float64)
+        lr = np.array(
+            [float(a) - b for a, b, m in zip(lp, it.behaviour_logprobs, it.action_mask, strict=True) if m],
+            dtype=np.float64,
+        )
         all_lr.extend(lr.tolist())
         k1_items.append(float(np.mean(-lr)) if lr.size else math.nan)
         k3_items.append(float(np.mean(np.exp(lr) - 1 - lr)) if lr.size else math.nan)
@@ -167,9 +174,11 @@ def ratio_kl_stats(batch: SAWBatch | Sequence[SAWItem], logprobs: Sequence[Seque
     return {"log_ratios": lr_all, "kl_k1_per_item": np.array(k1_items), "kl_k3_per_item": np.array(k3_items), **summary}
 
 
-def _groups(rewards: Sequence[float], advs: Sequence[Optional[float]], gids: Sequence[Any]) -> list[tuple[str, list[float], list[float]]]:
+def _groups(
+    rewards: Sequence[float], advs: Sequence[float | None], gids: Sequence[Any]
+) -> list[tuple[str, list[float], list[float]]]:
     order: dict[Any, tuple[list[float], list[float]]] = {}
-    for k, (r, a, g) in enumerate(zip(rewards, advs, gids)):
+    for k, (r, a, g) in enumerate(zip(rewards, advs, gids, strict=True)):
         key = g if g is not None else f"#{k}"
         rs, as_ = order.setdefault(key, ([], []))
         rs.append(r)
@@ -181,16 +190,16 @@ def _groups(rewards: Sequence[float], advs: Sequence[Optional[float]], gids: Seq
 def plot_group_distributions(
     data: SAWBatch | Sequence[SAWItem] | Sequence[Rollout],
     *,
-    weights: Optional[Mapping[tuple[str, int], float]] = None,
+    weights: Mapping[tuple[str, int], float] | None = None,
     max_groups: int = 32,
-) -> "Figure":
+) -> Figure:
     """Two panels, one column per group: the siblings' rewards and their advantages (dots,
     with the group mean as a bar). Items use their reward and scalar weight; rollouts their
     total reward and ``weights`` of their first step. Returns the matplotlib Figure.
 
     Example: ``plot_group_distributions(batch)`` (a cell shows the figure), ``.savefig("g.png")``.
     """
-    seq = list(data.items) if isinstance(data, SAWBatch) else list(data)
+    seq: list[Any] = list(data.items) if isinstance(data, SAWBatch) else list(data)
     if seq and isinstance(seq[0], Rollout):
         rewards = [r.total_reward for r in seq]
         advs = [(weights or {}).get((r.id, r.steps[0].index)) if r.steps and weights else None for r in seq]
@@ -221,7 +230,7 @@ def plot_group_distributions(
     return fig
 
 
-def plot_ratio_kl(batch: SAWBatch | Sequence[SAWItem], logprobs: Sequence[Sequence[float]]) -> "Figure":
+def plot_ratio_kl(batch: SAWBatch | Sequence[SAWItem], logprobs: Sequence[Sequence[float]]) -> Figure:
     """Histogram of token importance ratios ``exp(logprob - behaviour)`` (log scale x) and the
     per-item k3 KL estimate, with the batch means in the titles. Returns the Figure.
 
@@ -235,7 +244,9 @@ def plot_ratio_kl(batch: SAWBatch | Sequence[SAWItem], logprobs: Sequence[Sequen
         ax_r.hist(lr, bins=min(60, max(10, lr.size // 4)), color="C0", alpha=0.85)
     ax_r.axvline(0.0, color="k", lw=1)
     ax_r.set_xlabel("log ratio  (log pi_current - log pi_sampler), per action token")
-    ax_r.set_title(f"ratio mean {st['ratio_mean']:.3f} · min {st['ratio_min']:.3f} · max {st['ratio_max']:.3f}", fontsize=10)
+    ax_r.set_title(
+        f"ratio mean {st['ratio_mean']:.3f} · min {st['ratio_min']:.3f} · max {st['ratio_max']:.3f}", fontsize=10
+    )
     k3 = st["kl_k3_per_item"]
     ax_k.bar(range(len(k3)), np.nan_to_num(k3), color="C3", alpha=0.85)
     ax_k.set_xlabel("item")
@@ -247,7 +258,7 @@ def plot_ratio_kl(batch: SAWBatch | Sequence[SAWItem], logprobs: Sequence[Sequen
     return fig
 
 
-def log_html_to_wandb(obj: Any, key: str = "credit", *, run: Any = None, step: Optional[int] = None) -> bool:
+def log_html_to_wandb(obj: Any, key: str = "credit", *, run: Any = None, step: int | None = None) -> bool:
     """Log ``obj``'s HTML view (anything :func:`save_html` takes) to wandb as ``wandb.Html``
     under ``key``. ``run``: a WandbLogger or wandb run; default the active ``wandb.run``.
     Returns ``False`` (and logs nothing) when wandb is not enabled (no run, or disabled).
@@ -258,8 +269,8 @@ def log_html_to_wandb(obj: Any, key: str = "credit", *, run: Any = None, step: O
 
     run = getattr(run, "run", run)  # a WandbLogger holds its run in .run
     if run is None:
-        wandb = sys.modules.get("wandb")
-        run = getattr(wandb, "run", None) if wandb is not None else None
+        loaded = sys.modules.get("wandb")
+        run = getattr(loaded, "run", None) if loaded is not None else None
     if run is None or getattr(getattr(run, "settings", None), "mode", None) == "disabled":
         return False
     import wandb

@@ -16,8 +16,9 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from ludic_lab.pipeline.connection import QueueKeys, Reconnector, close_client, connect_redis
 from ludic_lab.pipeline.weights import RedisWeightsSubscriber
@@ -66,15 +67,15 @@ async def run_pipeline_actor(
     concurrency: int = 16,
     *,
     request_strategy: Any = None,
-    filter_fn: Optional[Callable[[Any], bool]] = None,
+    filter_fn: Callable[[Any], bool] | None = None,
     sample_filter: Any = None,
     client: Any = None,
-    weights_key: Optional[str] = None,
-    max_rounds: Optional[int] = None,
+    weights_key: str | None = None,
+    max_rounds: int | None = None,
     max_queue_items: int = 1024,
-    actor_id: Optional[str] = None,
-    stop_event: Optional[asyncio.Event] = None,
-    on_push: Optional[Callable[[list[str]], None]] = None,
+    actor_id: str | None = None,
+    stop_event: asyncio.Event | None = None,
+    on_push: Callable[[list[str]], None] | None = None,
     connect_timeout_s: float = 5.0,
     reconnect_timeout_s: float = 300.0,
     poll_s: float = 0.05,
@@ -93,8 +94,14 @@ async def run_pipeline_actor(
     if weights_key is not None and client is None:
         raise ValueError("weights_key needs client= (the in-process sampler to load weights into)")
     source = RolloutBatchSource(
-        engine, requests_fn, credit_assigner, request_strategy=request_strategy, max_steps=max_steps,
-        concurrency=concurrency, filter_fn=filter_fn, sample_filter=sample_filter,
+        engine,
+        requests_fn,
+        credit_assigner,
+        request_strategy=request_strategy,
+        max_steps=max_steps,
+        concurrency=concurrency,
+        filter_fn=filter_fn,
+        sample_filter=sample_filter,
     )
     keys = QueueKeys(queue_key)
     actor_id = actor_id or default_actor_id()
@@ -104,7 +111,9 @@ async def run_pipeline_actor(
     stats = ActorStats()
 
     def stopped() -> bool:
-        return (stop_event is not None and stop_event.is_set()) or (max_rounds is not None and stats.rounds >= max_rounds)
+        return (stop_event is not None and stop_event.is_set()) or (
+            max_rounds is not None and stats.rounds >= max_rounds
+        )
 
     try:
         while not stopped():
@@ -132,7 +141,7 @@ async def run_pipeline_actor(
             entries = [(item_id(it), it) for it in batch.items]
             payload = [encode_item(it, id=iid, actor=actor_id) for iid, it in entries]
 
-            async def push() -> None:
+            async def push(payload: list[Any] = payload) -> None:
                 p = r.pipeline(transaction=True)
                 for fields in payload:
                     p.xadd(keys.stream, fields)
@@ -150,8 +159,12 @@ async def run_pipeline_actor(
             if on_push is not None:
                 on_push([iid for iid, _ in entries])
             log.info(
-                "actor %s: round %d pushed %d items (reward %.3f, policy v%s)", actor_id, stats.rounds, len(payload),
-                batch.meta.get("reward_mean", float("nan")), batch.meta.get("policy_version_max"),
+                "actor %s: round %d pushed %d items (reward %.3f, policy v%s)",
+                actor_id,
+                stats.rounds,
+                len(payload),
+                batch.meta.get("reward_mean", float("nan")),
+                batch.meta.get("policy_version_max"),
             )
     finally:
         stats.reconnects = rc.reconnects

@@ -19,8 +19,9 @@ import asyncio
 import json
 import logging
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal
 
 from ludic_lab.pipeline.connection import QueueKeys
 
@@ -37,7 +38,7 @@ class PipelineActorConfig:
     """Built-in task (see ludic_lab.pipeline.tasks)."""
     model: str = "default"
     """A local model folder, "default" (SmolLM2) or "tiny"; with --vllm-url the server must serve this folder."""
-    vllm_url: Optional[str] = None
+    vllm_url: str | None = None
     """Sample through this vLLM server (e.g. http://127.0.0.1:8000) instead of in-process."""
     algo: str = "grpo"
     """Algorithm preset; the actor uses its credit assigner (name the same preset on the trainer)."""
@@ -61,7 +62,7 @@ class PipelineActorConfig:
     """Seeds prompts and sampling (give each actor its own)."""
     actor_id: str = ""
     """Name in logs and entries (default host-pid)."""
-    pushed_ids_path: Optional[str] = None
+    pushed_ids_path: str | None = None
     """Append the id of every pushed item to this file (an audit trail)."""
     threads: int = 0
     """torch intra-op threads (0 = torch's default)."""
@@ -74,11 +75,21 @@ class PipelineActorConfig:
         from ludic_lab.pipeline.connection import check_redis_url
         from ludic_lab.validation import check_config
 
-        check_config(self, {
-            "prompts_per_round": ">= 1", "group_size": ">= 1", "max_tokens": ">= 1", "temperature": ">= 0",
-            "concurrency": ">= 1", "max_rounds": ">= 0", "max_queue_items": ">= 1", "threads": ">= 0",
-            "connect_timeout_s": "> 0", "reconnect_timeout_s": "> 0",
-        })
+        check_config(
+            self,
+            {
+                "prompts_per_round": ">= 1",
+                "group_size": ">= 1",
+                "max_tokens": ">= 1",
+                "temperature": ">= 0",
+                "concurrency": ">= 1",
+                "max_rounds": ">= 0",
+                "max_queue_items": ">= 1",
+                "threads": ">= 0",
+                "connect_timeout_s": "> 0",
+                "reconnect_timeout_s": "> 0",
+            },
+        )
         check_redis_url(self.redis_url)
 
 
@@ -110,8 +121,15 @@ async def run_actor(cfg: PipelineActorConfig) -> dict[str, Any]:
 
         torch.set_num_threads(cfg.threads)
     client = _client(cfg)
-    task = make_task(cfg.task, client, prompts=cfg.prompts_per_round, max_tokens=cfg.max_tokens,
-                     temperature=cfg.temperature, seed=cfg.seed, concurrency=cfg.concurrency)
+    task = make_task(
+        cfg.task,
+        client,
+        prompts=cfg.prompts_per_round,
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+        seed=cfg.seed,
+        concurrency=cfg.concurrency,
+    )
     algo = make_algo(cfg.algo, max_tokens=cfg.max_tokens)
     strategy = GRPORequestStrategy(cfg.group_size, seed=cfg.seed) if cfg.group_size > 1 else None
     weights_key = QueueKeys(cfg.queue_key).weights if (cfg.local_weights and not cfg.vllm_url) else None
@@ -125,11 +143,23 @@ async def run_actor(cfg: PipelineActorConfig) -> dict[str, Any]:
     id_log = IdLog(cfg.pushed_ids_path) if cfg.pushed_ids_path else None
     try:
         stats = await run_pipeline_actor(
-            task.engine, task.requests_fn, algo.credit_assigner, cfg.redis_url, cfg.queue_key, max_steps=1,
-            concurrency=cfg.concurrency, request_strategy=strategy, client=client if weights_key else None,
-            weights_key=weights_key, max_rounds=cfg.max_rounds or None, max_queue_items=cfg.max_queue_items,
-            actor_id=cfg.actor_id or None, stop_event=stop, on_push=id_log,
-            connect_timeout_s=cfg.connect_timeout_s, reconnect_timeout_s=cfg.reconnect_timeout_s,
+            task.engine,
+            task.requests_fn,
+            algo.credit_assigner,
+            cfg.redis_url,
+            cfg.queue_key,
+            max_steps=1,
+            concurrency=cfg.concurrency,
+            request_strategy=strategy,
+            client=client if weights_key else None,
+            weights_key=weights_key,
+            max_rounds=cfg.max_rounds or None,
+            max_queue_items=cfg.max_queue_items,
+            actor_id=cfg.actor_id or None,
+            stop_event=stop,
+            on_push=id_log,
+            connect_timeout_s=cfg.connect_timeout_s,
+            reconnect_timeout_s=cfg.reconnect_timeout_s,
         )
     finally:
         if id_log is not None:
@@ -154,7 +184,7 @@ def main(config: PipelineActorConfig) -> int:
     return 0
 
 
-def cli(argv: Optional[Sequence[str]] = None) -> int:
+def cli(argv: Sequence[str] | None = None) -> int:
     from ludic_lab.config import parse_config
 
     return main(parse_config(PipelineActorConfig, argv))

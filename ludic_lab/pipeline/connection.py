@@ -13,8 +13,9 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 T = TypeVar("T")
@@ -112,11 +113,13 @@ async def connect_redis(
         await asyncio.wait_for(client.ping(), timeout=connect_timeout_s + 1.0)
     except rx.AuthenticationError as e:
         await _close_quietly(client)
-        raise PipelineConnectionError(f"{role}: Redis at {redact(url)} refused the credentials ({e}); check the password in the URL") from None
+        raise PipelineConnectionError(
+            f"{role}: Redis at {redact(url)} refused the credentials ({e}); check the password in the URL"
+        ) from None
     except rx.ResponseError as e:
         await _close_quietly(client)
         raise PipelineConnectionError(f"{role}: Redis at {redact(url)} answered PING with an error: {e}") from None
-    except (*retryable_errors(), rx.RedisError) as e:
+    except (*retryable_errors(), rx.RedisError) as e:  # type: ignore[misc]  # a tuple of exception classes
         await _close_quietly(client)
         raise PipelineConnectionError(
             f"{role}: cannot reach Redis at {redact(url)} ({type(e).__name__}: {e or 'timed out'}). "
@@ -143,7 +146,7 @@ async def close_client(client: Any, *, timeout_s: float = 2.0) -> None:
     for conn in conns:
         try:
             await conn.disconnect(nowait=True)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - closing a broken connection: best effort
             pass
 
 
@@ -159,7 +162,9 @@ class Reconnector:
     (then :class:`PipelineConnectionError`). ``reconnects`` counts recovered outages.
     """
 
-    def __init__(self, what: str, url: str, *, timeout_s: float = 300.0, base_s: float = 0.05, cap_s: float = 2.0) -> None:
+    def __init__(
+        self, what: str, url: str, *, timeout_s: float = 300.0, base_s: float = 0.05, cap_s: float = 2.0
+    ) -> None:
         self.what = what
         self.url = url
         self.timeout_s = float(timeout_s)
@@ -170,7 +175,7 @@ class Reconnector:
 
     async def run(self, op: Callable[[], Awaitable[T]]) -> T:
         errors = retryable_errors()
-        down_since: Optional[float] = None
+        down_since: float | None = None
         delay = self.base_s
         while True:
             try:
@@ -179,7 +184,9 @@ class Reconnector:
                 now = time.monotonic()
                 if down_since is None:
                     down_since = now
-                    log.warning("%s: lost Redis at %s (%s: %s); reconnecting", self.what, redact(self.url), type(e).__name__, e)
+                    log.warning(
+                        "%s: lost Redis at %s (%s: %s); reconnecting", self.what, redact(self.url), type(e).__name__, e
+                    )
                 if now - down_since > self.timeout_s:
                     raise PipelineConnectionError(
                         f"{self.what}: Redis at {redact(self.url)} unreachable for {self.timeout_s:.0f} s "

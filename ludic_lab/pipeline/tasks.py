@@ -12,8 +12,9 @@ logical requests per call (expand them with ``GRPORequestStrategy`` for groups).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
@@ -42,7 +43,7 @@ class DigitsEnv(SingleAgentEnv):
         super().__init__()
         self._obs = ""
 
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         self._obs = f"Write some digits. ({seed})"
         return self._obs, {}
 
@@ -63,7 +64,13 @@ class Task:
 
 
 def make_task(
-    name: str, client: Any, *, prompts: int = 8, max_tokens: int = 20, temperature: float = 1.0, seed: int = 0,
+    name: str,
+    client: Any,
+    *,
+    prompts: int = 8,
+    max_tokens: int = 20,
+    temperature: float = 1.0,
+    seed: int = 0,
     concurrency: int = 64,
 ) -> Task:
     """Task ``name`` (one of :data:`TASKS`) sampled through ``client`` (any ChatClient)."""
@@ -92,7 +99,9 @@ def make_task(
         calls[0] += 1
         return [
             RolloutRequest(
-                env=EnvSpec(name), protocol=ProtocolSpec("agent"), env_seed=(seed * 7919 + n * prompts + i) % size,
+                env=EnvSpec(name),
+                protocol=ProtocolSpec("agent"),
+                env_seed=(seed * 7919 + n * prompts + i) % size,
                 inference=spec,
             )
             for i in range(prompts)

@@ -21,8 +21,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Optional, Sequence
+from typing import Any, Literal
 
 from ludic_lab.pipeline.connection import QueueKeys
 
@@ -59,11 +60,11 @@ class PipelineTrainerConfig:
     """Scoring temperature (match the actors' sampling temperature)."""
     max_tokens: int = 20
     """The actors' completion budget (only the dr_grpo preset needs it)."""
-    vllm_url: Optional[str] = None
+    vllm_url: str | None = None
     """Publish weights to this vLLM server (the bundled ludic_lab server), e.g. http://127.0.0.1:8000."""
     local_weights: Literal["auto", "on", "off"] = "auto"
     """Write weights to <queue_key>:weights for in-process actors ("auto": when no --vllm-url)."""
-    checkpoint_dir: Optional[str] = None
+    checkpoint_dir: str | None = None
     """Checkpoints go here; a restart resumes from the newest one."""
     checkpoint_every: int = 0
     """Save every this many steps (0 = only at the end, when --checkpoint-dir is set)."""
@@ -75,9 +76,9 @@ class PipelineTrainerConfig:
     """Claim pending items of another consumer idle this long (a dead trainer)."""
     batch_timeout_s: float = 0.0
     """Fail when a batch does not fill within this time (0 = wait for the actors forever)."""
-    trained_ids_path: Optional[str] = None
+    trained_ids_path: str | None = None
     """Append the ids of the items each committed step trained on to this file (an audit trail)."""
-    metrics_path: Optional[str] = None
+    metrics_path: str | None = None
     """Append one JSON line of metrics per step."""
     seed: int = 0
     """Seeds the trainer."""
@@ -94,12 +95,28 @@ class PipelineTrainerConfig:
         from ludic_lab.pipeline.connection import check_redis_url
         from ludic_lab.validation import check_config
 
-        check_config(self, {
-            "steps": ">= 1", "batch_size": ">= 1", "grad_accum_steps": ">= 1", "lr": "> 0", "lora_r": ">= 0",
-            "max_lag": ">= -1", "max_seq_len": ">= 2", "micro_token_budget": ">= 2", "temperature": "> 0",
-            "max_tokens": ">= 1", "checkpoint_every": ">= 0", "claim_idle_s": "> 0", "batch_timeout_s": ">= 0",
-            "threads": ">= 0", "connect_timeout_s": "> 0", "reconnect_timeout_s": "> 0",
-        }, hints={"max_lag": "-1 keeps every item", "lora_r": "0 trains all weights"})
+        check_config(
+            self,
+            {
+                "steps": ">= 1",
+                "batch_size": ">= 1",
+                "grad_accum_steps": ">= 1",
+                "lr": "> 0",
+                "lora_r": ">= 0",
+                "max_lag": ">= -1",
+                "max_seq_len": ">= 2",
+                "micro_token_budget": ">= 2",
+                "temperature": "> 0",
+                "max_tokens": ">= 1",
+                "checkpoint_every": ">= 0",
+                "claim_idle_s": "> 0",
+                "batch_timeout_s": ">= 0",
+                "threads": ">= 0",
+                "connect_timeout_s": "> 0",
+                "reconnect_timeout_s": "> 0",
+            },
+            hints={"max_lag": "-1 keeps every item", "lora_r": "0 trains all weights"},
+        )
         check_redis_url(self.redis_url)
 
 
@@ -109,7 +126,7 @@ class FanoutPublisher:
     def __init__(self, publishers: Sequence[Any]) -> None:
         self.publishers = list(publishers)
 
-    def publish(self, state_dict: Mapping[str, Any], version: Optional[int] = None) -> None:
+    def publish(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         for p in self.publishers:
             p.publish(state_dict, version)
 
@@ -153,15 +170,24 @@ async def run_trainer(cfg: PipelineTrainerConfig) -> dict[str, Any]:
     path = resolve_model(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    vocab = int(model.get_input_embeddings().weight.shape[0])
+    vocab = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[index]  # an nn.Embedding's weight
     algo = make_algo(cfg.algo, max_tokens=cfg.max_tokens)
     max_lag = None if cfg.max_lag < 0 else cfg.max_lag
     id_log = IdLog(_rank_path(cfg.trained_ids_path, rank, world)) if cfg.trained_ids_path else None
     source = PipelineBatchSource(
-        cfg.redis_url, cfg.queue_key, cfg.batch_size, group=cfg.group, consumer=cfg.consumer or None,
-        max_lag=max_lag, batches_per_step=cfg.grad_accum_steps, vocab_size=vocab, claim_idle_s=cfg.claim_idle_s,
-        timeout_s=cfg.batch_timeout_s or None, connect_timeout_s=cfg.connect_timeout_s,
-        reconnect_timeout_s=cfg.reconnect_timeout_s, on_ack=id_log,
+        cfg.redis_url,
+        cfg.queue_key,
+        cfg.batch_size,
+        group=cfg.group,
+        consumer=cfg.consumer or None,
+        max_lag=max_lag,
+        batches_per_step=cfg.grad_accum_steps,
+        vocab_size=vocab,
+        claim_idle_s=cfg.claim_idle_s,
+        timeout_s=cfg.batch_timeout_s or None,
+        connect_timeout_s=cfg.connect_timeout_s,
+        reconnect_timeout_s=cfg.reconnect_timeout_s,
+        on_ack=id_log,
     )
     publishers: list[Any] = []  # rank 0 alone pushes (the Trainer gathers the full weights onto it)
     if cfg.vllm_url and rank == 0:
@@ -170,19 +196,37 @@ async def run_trainer(cfg: PipelineTrainerConfig) -> dict[str, Any]:
         publishers.append(BroadcastPolicyPublisher(_api_base(cfg.vllm_url), device=cfg.device))
     local = cfg.local_weights == "on" or (cfg.local_weights == "auto" and not cfg.vllm_url)
     if local and rank == 0:
-        publishers.append(RedisWeightsPublisher(cfg.redis_url, QueueKeys(cfg.queue_key).weights,
-                                                reconnect_timeout_s=cfg.reconnect_timeout_s))
+        publishers.append(
+            RedisWeightsPublisher(
+                cfg.redis_url, QueueKeys(cfg.queue_key).weights, reconnect_timeout_s=cfg.reconnect_timeout_s
+            )
+        )
     fanout = FanoutPublisher(publishers)
     tcfg = TrainerConfig(
-        model_device=cfg.device, lr=cfg.lr, max_seq_len=cfg.max_seq_len, micro_token_budget=cfg.micro_token_budget,
-        max_lag=max_lag, grad_accum_steps=cfg.grad_accum_steps, lora_r=cfg.lora_r,
-        lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0, scoring_temperature=cfg.temperature, seed=cfg.seed,
-        checkpoint_dir=cfg.checkpoint_dir, checkpoint_every=cfg.checkpoint_every,
+        model_device=cfg.device,
+        lr=cfg.lr,
+        max_seq_len=cfg.max_seq_len,
+        micro_token_budget=cfg.micro_token_budget,
+        max_lag=max_lag,
+        grad_accum_steps=cfg.grad_accum_steps,
+        lora_r=cfg.lora_r,
+        lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
+        scoring_temperature=cfg.temperature,
+        seed=cfg.seed,
+        checkpoint_dir=cfg.checkpoint_dir,
+        checkpoint_every=cfg.checkpoint_every,
         batch_split="per_rank",  # under torchrun each rank is its own consumer of the queue
     )
     loggers = [JSONLLogger(_rank_path(cfg.metrics_path, rank, world))] if cfg.metrics_path else []
-    trainer = Trainer(model, algo, source, config=tcfg, publisher=Rank0OnlyPublisher(fanout) if publishers else None,
-                      loggers=loggers, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    trainer = Trainer(
+        model,
+        algo,
+        source,
+        config=tcfg,
+        publisher=Rank0OnlyPublisher(fanout) if publishers else None,
+        loggers=loggers,
+        pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+    )
     source.policy_version_fn = lambda: trainer.policy_version
     for p in publishers:  # the vLLM publisher completes partly adapted fused layers from the model
         if hasattr(p, "model") and p.model is None and world <= 1:
@@ -237,7 +281,7 @@ def main(config: PipelineTrainerConfig) -> int:
     return 0
 
 
-def cli(argv: Optional[Sequence[str]] = None) -> int:
+def cli(argv: Sequence[str] | None = None) -> int:
     from ludic_lab.config import parse_config
 
     return main(parse_config(PipelineTrainerConfig, argv))

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -59,7 +60,7 @@ def _plain(x: Any) -> Any:
     return str(x)
 
 
-def encode_item(item: SAWItem, *, id: Optional[str] = None, actor: str = "") -> dict[str, bytes]:
+def encode_item(item: SAWItem, *, id: str | None = None, actor: str = "") -> dict[str, bytes]:
     """The stream-entry fields of ``item`` (see the module docstring).
 
     ``id`` defaults to :func:`item_id`; ``actor`` names the producer (for debugging).
@@ -67,7 +68,7 @@ def encode_item(item: SAWItem, *, id: Optional[str] = None, actor: str = "") -> 
     """
     from safetensors.numpy import save
 
-    tensors = {
+    tensors: dict[str, np.ndarray] = {
         "input_ids": np.asarray(item.input_ids, dtype=np.int64),
         "action_mask": np.asarray(item.action_mask, dtype=np.uint8),
         "weights": np.asarray(item.weights, dtype=np.float64),
@@ -91,7 +92,7 @@ def encode_item(item: SAWItem, *, id: Optional[str] = None, actor: str = "") -> 
     }
 
 
-def _text(fields: Mapping[Any, Any], name: str) -> Optional[str]:
+def _text(fields: Mapping[Any, Any], name: str) -> str | None:
     v = fields.get(name.encode(), fields.get(name))
     if v is None:
         return None
@@ -103,7 +104,7 @@ def _text(fields: Mapping[Any, Any], name: str) -> Optional[str]:
     return str(v)
 
 
-def _raw(fields: Mapping[Any, Any], name: str) -> Optional[bytes]:
+def _raw(fields: Mapping[Any, Any], name: str) -> bytes | None:
     v = fields.get(name.encode(), fields.get(name))
     return v.encode() if isinstance(v, str) else v
 
@@ -125,7 +126,7 @@ def check_schema(fields: Mapping[Any, Any]) -> None:
         )
 
 
-def decode_entry(fields: Mapping[Any, Any], *, vocab_size: Optional[int] = None) -> tuple[str, SAWItem]:
+def decode_entry(fields: Mapping[Any, Any], *, vocab_size: int | None = None) -> tuple[str, SAWItem]:
     """``(item_id, item)`` of one stream entry; raises :class:`WireFormatError` with the reason
     when the entry is foreign, malformed or not trainable (see the module docstring).
 
@@ -141,7 +142,7 @@ def decode_entry(fields: Mapping[Any, Any], *, vocab_size: Optional[int] = None)
         raise WireFormatError(f"undecodable entry ({type(e).__name__}: {e})") from None
 
 
-def _decode_entry(fields: Mapping[Any, Any], vocab_size: Optional[int]) -> tuple[str, SAWItem]:
+def _decode_entry(fields: Mapping[Any, Any], vocab_size: int | None) -> tuple[str, SAWItem]:
     from safetensors.numpy import load
 
     check_schema(fields)

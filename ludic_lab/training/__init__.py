@@ -10,10 +10,30 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ludic_lab.training.algorithm import PRESETS, RLAlgorithm, make_cispo, make_dapo, make_dr_grpo, make_grpo, make_gspo, make_reinforce, make_reinforce_baseline, make_rloo, make_scalerl, make_sft
-from ludic_lab.training.batching import BatchSource, DataExhaustedError, EmptyBatchError, OfflineBatchSource, Rank0BroadcastSource, RolloutBatchSource
+from ludic_lab.training.algorithm import (
+    PRESETS,
+    RLAlgorithm,
+    make_cispo,
+    make_dapo,
+    make_dr_grpo,
+    make_grpo,
+    make_gspo,
+    make_reinforce,
+    make_reinforce_baseline,
+    make_rloo,
+    make_scalerl,
+    make_sft,
+)
+from ludic_lab.training.batching import (
+    BatchSource,
+    DataExhaustedError,
+    EmptyBatchError,
+    OfflineBatchSource,
+    Rank0BroadcastSource,
+    RolloutBatchSource,
+)
 from ludic_lab.training.config import TrainerConfig
-from ludic_lab.training.credit import *  # noqa: F403
+from ludic_lab.training.credit import *  # noqa: F403 - re-exports credit's __all__
 from ludic_lab.training.credit import __all__ as _credit_all
 from ludic_lab.training.filters import drop_incomplete_completions, drop_parse_errors, drop_truncated
 from ludic_lab.training.rejection_sampling import RejectionSamplingFilter, rejection_sample
@@ -36,20 +56,59 @@ _LAZY = {
     "policy_state_dict": "ludic_lab.training.lora",
 }
 _LOSSES = (
-    "ReinforceLoss", "ReinforceBaselineLoss", "TokenClippedSurrogateLoss", "SequenceClippedSurrogateLoss",
-    "GSPOLoss", "CISPOLoss", "TokenKLLoss", "EntropyBonus", "MaskedCrossEntropyLoss", "CompositeLoss", "Loss",
+    "ReinforceLoss",
+    "ReinforceBaselineLoss",
+    "TokenClippedSurrogateLoss",
+    "SequenceClippedSurrogateLoss",
+    "GSPOLoss",
+    "CISPOLoss",
+    "TokenKLLoss",
+    "EntropyBonus",
+    "MaskedCrossEntropyLoss",
+    "CompositeLoss",
+    "Loss",
 )
 _LAZY.update({name: "ludic_lab.training.losses" for name in _LOSSES})
 
 __all__ = [
-    "RLAlgorithm", "PRESETS", "make_reinforce", "make_reinforce_baseline", "make_rloo", "make_grpo",
-    "make_dr_grpo", "make_dapo", "make_gspo", "make_cispo", "make_scalerl", "make_sft",
-    "BatchSource", "DataExhaustedError", "EmptyBatchError", "OfflineBatchSource", "Rank0BroadcastSource", "RolloutBatchSource",
-    "TrainerConfig", "RejectionSamplingFilter", "rejection_sample",
-    "drop_truncated", "drop_parse_errors", "drop_incomplete_completions",
-    "GRPORequestStrategy", "IdentityStrategy", "RequestStrategy", "RolloutEngine", "UnknownKindError",
-    "RolloutStepKey", "SAWBatch", "SAWItem", "saw_items_from_rollouts", "EnvSpec", "ProtocolSpec", "RolloutRequest",
-    *_credit_all, *_LAZY,
+    "RLAlgorithm",
+    "PRESETS",
+    "make_reinforce",
+    "make_reinforce_baseline",
+    "make_rloo",
+    "make_grpo",
+    "make_dr_grpo",
+    "make_dapo",
+    "make_gspo",
+    "make_cispo",
+    "make_scalerl",
+    "make_sft",
+    "BatchSource",
+    "DataExhaustedError",
+    "EmptyBatchError",
+    "OfflineBatchSource",
+    "Rank0BroadcastSource",
+    "RolloutBatchSource",
+    "TrainerConfig",
+    "RejectionSamplingFilter",
+    "rejection_sample",
+    "drop_truncated",
+    "drop_parse_errors",
+    "drop_incomplete_completions",
+    "GRPORequestStrategy",
+    "IdentityStrategy",
+    "RequestStrategy",
+    "RolloutEngine",
+    "UnknownKindError",
+    "RolloutStepKey",
+    "SAWBatch",
+    "SAWItem",
+    "saw_items_from_rollouts",
+    "EnvSpec",
+    "ProtocolSpec",
+    "RolloutRequest",
+    *_credit_all,
+    *_LAZY,
 ]
 
 

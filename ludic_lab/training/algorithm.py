@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ludic_lab.training.saw import SAWBatch
 
@@ -19,8 +20,8 @@ class RLAlgorithm:
     name: str
     credit_assigner: Any
     loss: Any
-    preprocess: Optional[PreprocessFn] = None
-    scoring_temperature: Optional[float] = None
+    preprocess: PreprocessFn | None = None
+    scoring_temperature: float | None = None
     """When set, the trainer scores tokens at this temperature (match the sampler's)."""
 
     def __post_init__(self) -> None:
@@ -53,7 +54,11 @@ def make_reinforce(*, gamma: float = 1.0, kl_coeff: float = 0.0, entropy_coeff: 
     from ludic_lab.training.losses import ReinforceLoss
 
     agg = "seq_mean_token_sum"
-    return RLAlgorithm("reinforce", MonteCarloReturn(gamma=gamma), _with_regularisers(ReinforceLoss(aggregation=agg), kl_coeff, entropy_coeff, agg))
+    return RLAlgorithm(
+        "reinforce",
+        MonteCarloReturn(gamma=gamma),
+        _with_regularisers(ReinforceLoss(aggregation=agg), kl_coeff, entropy_coeff, agg),
+    )
 
 
 def make_reinforce_baseline(
@@ -65,7 +70,9 @@ def make_reinforce_baseline(
 
     agg = "seq_mean_token_sum"
     loss = ReinforceBaselineLoss(aggregation=agg, normalize=normalize)
-    return RLAlgorithm("reinforce_baseline", MonteCarloReturn(gamma=gamma), _with_regularisers(loss, kl_coeff, entropy_coeff, agg))
+    return RLAlgorithm(
+        "reinforce_baseline", MonteCarloReturn(gamma=gamma), _with_regularisers(loss, kl_coeff, entropy_coeff, agg)
+    )
 
 
 def make_rloo(*, kl_coeff: float = 0.0, entropy_coeff: float = 0.0) -> RLAlgorithm:
@@ -74,7 +81,9 @@ def make_rloo(*, kl_coeff: float = 0.0, entropy_coeff: float = 0.0) -> RLAlgorit
     from ludic_lab.training.losses import ReinforceLoss
 
     agg = "seq_mean_token_sum"
-    return RLAlgorithm("rloo", LeaveOneOutReturn(), _with_regularisers(ReinforceLoss(aggregation=agg), kl_coeff, entropy_coeff, agg))
+    return RLAlgorithm(
+        "rloo", LeaveOneOutReturn(), _with_regularisers(ReinforceLoss(aggregation=agg), kl_coeff, entropy_coeff, agg)
+    )
 
 
 def make_grpo(
@@ -108,12 +117,16 @@ def make_dr_grpo(
     loss = TokenClippedSurrogateLoss(
         clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, aggregation=agg, max_tokens=max_tokens
     )
-    return RLAlgorithm("dr_grpo", GroupNormalizedReturn(normalize_adv=False), _with_regularisers(loss, kl_coeff, 0.0, "token_mean"))
+    return RLAlgorithm(
+        "dr_grpo", GroupNormalizedReturn(normalize_adv=False), _with_regularisers(loss, kl_coeff, 0.0, "token_mean")
+    )
 
 
 def drop_zero_weight_items(batch: SAWBatch) -> SAWBatch:
     """Preprocess: drop items whose action weights are all zero (groups with no signal)."""
-    kept = tuple(it for it in batch.items if any(w != 0.0 for w, m in zip(it.weights, it.action_mask) if m))
+    kept = tuple(
+        it for it in batch.items if any(w != 0.0 for w, m in zip(it.weights, it.action_mask, strict=True) if m)
+    )
     return SAWBatch(kept, {**batch.meta, "zero_weight_dropped": len(batch.items) - len(kept)})
 
 
@@ -125,7 +138,10 @@ def make_dapo(*, clip_eps_low: float = 0.2, clip_eps_high: float = 0.28, kl_coef
     agg = "token_mean"
     loss = TokenClippedSurrogateLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, aggregation=agg)
     return RLAlgorithm(
-        "dapo", GroupNormalizedReturn(normalize_adv=True), _with_regularisers(loss, kl_coeff, 0.0, agg), drop_zero_weight_items
+        "dapo",
+        GroupNormalizedReturn(normalize_adv=True),
+        _with_regularisers(loss, kl_coeff, 0.0, agg),
+        drop_zero_weight_items,
     )
 
 
@@ -154,7 +170,9 @@ def make_scalerl(*, clip_eps_high: float = 0.2) -> RLAlgorithm:
     from ludic_lab.training.credit import HybridNormalizedReturn
     from ludic_lab.training.losses import CISPOLoss
 
-    return RLAlgorithm("scalerl", HybridNormalizedReturn(), CISPOLoss(clip_eps_high=clip_eps_high, aggregation="token_mean"))
+    return RLAlgorithm(
+        "scalerl", HybridNormalizedReturn(), CISPOLoss(clip_eps_high=clip_eps_high, aggregation="token_mean")
+    )
 
 
 def make_sft() -> RLAlgorithm:

@@ -3,5 +3,5 @@
 Re-exports :mod:`ludic_lab.training.credit`; see its modules for the formulas and rules.
 """
 
-from ludic_lab.training.credit import *  # noqa: F401,F403
-from ludic_lab.training.credit import __all__  # noqa: F401
+from ludic_lab.training.credit import *  # noqa: F403 - the module the reference's map names
+from ludic_lab.training.credit import __all__  # noqa: F401 - the same public names

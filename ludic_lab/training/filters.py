@@ -17,8 +17,9 @@ rejected it), so sources count every drop in ``batch.meta`` — nothing disappea
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from ludic_lab.training.saw import SAWItem
 from ludic_lab.types import Rollout, Step
@@ -26,7 +27,7 @@ from ludic_lab.types import Rollout, Step
 SampleFilter = Callable[[SAWItem], bool]
 """``item -> bool``: ``True`` keeps the item."""
 
-FilterSpec = Union[SampleFilter, Sequence[SampleFilter], None]
+FilterSpec = SampleFilter | Sequence[SampleFilter] | None
 """What ``sample_filter=`` accepts: a filter, a list of filters (all must keep), or ``None``."""
 
 
@@ -36,7 +37,7 @@ class ItemFilter:
     ``name`` is what ``batch.meta`` counts its drops under (``skipped/filtered_samples/<name>``).
     """
 
-    def __init__(self, fn: SampleFilter, name: Optional[str] = None) -> None:
+    def __init__(self, fn: SampleFilter, name: str | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"ItemFilter needs a callable item -> bool, got {type(fn).__name__}")
         self.fn = fn
@@ -45,23 +46,23 @@ class ItemFilter:
     def __call__(self, item: SAWItem) -> bool:
         return bool(self.fn(item))
 
-    def rejected_by(self, item: SAWItem) -> Optional[str]:
+    def rejected_by(self, item: SAWItem) -> str | None:
         """``None`` when the item is kept, else the name of the filter that dropped it."""
         return None if self(item) else self.name
 
-    def __and__(self, other: SampleFilter) -> "ItemFilter":
+    def __and__(self, other: SampleFilter) -> ItemFilter:
         return combine(self, other)
 
-    def __rand__(self, other: SampleFilter) -> "ItemFilter":
+    def __rand__(self, other: SampleFilter) -> ItemFilter:
         return combine(other, self)
 
-    def __or__(self, other: SampleFilter) -> "ItemFilter":
+    def __or__(self, other: SampleFilter) -> ItemFilter:
         return any_of(self, other)
 
-    def __ror__(self, other: SampleFilter) -> "ItemFilter":
+    def __ror__(self, other: SampleFilter) -> ItemFilter:
         return any_of(other, self)
 
-    def __invert__(self) -> "ItemFilter":
+    def __invert__(self) -> ItemFilter:
         return ItemFilter(lambda item: not self(item), name=f"not({self.name})")
 
     def __repr__(self) -> str:
@@ -78,7 +79,7 @@ class _AllOf(ItemFilter):
     def _keep(self, item: SAWItem) -> bool:
         return all(p(item) for p in self.parts)
 
-    def rejected_by(self, item: SAWItem) -> Optional[str]:
+    def rejected_by(self, item: SAWItem) -> str | None:
         for p in self.parts:
             why = p.rejected_by(item) if isinstance(p, ItemFilter) else (None if p(item) else filter_name(p))
             if why is not None:
@@ -111,10 +112,12 @@ def any_of(*filters: SampleFilter) -> ItemFilter:
     if not filters:
         raise ValueError("any_of needs at least one filter")
     parts = _flatten(filters)
-    return ItemFilter(lambda item: any(p(item) for p in parts), name="any_of(" + ", ".join(map(filter_name, parts)) + ")")
+    return ItemFilter(
+        lambda item: any(p(item) for p in parts), name="any_of(" + ", ".join(map(filter_name, parts)) + ")"
+    )
 
 
-def as_filter(spec: FilterSpec) -> Optional[ItemFilter]:
+def as_filter(spec: FilterSpec) -> ItemFilter | None:
     """Normalise a ``sample_filter=`` argument: ``None``, a callable, or a list/tuple (AND)."""
     if spec is None:
         return None
@@ -125,7 +128,8 @@ def as_filter(spec: FilterSpec) -> Optional[ItemFilter]:
     if callable(spec):
         return ItemFilter(spec)
     raise TypeError(
-        f"sample_filter must be a callable SAWItem -> bool (True keeps), a list of them, or None; got {type(spec).__name__}"
+        "sample_filter must be a callable SAWItem -> bool (True keeps), a list of them, or None; "
+        f"got {type(spec).__name__}"
     )
 
 
@@ -163,7 +167,8 @@ def sample_meta(rollout: Rollout, step: Step) -> dict[str, Any]:
     last = rollout.steps[-1] if rollout.steps else step
     finish = step.trace.finish_reason if step.trace is not None else None
     info = step.info or {}
-    agent_info = info.get("agent") if isinstance(info.get("agent"), Mapping) else {}
+    agent = info.get("agent")
+    agent_info = agent if isinstance(agent, Mapping) else {}
     finish = finish or agent_info.get("finish_reason")
     return {
         "truncated": bool(last.truncated and not last.terminated),

@@ -13,8 +13,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ludic_lab.types import Rollout
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
     from rich.table import Table
 
-MetricValue = Union[float, int, str, bool]
+MetricValue = float | int | str | bool
 Metrics = Mapping[str, MetricValue]
 
 
@@ -66,10 +67,10 @@ class ConsoleLogger:
 
     def __init__(
         self,
-        keys: Optional[Sequence[str]] = None,
+        keys: Sequence[str] | None = None,
         *,
         every: int = 1,
-        console: Optional["Console"] = None,
+        console: Console | None = None,
         header_every: int = 20,
         width: int = 10,
         max_columns: int = 8,
@@ -81,7 +82,7 @@ class ConsoleLogger:
 
             console = Console()
         self.console = console
-        self.keys: Optional[list[str]] = None if keys is None else list(keys)
+        self.keys: list[str] | None = None if keys is None else list(keys)
         self.every = every
         self.header_every = max(1, int(header_every))
         self.width = int(width)
@@ -140,10 +141,10 @@ class JSONLLogger:
     each line is flushed at once, so a crash loses nothing already logged.
     """
 
-    def __init__(self, path: Union[str, os.PathLike], *, append: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, *, append: bool = True) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f: Optional[Any] = open(self.path, "a" if append else "w", encoding="utf-8")
+        self._f: Any | None = open(self.path, "a" if append else "w", encoding="utf-8")
 
     def log(self, step: int, metrics: Metrics) -> None:
         """Write one line for ``step`` and flush it."""
@@ -162,14 +163,14 @@ class JSONLLogger:
             self._f.close()
             self._f = None
 
-    def __enter__(self) -> "JSONLLogger":
+    def __enter__(self) -> JSONLLogger:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-def read_jsonl_metrics(path: Union[str, os.PathLike]) -> "pd.DataFrame":
+def read_jsonl_metrics(path: str | os.PathLike) -> pd.DataFrame:
     """The metrics a :class:`JSONLLogger` wrote, one row per line (columns: step, time, metrics).
 
     ``"NaN"``/``"Infinity"``/``"-Infinity"`` strings become floats again; a missing value is
@@ -205,7 +206,7 @@ def read_jsonl_metrics(path: Union[str, os.PathLike]) -> "pd.DataFrame":
 _WANDB_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
 
 
-def resolve_wandb_mode(mode: Optional[str] = None) -> str:
+def resolve_wandb_mode(mode: str | None = None) -> str:
     """``mode`` if given, else ``WANDB_MODE`` from the environment, else ``"offline"``."""
     source = "WandbLogger.mode"
     if mode is None:
@@ -233,11 +234,11 @@ class WandbLogger:
     def __init__(
         self,
         project: str,
-        run_name: Optional[str] = None,
+        run_name: str | None = None,
         *,
-        mode: Optional[str] = None,
-        config: Optional[Mapping[str, Any]] = None,
-        dir: Optional[Union[str, os.PathLike]] = None,
+        mode: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        dir: str | os.PathLike | None = None,
         **init_kwargs: Any,
     ) -> None:
         mode = resolve_wandb_mode(mode)
@@ -250,17 +251,17 @@ class WandbLogger:
         if dir is not None:
             Path(dir).mkdir(parents=True, exist_ok=True)
         self.mode = mode
-        self.run = wandb.init(
+        self.run: Any = wandb.init(
             project=project,
             name=run_name,
-            mode=mode,
+            mode=mode,  # type: ignore[arg-type]  # checked against MODES by resolve_wandb_mode
             config=dict(config or {}),
             dir=None if dir is None else str(dir),
             **{"reinit": "create_new", **init_kwargs},  # several loggers may coexist in one process
         )
 
     @property
-    def run_dir(self) -> Optional[str]:
+    def run_dir(self) -> str | None:
         """The local folder of the run (``.../wandb/offline-run-*``), when there is one."""
         d = getattr(self.run, "dir", None)  # .../<run folder>/files
         return None if not d else str(Path(d).parent)
@@ -308,18 +309,18 @@ def _one_line(text: str, n: int, *, tail: bool = False) -> str:
     flat = " ".join(str(text).split())
     if len(flat) <= n:
         return flat
-    return "…" + flat[-(n - 1):] if tail else flat[: n - 1] + "…"
+    return "…" + flat[-(n - 1) :] if tail else flat[: n - 1] + "…"
 
 
 def completion_table(
     rollouts: Sequence[Rollout],
     n: int = 4,
     *,
-    advantages: Optional[Mapping[tuple[str, int], float]] = None,
+    advantages: Mapping[tuple[str, int], float] | None = None,
     prompt_chars: int = 40,
     completion_chars: int = 80,
-    title: Optional[str] = "completions",
-) -> "Table":
+    title: str | None = "completions",
+) -> Table:
     """A rich Table of the first ``n`` rollouts' last step: prompt tail, completion, reward.
 
     ``advantages`` (a credit assigner's ``{(rollout_id, step_index): weight}``) adds an

@@ -19,7 +19,8 @@ FLOPs of the full-logits path). Memory at V=128k, T=2048 is measured by
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +50,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _chunk_logits(
-    hidden_NH: Tensor, weight_VH: Tensor, bias_V: Optional[Tensor], lo: int, hi: int, scale: float
+    hidden_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, lo: int, hi: int, scale: float
 ) -> Tensor:
     """``[N, hi-lo]`` logits of vocabulary rows ``lo:hi``, times ``scale``, in accumulation dtype."""
     z = hidden_NH @ weight_VH[lo:hi].t()
@@ -70,11 +71,11 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden_NH: Tensor,
         weight_VH: Tensor,
-        bias_V: Optional[Tensor],
+        bias_V: Tensor | None,
         targets_N: Tensor,
         scale: float,
         chunk_size: int,
@@ -82,7 +83,9 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         N, V = hidden_NH.shape[0], weight_VH.shape[0]
         acc = _acc_dtype(hidden_NH.dtype)
-        m_N = s_N = u_N = None  # running max, sum exp(z - m), sum exp(z - m) * (z - m)
+        m_N: Tensor | None = None  # running max
+        s_N: Tensor | None = None
+        u_N: Tensor | None = None  # running max, sum exp(z - m), sum exp(z - m) * (z - m)
         tgt_N = torch.zeros(N, dtype=acc, device=hidden_NH.device)
         for lo in range(0, V, chunk_size):
             hi = min(lo + chunk_size, V)
@@ -104,7 +107,9 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 rescale = shift.exp()
                 z.sub_(m_new[:, None])
                 e = z.exp()
+                assert s_N is not None
                 if with_entropy:
+                    assert u_N is not None
                     # re-centre the running sum of e*(z-m) on the new max, then add the chunk
                     u_N = rescale * (u_N + s_N * shift) + (e * z).sum(1)
                 s_N = s_N * rescale + e.sum(1)
@@ -115,6 +120,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         lse_N = m_N + log_s
         logprobs_N = tgt_N - lse_N
         if with_entropy:
+            assert u_N is not None
             entropy_N = log_s - u_N / s_N
         else:
             entropy_N = lse_N.new_empty(0)
@@ -126,7 +132,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         return logprobs_N, entropy_N
 
     @staticmethod
-    def backward(ctx: Any, grad_lp_N: Optional[Tensor], grad_ent_N: Optional[Tensor]):  # type: ignore[override]
+    def backward(ctx: Any, grad_lp_N: Tensor | None, grad_ent_N: Tensor | None):
         hidden_NH, weight_VH, bias_V, targets_N, lse_N, entropy_N = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         N, V = hidden_NH.shape[0], weight_VH.shape[0]
@@ -135,8 +141,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             grad_lp_N = lse_N.new_zeros(N)
         grad_lp_N = grad_lp_N.to(acc)
         use_ent = ctx.with_entropy and grad_ent_N is not None
-        if use_ent:
-            grad_ent_N = grad_ent_N.to(acc)
+        grad_ent_N = grad_ent_N.to(acc) if grad_ent_N is not None and use_ent else lse_N.new_zeros(0)
         scale = ctx.scale
         gh = torch.zeros(hidden_NH.shape, dtype=acc, device=hidden_NH.device) if need_h else None
         gw = torch.empty_like(weight_VH) if need_w else None
@@ -178,11 +183,11 @@ def token_logprobs(
     lm_head_weight_VH: Tensor,
     targets_RT: Tensor,
     *,
-    bias_V: Optional[Tensor] = None,
+    bias_V: Tensor | None = None,
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     return_entropy: bool = False,
-) -> Union[Tensor, tuple[Tensor, Tensor]]:
+) -> Tensor | tuple[Tensor, Tensor]:
     """``log softmax((h @ W.T + b) / temperature)[target]`` at every position, vocab-chunked.
 
     Leading dims are free (``[..., H]`` hidden, ``[...]`` targets); returns fp32 (fp64 for
@@ -199,7 +204,9 @@ def token_logprobs(
             f"lm_head_weight must be [V, H={H}], got {tuple(lm_head_weight_VH.shape)}: pass lm_head.weight"
         )
     if targets_RT.shape != hidden_RTH.shape[:-1]:
-        raise ValueError(f"targets {tuple(targets_RT.shape)} must match hidden's leading dims {tuple(hidden_RTH.shape[:-1])}")
+        raise ValueError(
+            f"targets {tuple(targets_RT.shape)} must match hidden's leading dims {tuple(hidden_RTH.shape[:-1])}"
+        )
     lead = targets_RT.shape
     V = lm_head_weight_VH.shape[0]
     t = targets_RT.reshape(-1).long()
@@ -221,10 +228,10 @@ def full_logits_token_logprobs(
     lm_head_weight_VH: Tensor,
     targets_RT: Tensor,
     *,
-    bias_V: Optional[Tensor] = None,
+    bias_V: Tensor | None = None,
     temperature: float = 1.0,
     return_entropy: bool = False,
-) -> Union[Tensor, tuple[Tensor, Tensor]]:
+) -> Tensor | tuple[Tensor, Tensor]:
     """Reference implementation: the same contract as :func:`token_logprobs`, via full logits.
 
     Materialises ``[..., V]`` logits and their log-softmax (what a plain ``model(...).logits``
@@ -246,7 +253,7 @@ def _module_head_logprobs(
     scale: float,
     return_entropy: bool,
     rows: int = FALLBACK_ROWS,
-) -> tuple[Tensor, Optional[Tensor]]:
+) -> tuple[Tensor, Tensor | None]:
     """Fallback for a head that is not a plain ``nn.Linear`` (LoRA on lm_head, soft-capping).
 
     Chunks over positions, each chunk under activation checkpointing, so one ``[rows, V]``
@@ -287,7 +294,7 @@ def find_body_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.n
     hidden states; ``lm_head`` maps them to logits. peft's LoRA layers live inside the body,
     so adapters (and ``disable_adapter()``) apply as usual.
     """
-    m = model
+    m: Any = model  # HF / peft / DDP wrappers: their methods are looked up by name
     for _ in range(8):
         if hasattr(m, "get_base_model") and callable(m.get_base_model):  # peft PeftModel
             inner = m.get_base_model()
@@ -321,11 +328,11 @@ def find_body_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.n
 
 
 def attention_mask_for(
-    batch: Union[TokenBatch, Tensor],
+    batch: TokenBatch | Tensor,
     *,
     attn_implementation: str = "sdpa",
     dtype: torch.dtype = torch.float32,
-) -> Optional[Tensor]:
+) -> Tensor | None:
     """The ``attention_mask`` to give a HF model for a packed batch (from ``seq_ids`` ``[R, T]``).
 
     sdpa: boolean ``[R, 1, T, T]``, True where query ``i`` may see key ``j`` (``j <= i``, same
@@ -367,8 +374,8 @@ def model_token_logprobs(
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     return_entropy: bool = False,
-    only_at_RT: Optional[Tensor] = None,
-) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    only_at_RT: Tensor | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Per-token logprobs ``[R, T]`` (fp32) of a packed batch under ``model`` (and entropy).
 
     ``out[r, t]`` = log-prob at ``temperature`` of ``input_ids[r, t]`` given the earlier tokens
@@ -401,15 +408,20 @@ def model_token_logprobs(
     softcap = getattr(config, "final_logit_softcapping", None)
     if type(head) is torch.nn.Linear and not softcap:  # subclasses (quantised, LoRA) use the fallback
         res = token_logprobs(
-            h_NH, head.weight, tgt_N, bias_V=head.bias, temperature=1.0 / scale,
-            chunk_size=chunk_size, return_entropy=return_entropy,
+            h_NH,
+            head.weight,
+            tgt_N,
+            bias_V=head.bias,
+            temperature=1.0 / scale,
+            chunk_size=chunk_size,
+            return_entropy=return_entropy,
         )
-        lp_N, ent_N = res if return_entropy else (res, None)
+        lp_N, ent_N = res if isinstance(res, tuple) else (res, None)
     else:
         head_fn: Callable[[Tensor], Tensor] = head
         if softcap:
             cap = float(softcap)
-            head_fn = lambda h: torch.tanh(head(h) / cap) * cap  # noqa: E731
+            head_fn = lambda h: torch.tanh(head(h) / cap) * cap  # noqa: E731 - typed by the annotation above
         lp_N, ent_N = _module_head_logprobs(h_NH, head_fn, tgt_N, scale=scale, return_entropy=return_entropy)
     where_RT = F.pad(valid, (1, 0), value=False)
     zeros = torch.zeros((R, T), dtype=lp_N.dtype, device=dev)

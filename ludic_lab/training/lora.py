@@ -8,7 +8,8 @@ merge/unmerge round trip. Only the adapted modules are sent (a partial state dic
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -41,11 +42,18 @@ def apply_lora(
             "cannot be published (the sampler would change its input embeddings too). Leave it out of "
             "lora_target_modules, or untie the embeddings (config.tie_word_embeddings=False) first."
         )
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # peft annotates int; it scales by alpha / r, a float works
+        lora_dropout=dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, cfg)
 
 
-def _tied_output_embedding_name(model: Any) -> Optional[str]:
+def _tied_output_embedding_name(model: Any) -> str | None:
     """Last name component of the output-embedding module when it shares its weight with the
     input embedding (``tie_word_embeddings``), else ``None``."""
     get_out, get_in = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)
@@ -61,7 +69,7 @@ def _tied_output_embedding_name(model: Any) -> Optional[str]:
 
 
 @torch.no_grad()
-def merged_lora_weights(model: Any, out: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+def merged_lora_weights(model: Any, out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Dense merged weights of every LoRA-adapted linear, named as in the base model.
 
     ``out``: the result of an earlier call, to write into (entries whose shape, dtype or
@@ -77,21 +85,22 @@ def merged_lora_weights(model: Any, out: Optional[dict[str, torch.Tensor]] = Non
     for name, mod in base.named_modules():
         if not isinstance(mod, LoraLayer):
             continue
+        layer: Any = mod  # peft's LoRA layer: torch types its sub-modules as Tensor | Module
         key = f"{name}.weight"
-        w = mod.get_base_layer().weight.detach()
+        w = layer.get_base_layer().weight.detach()
         dst = out.get(key) if out is not None else None
         if dst is None or dst.shape != w.shape or dst.dtype != w.dtype or dst.device != w.device:
             dst = torch.empty_like(w)
             if out is not None:
                 out[key] = dst
-        active = [a for a in mod.active_adapters if a in mod.lora_A]
-        if len(active) == 1 and _plain_fp32_lora(mod, active[0], w):
+        active = [a for a in layer.active_adapters if a in layer.lora_A]
+        if len(active) == 1 and _plain_fp32_lora(layer, active[0], w):
             a = active[0]  # W + scaling * B @ A in one pass over W
-            torch.addmm(w, mod.lora_B[a].weight, mod.lora_A[a].weight, alpha=mod.scaling[a], out=dst)
+            torch.addmm(w, layer.lora_B[a].weight, layer.lora_A[a].weight, alpha=layer.scaling[a], out=dst)
         else:
             dst.copy_(w)
             for a in active:
-                dst += mod.get_delta_weight(a).to(dst.dtype)
+                dst += layer.get_delta_weight(a).to(dst.dtype)
         result[key] = dst
     if not result:
         raise ValueError("the peft model has no LoRA layers to merge")
@@ -114,7 +123,7 @@ def _plain_fp32_lora(mod: Any, adapter: str, w: torch.Tensor) -> bool:
 
 
 @torch.no_grad()
-def policy_state_dict(model: Any, out: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+def policy_state_dict(model: Any, out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """What to publish: merged LoRA weights (partial) or the full state dict (detached).
     ``out``: buffers of an earlier call, reused for the merged weights (see
     :func:`merged_lora_weights`)."""
@@ -151,7 +160,7 @@ def load_trainable_state_dict(model: Any, sd: dict[str, torch.Tensor]) -> None:
         raise KeyError(f"checkpoint lacks weights: {real_missing[:5]}")
 
 
-def reference_context(model: Any) -> Optional[Any]:
+def reference_context(model: Any) -> Any | None:
     """A context manager under which ``model`` computes the frozen reference policy
     (the base model with adapters disabled), or ``None`` when it is not a LoRA model."""
     if is_peft_model(model):
@@ -190,7 +199,9 @@ def merged_lora_weights_from_state_dict(model: Any, state_dict: dict[str, torch.
         try:
             w = state_dict[f"{full}.base_layer.weight"].detach().clone()
         except KeyError:
-            raise KeyError(f"the state dict lacks {full}.base_layer.weight: pass the peft model's full state dict") from None
+            raise KeyError(
+                f"the state dict lacks {full}.base_layer.weight: pass the peft model's full state dict"
+            ) from None
         for adapter in mod.active_adapters:
             if adapter not in mod.lora_A:
                 continue

@@ -39,8 +39,9 @@ counted in :class:`PackingStats` (``result.stats``):
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal, Optional, Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -182,7 +183,7 @@ def pad_to_longest(
     return PackedMicroBatches(batches, _stats(len(items), batches, counts, plan=plan))
 
 
-def block_causal_mask(seq_ids_RT: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def block_causal_mask(seq_ids_RT: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``[R, 1, T, T]`` attention mask: query ``i`` sees key ``j <= i`` of its own sequence only.
 
     Bool (True = attend; what transformers' sdpa attention takes as a custom 4D mask) by
@@ -221,8 +222,14 @@ def _check_args(micro_token_budget: int, max_seq_len: int, truncation: str) -> N
 def _prepare(items: Sequence[SAWItem], max_seq_len: int, truncation: str) -> tuple[list[_Seq], dict]:
     """Apply the truncation policy; return the sequences to pack and the counts."""
     seqs: list[_Seq] = []
-    c = {"truncated_items": 0, "truncated_tokens": 0, "truncated_action_tokens": 0,
-         "dropped_items": 0, "dropped_tokens": 0, "dropped_indices": []}
+    c: dict[str, Any] = {
+        "truncated_items": 0,
+        "truncated_tokens": 0,
+        "truncated_action_tokens": 0,
+        "dropped_items": 0,
+        "dropped_tokens": 0,
+        "dropped_indices": [],
+    }
 
     def drop(i: int, n: int) -> None:
         c["dropped_items"] += 1
@@ -236,7 +243,8 @@ def _prepare(items: Sequence[SAWItem], max_seq_len: int, truncation: str) -> tup
             continue
         if truncation == "error":
             raise ValueError(
-                f"item {i} (rollout {it.rollout_id!r} step {it.step_index}) has {n} tokens > max_seq_len={max_seq_len}; "
+                f"item {i} (rollout {it.rollout_id!r} step {it.step_index}) has {n} tokens "
+                f"> max_seq_len={max_seq_len}; "
                 "raise max_seq_len, cap the sampler's max_tokens, or pack with truncation='truncate' or 'drop'"
             )
         if truncation == "drop" or sum(it.action_mask[:max_seq_len]) == 0:
@@ -373,7 +381,7 @@ def _build(rows: list[list[_Seq]], pad_token_id: int) -> TokenBatch:
     weights = torch.zeros((R, T), dtype=torch.float32)
     behaviour = torch.zeros((R, T), dtype=torch.float32)
     indices: list[int] = []
-    versions: list[Optional[int]] = []
+    versions: list[int | None] = []
     for r, row in enumerate(rows):
         t = 0
         for s in row:

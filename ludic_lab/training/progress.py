@@ -21,7 +21,8 @@ import html
 import io
 import math
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ludic_lab.jupyter import in_kernel, ipython_shell
 
@@ -51,7 +52,7 @@ class ProgressView(Protocol):
     """What ``Trainer.train`` drives: ``start(total)``, ``step(metrics)`` per optimizer step
     (``metrics["step"]`` is the trainer step), ``close()`` at the end."""
 
-    def start(self, total: Optional[int]) -> None: ...
+    def start(self, total: int | None) -> None: ...
 
     def step(self, metrics: Mapping[str, Any]) -> None: ...
 
@@ -61,13 +62,13 @@ class ProgressView(Protocol):
 class TqdmProgress:
     """A ``tqdm.auto`` bar with the latest loss and reward as postfix."""
 
-    def __init__(self, total: Optional[int] = None, desc: str = "train") -> None:
+    def __init__(self, total: int | None = None, desc: str = "train") -> None:
         self.desc = desc
         self._bar: Any = None
         if total is not None:
             self.start(total)
 
-    def start(self, total: Optional[int]) -> None:
+    def start(self, total: int | None) -> None:
         from tqdm.auto import tqdm
 
         self.close()
@@ -77,7 +78,9 @@ class TqdmProgress:
         if self._bar is None:
             self.start(None)
         self._bar.update(1)
-        self._bar.set_postfix({k: f"{metrics[k]:.3g}" for k in ("loss", "reward_mean") if isinstance(metrics.get(k), float)})
+        self._bar.set_postfix(
+            {k: f"{metrics[k]:.3g}" for k in ("loss", "reward_mean") if isinstance(metrics.get(k), float)}
+        )
 
     def close(self) -> None:
         if self._bar is not None:
@@ -85,7 +88,7 @@ class TqdmProgress:
             self._bar = None
 
 
-def _number(v: Any) -> Optional[float]:
+def _number(v: Any) -> float | None:
     """``v`` as a finite float (numpy/torch scalars too), else ``None`` (strings, bools, nan)."""
     if not isinstance(v, (int, float)) and callable(getattr(v, "item", None)):
         v = v.item()
@@ -105,7 +108,8 @@ class LivePlot:
 
     ``panels``: ``(title, candidate keys)`` pairs (see :data:`DEFAULT_PANELS`).
     ``min_interval_s``: least time between redraws (longer when drawing is slow: at most a
-    quarter of the time is spent drawing; the last state is always drawn on :meth:`close`). ``display``: show in the notebook (default: when IPython is running);
+    quarter of the time is spent drawing; the last state is always drawn on :meth:`close`).
+    ``display``: show in the notebook (default: when IPython is running);
     without it the plot still records ``history`` and can :meth:`save` a PNG. ``history``:
     earlier records (``{"step": ..., **metrics}``) to draw too. ``updates`` counts redraws sent.
 
@@ -114,12 +118,12 @@ class LivePlot:
 
     def __init__(
         self,
-        total: Optional[int] = None,
+        total: int | None = None,
         *,
         panels: Sequence[Panel] = DEFAULT_PANELS,
         title: str = "train",
         min_interval_s: float = 1.0,
-        display: Optional[bool] = None,
+        display: bool | None = None,
         history: Iterable[Mapping[str, Any]] = (),
     ) -> None:
         if min_interval_s < 0:
@@ -133,7 +137,7 @@ class LivePlot:
         self.history: list[dict[str, float]] = []
         for rec in history:
             self._record(rec.get("step", len(self.history) + 1), rec)
-        self.total: Optional[int] = total
+        self.total: int | None = total
         self.done = 0
         self.updates = 0
         self._t0 = time.time()
@@ -142,7 +146,7 @@ class LivePlot:
         self._handle: Any = None
 
     # -- feeding -----------------------------------------------------------------------------
-    def start(self, total: Optional[int]) -> None:
+    def start(self, total: int | None) -> None:
         """Begin a run of ``total`` steps (progress restarts; curves keep their history)."""
         self.total, self.done, self._t0 = total, 0, time.time()
         self._draw()
@@ -181,7 +185,7 @@ class LivePlot:
         self.history.append(row)
 
     # -- drawing -----------------------------------------------------------------------------
-    def _key(self, candidates: Sequence[str]) -> Optional[str]:
+    def _key(self, candidates: Sequence[str]) -> str | None:
         keys: dict[str, None] = {}
         for row in self.history:
             keys.update(dict.fromkeys(row))
@@ -205,7 +209,7 @@ class LivePlot:
             out.append((title, key, [p[0] for p in pts], [p[1] for p in pts]))
         return out
 
-    def figure(self) -> "Figure":
+    def figure(self) -> Figure:
         """The curves as a matplotlib Figure (one panel per metric with data)."""
         from matplotlib.figure import Figure
 
@@ -213,7 +217,7 @@ class LivePlot:
         n = max(1, len(series))
         fig = Figure(figsize=(3.1 * n, 2.4))
         axes = fig.subplots(1, n, squeeze=False)[0]
-        for ax, (title, key, xs, ys) in zip(axes, series):
+        for ax, (title, key, xs, ys) in zip(axes, series, strict=False):  # one blank panel when there is no series
             ax.plot(xs, ys, marker="o" if len(xs) < 40 else None, ms=2.5, lw=1.2)
             ax.set_title(title if key == title else f"{title}  ({key})", fontsize=9)
             ax.set_xlabel("step", fontsize=8)
@@ -248,7 +252,7 @@ class LivePlot:
                 parts.append(f"~{_clock(per * max(0, self.total - self.done))} left")
             parts.append(f"{per:.2f} s/step")
         last = self.history[-1] if self.history else {}
-        for title, key, _xs, ys in self.series():
+        for title, key, _xs, _ys in self.series():
             if key in last:
                 parts.append(f"{title} {last[key]:.4g}")
         return " · ".join(parts)
@@ -298,10 +302,10 @@ class LivePlot:
 
 def make_progress(
     total: int,
-    progress: Union[bool, str, ProgressView, None],
+    progress: bool | str | ProgressView | None,
     *,
     history: Iterable[Mapping[str, Any]] = (),
-) -> Optional[ProgressView]:
+) -> ProgressView | None:
     """The progress view for ``Trainer.train``: ``True``/``"auto"`` = a :class:`LivePlot` in a
     Jupyter kernel (drawing ``history`` too), a :class:`TqdmProgress` elsewhere; ``"plot"``
     or ``"bar"`` force one; ``False``/``None`` = none; an object with ``step``/``close`` is

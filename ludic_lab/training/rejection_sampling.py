@@ -14,8 +14,9 @@ Failed rollouts (``rollout.error`` set) are never kept and ``keep`` is not calle
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from ludic_lab.training.rollout_engine import RolloutEngine
 from ludic_lab.training.types import RolloutRequest
@@ -50,9 +51,9 @@ async def rejection_sample(
     keep: KeepFn,
     *,
     max_steps: int,
-    out_path: Optional[str | os.PathLike[str]] = None,
+    out_path: str | os.PathLike[str] | None = None,
     append: bool = False,
-    concurrency: Optional[int] = None,
+    concurrency: int | None = None,
     progress: bool = False,
 ) -> list[Rollout]:
     """Run ``requests`` and return the non-failed rollouts for which ``keep`` is true, in order.
@@ -78,9 +79,7 @@ class RejectionSamplingFilter:
     failed rollouts are rejected without calling ``keep``.
     """
 
-    def __init__(
-        self, keep: KeepFn, *, out_path: Optional[str | os.PathLike[str]] = None, append: bool = False
-    ) -> None:
+    def __init__(self, keep: KeepFn, *, out_path: str | os.PathLike[str] | None = None, append: bool = False) -> None:
         if not callable(keep):
             raise TypeError(f"keep must be a callable Rollout -> bool, got {type(keep).__name__}")
         self.keep = keep

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Optional, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from ludic_lab.training.types import RolloutRequest
 
@@ -50,7 +51,7 @@ class GRPORequestStrategy:
     ``seed`` makes the drawn seeds reproducible (``None``: fresh OS entropy).
     """
 
-    def __init__(self, group_size: int, *, seed: Optional[int] = None) -> None:
+    def __init__(self, group_size: int, *, seed: int | None = None) -> None:
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"GRPORequestStrategy.group_size must be an int >= 1, got {group_size!r}")
         self.group_size = group_size

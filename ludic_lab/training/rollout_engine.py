@@ -24,9 +24,10 @@ import os
 import time
 import traceback
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 from ludic_lab.aio import maybe_await, run_sync
 from ludic_lab.envs.env import LudicEnv
@@ -58,8 +59,8 @@ class _Episode:
     episode_index: int
     request: RolloutRequest
     max_steps: int
-    env_seed: Optional[int]
-    sampling_seed: Optional[int]
+    env_seed: int | None
+    sampling_seed: int | None
 
 
 def format_error(exc: BaseException) -> str:
@@ -84,25 +85,26 @@ class RolloutEngine:
 
     ``max_concurrency`` bounds episodes in flight; ``episode_timeout_s`` bounds each
     episode's ``protocol.run`` (default :data:`DEFAULT_EPISODE_TIMEOUT_S`; ``None`` for no
-    bound; a protocol blocking the event loop in sync code cannot be interrupted); ``jsonl_path``, when set, gets every rollout appended (in completion order,
+    bound; a protocol blocking the event loop in sync code cannot be interrupted);
+    ``jsonl_path``, when set, gets every rollout appended (in completion order,
     readable with :func:`ludic_lab.types.load_rollouts`).
     """
 
     def __init__(
         self,
-        env_registry: Optional[Mapping[str, EnvFactory]] = None,
-        protocol_registry: Optional[Mapping[str, ProtocolFactory]] = None,
+        env_registry: Mapping[str, EnvFactory] | None = None,
+        protocol_registry: Mapping[str, ProtocolFactory] | None = None,
         *,
         max_concurrency: int = 16,
-        episode_timeout_s: Optional[float] = DEFAULT_EPISODE_TIMEOUT_S,
-        jsonl_path: Optional[str | os.PathLike[str]] = None,
+        episode_timeout_s: float | None = DEFAULT_EPISODE_TIMEOUT_S,
+        jsonl_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.env_registry: dict[str, EnvFactory] = {}
         self.protocol_registry: dict[str, ProtocolFactory] = {}
         for kind, f in (env_registry or {}).items():
             self.register_env(kind, f)
-        for kind, f in (protocol_registry or {}).items():
-            self.register_protocol(kind, f)
+        for kind, pf in (protocol_registry or {}).items():
+            self.register_protocol(kind, pf)
         self.max_concurrency = _check_concurrency("max_concurrency", max_concurrency)
         self.episode_timeout_s = _check_timeout("episode_timeout_s", episode_timeout_s)
         self.jsonl_path = None if jsonl_path is None else Path(jsonl_path)
@@ -124,12 +126,12 @@ class RolloutEngine:
         _check_registration("protocol", kind, factory)
         self.protocol_registry[kind] = factory
 
-    def validate(self, requests: Sequence[RolloutRequest], *, max_steps: Optional[int] = None) -> None:
+    def validate(self, requests: Sequence[RolloutRequest], *, max_steps: int | None = None) -> None:
         """Raise (before anything runs) if a request is malformed, names an unregistered kind,
         or has no turn limit (neither ``request.max_steps`` nor ``max_steps``)."""
         self._plan(requests, max_steps)
 
-    def _plan(self, requests: Sequence[RolloutRequest], max_steps: Optional[int]) -> list[_Episode]:
+    def _plan(self, requests: Sequence[RolloutRequest], max_steps: int | None) -> list[_Episode]:
         if isinstance(requests, RolloutRequest):
             raise TypeError(
                 "generate_rollouts expects a list of RolloutRequest, got a single request; wrap it in [...]"
@@ -167,9 +169,9 @@ class RolloutEngine:
         self,
         requests: Sequence[RolloutRequest],
         *,
-        max_steps: Optional[int] = None,
-        concurrency: Optional[int] = None,
-        timeout_s: Optional[float] = None,
+        max_steps: int | None = None,
+        concurrency: int | None = None,
+        timeout_s: float | None = None,
         progress: bool = False,
     ) -> list[Rollout]:
         """Run every episode of every request; return their rollouts in request order.
@@ -230,13 +232,13 @@ class RolloutEngine:
         self._plan(requests, kwargs.get("max_steps"))  # fail fast, in the caller's thread
         return run_sync(self.generate_rollouts(requests, **kwargs))
 
-    async def _run_episode(self, ep: _Episode, timeout: Optional[float]) -> list[Rollout]:
+    async def _run_episode(self, ep: _Episode, timeout: float | None) -> list[Rollout]:
         req = ep.request
         t0 = time.perf_counter()
-        env: Optional[LudicEnv] = None
-        close_error: Optional[str] = None
-        error: Optional[BaseException] = None
-        cause: Optional[BaseException] = None
+        env: LudicEnv | None = None
+        close_error: str | None = None
+        error: BaseException | None = None
+        cause: BaseException | None = None
         # the protocol gets the timeout itself (so it can stop between turns and keep the
         # steps so far); the engine's own deadline is a slightly later backstop
         backstop = None if timeout is None else timeout + max(1.0, 0.1 * timeout)
@@ -280,7 +282,7 @@ class RolloutEngine:
         finally:
             if env is not None:
                 try:
-                    await maybe_await(env.close())  # an async env may close with ``async def close``
+                    await maybe_await(env.close())  # type: ignore[func-returns-value]  # an async env may close with ``async def close``
                 except Exception as exc:  # noqa: BLE001 - the episode's data is still good
                     close_error = format_error(exc)
         duration = time.perf_counter() - t0
@@ -321,7 +323,7 @@ class RolloutEngine:
             f.write(lines)
 
 
-def _where(exc: Optional[BaseException]) -> str:
+def _where(exc: BaseException | None) -> str:
     """Where ``exc`` was raised: ``"in <function> (<file>:<line>)"`` of the innermost frame
     outside asyncio, plus the asyncio call it was awaiting (e.g. ``"at asyncio.sleep"``)."""
     tb = exc.__traceback__ if exc is not None else None
@@ -339,7 +341,9 @@ def _where(exc: Optional[BaseException]) -> str:
         return f"at asyncio.{awaiting}"
     code = ours.tb_frame.f_code
     name = getattr(code, "co_qualname", code.co_name)
-    return f"in {name} ({Path(code.co_filename).name}:{ours.tb_lineno})" + (f" at asyncio.{awaiting}" if awaiting else "")
+    return f"in {name} ({Path(code.co_filename).name}:{ours.tb_lineno})" + (
+        f" at asyncio.{awaiting}" if awaiting else ""
+    )
 
 
 def _protocol_timeout(exc: BaseException, timeout: float) -> TimeoutError:
@@ -350,7 +354,8 @@ def _protocol_timeout(exc: BaseException, timeout: float) -> TimeoutError:
     detail = str(inner).strip()
     return TimeoutError(
         f"the model call (agent.act) did not return within the episode timeout of {timeout:g} s "
-        f"after {steps} completed step(s)" + (f" ({detail})" if detail else "")
+        f"after {steps} completed step(s)"
+        + (f" ({detail})" if detail else "")
         + "; raise RolloutEngine(episode_timeout_s=...) if episodes are legitimately this slow"
     )
 
@@ -384,7 +389,7 @@ def _accepts_timeout(protocol: Any) -> bool:
     return "timeout_s" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def _check_timeout(name: str, v: Any) -> Optional[float]:
+def _check_timeout(name: str, v: Any) -> float | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:

@@ -16,8 +16,9 @@ prompt sampled several times) — and always ``sampling_seed + e`` (distinct sam
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import KW_ONLY, asdict, dataclass, field, fields
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig, ToolRequest
 
@@ -56,7 +57,7 @@ class EnvSpec:
         return {"kind": self.kind, "kwargs": dict(self.kwargs)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "EnvSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> EnvSpec:
         return cls(**_known(cls, d))
 
 
@@ -81,7 +82,7 @@ class ProtocolSpec:
         return {"kind": self.kind, "kwargs": dict(self.kwargs)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ProtocolSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> ProtocolSpec:
         return cls(**_known(cls, d))
 
 
@@ -108,17 +109,17 @@ class RolloutRequest:
     _: KW_ONLY
     num_episodes: int = 1
     """How many episodes to run (each with a fresh env and protocol)."""
-    env_seed: Optional[int] = None
+    env_seed: int | None = None
     """Seed for ``env.reset`` (``None``: the env chooses)."""
-    sampling_seed: Optional[int] = None
+    sampling_seed: int | None = None
     """Base seed for the agent's sampling (``None``: the backend chooses)."""
-    inference: Optional[InferenceSpec] = None
+    inference: InferenceSpec | None = None
     """Passed to ``protocol.run(inference=...)`` (``None``: the agent's defaults)."""
-    group_id: Optional[str] = None
+    group_id: str | None = None
     """Rollouts sharing a group id are siblings (same prompt, different samples: GRPO)."""
-    max_steps: Optional[int] = None
+    max_steps: int | None = None
     """Turn limit for these episodes; overrides the engine call's ``max_steps``."""
-    share_env_seed: Optional[bool] = None
+    share_env_seed: bool | None = None
     """All episodes use ``env_seed`` unchanged; ``None`` means "yes iff ``group_id`` is set"."""
     meta: dict[str, Any] = field(default_factory=dict)
     """JSON metadata copied into every resulting ``Rollout.meta``."""
@@ -169,7 +170,7 @@ class RolloutRequest:
         """Whether all episodes of this request reset the env with the same seed."""
         return self.share_env_seed if self.share_env_seed is not None else self.group_id is not None
 
-    def episode_seeds(self, episode_index: int) -> tuple[Optional[int], Optional[int]]:
+    def episode_seeds(self, episode_index: int) -> tuple[int | None, int | None]:
         """``(env_seed, sampling_seed)`` of episode ``episode_index`` (rule in the module docstring)."""
         if not 0 <= episode_index < self.num_episodes:
             raise IndexError(f"episode_index {episode_index} out of range for num_episodes={self.num_episodes}")
@@ -196,7 +197,7 @@ class RolloutRequest:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RolloutRequest":
+    def from_dict(cls, d: Mapping[str, Any]) -> RolloutRequest:
         """Rebuild a request from :meth:`to_dict` output; unknown keys are an error."""
         kw = _known(cls, d)
         if "env" not in kw or "protocol" not in kw:
@@ -212,7 +213,7 @@ class RolloutRequest:
         return json.dumps(self.to_dict(), ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, s: str) -> "RolloutRequest":
+    def from_json(cls, s: str) -> RolloutRequest:
         return cls.from_dict(json.loads(s))
 
 
@@ -232,7 +233,7 @@ _TOOL_TAG = "__ToolRequest__"
 
 def inference_spec_to_dict(spec: InferenceSpec) -> dict[str, Any]:
     """A JSON-ready dict of ``spec``; a :class:`ToolRequest` in ``extensions`` is tagged."""
-    ext: Optional[dict[str, Any]] = None
+    ext: dict[str, Any] | None = None
     if spec.extensions is not None:
         ext = {
             k: (

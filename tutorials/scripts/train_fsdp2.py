@@ -30,7 +30,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
@@ -41,7 +41,14 @@ from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, Rank0BroadcastSource, RolloutEngine, RolloutRequest
+from ludic_lab.training import (
+    EnvSpec,
+    GRPORequestStrategy,
+    ProtocolSpec,
+    Rank0BroadcastSource,
+    RolloutEngine,
+    RolloutRequest,
+)
 
 SYSTEM_PROMPT = "Answer with just the name of the city."
 
@@ -84,7 +91,9 @@ def make_sampler_source(cfg: Config, client: Any, algo: Any) -> Any:
         {"single_agent": lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), identity_parser))},
         max_concurrency=64,
     )
-    spec = InferenceSpec(SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training())
+    spec = InferenceSpec(
+        SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training()
+    )
     step = [0]
 
     def requests() -> list[RolloutRequest]:
@@ -132,7 +141,9 @@ def main(cfg: Config) -> dict[str, Any]:
         # every rank loads the same fp32 weights; the Trainer shards them under torchrun
         policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         if pad_id is None:
-            pad_id = policy.config.pad_token_id if policy.config.pad_token_id is not None else policy.config.eos_token_id
+            pad_id = (
+                policy.config.pad_token_id if policy.config.pad_token_id is not None else policy.config.eos_token_id
+            )
         tcfg = TrainerConfig(
             model_device=cfg.device,
             lr=cfg.lr,
@@ -144,8 +155,15 @@ def main(cfg: Config) -> dict[str, Any]:
             seed=cfg.seed,
             batch_split="global",  # every rank gets rank 0's batch and trains its share
         )
-        trainer = Trainer(policy, algo, Rank0BroadcastSource(inner), config=tcfg, publisher=publisher,
-                          loggers=loggers, pad_token_id=int(pad_id or 0))
+        trainer = Trainer(
+            policy,
+            algo,
+            Rank0BroadcastSource(inner),
+            config=tcfg,
+            publisher=publisher,
+            loggers=loggers,
+            pad_token_id=int(pad_id or 0),
+        )
         t0 = time.perf_counter()
         history = trainer.train_sync(cfg.steps, progress=rank == 0)
         seconds = time.perf_counter() - t0
@@ -173,7 +191,7 @@ def main(cfg: Config) -> dict[str, Any]:
             destroy_distributed()
 
 
-def parse_args(argv: Optional[list[str]] = None) -> Config:
+def parse_args(argv: list[str] | None = None) -> Config:
     """``--field value`` for every field of :class:`Config`."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     for f in dataclasses.fields(Config):

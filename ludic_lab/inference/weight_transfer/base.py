@@ -10,8 +10,9 @@ vLLM worker extension (:mod:`ludic_lab.inference.vllm_worker`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 # dtype names used on the wire (torch attribute names) <-> safetensors header codes
 _SAFETENSORS_CODES = {
@@ -78,7 +79,7 @@ class ParamMeta:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
     @classmethod
-    def from_json(cls, obj: Any) -> "ParamMeta":
+    def from_json(cls, obj: Any) -> ParamMeta:
         """Parse one ``params`` entry of a request body; ``ValueError`` says what is malformed."""
         if not isinstance(obj, Mapping):
             raise ValueError(f"each params entry must be an object with name/dtype/shape, got {obj!r}")
@@ -98,7 +99,7 @@ def param_metas(params: Mapping[str, Any]) -> list[ParamMeta]:
 
 
 def update_body(
-    metas: Sequence[ParamMeta], *, transport: str, version: Optional[int] = None, **extra: Any
+    metas: Sequence[ParamMeta], *, transport: str, version: int | None = None, **extra: Any
 ) -> dict[str, Any]:
     """JSON body of ``POST /update_param_batch`` (``extra`` holds transport fields such as ``location``)."""
     return {"version": version, "transport": transport, "params": [m.to_json() for m in metas], **extra}
@@ -126,7 +127,7 @@ class WeightSender(Protocol):
 
     def connect(self) -> None: ...
 
-    def stage(self, params: Mapping[str, Any], *, version: Optional[int] = None) -> dict[str, Any]: ...
+    def stage(self, params: Mapping[str, Any], *, version: int | None = None) -> dict[str, Any]: ...
 
     def send(self, params: Mapping[str, Any]) -> None: ...
 

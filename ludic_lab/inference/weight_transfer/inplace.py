@@ -27,10 +27,12 @@ update): that is checked after every re-pack.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 logger = logging.getLogger("ludic_lab.inference.weight_transfer.inplace")
 
@@ -61,12 +63,14 @@ class Plan:
     embeddings_lazy: list[Any]  # input embeddings: re-packed on first use of their GEMM
 
 
-def build_plan(model: Any, names: Sequence[str]) -> tuple[Optional[Plan], str]:
+def build_plan(model: Any, names: Sequence[str]) -> tuple[Plan | None, str]:
     """How to load checkpoint ``names`` into ``model`` in place, or ``(None, why not)``."""
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
 
-    packed = {str(k): [str(x) for x in v] for k, v in dict(getattr(model, "packed_modules_mapping", None) or {}).items()}
+    packed = {
+        str(k): [str(x) for x in v] for k, v in dict(getattr(model, "packed_modules_mapping", None) or {}).items()
+    }
     shard_of = {s: (fused, i) for fused, shards in packed.items() for i, s in enumerate(shards)}
     repacks: dict[str, _Repack] = {}
     biases: dict[str, dict[int, str]] = {}
@@ -119,11 +123,16 @@ def build_plan(model: Any, names: Sequence[str]) -> tuple[Optional[Plan], str]:
         else:  # rows of the fused bias, in shard order; offsets come from the file's shapes
             for i in range(n_shards):
                 copies.append(_Copy(module.bias, shards[i], fused=True))
-    eager, lazy = [], []
+    eager: list[_Copy] = []
+    lazy: list[_Copy] = []
     seen = {id(w) for w in tied_weights}
     for _, module in model.named_modules():
         w = module._parameters.get("weight")
-        if w is not None and id(w) in seen and isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
+        if (
+            w is not None
+            and id(w) in seen
+            and isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod)
+        ):
             (eager if isinstance(module, ParallelLMHead) else lazy).append(module)
     return Plan(repacks, copies, eager, lazy), ""
 
@@ -172,7 +181,7 @@ def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str], helpers: Sequen
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
     back = {v: k for k, v in rename.items()}
-    src = lambda n: fmap.tensor(back.get(n, n))  # noqa: E731
+    src = lambda n: fmap.tensor(back.get(n, n))  # noqa: E731 - a one-line name lookup
     pack_s = 0.0
     # an embedding's copy and the re-packing of the output heads sharing its weight are one
     # job, run alongside the linear layers' re-packing; other copies are small: done here
@@ -206,7 +215,9 @@ def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str], helpers: Sequen
                 w = fmap.concat_rows([back.get(rp.weights[i], rp.weights[i]) for i in range(rp.n_shards)])
                 want = (int(m.output_size_per_partition), int(m.input_size_per_partition))
                 if tuple(w.shape) != want or w.dtype != m.params_dtype:
-                    raise RuntimeError(f"{target}: assembled weight {tuple(w.shape)} {w.dtype}, expected {want} {m.params_dtype}")
+                    raise RuntimeError(
+                        f"{target}: assembled weight {tuple(w.shape)} {w.dtype}, expected {want} {m.params_dtype}"
+                    )
                 _repack(m, w)
                 if _points_into(m, fmap):  # the kernel kept the view: give it a private copy
                     _repack(m, w.clone())
@@ -216,6 +227,7 @@ def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str], helpers: Sequen
         for target, rp in plan.repacks.items():
             nbytes = sum(fmap.entries[back.get(n, n)][3] - fmap.entries[back.get(n, n)][2] for n in rp.weights.values())
             jobs.append((nbytes, repack_job(target, rp)))
+
         def head_job(c: _Copy) -> Callable[[], None]:
             def run() -> None:
                 getattr(c.param, "weight_loader", default_weight_loader)(c.param, src(c.name))
@@ -229,12 +241,23 @@ def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str], helpers: Sequen
         copied = {id(c.param) for c in deferred}
         for pid, ms in heads.items():  # heads tied to a weight this update does not copy (none today)
             if pid not in copied:
-                jobs.extend((m.weight.numel() * m.weight.element_size(), lambda m=m: m.quant_method.process_weights_after_loading(m)) for m in ms)
+                jobs.extend(
+                    (
+                        m.weight.numel() * m.weight.element_size(),
+                        functools.partial(_process_after_loading, m),
+                    )
+                    for m in ms
+                )
         run_parallel(jobs, helpers)
         for m in plan.embeddings_lazy:
             _lazy_gemm(m)
         pack_s = time.perf_counter() - t0
     return {"pack_seconds": pack_s}
+
+
+def _process_after_loading(module: Any) -> None:
+    """vLLM's post-load step of a quantised head (repacking after its weight changed)."""
+    module.quant_method.process_weights_after_loading(module)
 
 
 def run_parallel(jobs: Sequence[tuple[int, Callable[[], None]]], helpers: Sequence[Any]) -> None:
@@ -251,7 +274,7 @@ def run_parallel(jobs: Sequence[tuple[int, Callable[[], None]]], helpers: Sequen
         for job in lane:
             job()
 
-    futures = [ex.submit(run_lane, lane) for ex, lane in zip(helpers, lanes[1:]) if lane]
+    futures = [ex.submit(run_lane, lane) for ex, lane in zip(helpers, lanes[1:], strict=True) if lane]
     errors: list[BaseException] = []
     try:
         run_lane(lanes[0])
@@ -260,13 +283,13 @@ def run_parallel(jobs: Sequence[tuple[int, Callable[[], None]]], helpers: Sequen
     for f in futures:
         try:
             f.result()
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - collected, the first re-raised after all lanes end
             errors.append(e)
     if errors:
         raise errors[0]
 
 
-def _openmp_set_num_threads() -> Optional[Callable[[int], None]]:
+def _openmp_set_num_threads() -> Callable[[int], None] | None:
     """``omp_set_num_threads`` of the OpenMP runtime loaded in this process (it sets the
     calling thread's team size only), or None when none is found."""
     import ctypes
@@ -351,11 +374,11 @@ class InplaceLoader:
     MAX_MAPS = 2
 
     def __init__(self) -> None:
-        self.plans: dict[Any, tuple[Optional[Plan], str]] = {}
+        self.plans: dict[Any, tuple[Plan | None, str]] = {}
         self.verified: set[Any] = set()
-        self.disabled: Optional[str] = None
+        self.disabled: str | None = None
         self.maps: dict[str, Any] = {}
-        self.helpers: Optional[list[Any]] = None
+        self.helpers: list[Any] | None = None
 
     # -- mapped update files -----------------------------------------------------------------
     def _map(self, path: str, keep: bool) -> Any:
@@ -390,7 +413,9 @@ class InplaceLoader:
             return "a quantized model"
         return ""
 
-    def load(self, worker: Any, path: str, names: Sequence[str], rename: Mapping[str, str], *, keep: bool, mode: str) -> dict[str, Any]:
+    def load(
+        self, worker: Any, path: str, names: Sequence[str], rename: Mapping[str, str], *, keep: bool, mode: str
+    ) -> dict[str, Any]:
         """Load ``names`` from the safetensors file at ``path`` into ``worker``'s model.
 
         ``mode``: ``"auto"`` (in place when possible, verified against vLLM's reload the first
@@ -408,7 +433,7 @@ class InplaceLoader:
             worker.ludic_refresh_tied([rename.get(n, n) for n in names])
 
         key = (tuple(names), tuple(sorted(rename.items())))
-        plan: Optional[Plan] = None
+        plan: Plan | None = None
         try:
             why = "" if mode == "auto" else f"mode {mode!r}"
             why = why or self.disabled or self.applicable(worker)
@@ -439,7 +464,9 @@ class InplaceLoader:
                     info = apply_plan(plan, fmap, rename, self.helpers)
                     bad = differences(ref, snapshot(model, plan))
                     if bad:
-                        raise RuntimeError(f"the in-place load differs from vLLM's reload in {len(bad)} tensors, e.g. {bad[:3]}")
+                        raise RuntimeError(
+                            f"the in-place load differs from vLLM's reload in {len(bad)} tensors, e.g. {bad[:3]}"
+                        )
                     self.verified.add(key)
                     mode_used = "inplace (verified against reload)"
         except Exception as e:  # noqa: BLE001 - vLLM's reload of the same file restores a consistent state
@@ -452,6 +479,10 @@ class InplaceLoader:
                 fmap.close()
         worker.ludic_reset_caches()
         return {
-            "count": len(names), "mode": mode_used, "map_seconds": map_s, "pack_threads": 1 + len(self.helpers),
-            "seconds": time.perf_counter() - t0, **info,
+            "count": len(names),
+            "mode": mode_used,
+            "map_seconds": map_s,
+            "pack_threads": 1 + len(self.helpers),
+            "seconds": time.perf_counter() - t0,
+            **info,
         }

@@ -14,7 +14,8 @@ it is pending, :meth:`NcclSender.send`. This needs CUDA and a vLLM install on th
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ludic_lab.inference.weight_transfer.base import ParamMeta, param_metas, torch_dtype, update_body
 
@@ -22,7 +23,7 @@ from ludic_lab.inference.weight_transfer.base import ParamMeta, param_metas, tor
 def packed_nccl_available() -> bool:
     """Whether the installed vLLM has the packed NCCL broadcast helpers."""
     try:
-        from vllm.distributed.weight_transfer import packed_tensor  # noqa: F401
+        from vllm.distributed.weight_transfer import packed_tensor
     except Exception:  # noqa: BLE001 - any import failure means "not available"
         return False
     return hasattr(packed_tensor, "packed_nccl_broadcast_producer")
@@ -50,7 +51,7 @@ class NcclSender:
 
     transport = "nccl"
 
-    def __init__(self, host: str, port: int, world_size: int, *, packed: Optional[bool] = None) -> None:
+    def __init__(self, host: str, port: int, world_size: int, *, packed: bool | None = None) -> None:
         if world_size < 2:
             raise ValueError(f"world_size={world_size}: it is 1 (the trainer) + the number of vLLM workers")
         self.host, self.port, self.world_size = host, int(port), int(world_size)
@@ -58,14 +59,20 @@ class NcclSender:
         self.comm: Any = None
 
     def init_body(self) -> dict[str, Any]:
-        return {"transport": "nccl", "host": self.host, "port": self.port, "world_size": self.world_size, "packed": self.packed}
+        return {
+            "transport": "nccl",
+            "host": self.host,
+            "port": self.port,
+            "world_size": self.world_size,
+            "packed": self.packed,
+        }
 
     def connect(self) -> None:
         import torch
 
         self.comm = _join_group(self.host, self.port, 0, self.world_size, torch.cuda.current_device())
 
-    def stage(self, params: Mapping[str, Any], *, version: Optional[int] = None) -> dict[str, Any]:
+    def stage(self, params: Mapping[str, Any], *, version: int | None = None) -> dict[str, Any]:
         return update_body(param_metas(params), transport="nccl", version=version)
 
     def send(self, params: Mapping[str, Any]) -> None:

@@ -28,8 +28,9 @@ import tempfile
 import uuid
 import warnings
 import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any
 
 from ludic_lab.inference.weight_transfer.base import ITEMSIZE, ParamMeta, dtype_name, param_metas, update_body
 
@@ -153,7 +154,9 @@ def read_safetensors_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]
     return out
 
 
-def iter_safetensors(path: str, names: Sequence[str], rename: Optional[Mapping[str, str]] = None) -> Iterator[tuple[str, Any]]:
+def iter_safetensors(
+    path: str, names: Sequence[str], rename: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, Any]]:
     """Yield ``(name, tensor)`` for ``names`` from a safetensors file (memory-mapped, CPU).
 
     ``rename`` maps a file name to the name yielded (e.g. a tied ``lm_head.weight`` alias).
@@ -181,7 +184,7 @@ def is_inside(path: str, folder: str) -> bool:
     return os.path.commonpath([p, d]) == d and p != d
 
 
-def _typed_view(u8: Any, begin: int, end: int, dtype: str, shape: Sequence[int]) -> Optional[Any]:
+def _typed_view(u8: Any, begin: int, end: int, dtype: str, shape: Sequence[int]) -> Any | None:
     """A zero-copy ``dtype`` view of bytes ``[begin, end)`` of a uint8 tensor; ``None`` when
     ``begin`` is not a multiple of the item size (torch cannot view it then)."""
     import torch
@@ -192,11 +195,11 @@ def _typed_view(u8: Any, begin: int, end: int, dtype: str, shape: Sequence[int])
     return u8[begin:end].view(tdt).view(tuple(shape))
 
 
-def _owner_pid(filename: str) -> Optional[int]:
+def _owner_pid(filename: str) -> int | None:
     """The pid in ``ludic_weights_<pid>_<id>...``; None for other names."""
     if not filename.startswith(FILE_PREFIX):
         return None
-    head = filename[len(FILE_PREFIX):].split("_", 1)[0]
+    head = filename[len(FILE_PREFIX) :].split("_", 1)[0]
     return int(head) if head.isdigit() else None
 
 
@@ -213,7 +216,7 @@ def _pid_alive(pid: int) -> bool:
 def reap_stale_files(folder: str) -> list[str]:
     """Remove update files in ``folder`` left by processes that no longer run (e.g. a trainer
     killed with -9 while it held a staging buffer). Returns the removed paths."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(folder)
     except OSError:
@@ -316,12 +319,12 @@ class ShmSender:
 
     transport = "shm"
 
-    def __init__(self, shm_dir: Optional[str] = None, *, reuse: bool = False) -> None:
+    def __init__(self, shm_dir: str | None = None, *, reuse: bool = False) -> None:
         self.shm_dir = shm_dir or default_shm_dir()
         self.reuse = reuse
         Path(self.shm_dir).mkdir(parents=True, exist_ok=True)
-        self._buffer: Optional[StagingBuffer] = None
-        self._in_flight: Optional[str] = None  # path of the buffer a request is reading
+        self._buffer: StagingBuffer | None = None
+        self._in_flight: str | None = None  # path of the buffer a request is reading
         self._abandoned: list[StagingBuffer] = []
         if reuse:
             reap_stale_files(self.shm_dir)
@@ -335,7 +338,9 @@ class ShmSender:
     def _new_path(self) -> str:
         return os.path.join(self.shm_dir, f"{FILE_PREFIX}{os.getpid()}_{uuid.uuid4().hex}{SUFFIX}")
 
-    def stage(self, params: Mapping[str, Any], *, version: Optional[int] = None, dtype: Optional[str] = None) -> dict[str, Any]:
+    def stage(
+        self, params: Mapping[str, Any], *, version: int | None = None, dtype: str | None = None
+    ) -> dict[str, Any]:
         """Write ``params`` to shared memory; floating tensors are cast to ``dtype`` on the way."""
         if not params:
             raise ValueError("no parameters to send")
@@ -420,7 +425,9 @@ class SafetensorsMap:
             self.key = (st.st_dev, st.st_ino, st.st_size)
             if st.st_size < 8:
                 raise ValueError(f"{path} is not a safetensors file (shorter than 8 bytes)")
-            self._mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+            self._mm = mmap.mmap(
+                fd, st.st_size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ
+            )
         finally:
             os.close(fd)
         self.path = path

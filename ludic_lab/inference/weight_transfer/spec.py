@@ -13,8 +13,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from ludic_lab.inference.weight_transfer.base import ParamMeta, dtype_name
 from ludic_lab.inference.weight_transfer.shm import read_safetensors_header
@@ -45,9 +46,9 @@ class ModelParamSpec:
         model_dir: str,
         *,
         dtype: Any,
-        packed_modules: Optional[Mapping[str, Sequence[str]]] = None,
-        tie_word_embeddings: Optional[bool] = None,
-    ) -> "ModelParamSpec":
+        packed_modules: Mapping[str, Sequence[str]] | None = None,
+        tie_word_embeddings: bool | None = None,
+    ) -> ModelParamSpec:
         """Read the spec from the ``*.safetensors`` headers in ``model_dir`` (no tensor is loaded).
 
         ``tie_word_embeddings`` defaults to the folder's ``config.json``; when true and the
@@ -73,7 +74,7 @@ class ModelParamSpec:
         return cls(shapes, dtype_name(dtype), aliases, {k: tuple(v) for k, v in (packed_modules or {}).items()})
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "ModelParamSpec":
+    def from_json(cls, obj: Mapping[str, Any]) -> ModelParamSpec:
         """Inverse of :meth:`to_json` (what ``GET /param_spec`` returns)."""
         return cls(
             {k: tuple(int(d) for d in v) for k, v in obj["params"].items()},
@@ -83,7 +84,7 @@ class ModelParamSpec:
         )
 
     # -- lookups -----------------------------------------------------------------------
-    def shape_of(self, name: str) -> Optional[tuple[int, ...]]:
+    def shape_of(self, name: str) -> tuple[int, ...] | None:
         canon = self.aliases.get(name, name)
         return self.shapes.get(canon)
 
@@ -150,7 +151,9 @@ class ModelParamSpec:
         for g in sorted({self.group_of(n) for n in sent}):
             missing = sorted(members.get(g, set()) - sent)
             if missing:
-                out.append(f"vLLM layer {g!r} is loaded as one piece; the update has part of it but lacks {_few(missing)}")
+                out.append(
+                    f"vLLM layer {g!r} is loaded as one piece; the update has part of it but lacks {_few(missing)}"
+                )
         return out
 
     def load_plan(self, metas: Sequence[ParamMeta]) -> tuple[list[str], dict[str, str]]:
@@ -194,7 +197,7 @@ def _few(items: Sequence[str], n: int = 5) -> str:
     return shown + (f" ... (+{len(items) - n} more)" if len(items) > n else "")
 
 
-def _suggest(name: str, known: Mapping[str, Any]) -> Optional[str]:
+def _suggest(name: str, known: Mapping[str, Any]) -> str | None:
     import difflib
 
     hits = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from ludic_lab.training.saw import SAWBatch
 
@@ -24,7 +25,7 @@ class EmptyBatchError(RuntimeError):
     """
 
     def __init__(
-        self, message: str, *, reasons: Optional[Mapping[str, int]] = None, stats: Optional[Mapping[str, Any]] = None
+        self, message: str, *, reasons: Mapping[str, int] | None = None, stats: Mapping[str, Any] | None = None
     ) -> None:
         super().__init__(message)
         self.reasons: dict[str, int] = dict(reasons or {})

@@ -6,7 +6,8 @@ Undefined values (e.g. reward stats when every rollout failed) are ``nan``.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ludic_lab.training.saw import SAWItem
 from ludic_lab.types import Rollout

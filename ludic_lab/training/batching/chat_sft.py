@@ -12,7 +12,8 @@ dropped (there is nothing to train on). Behaviour logprobs are 0 (none were samp
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.training.saw import SAWItem
@@ -53,7 +54,7 @@ def _assistant_turn_ids(template: ChatTemplate, before: Sequence[Message], turn:
             "the chat template renders history differently once an assistant turn follows (e.g. it strips "
             "reasoning from earlier turns), so the assistant tokens cannot be located; build SAWItems yourself"
         )
-    ids = template.encode_text(full[len(prompt):])
+    ids = template.encode_text(full[len(prompt) :])
     for k, t in enumerate(ids):
         if t in template.stop_token_ids:
             return ids[: k + 1]
@@ -69,7 +70,7 @@ def sft_item_from_messages(
     *,
     weight: float = 1.0,
     rollout_id: str = "",
-    meta: Optional[Mapping[str, Any]] = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> SAWItem:
     """One SAWItem of a chat: assistant turns (content + end token) are actions with ``weight``.
 

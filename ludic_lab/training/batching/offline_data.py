@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 from ludic_lab.jsonl import is_hf_dataset, read_jsonl
 from ludic_lab.training.batching.chat_sft import as_chat_template, sft_item_from_messages
@@ -81,7 +82,7 @@ def _step_weight_items(
 
 def load_offline_items(
     data: Any,
-    credit_assigner: Optional[CreditAssigner] = None,
+    credit_assigner: CreditAssigner | None = None,
     *,
     tokenizer: Any = None,
     messages_key: str = "messages",
@@ -107,8 +108,13 @@ def load_offline_items(
             template = template or as_chat_template(tokenizer)
             w = rec.get("weight")
             weight = (1.0 if w is None else float(w)) * assigner.value
-            slots.append([sft_item_from_messages(rec[messages_key], template, weight=weight, rollout_id=f"sft-{n}",
-                                                 meta={"record_index": n})])
+            slots.append(
+                [
+                    sft_item_from_messages(
+                        rec[messages_key], template, weight=weight, rollout_id=f"sft-{n}", meta={"record_index": n}
+                    )
+                ]
+            )
         elif isinstance(rec, Mapping) and "steps" in rec:
             r = Rollout.from_dict(rec)
             rollouts.append(r)

@@ -11,7 +11,7 @@ never straddle epochs: the last batch of an epoch is short unless ``drop_last``.
 from __future__ import annotations
 
 import random
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.training.batching.base import DataExhaustedError, EmptyBatchError
 from ludic_lab.training.batching.batch_stats import item_stats, prefixed
@@ -34,7 +34,7 @@ class OfflineBatchSource:
     def __init__(
         self,
         data: Any,
-        credit_assigner: Optional[CreditAssigner] = None,
+        credit_assigner: CreditAssigner | None = None,
         *,
         batch_size: int,
         shuffle: bool = True,
@@ -73,7 +73,7 @@ class OfflineBatchSource:
         self.drop_last = drop_last
         self.epoch = 0
         self.position = 0
-        self._order: Optional[list[int]] = None
+        self._order: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -131,7 +131,7 @@ class OfflineBatchSource:
         }
         return SAWBatch(items=tuple(items), meta=meta)
 
-    def __aiter__(self) -> "OfflineBatchSource":
+    def __aiter__(self) -> OfflineBatchSource:
         return self
 
     async def __anext__(self) -> SAWBatch:
@@ -148,4 +148,3 @@ class OfflineBatchSource:
         self.position = int(state["position"])
         self.seed = int(state.get("seed", self.seed))
         self._order = None
-

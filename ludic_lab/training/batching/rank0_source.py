@@ -11,7 +11,7 @@ the inner source.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.training.saw import SAWBatch, SAWItem
 
@@ -25,7 +25,7 @@ class Rank0BroadcastSource:
     instead of waiting in the broadcast until the process-group timeout.
     """
 
-    def __init__(self, inner: Optional[Any]) -> None:
+    def __init__(self, inner: Any | None) -> None:
         if inner is not None and not callable(getattr(inner, "next_batch", None)):
             raise TypeError(f"{type(inner).__name__} has no next_batch(): it is not a batch source")
         self.inner = inner

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ludic_lab.aio import run_sync
 from ludic_lab.training.batching.base import EmptyBatchError
@@ -64,10 +65,10 @@ class RolloutBatchSource:
         requests_fn: RequestsFn,
         credit_assigner: CreditAssigner,
         *,
-        request_strategy: Optional[RequestStrategy] = None,
+        request_strategy: RequestStrategy | None = None,
         max_steps: int = 1,
-        concurrency: Optional[int] = None,
-        filter_fn: Optional[RolloutFilter] = None,
+        concurrency: int | None = None,
+        filter_fn: RolloutFilter | None = None,
         sample_filter: FilterSpec = None,
         min_items: int = 1,
         max_attempts: int = 1,
@@ -193,4 +194,3 @@ _SKIP_KEYS = (
     "filtered_samples",
 )
 """Skip reasons always present in ``meta`` (as ``skipped/<reason>``), zero when nothing was skipped."""
-

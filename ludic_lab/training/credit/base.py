@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ludic_lab.training.saw import RolloutStepKey
 from ludic_lab.types import Rollout
@@ -133,7 +134,7 @@ class AssignerBase(abc.ABC):
     Subclasses implement ``compute`` and set ``self._last_stats`` in it.
     """
 
-    _last_stats: Optional[CreditStats] = None
+    _last_stats: CreditStats | None = None
 
     @property
     def last_stats(self) -> CreditStats:

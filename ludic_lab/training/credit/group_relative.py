@@ -58,7 +58,7 @@ class _GroupAssigner(AssignerBase):
                 continue
             if all_equal(g.rewards):
                 zero_std += 1
-            for r, a in zip(g.members, self._advantages(g)):
+            for r, a in zip(g.members, self._advantages(g), strict=True):
                 adv[r.id] = a
         adv = self._finish(adv, singleton_ids)
         out: dict[RolloutStepKey, float] = {}

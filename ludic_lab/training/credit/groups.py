@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ludic_lab.training.credit.base import CreditAssignmentError
 from ludic_lab.types import Rollout
@@ -65,7 +65,7 @@ def collect_groups(
             nominal[(r.group_id, r.agent_id)] += 1
     members: dict[GroupKey, list[Rollout]] = {}
     for r in usable:
-        members.setdefault((r.group_id, r.agent_id), []).append(r)  # type: ignore[arg-type]
+        members.setdefault((r.group_id, r.agent_id), []).append(r)  # type: ignore[arg-type]  # group ids checked above
     groups = [Group(k, tuple(m), nominal[k]) for k, m in members.items()]
 
     lonely = [g.key for g in groups if g.nominal_size == 1]

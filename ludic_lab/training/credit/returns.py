@@ -39,7 +39,7 @@ class _PerRollout(AssignerBase):
         sc = screen_rollouts(rollouts, self.on_nonfinite, type(self).__name__)
         out: dict[RolloutStepKey, float] = {}
         for r in sc.usable:
-            for s, w in zip(r.steps, self._step_weights(r)):
+            for s, w in zip(r.steps, self._step_weights(r), strict=True):
                 out[(r.id, s.index)] = w
         self._last_stats = CreditStats(
             num_rollouts=len(rollouts),
