@@ -77,6 +77,8 @@ class Config:
     """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
     eval_games: int = 40
     """Held-out games (vs the random opponent, and in self-play) before and after."""
+    episode_timeout_s: float = 600.0
+    """Seconds a game may take before it counts as failed (raise it on a loaded machine)."""
     device: str = "cpu"
     """Training device ("cpu", "cuda")."""
     seed: int = 0
@@ -105,7 +107,8 @@ async def run(cfg: Config) -> dict[str, Any]:
     out = output_dir(cfg.out)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out),
                        max_batch_size=cfg.games_per_step * cfg.group_size * 2) as sampler:  # fmt: skip
-        engine = tic_tac_toe_engine(sampler.client, move_format=cfg.move_format)
+        engine = tic_tac_toe_engine(sampler.client, move_format=cfg.move_format,
+                                    episode_timeout_s=cfg.episode_timeout_s)
         before = await evaluate(engine, cfg)
         print(f"before: {_line(before)}", flush=True)
 

@@ -64,9 +64,12 @@ def move_parser(move_format: MoveFormat = "tags", *, error_reward: float = -1.0)
     return lenient
 
 
-def tic_tac_toe_engine(client: Any, *, move_format: MoveFormat = "tags", concurrency: int = 64) -> RolloutEngine:
+def tic_tac_toe_engine(client: Any, *, move_format: MoveFormat = "tags", concurrency: int = 64,
+                       episode_timeout_s: float = 600.0) -> RolloutEngine:  # fmt: skip
     """An engine that plays Tic-Tac-Toe with ``client`` (both env kinds, both protocols);
-    replies are read by :func:`move_parser` (``move_format``)."""
+    replies are read by :func:`move_parser` (``move_format``). A game still running after
+    ``episode_timeout_s`` is recorded as failed (every game in flight waits its turn for the
+    one sampler, so on a loaded CPU a game can legitimately take minutes)."""
 
     def agent() -> Agent:
         # an unreadable reply is a parse error: reward -1, feedback, the agent tries again
@@ -79,6 +82,7 @@ def tic_tac_toe_engine(client: Any, *, move_format: MoveFormat = "tags", concurr
             SELF_PLAY: lambda: MultiAgentProtocol({"X": agent(), "O": agent()}),
         },
         max_concurrency=concurrency,
+        episode_timeout_s=episode_timeout_s,
     )
 
 
@@ -146,6 +150,7 @@ def game_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
     illegal_move_rate (games with an unreadable reply or an illegal square), unfinished, failed."""
     n = max(1, len(rollouts))
     c = Counter(game_outcome(r) for r in rollouts)
+    timed_out = sum(r.failed and "timeout" in str(r.error) for r in rollouts)
     return {
         "games": float(len(rollouts)),
         "win_rate": c["win"] / n,
@@ -155,6 +160,7 @@ def game_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
         "illegal_move_rate": sum(invalid_move(r) for r in rollouts) / n,
         "unfinished_rate": c["unfinished"] / n,
         "failed_rate": c["failed"] / n,  # the episode raised or timed out (engine's episode_timeout_s)
+        "timed_out_rate": timed_out / n,  # of those, the ones cut by the episode timeout
         "mean_reward": sum(r.total_reward for r in rollouts) / n,
     }
 
@@ -186,5 +192,5 @@ async def evaluate_games(
 def short(stats: dict[str, float], keys: Optional[Sequence[str]] = None) -> str:
     """``win_or_draw 0.25, illegal 0.50, ...`` for a log line."""
     keys = keys or ("win_rate", "draw_rate", "loss_rate", "win_or_draw_rate", "illegal_move_rate", "unfinished_rate",
-                    "failed_rate")  # fmt: skip
+                    "failed_rate", "timed_out_rate")  # fmt: skip
     return ", ".join(f"{k.replace('_rate', '')} {stats[k]:.2f}" for k in keys if k in stats)
