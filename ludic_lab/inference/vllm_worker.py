@@ -10,19 +10,22 @@ worker's in-place ``reload_weights`` (layerwise reload: vLLM's own repacking run
 loading), never a bare ``model.load_weights``, which half-applies on CPU.
 
 Every attribute is prefixed ``ludic_`` because vLLM refuses an extension whose names clash
-with the worker's. This module imports neither vLLM nor torch at import time.
+with the worker's. The vLLM internals these methods reach into (the idle spin of the worker's
+message queue, the tied-embedding refresh) live in :mod:`ludic_lab.inference.vllm_patches`.
+This module imports neither vLLM nor torch at import time.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 class LudicWorkerExtension:
     """Methods vLLM adds to each worker (``self`` is the worker)."""
 
-    ludic_nccl_receiver: Optional[Any] = None
-    ludic_inplace: Optional[Any] = None
+    ludic_nccl_receiver: Any | None = None
+    ludic_inplace: Any | None = None
 
     def ludic_model_info(self) -> dict[str, Any]:
         """What the server needs to check updates: compute dtype and vLLM's fused-layer map."""
@@ -51,80 +54,34 @@ class LudicWorkerExtension:
             self.ludic_inplace = InplaceLoader()
         return self.ludic_inplace.load(self, path, list(names), dict(rename), keep=keep, mode=mode)
 
-    def ludic_refresh_tied(self, loaded: Optional[Sequence[str]] = None) -> int:
+    def ludic_refresh_tied(self, loaded: Sequence[str] | None = None) -> int:
         """Re-run weight post-processing of modules that share a weight with another module.
 
         A tied ``lm_head`` shares the embedding's parameter but is never loaded itself, so the
         layerwise reload skips its post-processing; on CPU that post-processing packs the
         weight into a separate GEMM buffer, which would keep the *old* embedding as output
-        projection. ``loaded``: the names just reloaded -- a module loaded under its own name
-        was post-processed by the reload already and is skipped (when no name of a tied group
-        matches, e.g. the model renames weights, the whole group is refreshed). ``None``
-        refreshes every tied module. Returns the number of modules refreshed.
+        projection. ``loaded``: the names just reloaded (see
+        :func:`~ludic_lab.inference.vllm_patches.refresh_tied_embeddings`). Returns the number
+        of modules refreshed.
         """
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+        from ludic_lab.inference.vllm_patches import refresh_tied_embeddings
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        owners: dict[int, list[tuple[str, Any]]] = {}
-        for name, module in model.named_modules():
-            w = module._parameters.get("weight")
-            if w is not None and w.device.type != "meta" and w.numel():
-                owners.setdefault(w.data_ptr(), []).append((f"{name}.weight" if name else "weight", module))
-        done = set(loaded) if loaded is not None else None
-        n = 0
-        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
-            for mods in owners.values():
-                if len(mods) < 2:
-                    continue
-                if done is not None and any(wname in done for wname, _ in mods):
-                    # (no name matched: HF and vLLM names may differ, so refresh them all)
-                    mods = [(wname, m) for wname, m in mods if wname not in done]
-                for _, m in mods:  # only embedding-style layers: their post-processing is idempotent
-                    qm = getattr(m, "quant_method", None)
-                    if isinstance(qm, UnquantizedEmbeddingMethod):
-                        qm.process_weights_after_loading(m)
-                        n += 1
-        return n
+        return refresh_tied_embeddings(model, self.vllm_config, loaded)  # type: ignore[attr-defined]
 
     # -- idle behaviour --------------------------------------------------------------------
-    def ludic_set_idle_spin(self, seconds: float, recheck_s: Optional[float] = None) -> dict[str, Any]:
+    def ludic_set_idle_spin(self, seconds: float, recheck_s: float | None = None) -> dict[str, Any]:
         """Make the worker busy-wait at most ``seconds`` for the engine's next message.
 
         vLLM's worker process spins (``sched_yield`` loop) for a second after every message
         before it sleeps on a socket: right after generation, a trainer sharing the host loses a
-        core for that second (on 2 cores a training step's first second ran ~3x slower). With a
-        short spin the worker sleeps sooner; a message then wakes it through the socket it polls.
-        Returns ``{"readers": n, "previous": s}`` (``n`` = message-queue readers changed).
+        core for that second (on 2 cores a training step's first second ran ~3x slower).
+        Returns ``{"readers": n, "previous": s}`` (see
+        :func:`~ludic_lab.inference.vllm_patches.set_worker_idle_spin`).
         """
-        import sys
+        from ludic_lab.inference.vllm_patches import set_worker_idle_spin
 
-        try:  # vLLM internals (0.32): a later vLLM may have moved them; then nothing changes
-            from vllm.distributed.device_communicators import shm_broadcast
-            from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
-        except ImportError as e:
-            return {"readers": 0, "previous": None, "error": f"{type(e).__name__}: {e}"}
-
-        conds: list[Any] = []
-        frame = sys._getframe(1)
-        while frame is not None:  # the worker loop's queue: WorkerProc.worker_busy_loop's self
-            mq = getattr(frame.f_locals.get("self"), "rpc_broadcast_mq", None)
-            cond = getattr(mq, "_spin_condition", None)
-            if isinstance(cond, SpinCondition) and getattr(cond, "is_reader", False):
-                conds.append(cond)
-                break
-            frame = frame.f_back
-        if not conds:  # another executor layout: every reader in this process
-            import gc
-
-            conds = [o for o in gc.get_objects() if isinstance(o, SpinCondition) and getattr(o, "is_reader", False)]
-        conds = [c for c in conds if hasattr(c, "busy_loop_s")]
-        previous = [c.busy_loop_s for c in conds]
-        for c in conds:
-            c.busy_loop_s = float(seconds)
-        if recheck_s is not None and conds and hasattr(shm_broadcast, "SHM_READER_RECHECK_INTERVAL_MS"):
-            shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS = max(1, int(recheck_s * 1000))
-        return {"readers": len(conds), "previous": previous[0] if previous else None}
+        return set_worker_idle_spin(seconds, recheck_s)
 
     # -- NCCL ----------------------------------------------------------------------------
     def ludic_init_nccl(self, host: str, port: int, world_size: int, packed: bool) -> None:
