@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -235,20 +234,16 @@ def _mean(xs: Any) -> float:
 
 
 # -- pipelined: the parent ----------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_pipelined_mode(a: argparse.Namespace) -> dict[str, Any]:
     import redis
+
+    from ludic_lab.net import free_port
 
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed (apt-get install -y redis-server)")
     tmp = Path(tempfile.mkdtemp(prefix="ludic-bench-redis-"))
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp)],
         stdout=subprocess.DEVNULL,

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from ludic_lab.net import free_port
+
 REDIS_SERVER = shutil.which("redis-server")
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,13 +34,6 @@ def require_redis_server() -> str:
             pytest.fail(msg)
         pytest.skip(msg)
     return REDIS_SERVER
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:

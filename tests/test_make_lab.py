@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from ludic_lab.net import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 LINE = ".[notebook,lora]"
 DOCS = ("README.md", "notebooks/README.md", "tutorials/README.md", "binder/postBuild")
@@ -45,12 +47,6 @@ def test_make_lab_installs_that_line_and_binds_localhost() -> None:
     assert "--ip=127.0.0.1" in launch, launch
     assert "0.0.0.0" in subprocess.run(["make", "-n", "lab", "LAB_IP=0.0.0.0"], cwd=ROOT, capture_output=True,
                                        text=True, check=True).stdout  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _lan_address() -> str | None:
@@ -76,7 +72,7 @@ def test_make_lab_starts_jupyterlab_on_the_tutorials(tmp_path: Path) -> None:
     venv = ROOT / ".venv"
     if not (venv / "bin" / "jupyter").exists():
         pytest.skip("no .venv with jupyter (make setup-lab)")
-    port, token = _free_port(), "ludic-test-token"
+    port, token = free_port(), "ludic-test-token"
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
            "JUPYTER_DATA_DIR": str(tmp_path / "data"), "HOME": str(tmp_path)}  # fmt: skip
     cmd = ["make", "--no-print-directory", "-o", ".venv/.ludic-installed", "-o", ".venv/.ludic-lab-installed", "lab",

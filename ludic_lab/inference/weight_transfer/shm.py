@@ -414,7 +414,12 @@ def _is_float(dtype: str) -> bool:
 
 class SafetensorsMap:
     """Server side: a safetensors file mapped read-only (pages faulted in up front), its
-    tensors as zero-copy views. Valid while the file's inode and size are unchanged."""
+    tensors as zero-copy views. Valid while the file's inode and size are unchanged.
+
+    It reads the header's byte offsets itself: ``safetensors.safe_open`` gives names, dtypes
+    and shapes but not where each tensor lies, which :meth:`concat_rows` needs to return
+    back-to-back tensors (q/k/v, gate/up) as one view.
+    """
 
     def __init__(self, path: str) -> None:
         import torch
