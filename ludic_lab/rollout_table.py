@@ -6,7 +6,8 @@ at run time; pandas is imported when called.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,7 +44,9 @@ def rollouts_to_dataframe(rollouts: Sequence[Rollout], *, per: Literal["rollout"
                     "terminated": bool(last and last.terminated),
                     "truncated": bool(last and last.truncated),
                     "final_action": last.action if last else None,
-                    **{f"meta.{k}": v for k, v in r.meta.items() if isinstance(v, (str, int, float, bool)) or v is None},
+                    **{
+                        f"meta.{k}": v for k, v in r.meta.items() if isinstance(v, (str, int, float, bool)) or v is None
+                    },
                 }
             )
         elif per == "step":

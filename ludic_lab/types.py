@@ -12,8 +12,9 @@ import json
 import math
 import os
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Iterable, Literal, Mapping, Optional, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from ludic_lab.rollout_table import rollouts_to_dataframe as rollouts_to_dataframe  # re-exported
 
@@ -53,19 +54,19 @@ class ChatResponse:
 
     text: str
     """The completion text (a trailing EOS / stop token is not part of it)."""
-    completion_token_ids: Optional[tuple[int, ...]] = None
+    completion_token_ids: tuple[int, ...] | None = None
     """Token ids the sampler produced, including a final EOS token if one was sampled."""
-    prompt_token_ids: Optional[tuple[int, ...]] = None
+    prompt_token_ids: tuple[int, ...] | None = None
     """Token ids of the prompt the completion was conditioned on."""
-    completion_logprobs: Optional[tuple[float, ...]] = None
+    completion_logprobs: tuple[float, ...] | None = None
     """Log-probability of each chosen token under the distribution it was sampled from."""
-    top_logprobs: Optional[tuple[dict[int, float], ...]] = None
+    top_logprobs: tuple[dict[int, float], ...] | None = None
     """Per position, the ``k`` most likely token ids and their log-probabilities."""
     finish_reason: str = "stop"
     """``"stop"`` (EOS or a stop string), ``"length"`` (cut at ``max_tokens``) or ``"error"``."""
-    policy_version: Optional[int] = None
+    policy_version: int | None = None
     """Version of the weights that sampled this completion, when the backend knows it."""
-    tool_calls: Optional[tuple[dict[str, Any], ...]] = None
+    tool_calls: tuple[dict[str, Any], ...] | None = None
     """Tool calls in OpenAI format (``{"id", "type": "function", "function": {...}}``)."""
 
     def __post_init__(self) -> None:
@@ -103,11 +104,11 @@ class TokenTrace:
 
     prompt_token_ids: tuple[int, ...]
     completion_token_ids: tuple[int, ...]
-    completion_logprobs: Optional[tuple[float, ...]] = None
+    completion_logprobs: tuple[float, ...] | None = None
     prompt_source: PromptSource = "fresh"
-    policy_version: Optional[int] = None
+    policy_version: int | None = None
     finish_reason: str = "stop"
-    completion_mask: Optional[tuple[int, ...]] = None
+    completion_mask: tuple[int, ...] | None = None
     """1 where a completion token was sampled by the model, 0 where it was inserted (a tool
     result and the chat template's glue around it, in a multi-call tool turn). ``None``: every
     completion token was sampled. Inserted tokens carry logprob 0 and are never trained on."""
@@ -152,7 +153,7 @@ class TokenTrace:
         """How many completion tokens the model sampled (inserted tool tokens excluded)."""
         return sum(self.sampled_mask)
 
-    def model_turns(self) -> list["TokenTrace"]:
+    def model_turns(self) -> list[TokenTrace]:
         """The trace of each model call inside this one (a tool turn holds several).
 
         Turn ``k``'s prompt is this prompt plus every completion token before its first
@@ -186,9 +187,7 @@ class TokenTrace:
         return out
 
     @classmethod
-    def from_response(
-        cls, response: ChatResponse, prompt_source: PromptSource = "fresh"
-    ) -> "TokenTrace":
+    def from_response(cls, response: ChatResponse, prompt_source: PromptSource = "fresh") -> TokenTrace:
         """Build the trace of ``response``; raises if the backend did not return token ids."""
         if response.prompt_token_ids is None or response.completion_token_ids is None:
             raise ValueError(
@@ -231,9 +230,9 @@ class Step:
     """Observation the agent acted on."""
     action: str
     """The raw completion text."""
-    parsed_action: Optional[str]
+    parsed_action: str | None
     """What the parser extracted (``None`` when parsing failed)."""
-    next_obs: Optional[Observation]
+    next_obs: Observation | None
     """The env's next observation (or the parser's feedback on a parse error)."""
     reward: float
     """Total reward of the step: env reward + parser (format) reward."""
@@ -241,7 +240,7 @@ class Step:
     terminated: bool = False
     info: Info = field(default_factory=dict)
     """Diagnostics; ``info["parse_error"] is True`` marks a synthetic step (env not called)."""
-    trace: Optional[TokenTrace] = None
+    trace: TokenTrace | None = None
     """The exact token trace of the model call (``None`` for scripted/opponent turns)."""
     env_reward: float = 0.0
     """The environment's part of ``reward``."""
@@ -260,13 +259,13 @@ class Rollout:
     steps: tuple[Step, ...]
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     agent_id: AgentID = "agent_0"
-    group_id: Optional[str] = None
+    group_id: str | None = None
     """Rollouts that share a group id are siblings (same prompt, different samples: GRPO)."""
-    env_seed: Optional[int] = None
-    sampling_seed: Optional[int] = None
-    policy_version: Optional[int] = None
+    env_seed: int | None = None
+    sampling_seed: int | None = None
+    policy_version: int | None = None
     """Oldest policy version that produced any of the steps (what staleness is measured by)."""
-    error: Optional[str] = None
+    error: str | None = None
     """Set when the episode failed (env or protocol raised, timed out); steps kept so far remain."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Anything else worth keeping (env kind, request meta, timings); JSON-serialisable."""
@@ -289,7 +288,7 @@ class Rollout:
         return self.error is not None
 
     @property
-    def seeds(self) -> dict[str, Optional[int]]:
+    def seeds(self) -> dict[str, int | None]:
         return {"env_seed": self.env_seed, "sampling_seed": self.sampling_seed}
 
     @property
@@ -297,7 +296,7 @@ class Rollout:
         """Tokens the model sampled over all steps (inserted tool results not counted)."""
         return sum(s.trace.num_sampled_tokens for s in self.steps if s.trace is not None)
 
-    def with_meta(self, **kw: Any) -> "Rollout":
+    def with_meta(self, **kw: Any) -> Rollout:
         """A copy whose ``meta`` is updated with ``kw``."""
         return replace(self, meta={**self.meta, **kw})
 
@@ -309,7 +308,7 @@ class Rollout:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Rollout":
+    def from_dict(cls, d: Mapping[str, Any]) -> Rollout:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -322,7 +321,7 @@ class Rollout:
         return json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=True)
 
     @classmethod
-    def from_json(cls, line: str) -> "Rollout":
+    def from_json(cls, line: str) -> Rollout:
         return cls.from_dict(json.loads(line))
 
 
@@ -370,11 +369,11 @@ def load_rollouts(path: str | os.PathLike) -> list[Rollout]:
                 continue
             try:
                 out.append(Rollout.from_json(line))
-            except Exception as e:  # noqa: BLE001 - re-raised with the location
+            except Exception as e:
                 raise ValueError(f"{path}:{i}: not a valid rollout line ({e})") from e
     return out
 
 
-def finite_or_none(x: Optional[float]) -> Optional[float]:
+def finite_or_none(x: float | None) -> float | None:
     """``x`` if it is a finite float, else ``None`` (for JSON summaries)."""
     return x if x is not None and math.isfinite(x) else None

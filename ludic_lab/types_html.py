@@ -18,7 +18,8 @@ Example::
 from __future__ import annotations
 
 import html
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ludic_lab.token_html import fmt, legend_html, resolve_tokenizer, scale_of, sequence_html, view_html
 from ludic_lab.types import Rollout, Step
@@ -26,7 +27,7 @@ from ludic_lab.types import Rollout, Step
 Weights = Mapping[tuple[str, int], float]
 
 
-def _step_html(r: Rollout, s: Step, weights: Optional[Weights], tok: Any, scale: float) -> str:
+def _step_html(r: Rollout, s: Step, weights: Weights | None, tok: Any, scale: float) -> str:
     w = None if weights is None else weights.get((r.id, s.index))
     flags = [f for f, on in (("terminated", s.terminated), ("truncated", s.truncated)) if on]
     if s.info.get("parse_error"):
@@ -62,14 +63,18 @@ def _step_html(r: Rollout, s: Step, weights: Optional[Weights], tok: Any, scale:
             tokenizer=tok,
             mask=[0] * P + sampled,
             weights=None if w is None else [0.0] * P + [float(w) * m for m in sampled],
-            logprobs=None if lps is None else [None] * P + [lp if m else None for m, lp in zip(sampled, lps)],
+            logprobs=None
+            if lps is None
+            else [None] * P + [lp if m else None for m, lp in zip(sampled, lps, strict=False)],
             advantage=w,
             scale=scale,
             prompt_label=f"prompt ({tr.prompt_source})",
         )
     parsed = (
-        "(none)" if observed
-        else "<span class='ll-err'>parse error</span>" if s.parsed_action is None
+        "(none)"
+        if observed
+        else "<span class='ll-err'>parse error</span>"
+        if s.parsed_action is None
         else html.escape(repr(s.parsed_action))
     )
     tail = f"<div class='ll-head'>parsed: {parsed}"
@@ -78,7 +83,7 @@ def _step_html(r: Rollout, s: Step, weights: Optional[Weights], tok: Any, scale:
     return head + body + tail + "</div>"
 
 
-def _card_html(r: Rollout, weights: Optional[Weights], tok: Any, scale: float) -> str:
+def _card_html(r: Rollout, weights: Weights | None, tok: Any, scale: float) -> str:
     ws = [weights[(r.id, s.index)] for s in r.steps if weights is not None and (r.id, s.index) in weights]
     adv = ""
     if ws:
@@ -101,13 +106,13 @@ def _card_html(r: Rollout, weights: Optional[Weights], tok: Any, scale: float) -
     )
 
 
-def _group_scale(rollouts: Sequence[Rollout], weights: Optional[Weights]) -> float:
+def _group_scale(rollouts: Sequence[Rollout], weights: Weights | None) -> float:
     if weights is None:
         return 1.0
     return scale_of([weights.get((r.id, s.index), 0.0) for r in rollouts for s in r.steps])
 
 
-def _groups(rollouts: Sequence[Rollout]) -> list[tuple[Optional[str], list[Rollout]]]:
+def _groups(rollouts: Sequence[Rollout]) -> list[tuple[str | None, list[Rollout]]]:
     order: dict[Any, list[Rollout]] = {}
     for r in rollouts:
         key = r.group_id if r.group_id is not None else ("__single__", r.id)
@@ -118,10 +123,10 @@ def _groups(rollouts: Sequence[Rollout]) -> list[tuple[Optional[str], list[Rollo
 def rollouts_html(
     rollouts: Sequence[Rollout] | Rollout,
     *,
-    weights: Optional[Weights] = None,
+    weights: Weights | None = None,
     tokenizer: Any = None,
     max_rollouts: int = 64,
-    title: Optional[str] = None,
+    title: str | None = None,
 ) -> str:
     """The token view of ``rollouts``: groups (by ``group_id``) of sibling cards side by side,
     each with reward, advantage and its steps' tokens; one colour scale per group.
@@ -137,7 +142,8 @@ def rollouts_html(
         parts.append(f"<h3>{html.escape(title)}</h3>")
     if tok is None:
         parts.append(
-            "<div class='ll-head'>token ids shown: call <code>ludic_lab.token_html.set_display_tokenizer(tokenizer)</code> "
+            "<div class='ll-head'>token ids shown: call "
+            "<code>ludic_lab.token_html.set_display_tokenizer(tokenizer)</code> "
             "or pass <code>tokenizer=</code> to see text</div>"
         )
     overall = _group_scale(shown, weights)
@@ -154,7 +160,8 @@ def rollouts_html(
             )
         cards = "".join(_card_html(r, weights, tok, scale) for r in group)
         parts.append(
-            f"<div class='ll-group' data-group-id='{html.escape(str(gid), quote=True)}' data-scale='{scale!r}'>{cards}</div>"
+            f"<div class='ll-group' data-group-id='{html.escape(str(gid), quote=True)}' "
+            f"data-scale='{scale!r}'>{cards}</div>"
         )
     if rest > 0:
         parts.append(f"<div class='ll-head'>… {rest} more rollout(s) not shown (max_rollouts={max_rollouts})</div>")
@@ -172,7 +179,7 @@ def _rollout_repr_html(self: Rollout) -> str:
     return rollout_html(self)
 
 
-setattr(Rollout, "_repr_html_", _rollout_repr_html)  # the view registers itself with the data class
+setattr(Rollout, "_repr_html_", _rollout_repr_html)  # noqa: B010 - the view attaches itself; Rollout declares no HTML
 
 
 __all__ = ["rollout_html", "rollouts_html"]

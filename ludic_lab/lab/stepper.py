@@ -24,7 +24,7 @@ import copy
 import html
 import uuid
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.agents.base_agent import Agent
 from ludic_lab.envs.env import LudicEnv
@@ -63,11 +63,11 @@ class RolloutStepper:
         env: LudicEnv,
         agent: Agent,
         *,
-        env_seed: Optional[int] = None,
-        sampling_seed: Optional[int] = None,
-        sampling: Optional[SamplingConfig] = None,
-        inference: Optional[InferenceSpec] = None,
-        system_prompt: Optional[str] = None,
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+        sampling: SamplingConfig | None = None,
+        inference: InferenceSpec | None = None,
+        system_prompt: str | None = None,
         max_steps: int = 8,
         stop_on_parse_error: bool = False,
     ) -> None:
@@ -97,10 +97,10 @@ class RolloutStepper:
         self._snapshots: list[dict[str, Any]] = []
         self._started = False
         self._done = False
-        self._end: Optional[str] = None
-        self._broken: Optional[str] = None
-        self._first_obs: Optional[str] = None
-        self._obs: Optional[str] = None
+        self._end: str | None = None
+        self._broken: str | None = None
+        self._first_obs: str | None = None
+        self._obs: str | None = None
         self._episode_id = uuid.uuid4().hex
 
     # -- state ---------------------------------------------------------------------------
@@ -110,7 +110,7 @@ class RolloutStepper:
         return self.inference.sampling or SamplingConfig()
 
     @property
-    def system_prompt(self) -> Optional[str]:
+    def system_prompt(self) -> str | None:
         """The system prompt the episode uses (override, else agent's, else env's)."""
         if self._system_prompt is not None:
             return self._system_prompt
@@ -122,7 +122,7 @@ class RolloutStepper:
         return self._done
 
     @property
-    def obs(self) -> Optional[str]:
+    def obs(self) -> str | None:
         """The observation the agent acts on next (``None`` before the first reset)."""
         return self._obs
 
@@ -169,8 +169,14 @@ class RolloutStepper:
         obs = self._obs
         try:
             result = await run_turn(
-                self.agent, self.env, self.agent_id, t, obs, inference=self.inference,
-                sampling_seed=self.sampling_seed, stop_on_parse_error=self.stop_on_parse_error,
+                self.agent,
+                self.env,
+                self.agent_id,
+                t,
+                obs,
+                inference=self.inference,
+                sampling_seed=self.sampling_seed,
+                stop_on_parse_error=self.stop_on_parse_error,
             )
         except TurnFailed as e:
             if e.phase != "agent.act":  # the env moved (or the agent half-updated): replay is unsafe
@@ -209,10 +215,10 @@ class RolloutStepper:
     async def rerun(
         self,
         *,
-        sampling: Optional[SamplingConfig] = None,
+        sampling: SamplingConfig | None = None,
         system_prompt: Any = _KEEP,
         sampling_seed: Any = _KEEP,
-        turn: Optional[int] = None,
+        turn: int | None = None,
     ) -> Turn:
         """Sample turn ``turn`` (default: the last one) again; later turns are discarded.
 
@@ -321,7 +327,8 @@ class RolloutStepper:
             f"<div class='ll-head'><b>{html.escape(type(self.env).__name__)}</b> · env_seed {self.env_seed} · "
             f"sampling_seed {self.sampling_seed} · {len(self.turns)}/{self.max_steps} turn(s)"
             + (f" · episode over ({self._end})" if self._done else "")
-            + (f" · {self.reruns} re-run(s)" if self.reruns else "") + "</div>"
+            + (f" · {self.reruns} re-run(s)" if self.reruns else "")
+            + "</div>"
         )
         return transcript_html(
             head,
@@ -354,7 +361,7 @@ def _snapshot(agent: Agent) -> dict[str, Any]:
     memo = {id(x): x for x in (agent.client, agent.parser, agent.chat_template) if x is not None}
     try:
         return copy.deepcopy(vars(agent), memo)
-    except Exception as e:  # noqa: BLE001 - re-raised with what to do
+    except Exception as e:
         raise TypeError(
             f"cannot snapshot {type(agent).__name__}'s state for re-runs ({type(e).__name__}: {e}); "
             "keep non-copyable resources on the client, not on the agent or its context"

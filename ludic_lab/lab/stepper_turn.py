@@ -4,8 +4,9 @@ the transcript around them."""
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from ludic_lab.agents.base_agent import ActResult
 from ludic_lab.inference.request import SamplingConfig
@@ -24,7 +25,7 @@ class Turn:
     """The agent's act result (response, parse result, token trace, prompt messages)."""
     step: Step
     """The step exactly as the protocol records it."""
-    system_prompt: Optional[str]
+    system_prompt: str | None
     """System prompt of the episode this turn belongs to."""
     sampling: SamplingConfig
     """Sampling config of the request (before the per-turn seed was applied)."""
@@ -54,7 +55,7 @@ class Turn:
         return self.step.env_reward
 
     @property
-    def next_obs(self) -> Optional[str]:
+    def next_obs(self) -> str | None:
         return self.step.next_obs
 
     @property
@@ -68,15 +69,18 @@ class Turn:
     def _repr_html_(self) -> str:
         return view_html(turn_html(self))
 
+
 def turn_html(t: Turn, *, open_prompt: bool = False) -> str:
     """The body of a turn's view: prompt messages, completion tokens, parse and env results."""
     s = t.step
     flags = [f for f, on in (("terminated", s.terminated), ("truncated", s.truncated)) if on]
     head = (
-        f"<div class='ll-head'><b>turn {t.index}</b>" + (f" (re-run {t.attempt})" if t.attempt else "")
+        f"<div class='ll-head'><b>turn {t.index}</b>"
+        + (f" (re-run {t.attempt})" if t.attempt else "")
         + f" · reward <b>{fmt(s.reward)}</b> = env {fmt(s.env_reward)} + format {fmt(s.format_reward)}"
         + f" · temperature {t.sampling.temperature:g}, max_tokens {t.sampling.max_tokens}"
-        + ("" if not flags else " · " + ", ".join(flags)) + "</div>"
+        + ("" if not flags else " · " + ", ".join(flags))
+        + "</div>"
     )
     msgs = "".join(
         f"<div class='ll-msg'><b>{html.escape(str(m.get('role')))}</b>\n{html.escape(str(m.get('content')))}</div>"
@@ -92,7 +96,9 @@ def turn_html(t: Turn, *, open_prompt: bool = False) -> str:
         comp = sequence_html(
             list(tr.completion_token_ids), tokenizer=t.tokenizer, logprobs=None if lps is None else list(lps)
         )
-        comp = f"<div class='ll-head'>completion · {len(tr.completion_token_ids)} tokens ({tr.finish_reason})</div>{comp}"
+        comp = (
+            f"<div class='ll-head'>completion · {len(tr.completion_token_ids)} tokens ({tr.finish_reason})</div>{comp}"
+        )
     else:
         comp = f"<div class='ll-head'>completion</div><div class='ll-msg'>{html.escape(t.completion)}</div>"
     pr = t.parse_result
@@ -104,7 +110,8 @@ def turn_html(t: Turn, *, open_prompt: bool = False) -> str:
     else:
         parse = (
             f"<div class='ll-head'>parsed action: <code>{html.escape(repr(pr.action))}</code> · format reward "
-            f"{fmt(pr.reward)}</div><div class='ll-head'>env reward <b>{fmt(s.env_reward)}</b> · next observation:</div>"
+            f"{fmt(pr.reward)}</div><div class='ll-head'>env reward <b>{fmt(s.env_reward)}</b> · "
+            "next observation:</div>"
             f"<div class='ll-msg'>{html.escape(s.next_obs or '')}</div>"
         )
     return f"<div class='ll-card' data-turn='{t.index}'>{head}{prompt}{comp}{parse}</div>"
@@ -115,9 +122,9 @@ def transcript_html(
     turns: Sequence[Turn],
     *,
     started: bool,
-    system_prompt: Optional[str],
-    next_obs: Optional[str],
-    error: Optional[str],
+    system_prompt: str | None,
+    next_obs: str | None,
+    error: str | None,
 ) -> str:
     """The episode so far below ``head`` (HTML): the system prompt, one card per turn (the
     newest prompt unfolded), the observation the next turn will see, and an error if any."""
@@ -125,7 +132,8 @@ def transcript_html(
         body = "<div class='ll-head'>not started: press Step</div>"
     else:
         body = (
-            f"<div class='ll-head'>system prompt:</div><div class='ll-msg'>{html.escape(system_prompt or '(none)')}</div>"
+            "<div class='ll-head'>system prompt:</div>"
+            f"<div class='ll-msg'>{html.escape(system_prompt or '(none)')}</div>"
             + "".join(turn_html(t, open_prompt=(i == len(turns) - 1)) for i, t in enumerate(turns))
         )
         if next_obs is not None and turns:

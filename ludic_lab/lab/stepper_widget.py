@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from ludic_lab.inference.request import SamplingConfig
 from ludic_lab.lab.tasks import BackgroundTask, start_background
@@ -28,11 +28,17 @@ class StepperWidget:
         self.stepper = s = stepper
         sc = s.sampling
         full = w.Layout(width="98%")
-        self.system_prompt = w.Textarea(value=s.system_prompt or "", description="system", layout=w.Layout(width="98%", height="5em"))
-        self.temperature = w.BoundedFloatText(value=sc.temperature, min=0.0, max=10.0, step=0.1, description="temperature")
+        self.system_prompt = w.Textarea(
+            value=s.system_prompt or "", description="system", layout=w.Layout(width="98%", height="5em")
+        )
+        self.temperature = w.BoundedFloatText(
+            value=sc.temperature, min=0.0, max=10.0, step=0.1, description="temperature"
+        )
         self.max_tokens = w.BoundedIntText(value=sc.max_tokens, min=1, max=1_000_000, description="max_tokens")
         self.top_p = w.BoundedFloatText(value=sc.top_p, min=0.01, max=1.0, step=0.05, description="top_p")
-        self.seed = w.Text(value="" if s.sampling_seed is None else str(s.sampling_seed), description="seed", placeholder="none")
+        self.seed = w.Text(
+            value="" if s.sampling_seed is None else str(s.sampling_seed), description="seed", placeholder="none"
+        )
         self.step_button = w.Button(description="Step", button_style="primary")
         self.rerun_button = w.Button(description="Re-run turn")
         self.run_button = w.Button(description="Run to end")
@@ -44,17 +50,19 @@ class StepperWidget:
         self.rerun_button.on_click(lambda _b: self._launch("rerun"))
         self.run_button.on_click(lambda _b: self._launch("run"))
         self.reset_button.on_click(lambda _b: self._launch("reset"))
-        self.box = w.VBox([
-            self.system_prompt,
-            w.HBox([self.temperature, self.max_tokens, self.top_p, self.seed]),
-            w.HBox([*self.buttons, self.status]),
-            self.view,
-        ])
-        self.pending: Optional[BackgroundTask] = None
-        self.last_error: Optional[BaseException] = None
+        self.box = w.VBox(
+            [
+                self.system_prompt,
+                w.HBox([self.temperature, self.max_tokens, self.top_p, self.seed]),
+                w.HBox([*self.buttons, self.status]),
+                self.view,
+            ]
+        )
+        self.pending: BackgroundTask | None = None
+        self.last_error: BaseException | None = None
         self.refresh()
 
-    def _settings(self) -> tuple[SamplingConfig, Optional[int], str]:
+    def _settings(self) -> tuple[SamplingConfig, int | None, str]:
         raw = self.seed.value.strip()
         try:
             seed = None if raw in ("", "none", "None") else int(raw)
@@ -87,7 +95,7 @@ class StepperWidget:
         elif action == "run":
             await s.run()
 
-    def _launch(self, action: str) -> Optional[BackgroundTask]:
+    def _launch(self, action: str) -> BackgroundTask | None:
         if self.pending is not None and not self.pending.done():
             self.status.value = "<i>busy: wait for the current action</i>"
             return None
@@ -107,7 +115,7 @@ class StepperWidget:
         self.pending = start_background(job(), output=False, name=f"stepper-{action}")
         return self.pending
 
-    def wait(self, timeout: Optional[float] = None) -> None:
+    def wait(self, timeout: float | None = None) -> None:
         """Block until the current action is done (``TimeoutError`` after ``timeout`` s)."""
         if self.pending is not None:
             self.pending.wait(timeout)
@@ -123,7 +131,9 @@ class StepperWidget:
         self.run_button.disabled = s.done or bool(s._broken)
         if self.last_error is not None:
             e = self.last_error
-            self.status.value = f"<span style='color:#b00020'>{html.escape(type(e).__name__)}: {html.escape(str(e))}</span>"
+            self.status.value = (
+                f"<span style='color:#b00020'>{html.escape(type(e).__name__)}: {html.escape(str(e))}</span>"
+            )
         else:
             self.status.value = "episode over" if s.done else f"turn {len(s.turns)}"
 

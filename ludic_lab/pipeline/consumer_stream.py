@@ -8,10 +8,11 @@ dead-letter entries. No decoding and no batching here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ludic_lab.pipeline.connection import QueueKeys
@@ -75,7 +76,9 @@ class ConsumerStream:
                 claimed = await self._autoclaim(need)
                 if claimed:
                     return claimed, "reclaimed"
-            resp = await self.r.xreadgroup(self.group, self.consumer, {key: ">"}, count=need, block=int(self.block_s * 1000))
+            resp = await self.r.xreadgroup(
+                self.group, self.consumer, {key: ">"}, count=need, block=int(self.block_s * 1000)
+            )
         except rx.ResponseError as e:
             if "NOGROUP" in str(e):  # Redis came back without our group (no persistence): recreate
                 log.warning("consumer group %r vanished from %r; recreating it", self.group, key)
@@ -92,7 +95,9 @@ class ConsumerStream:
     async def _read_own_pending(self, need: int, held: set[bytes]) -> list[Entry]:
         out: list[Entry] = []
         while len(out) < need:
-            resp = await self.r.xreadgroup(self.group, self.consumer, {self.keys.stream: self._pel_cursor}, count=need + 16)
+            resp = await self.r.xreadgroup(
+                self.group, self.consumer, {self.keys.stream: self._pel_cursor}, count=need + 16
+            )
             page = entries_of(resp)
             if not page:
                 self.recover, self._pel_cursor = False, "0"
@@ -110,15 +115,21 @@ class ConsumerStream:
         cursor = "0-0"
         while len(out) < need:
             resp = await self.r.xautoclaim(
-                self.keys.stream, self.group, self.consumer, min_idle_time=int(self.claim_idle_s * 1000),
-                start_id=cursor, count=need - len(out),
+                self.keys.stream,
+                self.group,
+                self.consumer,
+                min_idle_time=int(self.claim_idle_s * 1000),
+                start_id=cursor,
+                count=need - len(out),
             )
             cursor = resp[0].decode() if isinstance(resp[0], bytes) else str(resp[0])
             out.extend((sid, fields or {}) for sid, fields in resp[1])
             if cursor == "0-0":
                 break
         if out:
-            log.warning("%s: claimed %d entries of a consumer idle for > %.0f s", self.consumer, len(out), self.claim_idle_s)
+            log.warning(
+                "%s: claimed %d entries of a consumer idle for > %.0f s", self.consumer, len(out), self.claim_idle_s
+            )
         return out
 
     async def delivery_counts(self, sids: Sequence[bytes]) -> dict[bytes, int]:
@@ -136,9 +147,12 @@ class ConsumerStream:
 
     async def drop(self, sids: Sequence[bytes]) -> None:
         """``XACK`` + ``XDEL`` without a done mark (deleted entries, in-flight duplicates)."""
-        await self.r.pipeline(transaction=True).xack(self.keys.stream, self.group, *sids).xdel(
-            self.keys.stream, *sids
-        ).execute()
+        await (
+            self.r.pipeline(transaction=True)
+            .xack(self.keys.stream, self.group, *sids)
+            .xdel(self.keys.stream, *sids)
+            .execute()
+        )
 
     async def commit(self, pairs: Sequence[tuple[bytes, str]]) -> None:
         """``XACK`` + ``XDEL`` the entries and record their ids as done, atomically (idempotent)."""
@@ -168,6 +182,24 @@ class ConsumerStream:
         """Reset the idle time of our pending ``sids`` (so no other consumer claims them)."""
         for i in range(0, len(sids), 1000):
             await self.r.xclaim(self.keys.stream, self.group, self.consumer, 0, list(sids[i : i + 1000]), justid=True)
+
+    async def heartbeat(self, held: Callable[[], set[bytes]], stop: asyncio.Event) -> None:
+        """Until ``stop`` is set, keep the ``held()`` entries from looking idle (another
+        consumer would claim them); failures are logged, never raised."""
+        period = max(0.1, self.claim_idle_s / 4)
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=period)
+                return
+            except TimeoutError:
+                pass
+            sids = list(held())
+            if not sids or self.r is None:
+                continue
+            try:
+                await self.keep_alive(sids)
+            except Exception as e:  # noqa: BLE001 - a heartbeat must never kill the trainer
+                log.debug("heartbeat failed: %s", e)
 
     async def length(self) -> int:
         return int(await self.r.xlen(self.keys.stream))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Optional
 
 from ludic_lab.training.saw import SAWItem
 
@@ -39,7 +38,7 @@ class HeldItem:
     """Its Redis stream id."""
     item_id: str
     """The item's own id (what the done set records)."""
-    item: Optional[SAWItem]
+    item: SAWItem | None
     """The decoded item (``None`` for one restored from a checkpoint: never trained again)."""
     state: ItemState
 
@@ -76,7 +75,7 @@ class HeldItems:
             if state is ItemState.DELIVERED:
                 self._by_sid[r.sid] = self._by_sid.pop(r.sid)
 
-    def take_backlog(self) -> Optional[HeldItem]:
+    def take_backlog(self) -> HeldItem | None:
         """The first backlog record, moved to ``filling``; ``None`` when the backlog is empty."""
         for r in self._by_sid.values():
             if r.state is ItemState.BACKLOG:
@@ -102,4 +101,17 @@ class HeldItems:
         return {r.item_id for r in self.live()}
 
 
-__all__ = ["HeldItem", "HeldItems", "ItemState"]
+def split_stale(records: list[HeldItem], max_lag: int | None, now: int | None) -> tuple[list[HeldItem], list[HeldItem]]:
+    """``(fresh, stale)``: stale items were sampled more than ``max_lag`` versions before
+    ``now`` (nothing is stale without a ``max_lag`` or a current version)."""
+    if max_lag is None or now is None:
+        return records, []
+    fresh: list[HeldItem] = []
+    stale: list[HeldItem] = []
+    for r in records:
+        v = r.item.policy_version if r.item is not None else None
+        (stale if v is not None and now - v > max_lag else fresh).append(r)
+    return fresh, stale
+
+
+__all__ = ["HeldItem", "HeldItems", "ItemState", "split_stale"]

@@ -37,24 +37,23 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
+import functools
 import os
 import time
-from typing import Any, Callable, ClassVar, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 from ludic_lab.pipeline.connection import QueueKeys, Reconnector, close_client, connect_redis, redact
 from ludic_lab.pipeline.consumer_stream import ConsumerStream, Entry
-from ludic_lab.pipeline.held_items import HeldItem, HeldItems, ItemState
+from ludic_lab.pipeline.held_items import HeldItem, HeldItems, ItemState, split_stale
 from ludic_lab.pipeline.source_report import batch_meta, gather_state_dicts
 from ludic_lab.pipeline.wire import WireFormatError, decode_entry
 from ludic_lab.training.batching.base import EmptyBatchError
 from ludic_lab.training.filters import FilterSpec, as_filter
 from ludic_lab.training.saw import SAWBatch
 
-log = logging.getLogger("ludic_lab.pipeline")
-
-_COUNTERS = (
-    "batches", "items", "acked", "stale_dropped", "filtered_samples", "duplicates_dropped", "dead_lettered", "reclaimed", "redelivered",
+_COUNTERS = tuple(
+    "batches items acked stale_dropped filtered_samples duplicates_dropped dead_lettered reclaimed redelivered".split()
 )
 
 
@@ -83,25 +82,29 @@ class PipelineBatchSource:
         batch_size: int = 32,
         *,
         group: str = "trainers",
-        consumer: Optional[str] = None,
-        max_lag: Optional[int] = None,
-        policy_version_fn: Optional[Callable[[], Optional[int]]] = None,
+        consumer: str | None = None,
+        max_lag: int | None = None,
+        policy_version_fn: Callable[[], int | None] | None = None,
         batches_per_step: int = 1,
-        vocab_size: Optional[int] = None,
+        vocab_size: int | None = None,
         claim_idle_s: float = 60.0,
         max_deliveries: int = 5,
         block_s: float = 1.0,
-        timeout_s: Optional[float] = None,
+        timeout_s: float | None = None,
         connect_timeout_s: float = 5.0,
         reconnect_timeout_s: float = 300.0,
         dedup_max_ids: int = 1_000_000,
-        on_ack: Optional[Callable[[list[str]], None]] = None,
+        on_ack: Callable[[list[str]], None] | None = None,
         sample_filter: FilterSpec = None,
     ) -> None:
         from ludic_lab.pipeline.connection import check_redis_url
 
-        for name, v, lo in (("batch_size", batch_size, 1), ("batches_per_step", batches_per_step, 1),
-                            ("max_deliveries", max_deliveries, 1), ("dedup_max_ids", dedup_max_ids, 1)):
+        for name, v, lo in (
+            ("batch_size", batch_size, 1),
+            ("batches_per_step", batches_per_step, 1),
+            ("max_deliveries", max_deliveries, 1),
+            ("dedup_max_ids", dedup_max_ids, 1),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"PipelineBatchSource.{name} must be an int >= {lo}, got {v!r}")
         if max_lag is not None and (isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0):
@@ -129,15 +132,21 @@ class PipelineBatchSource:
         self.counters: dict[str, int] = {k: 0 for k in _COUNTERS}
         self._rc = Reconnector(f"PipelineBatchSource[{self.consumer}]", redis_url, timeout_s=reconnect_timeout_s)
         self._stream = ConsumerStream(
-            self.keys, group, self.consumer, claim_idle_s=self.claim_idle_s, block_s=self.block_s, dedup_max_ids=dedup_max_ids
+            self.keys,
+            group,
+            self.consumer,
+            claim_idle_s=self.claim_idle_s,
+            block_s=self.block_s,
+            dedup_max_ids=dedup_max_ids,
         )
         self._held = HeldItems()
         self._batches_since_commit = 0
-        self._heartbeat: Optional[asyncio.Task] = None
+        self._heartbeat: asyncio.Task | None = None
 
     def __repr__(self) -> str:
         return (
-            f"PipelineBatchSource({redact(self.redis_url)!r}, queue_key={self.queue_key!r}, batch_size={self.batch_size}, "
+            f"PipelineBatchSource({redact(self.redis_url)!r}, queue_key={self.queue_key!r}, "
+            f"batch_size={self.batch_size}, "
             f"group={self.group!r}, consumer={self.consumer!r}, max_lag={self.max_lag})"
         )
 
@@ -152,7 +161,9 @@ class PipelineBatchSource:
             st.group_ready = True
         if self._heartbeat is None or self._heartbeat.done():
             self._stop_heartbeat = asyncio.Event()
-            self._heartbeat = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+            self._heartbeat = asyncio.get_running_loop().create_task(
+                self._stream.heartbeat(self._held.sids, self._stop_heartbeat)
+            )
 
     async def aclose(self) -> None:
         """Stop the heartbeat and close the connection (delivered items stay pending: call
@@ -163,7 +174,7 @@ class PipelineBatchSource:
             self._stop_heartbeat.set()
             try:
                 await asyncio.wait_for(self._heartbeat, timeout=5.0)
-            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001 - closing anyway
+            except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001 - closing anyway
                 pass
             self._heartbeat = None
         if self._stream.r is not None:
@@ -204,11 +215,11 @@ class PipelineBatchSource:
                     stats={"wait_s": time.monotonic() - t0},
                 )
             need = self.batch_size - n
-            entries, how = await self._rc.run(lambda: self._stream.read(need, held.sids()))
+            entries, how = await self._rc.run(functools.partial(self._read_next, need))
             if entries:
                 if how != "new":
                     self._bump(per, how, len(entries))
-                held.add(await self._rc.run(lambda: self._accept(entries, how, per)))
+                held.add(await self._rc.run(functools.partial(self._accept, entries, how, per)))
         batch = held.in_state(ItemState.FILLING)
         held.move(batch, ItemState.DELIVERED)
         items = [r.item for r in batch if r.item is not None]
@@ -216,11 +227,17 @@ class PipelineBatchSource:
         self.counters["batches"] += 1
         self.counters["items"] += len(items)
         queue_len = await self._rc.run(self._stream.length)
-        return SAWBatch(items=tuple(items), meta=batch_meta(
-            items, per, wait_s=time.monotonic() - t0, queue_len=queue_len,
-            policy_version=self.policy_version_fn() if self.policy_version_fn is not None else None,
-            reconnects=self._rc.reconnects,
-        ))
+        return SAWBatch(
+            items=tuple(items),
+            meta=batch_meta(
+                items,
+                per,
+                wait_s=time.monotonic() - t0,
+                queue_len=queue_len,
+                policy_version=self.policy_version_fn() if self.policy_version_fn is not None else None,
+                reconnects=self._rc.reconnects,
+            ),
+        )
 
     async def ack(self) -> int:
         """Commit every delivered batch now (call after the optimizer step that used them);
@@ -249,7 +266,9 @@ class PipelineBatchSource:
         checkpoint are committed on the next call (they are in the restored weights), not
         trained again."""
         if state.get("queue_key", self.queue_key) != self.queue_key:
-            raise ValueError(f"checkpoint is for queue {state.get('queue_key')!r}, this source reads {self.queue_key!r}")
+            raise ValueError(
+                f"checkpoint is for queue {state.get('queue_key')!r}, this source reads {self.queue_key!r}"
+            )
         own = dict(state.get("consumers", {})).get(self.consumer, {})
         self._held.drop(self._held.in_state(ItemState.RESTORED))
         self._held.add(
@@ -258,6 +277,10 @@ class PipelineBatchSource:
         for k, v in dict(own.get("counters", {})).items():
             if k in self.counters:
                 self.counters[k] = int(v)
+
+    async def _read_next(self, need: int) -> tuple[list[Entry], str]:
+        """The next entries to look at (held ones are never re-read as new)."""
+        return await self._stream.read(need, self._held.sids())
 
     # -- accepting entries --------------------------------------------------------------------
     async def _accept(self, entries: list[Entry], how: str, per: dict[str, int]) -> list[HeldItem]:
@@ -278,8 +301,12 @@ class PipelineBatchSource:
                 drop_now.append(sid)
                 continue
             if counts.get(sid, 1) > self.max_deliveries:
-                await st.dead_letter(sid, fields, f"delivered {counts[sid]} times without being acknowledged "
-                                     f"(max_deliveries={self.max_deliveries}): a trainer crashed on it each time?")
+                await st.dead_letter(
+                    sid,
+                    fields,
+                    f"delivered {counts[sid]} times without being acknowledged "
+                    f"(max_deliveries={self.max_deliveries}): a trainer crashed on it each time?",
+                )
                 self._bump(per, "dead_lettered")
                 continue
             try:
@@ -297,11 +324,11 @@ class PipelineBatchSource:
             candidates.append(HeldItem(sid, iid, item, ItemState.BACKLOG))
         if candidates:
             scores = await st.done_scores([c.item_id for c in candidates])
-            dup = [c for c, s in zip(candidates, scores) if s is not None]
+            dup = [c for c, s in zip(candidates, scores, strict=True) if s is not None]
             if dup:
                 drop_now.extend(c.sid for c in dup)
                 self._bump(per, "duplicates_dropped", len(dup))
-                candidates = [c for c, s in zip(candidates, scores) if s is None]
+                candidates = [c for c, s in zip(candidates, scores, strict=True) if s is None]
         if drop_now:
             await st.drop(drop_now)
         fresh, stale = self._split_stale(candidates)
@@ -319,7 +346,7 @@ class PipelineBatchSource:
         assert self.sample_filter is not None
         kept, dropped = [], []
         for r in records:
-            why = self.sample_filter.rejected_by(r.item)
+            why = self.sample_filter.rejected_by(r.item) if r.item is not None else None
             if why is None:
                 kept.append(r)
             else:
@@ -329,17 +356,9 @@ class PipelineBatchSource:
         return kept, dropped
 
     def _split_stale(self, records: list[HeldItem]) -> tuple[list[HeldItem], list[HeldItem]]:
-        """``(fresh, stale)``: stale items were sampled more than ``max_lag`` versions ago."""
-        if self.max_lag is None or self.policy_version_fn is None:
-            return records, []
-        now = self.policy_version_fn()
-        if now is None:
-            return records, []
-        fresh, stale = [], []
-        for r in records:
-            v = r.item.policy_version if r.item is not None else None
-            (stale if v is not None and now - v > self.max_lag else fresh).append(r)
-        return fresh, stale
+        """``(fresh, stale)`` by ``max_lag`` behind the trainer's current policy version."""
+        now = self.policy_version_fn() if self.max_lag is not None and self.policy_version_fn is not None else None
+        return split_stale(records, self.max_lag, now)
 
     # -- committing -----------------------------------------------------------------------------
     async def _commit(self, records: list[HeldItem], *, only_new: bool = False) -> int:
@@ -353,7 +372,7 @@ class PipelineBatchSource:
             new = [iid for _, iid in pairs]
             if only_new:  # a restored checkpoint's items: the dead process may have committed them
                 scores = await self._stream.done_scores(new)
-                new = [iid for iid, s in zip(new, scores) if s is None]
+                new = [iid for iid, s in zip(new, scores, strict=True) if s is None]
             await self._stream.commit(pairs)
             return new
 
@@ -363,23 +382,6 @@ class PipelineBatchSource:
         if self.on_ack is not None and new:
             self.on_ack(new)
         return len(new)
-
-    async def _heartbeat_loop(self) -> None:
-        """Keep our pending entries from looking idle (another consumer would claim them)."""
-        period = max(0.1, self.claim_idle_s / 4)
-        while True:
-            try:
-                await asyncio.wait_for(self._stop_heartbeat.wait(), timeout=period)
-                return
-            except asyncio.TimeoutError:
-                pass
-            held = list(self._held.sids())
-            if not held or self._stream.r is None:
-                continue
-            try:
-                await self._stream.keep_alive(held)
-            except Exception as e:  # noqa: BLE001 - a heartbeat must never kill the trainer
-                log.debug("heartbeat failed: %s", e)
 
     def _bump(self, per: dict[str, int], key: str, n: int = 1) -> None:
         per[key] += n

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.training.batching.batch_stats import item_stats
 from ludic_lab.training.saw import SAWItem
@@ -18,7 +18,7 @@ def batch_meta(
     *,
     wait_s: float,
     queue_len: int,
-    policy_version: Optional[int],
+    policy_version: int | None,
     reconnects: int,
 ) -> dict[str, Any]:
     """A pipeline batch's ``meta``: the items' statistics, what this call dropped and why

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from ludic_lab.types import Rollout, Step
 
@@ -36,13 +37,13 @@ class SAWItem:
     """Per-token weight (credit / advantage) on action tokens; 0 elsewhere."""
     behaviour_logprobs: tuple[float, ...]
     """Sampler's logprob of each action token (0 on prompt positions)."""
-    policy_version: Optional[int] = None
+    policy_version: int | None = None
     """Version of the weights that sampled the completion (for ``max_lag`` staleness)."""
     reward: float = 0.0
     """The rollout's total reward (for logging; the loss uses ``weights``)."""
     rollout_id: str = ""
     step_index: int = 0
-    group_id: Optional[str] = None
+    group_id: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -74,7 +75,7 @@ class SAWItem:
     @property
     def weight(self) -> float:
         """The (first) non-zero action weight: the step's scalar credit."""
-        for m, w in zip(self.action_mask, self.weights):
+        for m, w in zip(self.action_mask, self.weights, strict=False):
             if m:
                 return w
         return 0.0
@@ -86,14 +87,14 @@ class SAWItem:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SAWItem":
+    def from_dict(cls, d: Mapping[str, Any]) -> SAWItem:
         return cls(**dict(d))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, s: str) -> "SAWItem":
+    def from_json(cls, s: str) -> SAWItem:
         return cls.from_dict(json.loads(s))
 
     @classmethod
@@ -103,8 +104,8 @@ class SAWItem:
         step: Step,
         weight: float,
         *,
-        meta: Optional[Mapping[str, Any]] = None,
-    ) -> "SAWItem":
+        meta: Mapping[str, Any] | None = None,
+    ) -> SAWItem:
         """The item of one rollout step with scalar credit ``weight`` on every action token
         (the tokens the model sampled; a tool turn's inserted results are context).
 
@@ -132,7 +133,8 @@ class SAWItem:
             input_ids=tr.prompt_token_ids + tr.completion_token_ids,
             action_mask=(0,) * P + mask,
             weights=(0.0,) * P + tuple(w if m else 0.0 for m in mask),
-            behaviour_logprobs=(0.0,) * P + tuple(lp if m else 0.0 for m, lp in zip(mask, tr.completion_logprobs)),
+            behaviour_logprobs=(0.0,) * P
+            + tuple(lp if m else 0.0 for m, lp in zip(mask, tr.completion_logprobs, strict=False)),
             policy_version=tr.policy_version if tr.policy_version is not None else rollout.policy_version,
             reward=rollout.total_reward,
             rollout_id=rollout.id,
@@ -188,7 +190,7 @@ def saw_items_from_rollouts(
         "steps_without_logprobs": 0,
         "invalid_steps": 0,
     }
-    first_invalid: Optional[str] = None
+    first_invalid: str | None = None
     for r in rollouts:
         if r.failed and skip_failed:
             counts["failed_rollouts"] += 1

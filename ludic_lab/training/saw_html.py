@@ -21,17 +21,18 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ludic_lab.token_html import fmt, legend_html, resolve_tokenizer, scale_of, sequence_html, view_html
 from ludic_lab.training.saw import SAWBatch, SAWItem
 
 
 def _effective(it: SAWItem) -> list[float]:
-    return [w * m for w, m in zip(it.weights, it.action_mask)]
+    return [w * m for w, m in zip(it.weights, it.action_mask, strict=False)]
 
 
-def item_ratios(it: SAWItem, logprobs: Optional[Sequence[float]]) -> Optional[list[Optional[float]]]:
+def item_ratios(it: SAWItem, logprobs: Sequence[float] | None) -> list[float | None] | None:
     """``exp(logprob - behaviour_logprob)`` on action tokens (``None`` elsewhere), or ``None``
     without ``logprobs``; ``logprobs`` must align with ``it.input_ids``."""
     if logprobs is None:
@@ -39,11 +40,12 @@ def item_ratios(it: SAWItem, logprobs: Optional[Sequence[float]]) -> Optional[li
     if len(logprobs) != it.num_tokens:
         raise ValueError(f"logprobs has {len(logprobs)} entries for an item of {it.num_tokens} tokens")
     return [
-        math.exp(float(lp) - b) if m else None for lp, b, m in zip(logprobs, it.behaviour_logprobs, it.action_mask)
+        math.exp(float(lp) - b) if m else None
+        for lp, b, m in zip(logprobs, it.behaviour_logprobs, it.action_mask, strict=False)
     ]
 
 
-def _card(it: SAWItem, tok: Any, scale: float, logprobs: Optional[Sequence[float]]) -> str:
+def _card(it: SAWItem, tok: Any, scale: float, logprobs: Sequence[float] | None) -> str:
     adv = it.weight
     bits = [
         f"<b>reward {fmt(it.reward)}</b>",
@@ -53,14 +55,16 @@ def _card(it: SAWItem, tok: Any, scale: float, logprobs: Optional[Sequence[float
     if it.policy_version is not None:
         bits.append(f"policy v{it.policy_version}")
     if it.rollout_id:
-        bits.append(f"<span title='{html.escape(it.rollout_id, quote=True)}'>{html.escape(it.rollout_id[:8])}"
-                    f"/step {it.step_index}</span>")
+        bits.append(
+            f"<span title='{html.escape(it.rollout_id, quote=True)}'>{html.escape(it.rollout_id[:8])}"
+            f"/step {it.step_index}</span>"
+        )
     body = sequence_html(
         it.input_ids,
         tokenizer=tok,
         mask=it.action_mask,
         weights=it.weights,
-        logprobs=[b if m else None for b, m in zip(it.behaviour_logprobs, it.action_mask)],
+        logprobs=[b if m else None for b, m in zip(it.behaviour_logprobs, it.action_mask, strict=False)],
         ratios=item_ratios(it, logprobs),
         advantage=adv,
         scale=scale,
@@ -82,9 +86,9 @@ def saw_batch_html(
     batch: SAWBatch | Sequence[SAWItem] | SAWItem,
     *,
     tokenizer: Any = None,
-    logprobs: Optional[Sequence[Sequence[float]]] = None,
+    logprobs: Sequence[Sequence[float]] | None = None,
     max_items: int = 64,
-    title: Optional[str] = None,
+    title: str | None = None,
 ) -> str:
     """The credit view of a batch (or items, or one item): groups of siblings side by side,
     one colour scale per group; ``logprobs[i]`` (current policy, aligned with item ``i``'s
@@ -107,11 +111,16 @@ def saw_batch_html(
         n_tok = sum(it.num_tokens for it in items)
         n_act = sum(it.num_action_tokens for it in items)
         summ = [f"<b>{len(items)} item(s)</b>", f"{n_tok} tokens", f"{n_act} action tokens"]
-        summ += [f"{html.escape(str(k))} {v:.4g}" for k, v in list(meta.items())[:6] if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        summ += [
+            f"{html.escape(str(k))} {v:.4g}"
+            for k, v in list(meta.items())[:6]
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
         parts.append(f"<div class='ll-head'>{' · '.join(summ)}</div>")
     if tok is None:
         parts.append(
-            "<div class='ll-head'>token ids shown: call <code>ludic_lab.token_html.set_display_tokenizer(tokenizer)</code> "
+            "<div class='ll-head'>token ids shown: call "
+            "<code>ludic_lab.token_html.set_display_tokenizer(tokenizer)</code> "
             "or pass <code>tokenizer=</code> to see text</div>"
         )
     parts.append(legend_html(scale_of([w for _, it in shown for w in _effective(it)])))
@@ -126,10 +135,13 @@ def saw_batch_html(
             )
         cards = "".join(_card(it, tok, scale, None if logprobs is None else logprobs[k]) for k, it in group)
         parts.append(
-            f"<div class='ll-group' data-group-id='{html.escape(str(gid), quote=True)}' data-scale='{scale!r}'>{cards}</div>"
+            f"<div class='ll-group' data-group-id='{html.escape(str(gid), quote=True)}' "
+            f"data-scale='{scale!r}'>{cards}</div>"
         )
     if len(items) > max_items:
-        parts.append(f"<div class='ll-head'>… {len(items) - max_items} more item(s) not shown (max_items={max_items})</div>")
+        parts.append(
+            f"<div class='ll-head'>… {len(items) - max_items} more item(s) not shown (max_items={max_items})</div>"
+        )
     return view_html("".join(parts))
 
 
@@ -150,8 +162,8 @@ def _batch_repr_html(self: SAWBatch) -> str:
 
 
 # the views register themselves with the data classes
-setattr(SAWItem, "_repr_html_", _item_repr_html)
-setattr(SAWBatch, "_repr_html_", _batch_repr_html)
+setattr(SAWItem, "_repr_html_", _item_repr_html)  # noqa: B010 - the data classes declare no HTML
+setattr(SAWBatch, "_repr_html_", _batch_repr_html)  # noqa: B010 - the data classes declare no HTML
 
 
 __all__ = ["item_ratios", "saw_batch_html", "saw_item_html"]

@@ -44,6 +44,13 @@ from ludic_lab.inference.models.tiny import (
 __all__ = [
     "CHATML_TEMPLATE",
     "DEFAULT_MODEL_NAME",
+    "MANIFEST_FILE",
+    "MODEL_ALIASES_DEFAULT",
+    "MODEL_ALIASES_TINY",
+    "SMOLLM2_GGUF_FILE",
+    "SMOLLM2_PACKAGE",
+    "SPECIAL_TOKENS",
+    "TINY_MODEL_NAME",
     "ModelNotAvailableError",
     "build_tiny_model",
     "build_tiny_tokenizer",

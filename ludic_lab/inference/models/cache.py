@@ -16,8 +16,9 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Union
 
 from filelock import FileLock, Timeout
 
@@ -38,7 +39,7 @@ class ModelNotAvailableError(RuntimeError):
 # ---------------------------------------------------------------------------------------------
 
 
-def cache_root(cache_dir: Optional[PathLike] = None) -> Path:
+def cache_root(cache_dir: PathLike | None = None) -> Path:
     """The cache root: ``cache_dir``, ``$LUDIC_LAB_CACHE``, ``~/.cache/ludic_lab``, or a temp dir.
 
     The home default falls back to ``<tmp>/ludic_lab-cache-<user>`` when it is not writable
@@ -49,8 +50,7 @@ def cache_root(cache_dir: Optional[PathLike] = None) -> Path:
         root = Path(explicit).expanduser()
         if not _ensure_writable(root):
             raise ModelNotAvailableError(
-                f"cache folder {root} is not writable; pass cache_dir= or set LUDIC_LAB_CACHE "
-                "to a writable folder"
+                f"cache folder {root} is not writable; pass cache_dir= or set LUDIC_LAB_CACHE to a writable folder"
             )
         return root
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -140,7 +140,7 @@ def _remove_tree(folder: Path) -> None:
 def materialize(
     dest: PathLike,
     build: Callable[[Path], Any],
-    info: Optional[dict[str, Any]] = None,
+    info: dict[str, Any] | None = None,
     *,
     lock_timeout_s: float = _LOCK_TIMEOUT_S,
 ) -> str:
@@ -175,7 +175,6 @@ def materialize(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # no-op when the rename succeeded
     return str(dest)
-
 
 
 def normalize_tokenizer_config(folder: Path, *, model_max_length: int) -> None:

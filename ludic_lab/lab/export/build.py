@@ -7,8 +7,9 @@ command line all end here.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from ludic_lab.lab.export.cells import Cell, ExportError
 from ludic_lab.lab.export.check import check_free_names, star_modules
@@ -18,12 +19,12 @@ from ludic_lab.lab.export.script import ExportedScript, write_script
 
 
 def export_cells(
-    cells: Sequence[Union[str, Cell]],
-    target_cell: Union[str, Cell],
-    path: Union[str, os.PathLike],
+    cells: Sequence[str | Cell],
+    target_cell: str | Cell,
+    path: str | os.PathLike,
     *,
     config_var: str = "config",
-    values: Optional[Mapping[str, Any]] = None,
+    values: Mapping[str, Any] | None = None,
     source_name: str = "notebook cells",
     force: bool = False,
 ) -> ExportedScript:
@@ -39,7 +40,9 @@ def export_cells(
         if c.source == target.source:
             cs, target = cs[:i], Cell(target.source, c.label if target.label == "the exported cell" else target.label)
             break
-    src, meta = build(cs, target, config_var=config_var, values=values, source_name=source_name, script_name=Path(path).name)
+    src, meta = build(
+        cs, target, config_var=config_var, values=values, source_name=source_name, script_name=Path(path).name
+    )
     return write_script(Path(path), src, meta, force=force)
 
 
@@ -48,12 +51,14 @@ def build_script(
     target: Cell,
     *,
     config_var: str = "config",
-    values: Optional[Mapping[str, Any]] = None,
+    values: Mapping[str, Any] | None = None,
     source_name: str = "notebook cells",
     script_name: str = "script.py",
 ) -> str:
     """The script's source (see :func:`export_cells`); raises :class:`ExportError`."""
-    return build(cells, target, config_var=config_var, values=values, source_name=source_name, script_name=script_name)[0]
+    return build(cells, target, config_var=config_var, values=values, source_name=source_name, script_name=script_name)[
+        0
+    ]
 
 
 def build(
@@ -61,7 +66,7 @@ def build(
     target: Cell,
     *,
     config_var: str,
-    values: Optional[Mapping[str, Any]],
+    values: Mapping[str, Any] | None,
     source_name: str,
     script_name: str,
 ) -> tuple[str, dict[str, Any]]:

@@ -12,7 +12,7 @@ import ast
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 MAGIC = "ludic_export"
 
@@ -46,7 +46,7 @@ def directives(source: str) -> tuple[set[str], str]:
     return flags, "\n".join(lines[i:])
 
 
-def magic_line(source: str) -> Optional[str]:
+def magic_line(source: str) -> str | None:
     first = source.lstrip("\n").split("\n", 1)[0].strip()
     return first if first.startswith(f"%%{MAGIC}") else None
 
@@ -76,8 +76,6 @@ def magic_args(cell: Cell) -> tuple[str, dict[str, Any]]:
 _MAGIC_LINE = re.compile(r"^\s*(%|!|[A-Za-z_][\w.]*\s*=\s*[%!])|\?\s*$")
 
 
-
-
 def parse_cell(cell: Cell, body: str) -> ast.Module:
     try:
         return compile(body, cell.label, "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
@@ -92,12 +90,11 @@ def parse_cell(cell: Cell, body: str) -> ast.Module:
         raise ExportError(f"{cell.label} is not valid Python: {e.msg} at line {e.lineno}") from None
 
 
-def try_parse(body: str) -> Optional[ast.Module]:
+def try_parse(body: str) -> ast.Module | None:
     try:
         return compile(body, "<cell>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     except SyntaxError:
         return None
-
 
 
 __all__ = [

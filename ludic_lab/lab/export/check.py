@@ -7,7 +7,8 @@ where it does exist (an unexported cell, only IPython, only the kernel's namespa
 from __future__ import annotations
 
 import ast
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ludic_lab.lab.export.cells import Cell, ExportError, directives, try_parse
 from ludic_lab.lab.export.syntax import bound_names, free_names
@@ -25,8 +26,7 @@ def star_modules(exported: Sequence[tuple[Cell, str, ast.Module]]) -> list[str]:
     ]
 
 
-
-def definitions(tree: Optional[ast.Module]) -> set[str]:
+def definitions(tree: ast.Module | None) -> set[str]:
     if tree is None:
         return set()
     try:
@@ -40,7 +40,7 @@ def check_free_names(
     filename: str,
     exported: Sequence[tuple[Cell, str, ast.Module]],
     target: Cell,
-    others: Sequence[tuple[Cell, Optional[ast.Module]]],
+    others: Sequence[tuple[Cell, ast.Module | None]],
     values: Mapping[str, Any],
     star_mods: Sequence[str],
 ) -> None:
@@ -50,8 +50,10 @@ def check_free_names(
             import importlib
 
             mod = importlib.import_module(m)
-        except Exception as e:  # noqa: BLE001 - any import failure means the names are unknown
-            raise ExportError(f"`from {m} import *` in an exported cell: cannot import {m} to see its names ({e})") from e
+        except Exception as e:
+            raise ExportError(
+                f"`from {m} import *` in an exported cell: cannot import {m} to see its names ({e})"
+            ) from e
         free -= set(getattr(mod, "__all__", None) or [n for n in dir(mod) if not n.startswith("_")])
     if not free:
         return

@@ -8,13 +8,20 @@ exported cell, and an ``if __name__ == "__main__":`` guard parsing the command l
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from ludic_lab.lab import export_rank0
 from ludic_lab.lab.export.params import Param, dataclass_fields
 from ludic_lab.lab.export.plan import ExportPlan
 from ludic_lab.lab.export.script import MARKER
-from ludic_lab.lab.export.syntax import bound_names, function_locals, global_lines, has_toplevel_await, indent, split_imports
+from ludic_lab.lab.export.syntax import (
+    bound_names,
+    function_locals,
+    global_lines,
+    has_toplevel_await,
+    indent,
+    split_imports,
+)
 
 
 def generate(plan: ExportPlan, *, source_name: str, script_name: str) -> tuple[str, list[str], bool]:
@@ -52,8 +59,11 @@ def _main_body(plan: ExportPlan) -> tuple[str, list[str]]:
     for c, b, t in plan.main_cells + [(target, plan.target_body, plan.target_tree)]:
         imports, rest = split_imports(b, t)
         hoisted += imports
-        head = f"# --- {c.label} (#| export) ---\n" if c is not target else (
-            f"# --- {target.label} (exported) ---\n" if plan.main_cells else "")
+        head = (
+            f"# --- {c.label} (#| export) ---\n"
+            if c is not target
+            else (f"# --- {target.label} (exported) ---\n" if plan.main_cells else "")
+        )
         parts.append(head + rest.strip())
     return "\n\n".join(parts), hoisted
 
@@ -103,9 +113,12 @@ def _main_function(plan: ExportPlan, main_body: str, cfg_name: str, is_async: bo
     out = [f"{'async ' if is_async else ''}def {fn}({arg}: {cfg_name}) -> None:"]
     what = f"{target.label[0].upper()}{target.label[1:]}" + (
         f", preceded by {', '.join(c.label for c, _, _ in plan.main_cells)} (computing with the parameters)"
-        if plan.main_cells else ""
+        if plan.main_cells
+        else ""
     )
-    out.append(f'    """{docstring_text(what)}.\n\n    Names defined here stay module globals, as in the notebook.\n    """')
+    out.append(
+        f'    """{docstring_text(what)}.\n\n    Names defined here stay module globals, as in the notebook.\n    """'
+    )
     out += [f"    {ln}" for ln in global_lines(mglobals)]
     out += [f"    {p.name} = {arg}.{p.field}" for p in plan.params]
     out.append(indent(main_body) if main_body.strip() else "    pass")
@@ -155,7 +168,8 @@ def script_docstring(
     doc = [
         title,
         "",
-        f"Exported from {source_name}: main() is {main_label}" + (f"; helpers from {', '.join(exported)}." if exported else "."),
+        f"Exported from {source_name}: main() is {main_label}"
+        + (f"; helpers from {', '.join(exported)}." if exported else "."),
         "",
         "Run:",
         f"    python {script_name} {example}".rstrip(),
@@ -163,7 +177,6 @@ def script_docstring(
         f"    python {script_name} --help      # every flag, from the Config dataclass",
     ]
     return '"""' + docstring_text("\n".join(doc)) + '\n"""'
-
 
 
 __all__ = ["config_class_lines", "docstring_text", "generate", "script_docstring"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.lab.export.build import export_cells
 from ludic_lab.lab.export.cells import MAGIC, Cell, ExportError, magic_line, magic_parser
@@ -13,10 +13,10 @@ from ludic_lab.lab.export.notebook import saved_tags
 from ludic_lab.lab.export.script import ExportedScript
 
 _CELL_IDS = "_ludic_export_cell_ids"
-_last: Optional[ExportedScript] = None
+_last: ExportedScript | None = None
 
 
-def last_export() -> Optional[ExportedScript]:
+def last_export() -> ExportedScript | None:
     """The script the last ``%%ludic_export`` in this process wrote (None before the first)."""
     return _last
 
@@ -73,7 +73,9 @@ def magic_cell(line: str, cell: str) -> ExportedScript:
     try:
         ns = magic_parser().parse_args(shlex.split(line))
     except (argparse.ArgumentError, SystemExit, ValueError) as e:
-        raise ExportError(f"bad %%{MAGIC} line {line!r}: {e}; usage: %%{MAGIC} path.py [--config-var NAME] [--force]") from None
+        raise ExportError(
+            f"bad %%{MAGIC} line {line!r}: {e}; usage: %%{MAGIC} path.py [--config-var NAME] [--force]"
+        ) from None
     hist = ip.history_manager.input_hist_raw
     label = f"In[{len(hist) - 1}]" if hist and magic_line(hist[-1]) is not None else "the exported cell"
     session = ip.user_ns.get("__session__")

@@ -10,7 +10,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from ludic_lab.lab.export.build import build
 from ludic_lab.lab.export.cells import MAGIC, Cell, ExportError, magic_args, magic_line, strip_first_line
@@ -24,11 +24,11 @@ class NotebookCell:
     index: int
     """Its position among all cells (0-based; messages say ``cell {index + 1}``)."""
     cell: Cell
-    id: Optional[str]
+    id: str | None
     """The notebook's cell id (nbformat 4.5+), if any."""
 
 
-def read_notebook(ipynb_path: Union[str, os.PathLike]) -> Any:
+def read_notebook(ipynb_path: str | os.PathLike) -> Any:
     """The notebook at ``ipynb_path`` as an ``nbformat`` v4 node; raises :class:`ExportError`."""
     import nbformat  # the notebook extra; a ModuleNotFoundError names it to the user
 
@@ -36,7 +36,7 @@ def read_notebook(ipynb_path: Union[str, os.PathLike]) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # missing cell ids and the like: the cells still read
             return nbformat.read(os.fspath(ipynb_path), as_version=4)
-    except Exception as e:  # noqa: BLE001 - nbformat raises several kinds for an unreadable or malformed file
+    except Exception as e:
         raise ExportError(f"cannot read notebook {ipynb_path}: {e}") from e
 
 
@@ -54,10 +54,10 @@ def code_cells(nb: Any) -> list[NotebookCell]:
 
 
 def export_notebook(
-    ipynb_path: Union[str, os.PathLike],
-    path: Optional[Union[str, os.PathLike]] = None,
+    ipynb_path: str | os.PathLike,
+    path: str | os.PathLike | None = None,
     *,
-    cell: Optional[Union[int, str]] = None,
+    cell: int | str | None = None,
     config_var: str = "config",
     force: bool = False,
 ) -> ExportedScript:
@@ -80,14 +80,18 @@ def export_notebook(
     if path is None:
         raise ExportError(f"{target.label} of {nb_path} has no %%{MAGIC} line: pass the script path")
     src, meta = build(
-        [c.cell for c in code[:k]], target, config_var=config_var, values=None, source_name=nb_path.name,
+        [c.cell for c in code[:k]],
+        target,
+        config_var=config_var,
+        values=None,
+        source_name=nb_path.name,
         script_name=Path(path).name,
     )
     return write_script(Path(path), src, meta, force=force)
 
 
 def _target_index(
-    code: list[NotebookCell], nb_path: Path, path: Optional[Union[str, os.PathLike]], cell: Optional[Union[int, str]]
+    code: list[NotebookCell], nb_path: Path, path: str | os.PathLike | None, cell: int | str | None
 ) -> int:
     """Position in ``code`` of the cell to export: ``cell`` (index or id), else the one magic cell."""
     if cell is None:
@@ -98,7 +102,8 @@ def _target_index(
         if len(hits) != 1:
             where = ", ".join(code[k].cell.label for k in hits) or "none"
             raise ExportError(
-                f"{nb_path}: expected one %%{MAGIC} cell to export, found {len(hits)} ({where}); pass cell=<index or id>"
+                f"{nb_path}: expected one %%{MAGIC} cell to export, found {len(hits)} ({where}); "
+                "pass cell=<index or id>"
             )
         return hits[0]
     ks = [k for k, c in enumerate(code) if (isinstance(cell, int) and c.index + 1 == cell) or c.id == cell]

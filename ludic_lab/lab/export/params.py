@@ -6,8 +6,9 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from ludic_lab.lab.export.cells import Cell, ExportError
 
@@ -26,7 +27,7 @@ class Param:
     factory: bool = False
 
 
-def find_user_config(exported: Sequence[tuple[Cell, str, ast.Module]]) -> Optional[str]:
+def find_user_config(exported: Sequence[tuple[Cell, str, ast.Module]]) -> str | None:
     """``"Config"`` when an exported cell defines a dataclass of that name."""
     for c, _, tree in exported:
         for n in tree.body:
@@ -41,7 +42,7 @@ def find_user_config(exported: Sequence[tuple[Cell, str, ast.Module]]) -> Option
 _SCALARS = (bool, int, float, str)
 
 
-def _annotation_of(value: Any) -> Optional[str]:
+def _annotation_of(value: Any) -> str | None:
     if value is None:
         return "typing.Optional[str]"
     if isinstance(value, _SCALARS):
@@ -117,11 +118,11 @@ def parse_params(param_cell: tuple[Cell, str, ast.Module], values: Mapping[str, 
         if is_literal and isinstance(literal, list):
             default = repr(tuple(literal)) if annotation.startswith("tuple") else default
             factory = not annotation.startswith("tuple")
-        doc_lines = [comments[n.lineno]] if n.lineno in comments and n.lineno != n.end_lineno + 1 else []
+        doc_lines = [comments[n.lineno]] if n.lineno in comments and n.lineno != (n.end_lineno or n.lineno) + 1 else []
         if n.end_lineno in comments and n.end_lineno != n.lineno:
             doc_lines.append(comments[n.end_lineno])
         k = n.lineno - 1
-        above = []
+        above: list[str] = []
         while k >= 1 and lines[k - 1].strip().startswith("#") and not lines[k - 1].strip().startswith("#|"):
             above.insert(0, lines[k - 1].strip().lstrip("#").strip())
             k -= 1
@@ -137,7 +138,11 @@ def parse_params(param_cell: tuple[Cell, str, ast.Module], values: Mapping[str, 
 
 def imports_of(param_cell: tuple[Cell, str, ast.Module]) -> list[str]:
     _, body, tree = param_cell
-    return [ast.get_source_segment(body, n) or ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return [
+        ast.get_source_segment(body, n) or ast.unparse(n)
+        for n in tree.body
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+    ]
 
 
 def dataclass_fields(exported: Sequence[tuple[Cell, str, ast.Module]], name: str) -> list[str]:

@@ -9,8 +9,9 @@ the start of ``main``. It decides everything; :mod:`.codegen` only writes it out
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from ludic_lab.lab import export_rank0
 from ludic_lab.lab.export.cells import Cell, ExportError, directives, magic_line, parse_cell, try_parse
@@ -32,7 +33,7 @@ class ExportPlan:
     target_tree: ast.Module
     exported: list[Parsed]
     """Every ``#| export`` cell, in notebook order."""
-    others: list[tuple[Cell, Optional[ast.Module]]]
+    others: list[tuple[Cell, ast.Module | None]]
     """Cells left out (their trees name where an undefined name does exist)."""
     module_cells: list[Parsed]
     """Exported cells that stay at module level."""
@@ -40,7 +41,7 @@ class ExportPlan:
     """Exported cells that compute with the parameters: they run at the start of ``main``."""
     params: list[Param]
     param_imports: list[str]
-    user_config: Optional[str]
+    user_config: str | None
     """``"Config"`` when an exported cell defines the Config dataclass itself."""
     config_var: str
     arg: str
@@ -49,11 +50,11 @@ class ExportPlan:
     rank0_notes: list[str] = field(default_factory=list)
 
 
-def classify(cells: Sequence[Cell]) -> tuple[list[Parsed], list[Parsed], list[tuple[Cell, Optional[ast.Module]]]]:
+def classify(cells: Sequence[Cell]) -> tuple[list[Parsed], list[Parsed], list[tuple[Cell, ast.Module | None]]]:
     """(parameters cells, ``#| export`` cells, other cells); earlier export cells are dropped."""
     params: list[Parsed] = []
     exported: list[Parsed] = []
-    others: list[tuple[Cell, Optional[ast.Module]]] = []
+    others: list[tuple[Cell, ast.Module | None]] = []
     for c in cells:
         if magic_line(c.source) is not None:
             continue  # an earlier export cell
@@ -88,7 +89,9 @@ def rank0_sampling(
     return out, tbody, ttree, [export_rank0.NOTE] if n + k else []
 
 
-def _main_argument(config_var: str, user_config: Optional[str], pnames: set[str], exported: list[Parsed], ttree: ast.Module) -> str:
+def _main_argument(
+    config_var: str, user_config: str | None, pnames: set[str], exported: list[Parsed], ttree: ast.Module
+) -> str:
     """``main``'s argument name; raises when an exported cell assigns the user's config."""
     for c, _, tree in exported:
         clash = sorted(bound_names(tree) & (_RESERVED | ({"Config"} if not user_config else set())))
@@ -102,7 +105,11 @@ def _main_argument(config_var: str, user_config: Optional[str], pnames: set[str]
                     "assignment to a cell that is not exported"
                 )
         return config_var
-    if config_var in pnames or any(config_var in bound_names(t) for _, _, t in exported) or config_var in bound_names(ttree):
+    if (
+        config_var in pnames
+        or any(config_var in bound_names(t) for _, _, t in exported)
+        or config_var in bound_names(ttree)
+    ):
         return "cli_config"  # the cells use `config` for something else
     return config_var
 
@@ -123,7 +130,9 @@ def split_main_cells(exported: list[Parsed], in_main: set[str]) -> tuple[list[Pa
     return main_cells, module_cells
 
 
-def plan_export(cells: Sequence[Cell], target: Cell, *, config_var: str, values: Optional[Mapping[str, Any]]) -> ExportPlan:
+def plan_export(
+    cells: Sequence[Cell], target: Cell, *, config_var: str, values: Mapping[str, Any] | None
+) -> ExportPlan:
     """Decide the script for ``target`` and ``cells`` (notebook order); raises :class:`ExportError`."""
     if not config_var.isidentifier():
         raise ExportError(f"config_var must be a Python name, got {config_var!r}")

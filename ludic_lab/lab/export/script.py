@@ -5,9 +5,10 @@ from __future__ import annotations
 import html
 import os
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from ludic_lab.lab.export.cells import MAGIC, ExportError
 
@@ -32,7 +33,7 @@ class ExportedScript:
     def __fspath__(self) -> str:
         return str(self.path)
 
-    def command(self, nproc: Optional[int] = None, args: Sequence[str] = ()) -> str:
+    def command(self, nproc: int | None = None, args: Sequence[str] = ()) -> str:
         """The shell command that runs the script (under torchrun when ``nproc`` is given)."""
         tail = " ".join(shlex.quote(a) for a in (str(self.path), *args))
         return f"torchrun --nproc_per_node={nproc} {tail}" if nproc else f"python {tail}"
@@ -57,7 +58,9 @@ def write_script(path: Path, src: str, meta: dict[str, Any], *, force: bool) -> 
     if path.exists() and not force:
         head = path.read_text(encoding="utf-8", errors="replace").splitlines()[:3]
         if MARKER not in head:
-            raise ExportError(f"{path} exists and was not written by %%{MAGIC}: not overwriting it (use --force / force=True)")
+            raise ExportError(
+                f"{path} exists and was not written by %%{MAGIC}: not overwriting it (use --force / force=True)"
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(src, encoding="utf-8")

@@ -11,7 +11,7 @@ import builtins
 import io
 import symtable
 import tokenize
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 _DUNDERS = {"__name__", "__file__", "__doc__", "__builtins__", "__spec__", "__loader__", "__package__",
             "__annotations__", "__dict__"}  # fmt: skip
@@ -25,7 +25,9 @@ def split_imports(body: str, tree: ast.Module) -> tuple[list[str], str]:
     imports = []
     spans = [(n.lineno, n.end_lineno or n.lineno) for n in tree.body]
     for n in tree.body:
-        if not isinstance(n, (ast.Import, ast.ImportFrom)) or (isinstance(n, ast.ImportFrom) and n.module == "__future__"):
+        if not isinstance(n, (ast.Import, ast.ImportFrom)) or (
+            isinstance(n, ast.ImportFrom) and n.module == "__future__"
+        ):
             continue
         a, b = n.lineno, n.end_lineno or n.lineno
         if sum(1 for s, e in spans if s <= b and e >= a) > 1:
