@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("redis")  # the pipeline extra
 pytest.importorskip("msgpack")
 
-from ludic_lab.pipeline.held_items import HeldItem, HeldItems, ItemState  # noqa: E402 - after the extra's check
-from ludic_lab.pipeline.source import PipelineBatchSource, gather_state_dicts  # noqa: E402 - after the extra's check
+from ludic_lab.pipeline.held_items import HeldItem, HeldItems, ItemState
+from ludic_lab.pipeline.source import PipelineBatchSource, gather_state_dicts
 
 
 def _rec(n: int, state: ItemState = ItemState.BACKLOG) -> HeldItem:
@@ -43,8 +43,10 @@ def test_local_state_dict_needs_no_connection_and_round_trips() -> None:
     assert PipelineBatchSource.state_dict_is_collective
     src._held.add([_rec(5, ItemState.DELIVERED)])
     state = src.local_state_dict()
-    assert state == {"queue_key": "q", "consumers": {"trainer-0": {"delivered": [["5-0", "item-5"]],
-                                                                   "counters": dict(src.counters)}}}
+    assert state == {
+        "queue_key": "q",
+        "consumers": {"trainer-0": {"delivered": [["5-0", "item-5"]], "counters": dict(src.counters)}},
+    }
     assert gather_state_dicts(state) == state == src.state_dict()  # one process: nothing to gather
     again = PipelineBatchSource("redis://127.0.0.1:1", "q", 2, consumer="trainer-0")
     again.load_state_dict(state)
