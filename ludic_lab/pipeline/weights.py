@@ -31,7 +31,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import msgpack
 
@@ -108,15 +109,15 @@ class RedisWeightsPublisher:
                 f"weights publisher: cannot reach Redis at {redact(redis_url)} ({type(e).__name__}: {e}); "
                 "is redis-server running there?"
             ) from None
-        self._q: "queue.Queue[Optional[tuple[int, tuple[bytes, dict[str, str]]]]]" = queue.Queue(maxsize=1)
-        self._error: Optional[BaseException] = None
+        self._q: queue.Queue[tuple[int, tuple[bytes, dict[str, str]]] | None] = queue.Queue(maxsize=1)
+        self._error: BaseException | None = None
         self._idle = threading.Event()
         self._idle.set()
-        self.last_written: Optional[int] = None
+        self.last_written: int | None = None
         self._thread = threading.Thread(target=self._writer, name="ludic-weights-writer", daemon=True)
         self._thread.start()
 
-    def publish(self, state_dict: Mapping[str, Any], version: Optional[int] = None) -> None:
+    def publish(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         """Queue ``state_dict`` as policy ``version`` (an int is required: actors compare versions)."""
         self._raise_pending()
         if version is None:
@@ -181,20 +182,33 @@ class RedisWeightsPublisher:
     def _write(self, version: int, payload: tuple[bytes, dict[str, str]]) -> None:
         data, aliases = payload
         view = memoryview(data)  # chunks without copying
-        chunks = [view[i : i + self.chunk_bytes] for i in range(0, len(data), self.chunk_bytes)] or [b""]
+        chunks: list[memoryview | bytes] = [
+            view[i : i + self.chunk_bytes] for i in range(0, len(data), self.chunk_bytes)
+        ]
+        chunks = chunks or [b""]
         p = self._r.pipeline(transaction=False)
         for i, c in enumerate(chunks):
             p.set(f"{self.key}:{version}:{i}", c)
         p.execute()
         old = self._r.get(self.key)
-        manifest = {"version": version, "chunks": len(chunks), "nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                    "format": "safetensors", "aliases": aliases, "written_at": time.time()}
+        manifest = {
+            "version": version,
+            "chunks": len(chunks),
+            "nbytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "format": "safetensors",
+            "aliases": aliases,
+            "written_at": time.time(),
+        }
         self._r.set(self.key, msgpack.packb(manifest))
         if old:  # drop the version before the previous one (readers may still be fetching the previous)
             prev = msgpack.unpackb(old)
             keep = {f"{self.key}:{prev['version']}:{i}" for i in range(prev["chunks"])}
-            stale = [k for k in self._r.scan_iter(match=f"{self.key}:*", count=1000) if k.decode() not in keep
-                     and not k.decode().startswith(f"{self.key}:{version}:")]
+            stale = [
+                k
+                for k in self._r.scan_iter(match=f"{self.key}:*", count=1000)
+                if k.decode() not in keep and not k.decode().startswith(f"{self.key}:{version}:")
+            ]
             if stale:
                 self._r.delete(*stale)
 
@@ -210,12 +224,12 @@ class RedisWeightsSubscriber:
         self.key = key
         self.updates = 0
 
-    async def latest_version(self) -> Optional[int]:
+    async def latest_version(self) -> int | None:
         """The newest version in Redis (``None`` when nothing was published yet)."""
         raw = await self._r.get(self.key)
         return None if raw is None else int(msgpack.unpackb(raw)["version"])
 
-    async def maybe_update(self, client: Any) -> Optional[int]:
+    async def maybe_update(self, client: Any) -> int | None:
         """If Redis holds a version other than ``client.policy_version``, load it into
         ``client`` (``sync_weights`` in a worker thread) and return it; else ``None``."""
         raw = await self._r.get(self.key)

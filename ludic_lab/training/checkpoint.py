@@ -25,7 +25,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,7 +53,7 @@ def rng_state() -> dict[str, Any]:
     the current GPU's generator, when CUDA is in use (dropout on a GPU draws from it; only
     the current device, so that rank 0 creates no context on its neighbours' GPUs)."""
     py = random.getstate()
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()  # the legacy tuple (numpy types it as tuple | dict)
     state = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
@@ -80,12 +80,12 @@ def save_checkpoint(
     root: str | os.PathLike,
     *,
     model: Any,
-    optimizer: Optional[torch.optim.Optimizer],
-    scheduler: Optional[Any],
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any | None,
     step: int,
     policy_version: int,
-    extra_state: Optional[dict[str, Any]] = None,
-    config: Optional[dict[str, Any]] = None,
+    extra_state: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
     keep: int = 0,
     sharded_root: Any = None,
 ) -> CheckpointInfo:
@@ -103,15 +103,31 @@ def save_checkpoint(
         info = CheckpointInfo(str(Path(root) / f"step-{step:08d}"), int(step), int(policy_version))
         if get_rank() == 0:
             info = _write_checkpoint(
-                root, model, trainable_from_full_state_dict(model, full), osd, scheduler,
-                step, policy_version, extra_state, config, keep,
+                root,
+                model,
+                trainable_from_full_state_dict(model, full),
+                osd,
+                scheduler,
+                step,
+                policy_version,
+                extra_state,
+                config,
+                keep,
             )
         barrier()  # nobody reads the checkpoint before it is complete
         return info
     model_sd = trainable_state_dict(model)
     return _write_checkpoint(
-        root, model, model_sd, optimizer.state_dict() if optimizer is not None else None, scheduler,
-        step, policy_version, extra_state, config, keep,
+        root,
+        model,
+        model_sd,
+        optimizer.state_dict() if optimizer is not None else None,
+        scheduler,
+        step,
+        policy_version,
+        extra_state,
+        config,
+        keep,
     )
 
 
@@ -119,12 +135,12 @@ def _write_checkpoint(
     root: str | os.PathLike,
     model: Any,
     model_sd: dict[str, torch.Tensor],
-    optimizer_sd: Optional[dict[str, Any]],
-    scheduler: Optional[Any],
+    optimizer_sd: dict[str, Any] | None,
+    scheduler: Any | None,
     step: int,
     policy_version: int,
-    extra_state: Optional[dict[str, Any]],
-    config: Optional[dict[str, Any]],
+    extra_state: dict[str, Any] | None,
+    config: dict[str, Any] | None,
     keep: int,
 ) -> CheckpointInfo:
     from safetensors.torch import save_file
@@ -178,11 +194,11 @@ def _move_aside(folder: Path, prefix: str = ".old-") -> Path:
     return aside
 
 
-def _stray_step(name: str) -> Optional[str]:
+def _stray_step(name: str) -> str | None:
     """``step-<N>`` of a ``.tmp-``/``.old-``/``.del-step-<N>-<id>`` folder name, else None."""
     for prefix in (".tmp-", ".old-", ".del-"):
         if name.startswith(prefix + "step-"):
-            return name[len(prefix):].rsplit("-", 1)[0]
+            return name[len(prefix) :].rsplit("-", 1)[0]
     return None
 
 
@@ -233,7 +249,7 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
     return sorted(p for p in root.glob("step-*") if (p / _COMPLETE).is_file())
 
 
-def latest_checkpoint(root: str | os.PathLike) -> Optional[Path]:
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint under ``root`` (or ``root`` itself if it is one),
     after :func:`recover_checkpoints` repaired an interrupted save."""
     root = Path(root)
@@ -256,8 +272,8 @@ def load_checkpoint(
     path: str | os.PathLike,
     *,
     model: Any,
-    optimizer: Optional[torch.optim.Optimizer] = None,
-    scheduler: Optional[Any] = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
     restore_rng: bool = True,
     sharded_root: Any = None,
 ) -> dict[str, Any]:
