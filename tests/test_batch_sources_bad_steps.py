@@ -18,8 +18,9 @@ from tests.test_batch_sources import make_engine, seeds_fn
 
 def _rollout(rid: str, logprobs: Any = (-0.5, -0.25)) -> Rollout:
     trace = TokenTrace(prompt_token_ids=(1, 2, 3), completion_token_ids=(4, 5), completion_logprobs=logprobs)
-    step = Step(index=0, prev_obs="q", action="a", parsed_action="a", next_obs="", reward=1.0, terminated=True,
-                trace=trace)
+    step = Step(
+        index=0, prev_obs="q", action="a", parsed_action="a", next_obs="", reward=1.0, terminated=True, trace=trace
+    )
     return Rollout(steps=(step,), id=rid)
 
 

@@ -25,10 +25,12 @@ V = 2000
 def _chats(n: int) -> list[dict[str, Any]]:
     words = ["red", "green", "blue", "cat", "dog", "seven", "tree", "house"]
     return [
-        {"messages": [
-            {"role": "user", "content": f"Say {words[i % 8]} and {words[(3 * i + 1) % 8]}."},
-            {"role": "assistant", "content": f"{words[i % 8]} {words[(3 * i + 1) % 8]} {i}"},
-        ]}
+        {
+            "messages": [
+                {"role": "user", "content": f"Say {words[i % 8]} and {words[(3 * i + 1) % 8]}."},
+                {"role": "assistant", "content": f"{words[i % 8]} {words[(3 * i + 1) % 8]} {i}"},
+            ]
+        }
         for i in range(n)
     ]
 
@@ -40,8 +42,16 @@ class _Run:
         self.model_dir, self.kind, self.tokenizer = model_dir, kind, tokenizer
 
     def trainer(self) -> Trainer:
-        common = dict(lr=3e-3, max_seq_len=128, micro_token_budget=256, lr_schedule="cosine", warmup_steps=1,
-                      total_steps=6, weight_decay=0.01, seed=7)
+        common = dict(
+            lr=3e-3,
+            max_seq_len=128,
+            micro_token_budget=256,
+            lr_schedule="cosine",
+            warmup_steps=1,
+            total_steps=6,
+            weight_decay=0.01,
+            seed=7,
+        )
         if self.kind == "full":  # SFT on chat examples; attention dropout draws from torch's RNG
             src = OfflineBatchSource(_chats(10), batch_size=3, shuffle=True, seed=1, tokenizer=self.tokenizer)
             model = load_model(self.model_dir, attention_dropout=0.1)
@@ -73,7 +83,7 @@ def test_resume_continues_exactly(tiny_model_dir: str, tiny_tokenizer: Any, tmp_
     assert resumed.step == N
     assert_params_equal(expected, params_of(resumed.model))
     # and the resumed run's metrics match the straight run's last steps
-    for a, b in zip(straight.history[k:], resumed.history):
+    for a, b in zip(straight.history[k:], resumed.history, strict=True):
         assert a["loss"] == b["loss"] and a["lr"] == b["lr"]
 
 
@@ -86,7 +96,9 @@ def test_resume_without_the_checkpoint_differs(tiny_model_dir: str, tiny_tokeniz
     b.train_sync(1, progress=False)
     torch.manual_seed(123)  # a different RNG stream for the remaining steps
     b.train_sync(2, progress=False)
-    assert any(not torch.equal(x, y) for x, y in zip(params_of(a.model).values(), params_of(b.model).values()))
+    assert any(
+        not torch.equal(x, y) for x, y in zip(params_of(a.model).values(), params_of(b.model).values(), strict=True)
+    )
 
 
 def test_checkpoint_contents_and_publish_on_load(tiny_model_dir: str, tmp_path: Path) -> None:
@@ -102,7 +114,14 @@ def test_checkpoint_contents_and_publish_on_load(tiny_model_dir: str, tmp_path: 
     t.train_sync(2, progress=False)
     p = Path(t.save_checkpoint(str(tmp_path)).path)
     names = sorted(f.name for f in p.iterdir())
-    assert names == ["COMPLETE", "model.safetensors", "optimizer.pt", "rng_torch.pt", "scheduler.pt", "trainer_state.json"]
+    assert names == [
+        "COMPLETE",
+        "model.safetensors",
+        "optimizer.pt",
+        "rng_torch.pt",
+        "scheduler.pt",
+        "trainer_state.json",
+    ]
     state = json.loads((p / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["peft"] is True and state["config"]["lora_r"] == 4
     from safetensors.torch import load_file
@@ -110,7 +129,9 @@ def test_checkpoint_contents_and_publish_on_load(tiny_model_dir: str, tmp_path: 
     sd = load_file(str(p / "model.safetensors"))
     assert sd and all("lora_" in k for k in sd)  # adapters only, not the base model
     pub = Pub()
-    t2 = Trainer(load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]), config=cfg, publisher=pub)
+    t2 = Trainer(
+        load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]), config=cfg, publisher=pub
+    )
     t2.load_checkpoint(str(tmp_path))
     assert pub.calls == [(14, 2)]  # merged weights of the 7 adapted linears x 2 layers, version 2
 
@@ -119,8 +140,12 @@ def test_a_failing_save_leaves_no_checkpoint_and_latest_untouched(
     tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     items = random_items(4, vocab_size=V)
-    t = Trainer(load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]),
-                config=TrainerConfig(lr=1e-3, max_seq_len=64))
+    t = Trainer(
+        load_model(tiny_model_dir),
+        make_grpo(),
+        ListBatchSource([SAWBatch(tuple(items))]),
+        config=TrainerConfig(lr=1e-3, max_seq_len=64),
+    )
     t.train_sync(1, progress=False)
     good = t.save_checkpoint(str(tmp_path))
     t.train_sync(1, progress=False)
@@ -138,8 +163,12 @@ def test_a_failing_save_leaves_no_checkpoint_and_latest_untouched(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000001"]  # no temp folder left
     assert (tmp_path / "latest").read_text() == "step-00000001"
     assert latest_checkpoint(tmp_path) == Path(good.path)
-    fresh = Trainer(load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]),
-                    config=TrainerConfig(lr=1e-3, max_seq_len=64))
+    fresh = Trainer(
+        load_model(tiny_model_dir),
+        make_grpo(),
+        ListBatchSource([SAWBatch(tuple(items))]),
+        config=TrainerConfig(lr=1e-3, max_seq_len=64),
+    )
     assert fresh.load_checkpoint(str(tmp_path))["step"] == 1
 
 
@@ -172,11 +201,19 @@ def test_automatic_checkpoints_are_pruned_to_keep(tiny_model_dir: str, tmp_path:
 
 def test_checkpoint_errors_say_what_to_do(tiny_model_dir: str, tmp_path: Path) -> None:
     items = random_items(4, vocab_size=V)
-    lora = Trainer(load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]),
-                   config=TrainerConfig(lr=1e-3, max_seq_len=64, lora_r=4))
+    lora = Trainer(
+        load_model(tiny_model_dir),
+        make_grpo(),
+        ListBatchSource([SAWBatch(tuple(items))]),
+        config=TrainerConfig(lr=1e-3, max_seq_len=64, lora_r=4),
+    )
     lora.save_checkpoint(str(tmp_path / "a"))
-    full = Trainer(load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]),
-                   config=TrainerConfig(lr=1e-3, max_seq_len=64))
+    full = Trainer(
+        load_model(tiny_model_dir),
+        make_grpo(),
+        ListBatchSource([SAWBatch(tuple(items))]),
+        config=TrainerConfig(lr=1e-3, max_seq_len=64),
+    )
     with pytest.raises(ValueError, match="LoRA adapter.*lora_r"):
         full.load_checkpoint(str(tmp_path / "a"))
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):

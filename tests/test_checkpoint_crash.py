@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -33,7 +34,9 @@ def _model(value: float) -> torch.nn.Linear:
 
 
 def _save(root: Path, step: int, value: float, keep: int = 0) -> None:
-    save_checkpoint(root, model=_model(value), optimizer=None, scheduler=None, step=step, policy_version=step, keep=keep)
+    save_checkpoint(
+        root, model=_model(value), optimizer=None, scheduler=None, step=step, policy_version=step, keep=keep
+    )
 
 
 def _killed_at(k: int, save: Callable[[], None]) -> bool:
@@ -79,7 +82,7 @@ def test_resaving_a_step_survives_a_kill_at_any_point(tmp_path: Path, keep: int)
         k += 1
         root = tmp_path / f"k{k}"
         _save(root, 5, 1.0, keep=keep)
-        killed = _killed_at(k, lambda: _save(root, 5, 2.0, keep=keep))
+        killed = _killed_at(k, lambda root=root: _save(root, 5, 2.0, keep=keep))
         value, step = _loaded_value(root)
         assert step == 5 and value in (1.0, 2.0), (k, value)
         if not killed:
@@ -95,7 +98,7 @@ def test_saving_a_new_step_with_pruning_survives_a_kill_at_any_point(tmp_path: P
         k += 1
         root = tmp_path / f"k{k}"
         _save(root, 1, 1.0, keep=1)
-        killed = _killed_at(k, lambda: _save(root, 2, 2.0, keep=1))
+        killed = _killed_at(k, lambda root=root: _save(root, 2, 2.0, keep=1))
         value, step = _loaded_value(root)
         assert (step, value) in ((1, 1.0), (2, 2.0)), (k, step, value)
         if not killed:

@@ -16,8 +16,8 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 from redis_helpers import RedisServer, python_cmd, redis_server_fixture, subprocess_env
@@ -75,7 +75,9 @@ def _wait(pred: Callable[[], bool], timeout: float, what: str, procs: list[Proc]
         for p in procs:
             p.check_alive()
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}:\n" + "\n".join(_tail(p.log, 1500) for p in procs))
+            pytest.fail(
+                f"timed out after {timeout} s waiting for {what}:\n" + "\n".join(_tail(p.log, 1500) for p in procs)
+            )
         time.sleep(0.01)
 
 
@@ -83,16 +85,62 @@ def test_kill_trainer_and_restart_redis_every_item_trained_exactly_once(server: 
     queue = "q-procs"
     pushed_f, trained_f, ckpt = tmp_path / "pushed.txt", tmp_path / "trained.txt", tmp_path / "ckpt"
     actor_cmd = python_cmd(
-        "ludic_lab.pipeline.actor_main", "--redis-url", server.url, "--queue-key", queue, "--task", "digits",
-        "--model", "tiny", "--prompts-per-round", "4", "--group-size", "4", "--max-tokens", "12",
-        "--max-rounds", str(ROUNDS), "--max-queue-items", "32", "--threads", "1", "--pushed-ids-path", str(pushed_f),
+        "ludic_lab.pipeline.actor_main",
+        "--redis-url",
+        server.url,
+        "--queue-key",
+        queue,
+        "--task",
+        "digits",
+        "--model",
+        "tiny",
+        "--prompts-per-round",
+        "4",
+        "--group-size",
+        "4",
+        "--max-tokens",
+        "12",
+        "--max-rounds",
+        str(ROUNDS),
+        "--max-queue-items",
+        "32",
+        "--threads",
+        "1",
+        "--pushed-ids-path",
+        str(pushed_f),
     )
     trainer_cmd = python_cmd(
-        "ludic_lab.pipeline.trainer_main", "--redis-url", server.url, "--queue-key", queue, "--model", "tiny",
-        "--steps", str(STEPS), "--batch-size", str(BATCH), "--lr", "1e-3", "--max-lag", "-1", "--max-seq-len", "256",
-        "--micro-token-budget", "4096", "--threads", "1", "--trained-ids-path", str(trained_f),
-        "--metrics-path", str(tmp_path / "metrics.jsonl"), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1",
-        "--batch-timeout-s", "150",
+        "ludic_lab.pipeline.trainer_main",
+        "--redis-url",
+        server.url,
+        "--queue-key",
+        queue,
+        "--model",
+        "tiny",
+        "--steps",
+        str(STEPS),
+        "--batch-size",
+        str(BATCH),
+        "--lr",
+        "1e-3",
+        "--max-lag",
+        "-1",
+        "--max-seq-len",
+        "256",
+        "--micro-token-budget",
+        "4096",
+        "--threads",
+        "1",
+        "--trained-ids-path",
+        str(trained_f),
+        "--metrics-path",
+        str(tmp_path / "metrics.jsonl"),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "1",
+        "--batch-timeout-s",
+        "150",
     )
     r = server.client()
     actor = Proc("actor", actor_cmd, tmp_path / "actor.log")
@@ -103,15 +151,19 @@ def test_kill_trainer_and_restart_redis_every_item_trained_exactly_once(server: 
         def held_by_trainer() -> list[bytes]:
             try:
                 rows = r.xpending_range(queue, "trainers", "-", "+", 1000, consumername="trainer-0")
-            except Exception:  # the group does not exist yet
+            except Exception:  # noqa: BLE001 - the group does not exist yet
                 return []
             return [row["message_id"] for row in rows]
 
         killed_holding: list[bytes] = []
         deadline = time.monotonic() + 180
         while not killed_holding:
-            _wait(lambda: len(_lines(trained_f)) >= 2 * BATCH and bool(held_by_trainer()), 180,
-                  "the trainer to commit 2 steps and hold the next batch", procs)
+            _wait(
+                lambda: len(_lines(trained_f)) >= 2 * BATCH and bool(held_by_trainer()),
+                180,
+                "the trainer to commit 2 steps and hold the next batch",
+                procs,
+            )
             trainer.p.send_signal(signal.SIGSTOP)  # frozen: it can no longer acknowledge anything
             held = held_by_trainer()
             if held:
@@ -131,8 +183,12 @@ def test_kill_trainer_and_restart_redis_every_item_trained_exactly_once(server: 
         # 3. restart the trainer: it resumes from its checkpoint and re-reads its pending batch
         trainer2 = Proc("trainer (restarted)", trainer_cmd, tmp_path / "trainer2.log")
         procs = [actor, trainer2]
-        _wait(lambda: len(_lines(trained_f)) >= len(trained_at_kill) + 2 * BATCH, 180,
-              "the restarted trainer to commit 2 steps", procs)
+        _wait(
+            lambda: len(_lines(trained_f)) >= len(trained_at_kill) + 2 * BATCH,
+            180,
+            "the restarted trainer to commit 2 steps",
+            procs,
+        )
 
         # 4. and Redis once more, with both running
         server.restart(hard=True, down_s=1.0)
@@ -174,18 +230,75 @@ def test_trainer_under_torchrun_each_rank_consumes_its_own_share(server: RedisSe
 
     queue, rounds = "q-torchrun", 4  # 64 items = 2 steps x 2 ranks x 16
     pushed_f, trained_f, ckpt = tmp_path / "pushed.txt", tmp_path / "trained.txt", tmp_path / "ckpt"
-    actor = Proc("actor", python_cmd(
-        "ludic_lab.pipeline.actor_main", "--redis-url", server.url, "--queue-key", queue, "--task", "digits",
-        "--model", "tiny", "--prompts-per-round", "4", "--group-size", "4", "--max-tokens", "12",
-        "--max-rounds", str(rounds), "--max-queue-items", "64", "--threads", "1", "--pushed-ids-path", str(pushed_f),
-    ), tmp_path / "actor.log")
-    trainer = Proc("torchrun trainer", python_cmd(
-        "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(free_port()),
-        "-m", "ludic_lab.pipeline.trainer_main", "--redis-url", server.url, "--queue-key", queue, "--model", "tiny",
-        "--steps", "2", "--batch-size", str(BATCH), "--lr", "1e-3", "--max-lag", "-1", "--max-seq-len", "256",
-        "--micro-token-budget", "4096", "--threads", "1", "--trained-ids-path", str(trained_f),
-        "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1", "--batch-timeout-s", "150",
-    ), tmp_path / "trainer.log")
+    actor = Proc(
+        "actor",
+        python_cmd(
+            "ludic_lab.pipeline.actor_main",
+            "--redis-url",
+            server.url,
+            "--queue-key",
+            queue,
+            "--task",
+            "digits",
+            "--model",
+            "tiny",
+            "--prompts-per-round",
+            "4",
+            "--group-size",
+            "4",
+            "--max-tokens",
+            "12",
+            "--max-rounds",
+            str(rounds),
+            "--max-queue-items",
+            "64",
+            "--threads",
+            "1",
+            "--pushed-ids-path",
+            str(pushed_f),
+        ),
+        tmp_path / "actor.log",
+    )
+    trainer = Proc(
+        "torchrun trainer",
+        python_cmd(
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "ludic_lab.pipeline.trainer_main",
+            "--redis-url",
+            server.url,
+            "--queue-key",
+            queue,
+            "--model",
+            "tiny",
+            "--steps",
+            "2",
+            "--batch-size",
+            str(BATCH),
+            "--lr",
+            "1e-3",
+            "--max-lag",
+            "-1",
+            "--max-seq-len",
+            "256",
+            "--micro-token-budget",
+            "4096",
+            "--threads",
+            "1",
+            "--trained-ids-path",
+            str(trained_f),
+            "--checkpoint-dir",
+            str(ckpt),
+            "--checkpoint-every",
+            "1",
+            "--batch-timeout-s",
+            "150",
+        ),
+        tmp_path / "trainer.log",
+    )
     try:
         assert trainer.wait(300) == 0, _tail(trainer.log)
         assert actor.wait(120) == 0, _tail(actor.log)
@@ -200,6 +313,9 @@ def test_trainer_under_torchrun_each_rank_consumes_its_own_share(server: RedisSe
     # the checkpoint (written by rank 0) knows both consumers' uncommitted items
     state = json.loads((sorted(ckpt.glob("step-*"))[-1] / "trainer_state.json").read_text())
     assert set(state["extra_state"]["batch_source"]["consumers"]) == {"trainer-0", "trainer-1"}
-    summaries = [json.loads(line)["trainer_summary"] for line in trainer.log.read_text().splitlines()
-                 if line.startswith('{"trainer_summary"')]
+    summaries = [
+        json.loads(line)["trainer_summary"]
+        for line in trainer.log.read_text().splitlines()
+        if line.startswith('{"trainer_summary"')
+    ]
     assert len(summaries) == 2 and all(s["steps"] == 2 and s["policy_version"] == 2 for s in summaries)

@@ -9,13 +9,17 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
 pytest.importorskip("redis", reason="the pipeline extra: pip install 'ludic_lab[pipeline]'")
 pytest.importorskip("msgpack", reason="the pipeline extra: pip install 'ludic_lab[pipeline]'")
+
+from helpers import ScriptedChatClient, chatml_template
+from redis_helpers import RedisServer, redis_server_fixture
 
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
@@ -37,8 +41,6 @@ from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequ
 from ludic_lab.training.batching import EmptyBatchError
 from ludic_lab.training.credit import ConstantCredit
 from ludic_lab.training.saw import SAWItem
-from helpers import ScriptedChatClient, chatml_template
-from redis_helpers import RedisServer, redis_server_fixture
 
 pytestmark = pytest.mark.redis
 
@@ -196,7 +198,7 @@ async def test_sample_filter_drops_commits_and_counts_by_name(server: RedisServe
     from ludic_lab.training.filters import drop_incomplete_completions, drop_truncated
 
     flags = [{}, {"truncated": True}, {"finish_reason": "length"}, {}, {"truncated": True}, {}]
-    its = [replace(it, meta=m) for it, m in zip(items(6), flags)]
+    its = [replace(it, meta=m) for it, m in zip(items(6), flags, strict=True)]
     push(server, queue, its)
     src = source(server, queue, 3, sample_filter=drop_truncated & drop_incomplete_completions)
     try:
@@ -218,8 +220,18 @@ async def test_bad_entries_go_to_the_dead_letter_stream(server: RedisServer, que
     r.xadd(queue, {"foo": "bar"})  # foreign
     r.xadd(queue, {**encode_item(good[0]), "tensors": b"\x00garbage"})  # malformed
     r.xadd(queue, {**encode_item(good[0]), "schema": "ludic_lab.saw/9"})  # a newer writer
-    r.xadd(queue, encode_item(SAWItem(  # a token id the model does not have
-        input_ids=(1, 999_999), action_mask=(0, 1), weights=(0.0, 1.0), behaviour_logprobs=(0.0, -1.0), rollout_id="big")))
+    r.xadd(
+        queue,
+        encode_item(
+            SAWItem(  # a token id the model does not have
+                input_ids=(1, 999_999),
+                action_mask=(0, 1),
+                weights=(0.0, 1.0),
+                behaviour_logprobs=(0.0, -1.0),
+                rollout_id="big",
+            )
+        ),
+    )
     push(server, queue, good)
     src = source(server, queue, 2, vocab_size=1000)
     try:
@@ -252,7 +264,7 @@ async def test_an_entry_that_keeps_killing_trainers_is_dead_lettered(server: Red
         assert s.counters["dead_lettered"] == 1
     finally:
         await s.aclose()
-    (_, f), = server.client().xrange(f"{queue}:dead")
+    ((_, f),) = server.client().xrange(f"{queue}:dead")
     assert b"delivered 4 times without being acknowledged" in f[b"dead_reason"]
 
 
@@ -352,8 +364,12 @@ def _requests(n: int):
 
     def fn() -> list[RolloutRequest]:
         counter[0] += 1
-        return [RolloutRequest(env=EnvSpec("echo"), protocol=ProtocolSpec("agent"), env_seed=counter[0] * 100 + i,
-                               inference=spec) for i in range(n)]
+        return [
+            RolloutRequest(
+                env=EnvSpec("echo"), protocol=ProtocolSpec("agent"), env_seed=counter[0] * 100 + i, inference=spec
+            )
+            for i in range(n)
+        ]
 
     return fn
 
@@ -361,9 +377,20 @@ def _requests(n: int):
 async def test_actor_back_pressure_bounds_the_queue(server: RedisServer, queue: str) -> None:
     client = ScriptedChatClient(lambda req: "hello", chat_template=chatml_template(), policy_version=4)
     pushed: list[str] = []
-    actor = asyncio.create_task(run_pipeline_actor(
-        _engine(client), _requests(2), ConstantCredit(1.0), server.url, queue, concurrency=4, max_rounds=5,
-        max_queue_items=4, on_push=pushed.extend, poll_s=0.02))
+    actor = asyncio.create_task(
+        run_pipeline_actor(
+            _engine(client),
+            _requests(2),
+            ConstantCredit(1.0),
+            server.url,
+            queue,
+            concurrency=4,
+            max_rounds=5,
+            max_queue_items=4,
+            on_push=pushed.extend,
+            poll_s=0.02,
+        )
+    )
     r = server.client()
     deadline = time.monotonic() + 20
     while len(pushed) < 4 and time.monotonic() < deadline:
@@ -389,9 +416,19 @@ async def test_actor_back_pressure_bounds_the_queue(server: RedisServer, queue: 
 async def test_actor_and_source_ride_through_a_redis_restart(server: RedisServer, queue: str) -> None:
     client = ScriptedChatClient(lambda req: "hi", chat_template=chatml_template())
     pushed: list[str] = []
-    actor = asyncio.create_task(run_pipeline_actor(
-        _engine(client), _requests(2), ConstantCredit(1.0), server.url, queue, max_rounds=8, max_queue_items=4,
-        on_push=pushed.extend, poll_s=0.02))
+    actor = asyncio.create_task(
+        run_pipeline_actor(
+            _engine(client),
+            _requests(2),
+            ConstantCredit(1.0),
+            server.url,
+            queue,
+            max_rounds=8,
+            max_queue_items=4,
+            on_push=pushed.extend,
+            poll_s=0.02,
+        )
+    )
     src = source(server, queue, 2, timeout_s=60.0)
     trained: list[str] = []
     src.on_ack = trained.extend
@@ -460,7 +497,9 @@ async def test_weights_reach_a_local_client_through_redis(server: RedisServer, q
 # -- the Trainer on a pipeline source ----------------------------------------------------------
 
 
-async def test_trainer_trains_from_the_queue_and_counts_stale_items(server: RedisServer, queue: str, tiny_model_dir: str) -> None:
+async def test_trainer_trains_from_the_queue_and_counts_stale_items(
+    server: RedisServer, queue: str, tiny_model_dir: str
+) -> None:
     from trainer_helpers import load_model, params_of, random_items
 
     from ludic_lab.training.algorithm import make_reinforce_baseline
