@@ -102,7 +102,7 @@ def one_process(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -
         tr = build_trainer(sc, tiny_model_dir, str(out / name))
         try:
             hist = tr.train_sync(STEPS, progress=False)
-            assert tr._fsdp is None and tr.world_size == 1
+            assert tr.data_parallel.root is None and tr.world_size == 1
             runs[name] = {"hist": hist, "policy": {k: v.clone() for k, v in policy_state_dict(tr.model).items()}}
         finally:
             tr.close()

@@ -400,7 +400,7 @@ class _RecordingLoss:
 
     def compute(self, logprobs: torch.Tensor, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
         self.seen.append((logprobs.detach().clone(), batch.action_mask.clone(), batch.seq_ids.clone()))
-        return -(logprobs * batch.action_mask).sum() / batch.extra["step_num_action_tokens"], {}
+        return -(logprobs * batch.action_mask).sum() / batch.step.num_action_tokens, {}
 
 
 def test_prompt_positions_skip_the_lm_head_unless_a_loss_asks(tiny_model_dir: str) -> None:

@@ -45,6 +45,7 @@ from ludic_lab.training.types import EnvSpec, ProtocolSpec, RolloutRequest
 _LAZY = {
     "Trainer": "ludic_lab.training.trainer",
     "TokenBatch": "ludic_lab.training.token_batch",
+    "StepNormalisers": "ludic_lab.training.token_batch",
     "pack_items": "ludic_lab.training.packing",
     "PackingStats": "ludic_lab.training.packing",
     "token_logprobs": "ludic_lab.training.logprobs",
@@ -67,6 +68,8 @@ _LOSSES = (
     "MaskedCrossEntropyLoss",
     "CompositeLoss",
     "Loss",
+    "LossInputs",
+    "FormulaLoss",
 )
 _LAZY.update({name: "ludic_lab.training.losses" for name in _LOSSES})
 

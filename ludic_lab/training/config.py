@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from ludic_lab.validation import check_config
 
@@ -26,12 +26,12 @@ class TrainerConfig:
     """LoRA on CPU: write each publish's merged weights into the tensors of the previous one
     (one extra copy of the adapted weights stays allocated) instead of allocating them anew,
     which between steps often page-faults every byte again (SmolLM2, all linears: up to 0.8 s)."""
-    max_lag: Optional[int] = None
+    max_lag: int | None = None
     """Drop items sampled more than this many policy versions ago (None = keep all)."""
 
     grad_accum_steps: int = 1
     """Batches pulled from the source per optimizer step."""
-    max_grad_norm: Optional[float] = 1.0
+    max_grad_norm: float | None = 1.0
     """Clip the global gradient norm (None = no clipping)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward (less memory, ~30% more compute)."""
@@ -47,7 +47,7 @@ class TrainerConfig:
     """Learning-rate schedule after warmup (linear/cosine decay to 0 at ``total_steps``)."""
     warmup_steps: int = 0
     """Linear warmup steps."""
-    total_steps: Optional[int] = None
+    total_steps: int | None = None
     """Horizon of the linear/cosine schedule (required by them)."""
     scoring_temperature: float = 1.0
     """Temperature the trainer scores tokens at; match the sampling temperature."""
@@ -87,7 +87,7 @@ class TrainerConfig:
     """Seeds torch/python/numpy at trainer start."""
     log_every: int = 1
     """Log metrics every this many steps."""
-    checkpoint_dir: Optional[str] = None
+    checkpoint_dir: str | None = None
     """Where checkpoints go (None = no automatic checkpoints)."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0 = only when asked)."""
@@ -107,7 +107,7 @@ class TrainerConfig:
             )
         if self.lr_schedule != "constant" and not self.total_steps:
             raise ValueError(f"lr_schedule={self.lr_schedule!r} needs total_steps (the horizon it decays over)")
-        if self.lr_schedule != "constant" and self.warmup_steps > self.total_steps:
+        if self.lr_schedule != "constant" and self.total_steps and self.warmup_steps > self.total_steps:
             raise ValueError(
                 f"TrainerConfig.warmup_steps ({self.warmup_steps}) must be <= total_steps ({self.total_steps})"
             )

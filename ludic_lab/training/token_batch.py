@@ -9,7 +9,7 @@ positions have ``seq_ids == -1`` and zero mask/weight.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -27,13 +27,13 @@ class StepNormalisers:
     """Sequences in the step (those without action tokens included)."""
     num_action_tokens: float
     """Action tokens in the step."""
-    weight_mean: Optional[float] = None
+    weight_mean: float | None = None
     """Mean over the step's sequences (with action tokens) of their weight (baseline losses)."""
-    weight_std: Optional[float] = None
+    weight_std: float | None = None
     """Population std of those sequence weights."""
 
     @classmethod
-    def of(cls, batch: "TokenBatch") -> "StepNormalisers":
+    def of(cls, batch: TokenBatch) -> StepNormalisers:
         """``batch.step``, else the batch's own counts. Hand-built batches may still carry the
         earlier ``extra["step_num_sequences"]``-style keys; those are read too."""
         if batch.step is not None:
@@ -67,13 +67,13 @@ class TokenBatch:
     """Number of sequences (items) in this micro-batch."""
     item_indices: tuple[int, ...] = ()
     """For each sequence, its index in the source ``SAWBatch`` (for stats and views)."""
-    policy_versions: tuple[Optional[int], ...] = ()
+    policy_versions: tuple[int | None, ...] = ()
     """For each sequence, the policy version that sampled it."""
-    ref_logprobs: Optional[torch.Tensor] = None
+    ref_logprobs: torch.Tensor | None = None
     """``[R, T]`` float: reference-policy logprobs, filled in by the trainer when a loss needs them."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further per-token tensors a loss may read (``"entropy"``, ``"old_logprobs"``)."""
-    step: Optional[StepNormalisers] = None
+    step: StepNormalisers | None = None
     """Whole-step normalisers (set by the trainer); ``None``: this micro-batch is the step."""
 
     @property
@@ -88,7 +88,7 @@ class TokenBatch:
     def num_action_tokens(self) -> int:
         return int(self.action_mask.sum())
 
-    def to(self, device: torch.device | str) -> "TokenBatch":
+    def to(self, device: torch.device | str) -> TokenBatch:
         def mv(x: Any) -> Any:
             return x.to(device) if isinstance(x, torch.Tensor) else x
 

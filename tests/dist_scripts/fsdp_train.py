@@ -83,7 +83,7 @@ def main() -> None:
             if name == "full":
                 kw = dict(checkpoint_dir=str(d / "ckpt"), checkpoint_every=CHECKPOINT_STEP, keep_checkpoints=5)
             trainer = build_trainer(sc, args.model_dir, str(d), rank=rank, world=world, **kw)
-            assert trainer.world_size == world and trainer._fsdp is not None, "the trainer did not shard the model"
+            assert trainer.world_size == world and trainer.data_parallel.root is not None, "the trainer did not shard the model"
             if args.mismatch and rank == 1:
                 other = [SAWBatch(tuple(reversed(b.items))) for b in trainer.batch_source.batches]
                 trainer.batch_source = ListBatchSource(other, cycle=False)

@@ -21,8 +21,8 @@ from ludic_lab.training.losses.cispo import CISPOLoss
 from ludic_lab.training.losses.clipped import GSPOLoss, SequenceClippedSurrogateLoss, TokenClippedSurrogateLoss
 from ludic_lab.training.losses.composite import CompositeLoss, LossTerm
 from ludic_lab.training.losses.entropy import EntropyBonus
-from ludic_lab.training.losses.inputs import FormulaLoss, LossInputs, evaluate_loss
 from ludic_lab.training.losses.importance import ratio_stats, truncated_is_weights
+from ludic_lab.training.losses.inputs import FormulaLoss, LossInputs, evaluate_loss
 from ludic_lab.training.losses.kl import KL_ESTIMATORS, TokenKLLoss, kl_estimate
 from ludic_lab.training.losses.reinforce import ReinforceBaselineLoss, ReinforceLoss
 from ludic_lab.training.losses.sft import MaskedCausalLMCrossEntropyLoss, MaskedCrossEntropyLoss

@@ -13,15 +13,16 @@ mode                           micro-batch contribution                    used 
 ``"seq_mean_token_sum_norm"``  ``sum_t l / (S * max_tokens)``              Dr.GRPO
 =============================  ==========================================  =============
 
-``S`` and ``N`` come from ``batch.step`` (a :class:`~ludic_lab.training.token_batch.StepNormalisers`
-the trainer sets for every micro-batch of a step, so the micro-batch contributions *sum* to
-the full-batch loss; packing never splits a sequence), else from the micro-batch itself. A sequence without action tokens adds 0 to the sum but is
-still counted in ``S``.
+``S`` and ``N`` come from ``batch.step`` (a
+:class:`~ludic_lab.training.token_batch.StepNormalisers` the trainer sets for every
+micro-batch of a step, so the micro-batch contributions *sum* to the full-batch loss;
+packing never splits a sequence), else from the micro-batch itself. A sequence without
+action tokens adds 0 to the sum but is still counted in ``S``.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -32,7 +33,7 @@ Aggregation = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum",
 AGGREGATIONS: tuple[str, ...] = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 
 
-def check_aggregation(mode: str, max_tokens: Optional[int]) -> None:
+def check_aggregation(mode: str, max_tokens: int | None) -> None:
     """Raise a helpful ``ValueError`` for an unknown mode or a missing Dr.GRPO constant."""
     if mode not in AGGREGATIONS:
         raise ValueError(f"aggregation={mode!r} is not one of {AGGREGATIONS}")
@@ -69,7 +70,7 @@ def sequence_index(batch: TokenBatch, mask_RT: Tensor) -> Tensor:
 
 
 def per_sequence_sum(
-    x_RT: Tensor, batch: TokenBatch, mask_RT: Tensor, seq_RT: Optional[Tensor] = None
+    x_RT: Tensor, batch: TokenBatch, mask_RT: Tensor, seq_RT: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """``(sum over each sequence's action tokens of x [S], action-token counts [S])``;
     ``seq_RT``: :func:`sequence_index` when already computed."""
@@ -81,13 +82,13 @@ def per_sequence_sum(
     return sums, counts
 
 
-def per_sequence_mean(x_RT: Tensor, batch: TokenBatch, mask_RT: Tensor, seq_RT: Optional[Tensor] = None) -> Tensor:
+def per_sequence_mean(x_RT: Tensor, batch: TokenBatch, mask_RT: Tensor, seq_RT: Tensor | None = None) -> Tensor:
     """``[S]`` mean of ``x`` over each sequence's action tokens (0 for a sequence with none)."""
     sums, counts = per_sequence_sum(x_RT, batch, mask_RT, seq_RT)
     return sums / counts.clamp(min=1)
 
 
-def broadcast_to_tokens(x_S: Tensor, batch: TokenBatch, mask_RT: Tensor, seq_RT: Optional[Tensor] = None) -> Tensor:
+def broadcast_to_tokens(x_S: Tensor, batch: TokenBatch, mask_RT: Tensor, seq_RT: Tensor | None = None) -> Tensor:
     """``[R, T]`` with ``x_S[seq_ids[r, t]]`` on action tokens, 0 elsewhere."""
     seq = sequence_index(batch, mask_RT) if seq_RT is None else seq_RT
     out = x_S[seq]
@@ -100,8 +101,8 @@ def aggregate(
     mask_RT: Tensor,
     mode: str = "seq_mean_token_mean",
     *,
-    max_tokens: Optional[int] = None,
-    seq_RT: Optional[Tensor] = None,
+    max_tokens: int | None = None,
+    seq_RT: Tensor | None = None,
 ) -> Tensor:
     """The micro-batch's contribution to the step loss under ``mode`` (see the module table).
 

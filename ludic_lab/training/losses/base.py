@@ -13,14 +13,14 @@ arithmetic, so they cannot leak in, not even as ``0 * NaN`` in backward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from ludic_lab.training.token_batch import TokenBatch
 
-Stats = dict[str, Union[Tensor, float]]
+Stats = dict[str, Tensor | float]
 """Named statistics of one micro-batch: detached 0-dim tensors (no device sync while the step
 runs) or plain numbers."""
 
@@ -49,7 +49,7 @@ class LossNeeds:
     runs on action positions only and the rest read 0."""
 
     @classmethod
-    def of(cls, loss: Any) -> "LossNeeds":
+    def of(cls, loss: Any) -> LossNeeds:
         """The ``needs_*`` class attributes of ``loss``, or of any of its parts (``.terms``)."""
         parts = [getattr(t, "loss", t) for t in getattr(loss, "terms", ()) or ()]
         below = [cls.of(p) for p in parts]
@@ -76,7 +76,7 @@ def on_actions(x_RT: Tensor, mask_RT: Tensor, fill: float = 0.0) -> Tensor:
     return torch.where(mask_RT, x_RT, torch.full_like(x_RT, fill))
 
 
-def checked(name: str, x_RT: Optional[Tensor], mask_RT: Tensor, *, hint: str) -> Tensor:
+def checked(name: str, x_RT: Tensor | None, mask_RT: Tensor, *, hint: str) -> Tensor:
     """``x`` cleaned off the mask, raising if it is missing or non-finite on an action token."""
     if x_RT is None:
         raise ValueError(f"batch.{name} is missing: {hint}")
@@ -93,7 +93,9 @@ def checked(name: str, x_RT: Optional[Tensor], mask_RT: Tensor, *, hint: str) ->
 def weights_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype) -> Tensor:
     """Per-token weights (advantages), 0 off actions; raises on NaN credit at an action."""
     w = checked(
-        "weights", batch.weights, mask_RT,
+        "weights",
+        batch.weights,
+        mask_RT,
         hint="a NaN reward or credit reached the batch; drop or fix those items before training",
     )
     return w.to(dtype)
@@ -102,7 +104,9 @@ def weights_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype) -> Tensor
 def behaviour_logprobs_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype) -> Tensor:
     """Sampler logprobs, 0 off actions; raises when an action token has none (NaN)."""
     b = checked(
-        "behaviour_logprobs", batch.behaviour_logprobs, mask_RT,
+        "behaviour_logprobs",
+        batch.behaviour_logprobs,
+        mask_RT,
         hint="sample with logprobs returned (ReturnSpec.for_training()) or use a loss that needs no ratio",
     )
     return b.to(dtype)
@@ -118,7 +122,7 @@ def stat_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-def masked_mean(x_RT: Tensor, mask_RT: Tensor, n: Optional[int] = None) -> Tensor:
+def masked_mean(x_RT: Tensor, mask_RT: Tensor, n: int | None = None) -> Tensor:
     """Detached 0-dim mean of ``x`` over action positions (0 when there are none); ``n``:
     the number of action positions when already known (saves a device sync)."""
     n = int(mask_RT.sum()) if n is None else n
@@ -126,7 +130,7 @@ def masked_mean(x_RT: Tensor, mask_RT: Tensor, n: Optional[int] = None) -> Tenso
     return total / n if n else torch.zeros_like(total)
 
 
-def basic_stats(logprobs_RT: Tensor, weights_RT: Tensor, mask_RT: Tensor, n: Optional[int] = None) -> Stats:
+def basic_stats(logprobs_RT: Tensor, weights_RT: Tensor, mask_RT: Tensor, n: int | None = None) -> Stats:
     """Statistics every policy-gradient loss reports."""
     return {
         "adv_mean": masked_mean(weights_RT, mask_RT, n),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from torch import Tensor
 
@@ -23,19 +23,23 @@ class CISPOLoss(FormulaLoss):
     """
 
     clip_eps_high: float = 0.2
-    clip_eps_low: Optional[float] = None
+    clip_eps_low: float | None = None
     aggregation: str = "token_mean"
-    max_tokens: Optional[int] = None
-    tis_cap: Optional[float] = None
+    max_tokens: int | None = None
+    tis_cap: float | None = None
     name: ClassVar[str] = "cispo"
 
     def __post_init__(self) -> None:
-        check_config(self, {"clip_eps_high": ">= 0", "clip_eps_low": "[0, 1)", "max_tokens": ">= 1", "tis_cap": "> 0"},
-                     allow_inf={"clip_eps_high", "tis_cap"})
+        check_config(
+            self,
+            {"clip_eps_high": ">= 0", "clip_eps_low": "[0, 1)", "max_tokens": ">= 1", "tis_cap": "> 0"},
+            allow_inf={"clip_eps_high", "tis_cap"},
+        )
         check_aggregation(self.aggregation, self.max_tokens)
         if self.clip_eps_high < 0 or (self.clip_eps_low is not None and not 0 <= self.clip_eps_low < 1):
             raise ValueError(
-                f"need clip_eps_high >= 0 and clip_eps_low None or in [0, 1) (got {self.clip_eps_high}, {self.clip_eps_low})"
+                "need clip_eps_high >= 0 and clip_eps_low None or in [0, 1) "
+                f"(got {self.clip_eps_high}, {self.clip_eps_low})"
             )
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"tis_cap must be None or > 0 (got {self.tis_cap})")

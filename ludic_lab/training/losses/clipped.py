@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -21,12 +21,11 @@ from ludic_lab.training.losses.base import Stats, stat_dtype
 from ludic_lab.training.losses.inputs import FormulaLoss, LossInputs
 from ludic_lab.validation import check_config
 
-
 _RANGES = {"clip_eps_low": "[0, 1)", "clip_eps_high": ">= 0", "max_tokens": ">= 1", "tis_cap": "> 0"}
 """The clip losses' numeric fields (NaN never; ``tis_cap``/``ratio_clip`` may be inf = no cap)."""
 
 
-def _check_eps(low: float, high: float, tis_cap: Optional[float]) -> None:
+def _check_eps(low: float, high: float, tis_cap: float | None) -> None:
     if low < 0 or high < 0 or low >= 1:
         raise ValueError(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0 (got {low}, {high})")
     if tis_cap is not None and not tis_cap > 0:
@@ -39,7 +38,7 @@ def clipped_objective(ratio_RT: Tensor, adv_RT: Tensor, eps_low: float, eps_high
 
 
 def clip_fractions(
-    ratio_RT: Tensor, adv_RT: Tensor, mask_RT: Tensor, eps_low: float, eps_high: float, n: Optional[int] = None
+    ratio_RT: Tensor, adv_RT: Tensor, mask_RT: Tensor, eps_low: float, eps_high: float, n: int | None = None
 ) -> Stats:
     """Fractions of action tokens whose clipped branch is active (their gradient is 0)."""
     r = ratio_RT.detach()
@@ -66,9 +65,9 @@ class TokenClippedSurrogateLoss(FormulaLoss):
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
     aggregation: str = "seq_mean_token_mean"
-    max_tokens: Optional[int] = None
-    ratio_clip: Optional[float] = None
-    tis_cap: Optional[float] = None
+    max_tokens: int | None = None
+    ratio_clip: float | None = None
+    tis_cap: float | None = None
     name: ClassVar[str] = "clipped"
 
     def __post_init__(self) -> None:
@@ -110,8 +109,8 @@ class SequenceClippedSurrogateLoss(FormulaLoss):
     clip_eps_low: float = 3e-4
     clip_eps_high: float = 4e-4
     aggregation: str = "seq_mean_token_mean"
-    max_tokens: Optional[int] = None
-    tis_cap: Optional[float] = None
+    max_tokens: int | None = None
+    tis_cap: float | None = None
     name: ClassVar[str] = "gspo"
 
     def __post_init__(self) -> None:

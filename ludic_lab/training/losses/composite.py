@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import Any
 
 from torch import Tensor
 
@@ -25,7 +26,7 @@ class LossTerm:
         check_config(self)
 
 
-TermLike = Union[LossTerm, tuple[float, Loss], tuple[str, float, Loss]]
+TermLike = LossTerm | tuple[float, Loss] | tuple[str, float, Loss]
 
 
 def _default_name(loss: Any) -> str:
@@ -42,7 +43,9 @@ def _as_term(t: TermLike) -> LossTerm:
         return LossTerm(_default_name(t[1]), t[1], float(t[0]))
     if isinstance(t, tuple) and len(t) == 3 and isinstance(t[0], str) and hasattr(t[2], "compute"):
         return LossTerm(t[0], t[2], float(t[1]))
-    raise TypeError(f"CompositeLoss part {t!r}: give LossTerm(name, loss, weight), (weight, loss) or (name, weight, loss)")
+    raise TypeError(
+        f"CompositeLoss part {t!r}: give LossTerm(name, loss, weight), (weight, loss) or (name, weight, loss)"
+    )
 
 
 class CompositeLoss(FormulaLoss):

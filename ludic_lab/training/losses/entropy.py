@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from torch import Tensor
 
@@ -23,12 +23,12 @@ class EntropyBonus(FormulaLoss):
 
     coeff: float = 0.01
     aggregation: str = "seq_mean_token_mean"
-    max_tokens: Optional[int] = None
-    coef: InitVar[Optional[float]] = None
+    max_tokens: int | None = None
+    coef: InitVar[float | None] = None
     name: ClassVar[str] = "entropy"
     needs_entropy: ClassVar[bool] = True
 
-    def __post_init__(self, coef: Optional[float]) -> None:
+    def __post_init__(self, coef: float | None) -> None:
         if coef is not None:
             object.__setattr__(self, "coeff", float(coef))
         check_config(self, {"max_tokens": ">= 1"})

@@ -15,7 +15,6 @@ policy (REINFORCE-style losses) or ``pi_old`` (clipped losses, whose own ratio i
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -24,7 +23,7 @@ from ludic_lab.training.losses.base import Stats, checked, on_actions, stat_dtyp
 from ludic_lab.training.token_batch import TokenBatch
 
 
-def ratio_stats(log_ratio_RT: Tensor, mask_RT: Tensor, prefix: str = "", n: Optional[int] = None) -> Stats:
+def ratio_stats(log_ratio_RT: Tensor, mask_RT: Tensor, prefix: str = "", n: int | None = None) -> Stats:
     """mean/std/min/max of ``exp(log_ratio)`` over action tokens and the k3 estimate of
     ``KL(sampler || current)`` (``E[r - 1 - log r]``, >= 0); ``{}`` without action tokens.
     Detached 0-dim tensors in float64 where the device has it; ``n``: the action-token count
@@ -46,7 +45,7 @@ def ratio_stats(log_ratio_RT: Tensor, mask_RT: Tensor, prefix: str = "", n: Opti
 
 
 def truncated_is_weights(
-    log_ratio_RT: Tensor, mask_RT: Tensor, cap: float, n: Optional[int] = None
+    log_ratio_RT: Tensor, mask_RT: Tensor, cap: float, n: int | None = None
 ) -> tuple[Tensor, Stats]:
     """Detached per-token weights ``min(exp(log_ratio), cap)`` (1 off actions) and their stats."""
     if not cap > 0:
@@ -64,13 +63,15 @@ def truncated_is_weights(
     return w, stats
 
 
-def old_logprobs_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype) -> Optional[Tensor]:
+def old_logprobs_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype) -> Tensor | None:
     """The trainer-side logprobs under the sampling weights, if provided in ``batch.extra``."""
     old = batch.extra.get("old_logprobs")
     if old is None:
         return None
     return checked(
-        "extra['old_logprobs']", old, mask_RT,
+        "extra['old_logprobs']",
+        old,
+        mask_RT,
         hint="recompute old logprobs for every action token or leave extra['old_logprobs'] unset",
     ).to(dtype)
 
@@ -79,12 +80,12 @@ def ratio_anchor(
     batch: TokenBatch,
     mask_RT: Tensor,
     behaviour_RT: Tensor,
-    tis_cap: Optional[float],
+    tis_cap: float | None,
     loss_name: str,
     *,
-    old_RT: Optional[Tensor] = None,
-    n: Optional[int] = None,
-) -> tuple[Tensor, Optional[Tensor], Stats]:
+    old_RT: Tensor | None = None,
+    n: int | None = None,
+) -> tuple[Tensor, Tensor | None, Stats]:
     """What a clipped loss's ratio is taken against, and the TIS weights on top of it.
 
     Returns ``(anchor_RT, tis_RT | None, stats)``: ``anchor = extra["old_logprobs"]`` when

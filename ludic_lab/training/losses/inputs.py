@@ -14,11 +14,16 @@ its ``compute(logprobs, batch)`` (the :class:`~.base.Loss` protocol) builds the 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Optional
 
 from torch import Tensor
 
-from ludic_lab.training.losses.aggregation import aggregate, broadcast_to_tokens, per_sequence_mean, per_sequence_sum, sequence_index
+from ludic_lab.training.losses.aggregation import (
+    aggregate,
+    broadcast_to_tokens,
+    per_sequence_mean,
+    per_sequence_sum,
+    sequence_index,
+)
 from ludic_lab.training.losses.base import Stats, action_mask, checked, masked_mean, on_actions
 from ludic_lab.training.losses.importance import old_logprobs_of, ratio_anchor, ratio_stats
 from ludic_lab.training.token_batch import StepNormalisers, TokenBatch
@@ -51,7 +56,9 @@ class LossInputs:
     def weights(self) -> Tensor:
         """Per-token weights (advantages); raises on NaN credit at an action."""
         w = checked(
-            "weights", self.batch.weights, self.mask,
+            "weights",
+            self.batch.weights,
+            self.mask,
             hint="a NaN reward or credit reached the batch; drop or fix those items before training",
         )
         return w.to(self.raw_logprobs.dtype)
@@ -60,13 +67,15 @@ class LossInputs:
     def behaviour_logprobs(self) -> Tensor:
         """The sampler's logprobs; raises when an action token has none (NaN)."""
         b = checked(
-            "behaviour_logprobs", self.batch.behaviour_logprobs, self.mask,
+            "behaviour_logprobs",
+            self.batch.behaviour_logprobs,
+            self.mask,
             hint="sample with logprobs returned (ReturnSpec.for_training()) or use a loss that needs no ratio",
         )
         return b.to(self.raw_logprobs.dtype)
 
     @cached_property
-    def recorded_behaviour_logprobs(self) -> Optional[Tensor]:
+    def recorded_behaviour_logprobs(self) -> Tensor | None:
         """The sampler's logprobs when every action token has a finite one and not all are
         exactly 0 (i.e. they were recorded); ``None`` otherwise, never an error."""
         raw = self.batch.behaviour_logprobs.to(self.mask.device)
@@ -79,7 +88,9 @@ class LossInputs:
     def ref_logprobs(self) -> Tensor:
         """The frozen reference policy's logprobs (``needs_ref_logprobs``)."""
         ref = checked(
-            "ref_logprobs", self.batch.ref_logprobs, self.mask,
+            "ref_logprobs",
+            self.batch.ref_logprobs,
+            self.mask,
             hint="this loss sets needs_ref_logprobs: fill batch.ref_logprobs with the frozen reference policy's "
             "model_token_logprobs (the Trainer does this)",
         )
@@ -89,13 +100,15 @@ class LossInputs:
     def entropy(self) -> Tensor:
         """Per-token entropy with gradient, ``batch.extra["entropy"]`` (``needs_entropy``)."""
         return checked(
-            "extra['entropy']", self.batch.extra.get("entropy"), self.mask,
+            "extra['entropy']",
+            self.batch.extra.get("entropy"),
+            self.mask,
             hint="this loss sets needs_entropy: put model_token_logprobs(..., return_entropy=True)[1] into "
             "batch.extra['entropy'] (the Trainer does this)",
         )
 
     @cached_property
-    def old_logprobs(self) -> Optional[Tensor]:
+    def old_logprobs(self) -> Tensor | None:
         """The trainer's logprobs under the sampling weights, ``batch.extra["old_logprobs"]``, if given."""
         return old_logprobs_of(self.batch, self.mask, self.raw_logprobs.dtype)
 
@@ -104,13 +117,19 @@ class LossInputs:
         """``[R, T]`` sequence index of each token (checked once, clamped to >= 0)."""
         return sequence_index(self.batch, self.mask)
 
-    def ratio_anchor(self, tis_cap: Optional[float], loss_name: str) -> tuple[Tensor, Optional[Tensor], Stats]:
+    def ratio_anchor(self, tis_cap: float | None, loss_name: str) -> tuple[Tensor, Tensor | None, Stats]:
         """``(anchor_RT, tis_RT | None, stats)``: see :func:`~.importance.ratio_anchor`."""
         return ratio_anchor(
-            self.batch, self.mask, self.behaviour_logprobs, tis_cap, loss_name, old_RT=self.old_logprobs, n=self.n_actions
+            self.batch,
+            self.mask,
+            self.behaviour_logprobs,
+            tis_cap,
+            loss_name,
+            old_RT=self.old_logprobs,
+            n=self.n_actions,
         )
 
-    def aggregate(self, per_token_RT: Tensor, mode: str, max_tokens: Optional[int] = None) -> Tensor:
+    def aggregate(self, per_token_RT: Tensor, mode: str, max_tokens: int | None = None) -> Tensor:
         """The micro-batch's contribution to the step loss (see :mod:`.aggregation`)."""
         return aggregate(per_token_RT, self.batch, self.mask, mode, max_tokens=max_tokens, seq_RT=self.seq_index)
 

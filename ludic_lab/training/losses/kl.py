@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from torch import Tensor
 
@@ -43,12 +43,12 @@ class TokenKLLoss(FormulaLoss):
     coeff: float = 1.0
     estimator: str = "k3"
     aggregation: str = "seq_mean_token_mean"
-    max_tokens: Optional[int] = None
-    coef: InitVar[Optional[float]] = None
+    max_tokens: int | None = None
+    coef: InitVar[float | None] = None
     name: ClassVar[str] = "kl"
     needs_ref_logprobs: ClassVar[bool] = True
 
-    def __post_init__(self, coef: Optional[float]) -> None:
+    def __post_init__(self, coef: float | None) -> None:
         if coef is not None:
             object.__setattr__(self, "coeff", float(coef))
         check_config(self, {"max_tokens": ">= 1"})

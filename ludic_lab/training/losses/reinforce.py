@@ -4,7 +4,7 @@ baseline and truncated importance sampling against the sampler."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from torch import Tensor
 
@@ -15,13 +15,13 @@ from ludic_lab.training.losses.inputs import FormulaLoss, LossInputs
 from ludic_lab.validation import check_config
 
 
-def _check_tis(tis_cap: Optional[float]) -> None:
+def _check_tis(tis_cap: float | None) -> None:
     if tis_cap is not None and not tis_cap > 0:
         raise ValueError(f"tis_cap must be None or > 0 (got {tis_cap}); typical values are 2 to 10")
 
 
 def reinforce_terms(
-    x: LossInputs, adv_RT: Tensor, *, aggregation: str, max_tokens: Optional[int], tis_cap: Optional[float]
+    x: LossInputs, adv_RT: Tensor, *, aggregation: str, max_tokens: int | None, tis_cap: float | None
 ) -> tuple[Tensor, Stats]:
     """``aggregate(-tis * adv * logprobs)``; tis = ``min(exp(logp.detach() - behaviour), cap)`` or 1.
 
@@ -52,8 +52,8 @@ class ReinforceLoss(FormulaLoss):
     """
 
     aggregation: str = "seq_mean_token_sum"
-    max_tokens: Optional[int] = None
-    tis_cap: Optional[float] = None
+    max_tokens: int | None = None
+    tis_cap: float | None = None
     name: ClassVar[str] = "reinforce"
 
     def __post_init__(self) -> None:
@@ -62,7 +62,9 @@ class ReinforceLoss(FormulaLoss):
         _check_tis(self.tis_cap)
 
     def evaluate(self, x: LossInputs) -> tuple[Tensor, Stats]:
-        return reinforce_terms(x, x.weights, aggregation=self.aggregation, max_tokens=self.max_tokens, tis_cap=self.tis_cap)
+        return reinforce_terms(
+            x, x.weights, aggregation=self.aggregation, max_tokens=self.max_tokens, tis_cap=self.tis_cap
+        )
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,8 @@ class ReinforceBaselineLoss(FormulaLoss):
     """
 
     aggregation: str = "seq_mean_token_sum"
-    max_tokens: Optional[int] = None
-    tis_cap: Optional[float] = None
+    max_tokens: int | None = None
+    tis_cap: float | None = None
     normalize: bool = False
     name: ClassVar[str] = "reinforce_baseline"
 
@@ -98,9 +100,15 @@ class ReinforceBaselineLoss(FormulaLoss):
         std = 1.0
         if self.normalize:
             s_step = x.step.weight_std
-            std = float(s_step) if s_step is not None else (float((seq_w - baseline).std(unbiased=False)) if seq_w.numel() else 0.0)
+            std = (
+                float(s_step)
+                if s_step is not None
+                else (float((seq_w - baseline).std(unbiased=False)) if seq_w.numel() else 0.0)
+            )
             adv = adv / (std + 1e-8)
-        loss, stats = reinforce_terms(x, adv, aggregation=self.aggregation, max_tokens=self.max_tokens, tis_cap=self.tis_cap)
+        loss, stats = reinforce_terms(
+            x, adv, aggregation=self.aggregation, max_tokens=self.max_tokens, tis_cap=self.tis_cap
+        )
         stats["baseline"] = baseline
         if self.normalize:
             stats["adv_std_before_norm"] = std

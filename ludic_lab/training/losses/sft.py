@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from torch import Tensor
 
@@ -23,7 +23,7 @@ class MaskedCrossEntropyLoss(FormulaLoss):
     """
 
     aggregation: str = "token_mean"
-    max_tokens: Optional[int] = None
+    max_tokens: int | None = None
     use_weights: bool = False
     name: ClassVar[str] = "sft"
 

@@ -1,0 +1,63 @@
+"""The data half of a training step: filter the pulled batches, pack this rank's items, count."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ludic_lab.training.config import TrainerConfig
+from ludic_lab.training.packing import PackedMicroBatches, pack_items
+from ludic_lab.training.parallel import StepTotals
+from ludic_lab.training.saw import SAWBatch, SAWItem
+
+
+def filter_batches(
+    batches: list[SAWBatch],
+    preprocess: Callable[[SAWBatch], SAWBatch] | None,
+    policy_version: int,
+    max_lag: int | None,
+) -> tuple[list[SAWItem], int, dict[str, float]]:
+    """``preprocess`` each batch, then drop items sampled more than ``max_lag`` versions
+    before ``policy_version`` (items of unknown version stay). Returns ``(items, number
+    dropped as stale, the batches' numeric meta averaged, as "source/<key>")``."""
+    items: list[SAWItem] = []
+    stale = 0
+    source: dict[str, list[float]] = {}
+    for b in batches:
+        if preprocess is not None:
+            b = preprocess(b)
+        fresh = [
+            it
+            for it in b.items
+            if max_lag is None or it.policy_version is None or policy_version - it.policy_version <= max_lag
+        ]
+        items.extend(fresh)
+        stale += len(b.items) - len(fresh)
+        for k, v in b.meta.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                source.setdefault(k, []).append(float(v))
+    return items, stale, {f"source/{k}": float(np.mean(v)) for k, v in source.items()}
+
+
+def pack_step(items: list[SAWItem], cfg: TrainerConfig, pad_token_id: int) -> PackedMicroBatches:
+    """``items`` packed into micro-batches as ``cfg`` says (budget, length, truncation)."""
+    return pack_items(
+        items,
+        micro_token_budget=cfg.micro_token_budget,
+        max_seq_len=cfg.max_seq_len,
+        pad_token_id=pad_token_id,
+        truncation=cfg.truncation,
+    )
+
+
+def local_totals(items: list[SAWItem], stale: int, source: dict[str, float], micro: PackedMicroBatches) -> StepTotals:
+    """This rank's counts of the step (the micro-batches' counts read on the host)."""
+    return StepTotals(
+        items=len(items),
+        stale=stale,
+        sequences=sum(mb.num_sequences for mb in micro),
+        action_tokens=sum(mb.num_action_tokens for mb in micro),
+        pack=micro.stats.to_metrics("pack/"),
+        source=source,
+    )
