@@ -5,7 +5,7 @@ process group (vLLM spawns an engine and worker processes), logging to a file; t
 ``stop()`` terminates the whole group, and an ``atexit`` hook stops every server still running
 when the interpreter exits. On a machine without CUDA it adds the CPU recipe (``--enforce-eager``,
 ``VLLM_CPU_KVCACHE_SPACE=1``) unless you pass your own. A busy port is an error at once,
-before vLLM is started. Only the standard library is imported here.
+before vLLM is started. Imports no vLLM (process trees through psutil, on first use).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import asyncio
 import atexit
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,10 +21,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
-_LIVE: "set[VLLMServerProcess]" = set()
+from ludic_lab.net import free_port, port_is_free
+
+_LIVE: set[VLLMServerProcess] = set()
 _LIVE_LOCK = threading.Lock()
 
 
@@ -46,7 +48,7 @@ class VLLMServerProcess:
         model: str,
         command: Sequence[str],
         log_fh: Any,
-        dtype: Optional[str] = None,
+        dtype: str | None = None,
     ) -> None:
         self.popen = popen
         self.pid: int = popen.pid
@@ -58,7 +60,7 @@ class VLLMServerProcess:
         self.dtype = dtype  # the --dtype asked for (None: vLLM's "auto")
         self.command = list(command)
         self._log_fh = log_fh
-        self.watchdog_pid: Optional[int] = None  # see start_vllm_server(watchdog=)
+        self.watchdog_pid: int | None = None  # see start_vllm_server(watchdog=)
         self._stopped = False
         self.started_at = time.time()
 
@@ -75,7 +77,7 @@ class VLLMServerProcess:
         """OpenAI API base, ``http://host:port/v1``."""
         return self.base_url + "/v1"
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         """Exit code of the server process, or None while it runs."""
         return self.popen.poll()
 
@@ -94,7 +96,7 @@ class VLLMServerProcess:
             return ""
         return "\n".join(lines[-n:])
 
-    def wait_until_healthy(self, timeout: float = 300.0) -> "VLLMServerProcess":
+    def wait_until_healthy(self, timeout: float = 300.0) -> VLLMServerProcess:
         """Block until ``GET /health`` answers 200; raises (with the log tail) if the server dies or times out."""
         wait_for_vllm_health_sync(self.api_base, timeout=timeout, process=self)
         return self
@@ -137,7 +139,7 @@ class VLLMServerProcess:
         finally:
             try:
                 self._log_fh.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - closing the log file is best effort
                 pass
             if self.watchdog_pid is not None:
                 from ludic_lab.inference import processes
@@ -146,7 +148,7 @@ class VLLMServerProcess:
             with _LIVE_LOCK:
                 _LIVE.discard(self)
 
-    def __enter__(self) -> "VLLMServerProcess":
+    def __enter__(self) -> VLLMServerProcess:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -166,44 +168,9 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def group_alive(pgid: int) -> bool:
     """Whether any live (non-zombie) process is in process group ``pgid``."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        # fields after the ")" that closes the command name: state ppid pgrp ...
-        rest = stat[stat.rfind(")") + 2:].split()
-        if len(rest) > 2 and int(rest[2]) == pgid and rest[0] not in ("Z", "X"):
-            return True
-    return False
+    from ludic_lab.inference.processes import group_members
 
-
-def port_is_free(host: str, port: int) -> bool:
-    """Whether ``host:port`` can be bound now (as vLLM binds it: with SO_REUSEADDR)."""
-    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(fam, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port(host: str) -> int:
-    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(fam, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return bool(group_members(pgid))
 
 
 def _cuda_available() -> bool:
@@ -211,7 +178,7 @@ def _cuda_available() -> bool:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a broken torch install means no CUDA
         return False
 
 
@@ -239,16 +206,16 @@ def start_vllm_server(
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
-    log_file: Optional[str] = None,
+    log_file: str | None = None,
     extra_args: Sequence[str] = (),
-    env: Optional[Mapping[str, str]] = None,
-    dtype: Optional[str] = None,
-    max_model_len: Optional[int] = None,
-    gpu_memory_utilization: Optional[float] = None,
-    enforce_eager: Optional[bool] = None,
-    served_model_name: Optional[str] = None,
-    control_token: Optional[str] = None,
-    python: Optional[str] = None,
+    env: Mapping[str, str] | None = None,
+    dtype: str | None = None,
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    enforce_eager: bool | None = None,
+    served_model_name: str | None = None,
+    control_token: str | None = None,
+    python: str | None = None,
     wait: bool = False,
     timeout: float = 300.0,
     watchdog: bool = True,
@@ -266,7 +233,7 @@ def start_vllm_server(
     port and the memory.
     """
     if port == 0:
-        port = _free_port(host)
+        port = free_port(host)
     if not port_is_free(host, port):
         raise PortInUseError(
             f"port {port} on {host} is already in use (another vLLM server?); stop it or pass "
@@ -274,7 +241,17 @@ def start_vllm_server(
         )
     model_path = _resolve_model(str(model))
     extra = [str(a) for a in extra_args]
-    cmd = [python or sys.executable, "-m", "ludic_lab.inference.vllm_server", "--model", model_path, "--host", host, "--port", str(port)]
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "ludic_lab.inference.vllm_server",
+        "--model",
+        model_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     on_cpu = not _cuda_available()
     if dtype is not None:
         cmd += ["--dtype", str(dtype)]
@@ -308,7 +285,9 @@ def start_vllm_server(
     except BaseException:
         log_fh.close()
         raise
-    handle = VLLMServerProcess(popen, host=host, port=port, log_path=log_file, model=model_path, command=cmd, log_fh=log_fh, dtype=dtype)
+    handle = VLLMServerProcess(
+        popen, host=host, port=port, log_path=log_file, model=model_path, command=cmd, log_fh=log_fh, dtype=dtype
+    )
     if watchdog:
         from ludic_lab.inference import processes
 
@@ -343,7 +322,7 @@ def _probe(url: str, timeout: float) -> bool:
         return False
 
 
-def _died(process: Optional[VLLMServerProcess]) -> Optional[str]:
+def _died(process: VLLMServerProcess | None) -> str | None:
     if process is not None and process.poll() is not None:
         return f"the vLLM server exited with code {process.poll()} before it was healthy; log {process.log_path}:\n{process.tail(30)}"
     return None
@@ -353,7 +332,7 @@ async def wait_for_vllm_health(
     api_base: str = "http://127.0.0.1:8000/v1",
     timeout: float = 300.0,
     *,
-    process: Optional[VLLMServerProcess] = None,
+    process: VLLMServerProcess | None = None,
     interval: float = 0.5,
 ) -> None:
     """Poll ``GET /health`` until it answers 200 (``api_base`` may end in ``/v1``).
@@ -379,7 +358,7 @@ def wait_for_vllm_health_sync(
     api_base: str = "http://127.0.0.1:8000/v1",
     timeout: float = 300.0,
     *,
-    process: Optional[VLLMServerProcess] = None,
+    process: VLLMServerProcess | None = None,
     interval: float = 0.5,
 ) -> None:
     """Blocking :func:`wait_for_vllm_health` (works inside a running event loop too)."""
