@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
+
+from ludic_lab.inference.retry import RetryPolicy
 
 T = TypeVar("T")
 log = logging.getLogger("ludic_lab.pipeline")
@@ -174,29 +175,27 @@ class Reconnector:
         self.retries = 0
 
     async def run(self, op: Callable[[], Awaitable[T]]) -> T:
-        errors = retryable_errors()
-        down_since: float | None = None
-        delay = self.base_s
-        while True:
-            try:
-                out = await op()
-            except errors as e:
-                now = time.monotonic()
-                if down_since is None:
-                    down_since = now
-                    log.warning(
-                        "%s: lost Redis at %s (%s: %s); reconnecting", self.what, redact(self.url), type(e).__name__, e
-                    )
-                if now - down_since > self.timeout_s:
-                    raise PipelineConnectionError(
-                        f"{self.what}: Redis at {redact(self.url)} unreachable for {self.timeout_s:.0f} s "
-                        f"(last error {type(e).__name__}: {e})"
-                    ) from e
-                self.retries += 1
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(self.cap_s, delay * 2)
-                continue
-            if down_since is not None:
-                self.reconnects += 1
-                log.warning("%s: reconnected to Redis after %.1f s", self.what, time.monotonic() - down_since)
-            return out
+        policy = RetryPolicy(
+            max_retries=None, base_s=self.base_s, cap_s=self.cap_s, give_up_after_s=self.timeout_s, jitter=(0.5, 1.5)
+        )
+        down_since: list[float] = []
+
+        def on_retry(retry: int, e: BaseException) -> None:
+            if not down_since:
+                down_since.append(time.monotonic())
+                log.warning(
+                    "%s: lost Redis at %s (%s: %s); reconnecting", self.what, redact(self.url), type(e).__name__, e
+                )
+            self.retries += 1
+
+        try:
+            out = await policy.run(op, retry_on=retryable_errors(), on_retry=on_retry)
+        except retryable_errors() as e:
+            raise PipelineConnectionError(
+                f"{self.what}: Redis at {redact(self.url)} unreachable for {self.timeout_s:.0f} s "
+                f"(last error {type(e).__name__}: {e})"
+            ) from e
+        if down_since:
+            self.reconnects += 1
+            log.warning("%s: reconnected to Redis after %.1f s", self.what, time.monotonic() - down_since[0])
+        return out
