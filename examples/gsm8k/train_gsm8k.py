@@ -89,6 +89,8 @@ class Config:
     """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
     eval_questions: int = 80
     """Held-out problems evaluated (greedy) before and after."""
+    episode_timeout_s: float = 600.0
+    """Seconds an answer may take before it counts as failed (raise it on a loaded machine)."""
     device: str = "cpu"
     """Training device ("cpu", "cuda")."""
     seed: int = 0
@@ -106,12 +108,14 @@ async def run(cfg: Config) -> dict[str, Any]:
     n_eval = min(cfg.eval_questions, len(test))
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out),
                        max_batch_size=cfg.questions_per_step * cfg.group_size) as sampler:  # fmt: skip
-        before = await held_out_accuracy(math_engine(sampler.client, test, verifier), n_eval, cfg.max_tokens)
-        print(f"before: held-out accuracy {before['accuracy']:.3f} ({n_eval} problems)", flush=True)
+        held_out = math_engine(sampler.client, test, verifier, episode_timeout_s=cfg.episode_timeout_s)
+        before = await held_out_accuracy(held_out, n_eval, cfg.max_tokens)
+        print(f"before: held-out accuracy {before['accuracy']:.3f} ({n_eval} problems, "
+              f"parse errors {before['parse_error_rate']:.2f}, failed {before['failure_rate']:.2f})", flush=True)
 
         algo = make_grpo()  # GroupNormalizedReturn + TokenClippedSurrogateLoss (PPO-style clip)
         source = RolloutBatchSource(
-            math_engine(sampler.client, train, verifier),
+            math_engine(sampler.client, train, verifier, episode_timeout_s=cfg.episode_timeout_s),
             QuestionRequests(len(train), cfg.questions_per_step, training_sampling(cfg.temperature, cfg.max_tokens),
                              seed=cfg.seed),  # fmt: skip
             algo.credit_assigner,
@@ -122,8 +126,9 @@ async def run(cfg: Config) -> dict[str, Any]:
                                   out=out, console_keys=keys)  # fmt: skip
         history, train_s = await train_timed(trainer, cfg.steps)
 
-        after = await held_out_accuracy(math_engine(sampler.client, test, verifier), n_eval, cfg.max_tokens)
-        print(f"after:  held-out accuracy {after['accuracy']:.3f}", flush=True)
+        after = await held_out_accuracy(held_out, n_eval, cfg.max_tokens)
+        print(f"after:  held-out accuracy {after['accuracy']:.3f} (parse errors {after['parse_error_rate']:.2f}, "
+              f"failed {after['failure_rate']:.2f})", flush=True)
         model_dir = save_policy(trainer.model, sampler.model_path, out / "model")
         trainer.close()
         reward_first, reward_last = first_last(history, "reward_mean")

@@ -33,8 +33,13 @@ Launch:
     CUDA_VISIBLE_DEVICES=1 python examples/tic_tac_toe/train_tic_tac_toe.py --model /models/Qwen2.5-7B-Instruct \\
         --backend vllm --vllm-url http://127.0.0.1:8000 --device cuda --steps 100 --games-per-step 32
 
-Result measured here: see examples/README.md (the numbers of the last full run on this
-machine are written to ``<out>/summary.json``).
+Result it got here (SmolLM2-135M, the defaults above, 2 CPU cores shared with other jobs at
+load average ~9.6, under ``nice -n 5``): not finished. Before training, 32 held-out greedy
+games: win+draw 0.00, illegal-move rate 0.50, and the other 0.50 failed at the 600 s episode
+timeout (all 32 games wait for one sampler). Step 1 of 12 took 659 s (14 of its 16 games cut
+by the timeout, the 2 others scored -1, so zero advantages and nothing learned); the run was
+stopped after 24 min, with no "after" numbers. Details in examples/README.md; each run writes
+``<out>/summary.json``.
 """
 
 from __future__ import annotations

@@ -76,13 +76,15 @@ def math_verifier(data: str = "shipped") -> Callable[[str, str], bool]:
 
 
 def math_engine(client: Any, rows: list[dict[str, Any]], verifier: Callable[[str, str], bool], *,
-                concurrency: int = 64) -> RolloutEngine:  # fmt: skip
+                concurrency: int = 64, episode_timeout_s: float = 600.0) -> RolloutEngine:  # fmt: skip
     """An engine with env ``"math"`` (a :class:`DatasetQAEnv` over ``rows``; env seed = row)
-    and protocol ``"single_agent"`` (the ``<answer>`` parser, -1 for a reply without one)."""
+    and protocol ``"single_agent"`` (the ``<answer>`` parser, -1 for a reply without one); an
+    episode still running after ``episode_timeout_s`` is recorded as failed."""
     return RolloutEngine(
         {ENV: lambda: DatasetQAEnv(rows, verifier=verifier, system_prompt=SYSTEM_PROMPT)},
         {PROTOCOL: lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), DatasetQAEnv.recommended_parser()))},
         max_concurrency=concurrency,
+        episode_timeout_s=episode_timeout_s,
     )
 
 
@@ -138,10 +140,13 @@ async def held_out_accuracy(engine: RolloutEngine, n: int, max_tokens: int) -> d
 
 
 def accuracy_summary(result: Any, k: Optional[int] = None) -> dict[str, float]:
-    """``accuracy`` (and ``pass@k``) of an :class:`~ludic_lab.eval.EvalResult`, as floats."""
+    """``accuracy``, ``parse_error_rate``, ``failure_rate`` (and ``pass@k``) of an
+    :class:`~ludic_lab.eval.EvalResult`, as floats."""
     s = result.summary()
     out = {"accuracy": float(s["accuracy"]), "parse_error_rate": float(s.get("parse_error_rate", 0.0)),
-           "num_items": float(s["num_items"])}  # fmt: skip
+           "num_items": float(s["num_items"]),
+           # episodes that raised or hit the engine's episode timeout count as wrong: say how many
+           "failure_rate": float(s.get("failure_rate", 0.0))}  # fmt: skip
     if k and k > 1 and f"pass@{k}" in s:
         out[f"pass@{k}"] = float(s[f"pass@{k}"])
     return out
