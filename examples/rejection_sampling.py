@@ -25,7 +25,11 @@ Launch:
     CUDA_VISIBLE_DEVICES=1 python examples/rejection_sampling.py --model /models/Qwen2.5-7B-Instruct \\
         --backend vllm --vllm-url http://127.0.0.1:8000 --device cuda --sample-games 2000 --sft-steps 200
 
-Result measured here: see examples/README.md (each run writes ``<out>/summary.json``).
+Result it got here: only the smoke run (tiny model, ``--keep all``); the full run on SmolLM2
+was not run on the shared 2 cores: its evaluation before training (40 held-out games) is the
+kind that took ~10 min for 32 games in ``train_tic_tac_toe.py``'s run, half of them cut by the
+episode timeout, and its 96 sampled games would take over an hour at that rate
+(examples/README.md). Each run writes ``<out>/summary.json``.
 """
 
 from __future__ import annotations

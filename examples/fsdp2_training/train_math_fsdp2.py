@@ -33,7 +33,9 @@ Launch:
         --model /models/Qwen2.5-7B-Instruct --vllm-url http://127.0.0.1:8000 --device cuda \\
         --train-steps 50 --group-size 8 --lora-r 0 --lr 1e-6 --max-tokens 512
 
-Result measured here: see examples/README.md (rank 0 writes ``<out>/summary.json``).
+Result it got here: only the smoke run (tiny model, 3 steps on 2 ranks); the full run on
+SmolLM2 was not run on the shared 2 cores (examples/README.md). Rank 0 writes
+``<out>/summary.json``.
 """
 
 from __future__ import annotations

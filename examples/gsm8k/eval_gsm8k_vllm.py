@@ -23,7 +23,9 @@ Launch:
     python examples/gsm8k/eval_gsm8k_vllm.py --model runs/gsm8k/model --vllm-url http://127.0.0.1:8000 \\
         --data /data/gsm8k --limit 1319 --k 8 --max-tokens 512
 
-Result measured here: see examples/README.md (``--out`` receives ``eval.json``).
+Result it got here: only the smoke run (tiny model, through its own vLLM server); not run on
+SmolLM2 or a trained folder on the shared 2 cores (examples/README.md). ``--out`` receives
+``eval.json``.
 """
 
 from __future__ import annotations

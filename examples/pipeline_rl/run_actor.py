@@ -37,7 +37,8 @@ Launch (four terminals; the model folder must be the one the server serves):
 (``<folder>``: a local model folder, e.g. the one ``python -c "from ludic_lab.inference.models import
 resolve_model; print(resolve_model('default'))"`` prints for SmolLM2.)
 
-Result measured here: see examples/README.md.
+Result it got here: only the smoke run (tiny model, 2 steps, Redis + vLLM); the full run on
+SmolLM2 was not run on the shared 2 cores (examples/README.md).
 """
 
 from __future__ import annotations

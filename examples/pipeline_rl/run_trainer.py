@@ -19,7 +19,8 @@ Launch: see ``run_actor.py`` (Redis, the vLLM server, one or more actors, this t
     CUDA_VISIBLE_DEVICES=1 python examples/pipeline_rl/run_trainer.py --model /models/Qwen2.5-7B-Instruct \\
         --vllm-url http://gpu0:8000 --redis-url redis://queue-host:6379/0 --device cuda --batch-size 256
 
-Result measured here: see examples/README.md.
+Result it got here: only the smoke run (tiny model, 2 steps, Redis + vLLM); the full run on
+SmolLM2 was not run on the shared 2 cores (examples/README.md).
 """
 
 from __future__ import annotations

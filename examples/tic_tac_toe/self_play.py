@@ -25,7 +25,8 @@ Launch:
     CUDA_VISIBLE_DEVICES=1 python examples/tic_tac_toe/self_play.py --model /models/Qwen2.5-7B-Instruct \\
         --backend vllm --vllm-url http://127.0.0.1:8000 --device cuda --steps 100 --games-per-step 32
 
-Result measured here: see examples/README.md (each run writes ``<out>/summary.json``).
+Result it got here: only the smoke run (tiny model); the full run on SmolLM2 was not run on
+the shared 2 cores (examples/README.md). Each run writes ``<out>/summary.json``.
 """
 
 from __future__ import annotations
