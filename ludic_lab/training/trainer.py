@@ -286,13 +286,7 @@ class Trainer:
         only_at = None if needs.all_token_logprobs else mb.action_mask
         if needs.ref_logprobs:
             mb.ref_logprobs = self._ref_logprobs(mb, only_at)
-        out = self.data_parallel.logprobs(
-            mb,
-            temperature=self.scoring_temperature,
-            chunk_size=self.config.logprob_chunk_size,
-            only_at_RT=only_at,
-            return_entropy=needs.entropy,
-        )
+        out = self.data_parallel.logprobs(mb, only_at_RT=only_at, return_entropy=needs.entropy, **self._scoring())
         logprobs = out[0] if needs.entropy else out
         if needs.entropy:
             mb.extra["entropy"] = out[1]
@@ -303,14 +297,15 @@ class Trainer:
         """The frozen reference policy's token logprobs ``[R, T]`` of ``mb`` (the separate
         ``ref_model``, or with LoRA the base model with adapters disabled)."""
         separate = self.ref_model is not None
-        with (None if separate else reference_context(self.model)) or contextlib.nullcontext():
+        adapters_off = None if separate else reference_context(self.model)
+        with adapters_off if adapters_off is not None else contextlib.nullcontext():
             return self.data_parallel.logprobs(
-                mb,
-                reference=separate,
-                temperature=self.scoring_temperature,
-                chunk_size=self.config.logprob_chunk_size,
-                only_at_RT=only_at_RT,
+                mb, reference=separate, only_at_RT=only_at_RT, **self._scoring()
             ).detach()
+
+    def _scoring(self) -> dict[str, Any]:
+        """How tokens are scored: the temperature and the vocabulary chunk."""
+        return {"temperature": self.scoring_temperature, "chunk_size": self.config.logprob_chunk_size}
 
     # -- the step's parts ------------------------------------------------------------------
     def _count(self, totals: StepTotals) -> tuple[dict[str, Any], str | None]:
