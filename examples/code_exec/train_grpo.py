@@ -130,7 +130,7 @@ async def main(cfg: Config) -> dict:
                 for how, res in runs.items():
                     s, t = res.summary(), res.table
                     out[how] = {"pass_rate": s["accuracy"], f"pass@{res.k}": s[f"pass@{res.k}"], "samples": len(t),
-                                "parse_error_rate": s["parse_error_rate"], "cut_at_max_tokens": float((t["finish_reason"] == "length").mean()),
+                                "failed_episodes": s["num_failed"], "parse_error_rate": s["parse_error_rate"], "cut_at_max_tokens": float((t["finish_reason"] == "length").mean()),
                                 "mean_completion_tokens": s["mean_completion_tokens"], "minutes": round(res.duration_s / 60, 2)}
                 print(json.dumps({"held_out": name, **out}), flush=True)  # the numbers so far, should a long run be stopped
                 return out
