@@ -30,7 +30,7 @@ from ludic_lab.training.credit import ConstantCredit, GroupNormalizedReturn, Non
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.losses import CISPOLoss, TokenClippedSurrogateLoss
 from ludic_lab.training.packing import pack_items
-from ludic_lab.training.saw import SAWBatch, SAWItem
+from ludic_lab.training.saw import SAWBatch
 from ludic_lab.training.trainer import Trainer
 
 V = 2000  # token ids drawn below the tiny model's vocabulary (2048)
@@ -39,7 +39,9 @@ V = 2000  # token ids drawn below the tiny model's vocabulary (2048)
 def offline_trainer(model_dir: str, batches: list[SAWBatch], algo: RLAlgorithm | None = None, **cfg: Any) -> Trainer:
     """A trainer on fixed batches (no publisher); ``cfg`` overrides TrainerConfig fields."""
     base = {"lr": 1e-3, "max_seq_len": 64, "micro_token_budget": 4096}
-    return Trainer(load_model(model_dir), algo or make_grpo(), ListBatchSource(batches), config=TrainerConfig(**{**base, **cfg}))
+    return Trainer(
+        load_model(model_dir), algo or make_grpo(), ListBatchSource(batches), config=TrainerConfig(**{**base, **cfg})
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -80,7 +82,9 @@ def test_trainer_logprobs_equal_the_samplers_after_publishing(tiny_model_dir: st
     assert trainer.model is not client.model
     ms = trainer.train_sync(2, progress=False)
     for m in ms:  # on-policy: every step's ratio against the sampler is 1 (same weights, fp32)
-        assert abs(m["loss/ratio_mean"] - 1.0) < 1e-5 and m["loss/ratio_max"] < 1 + 1e-4 and m["loss/ratio_min"] > 1 - 1e-4
+        assert (
+            abs(m["loss/ratio_mean"] - 1.0) < 1e-5 and m["loss/ratio_max"] < 1 + 1e-4 and m["loss/ratio_min"] > 1 - 1e-4
+        )
         assert m["loss/kl_actor_policy"] < 1e-8
     assert client.policy_version == trainer.policy_version == 2
     batch = run_sync(source.next_batch())  # fresh samples from the published weights
@@ -223,7 +227,9 @@ def test_nonfinite_loss_is_a_counted_skip_or_an_error(tiny_model_dir: str) -> No
     assert m["total/nonfinite_skips"] == 1 and m["total/skipped_steps"] == 1 and t.step == 0
     assert_params_equal(before, params_of(t.model))
     assert all(p.grad is None for p in t.model.parameters())  # nothing left over for the next step
-    t = offline_trainer(tiny_model_dir, [SAWBatch(tuple(items))], algo=algo, micro_token_budget=64, skip_nonfinite=False)
+    t = offline_trainer(
+        tiny_model_dir, [SAWBatch(tuple(items))], algo=algo, micro_token_budget=64, skip_nonfinite=False
+    )
     with pytest.raises(FloatingPointError, match="non-finite loss"):
         t.train_sync(1, progress=False)
     # an absurd behaviour logprob (finite) makes the clipped ratio overflow: inf loss, skipped
@@ -270,8 +276,15 @@ def test_gradient_checkpointing_gives_the_same_update_and_recomputes(tiny_model_
     items = random_items(6, vocab_size=V, seed=4)
     base = params_of(load_model(tiny_model_dir))
     plain, _ = _one_step_params(tiny_model_dir, [SAWBatch(tuple(items))], make_grpo())
-    t = offline_trainer(tiny_model_dir, [SAWBatch(tuple(items))], make_grpo(), optimizer="sgd", lr=1.0,
-                        max_grad_norm=None, gradient_checkpointing=True)
+    t = offline_trainer(
+        tiny_model_dir,
+        [SAWBatch(tuple(items))],
+        make_grpo(),
+        optimizer="sgd",
+        lr=1.0,
+        max_grad_norm=None,
+        gradient_checkpointing=True,
+    )
     calls = []
     layer = t.model.model.layers[0]
     hook = layer.mlp.register_forward_pre_hook(lambda *a: calls.append(1))  # (post hooks miss the recompute)
@@ -331,8 +344,12 @@ def test_publishes_every_sync_every_steps_and_logs(tiny_model_dir: str) -> None:
     pub, log, seen = _CountingPublisher(), _ListLogger(), []
     items = random_items(4, vocab_size=V)
     t = Trainer(
-        load_model(tiny_model_dir), make_grpo(), ListBatchSource([SAWBatch(tuple(items))]),
-        config=TrainerConfig(lr=1e-3, max_seq_len=64, sync_every_steps=2), publisher=pub, loggers=[log],
+        load_model(tiny_model_dir),
+        make_grpo(),
+        ListBatchSource([SAWBatch(tuple(items))]),
+        config=TrainerConfig(lr=1e-3, max_seq_len=64, sync_every_steps=2),
+        publisher=pub,
+        loggers=[log],
         callbacks=[lambda step, m: seen.append(step)],
     )
     t.train_sync(5, progress=False)
@@ -356,8 +373,9 @@ async def test_train_is_awaitable_and_train_sync_works_inside_a_running_loop(tin
 
 def test_warmup_and_cosine_schedule(tiny_model_dir: str) -> None:
     items = random_items(4, vocab_size=V)
-    t = offline_trainer(tiny_model_dir, [SAWBatch(tuple(items))], lr=1.0, warmup_steps=2, lr_schedule="cosine",
-                        total_steps=6)
+    t = offline_trainer(
+        tiny_model_dir, [SAWBatch(tuple(items))], lr=1.0, warmup_steps=2, lr_schedule="cosine", total_steps=6
+    )
     lrs = [m["lr"] for m in t.train_sync(6, progress=False)]  # lr in effect for the *next* step
     assert lrs[0] == pytest.approx(1.0)  # step 2 of warmup
     assert lrs[1] == pytest.approx(1.0) and lrs[-1] == pytest.approx(0.0, abs=1e-12)
@@ -382,8 +400,13 @@ def test_kl_with_a_reference_model_copy(tiny_model_dir: str) -> None:
     algo = make_grpo(kl_coeff=0.5)
     ref = load_model(tiny_model_dir)
     ref_before = all_params(ref)
-    t = Trainer(load_model(tiny_model_dir), algo, ListBatchSource([SAWBatch(tuple(items))]),
-                config=TrainerConfig(lr=1e-2, max_seq_len=64), ref_model=ref)
+    t = Trainer(
+        load_model(tiny_model_dir),
+        algo,
+        ListBatchSource([SAWBatch(tuple(items))]),
+        config=TrainerConfig(lr=1e-2, max_seq_len=64),
+        ref_model=ref,
+    )
     ms = t.train_sync(3, progress=False)
     assert ms[0]["loss/kl/kl"] == pytest.approx(0.0, abs=1e-10)  # the policy starts at the reference
     assert ms[-1]["loss/kl/kl"] > 1e-6
@@ -409,7 +432,7 @@ def test_prompt_positions_skip_the_lm_head_unless_a_loss_asks(tiny_model_dir: st
         loss = _RecordingLoss(all_tokens)
         t = offline_trainer(tiny_model_dir, [SAWBatch(tuple(items))], RLAlgorithm("rec", ConstantCredit(), loss))
         t.train_sync(1, progress=False)
-        (lp, act, seq), = loss.seen
+        ((lp, act, seq),) = loss.seen
         first = torch.ones_like(seq, dtype=torch.bool)
         first[:, 1:] = seq[:, 1:] != seq[:, :-1]
         prompt = (act == 0) & (seq >= 0) & ~first
@@ -440,3 +463,34 @@ def test_every_step_runs_on_the_trainers_one_worker_thread(tiny_model_dir: str) 
     t.close()
     t.train_sync(1, progress=False)  # a closed trainer starts a new worker when used again
     assert len(threads) == 2
+
+
+def test_bf16_autocast_computes_in_bf16_and_updates_like_fp32(tiny_model_dir: str) -> None:
+    """``autocast="bf16"``: the linears run in bf16, weights and gradients stay fp32, and the
+    one-step update agrees with the fp32 one to bf16's precision."""
+    items = random_items(6, vocab_size=V, seed=11)
+    base = params_of(load_model(tiny_model_dir))
+    plain, m_plain = _one_step_params(tiny_model_dir, [SAWBatch(tuple(items))], make_grpo())
+    t = offline_trainer(
+        tiny_model_dir,
+        [SAWBatch(tuple(items))],
+        make_grpo(),
+        optimizer="sgd",
+        lr=1.0,
+        max_grad_norm=None,
+        autocast="bf16",
+    )
+    seen: list[torch.dtype] = []
+    hook = t.model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    m_bf16 = t.train_sync(1, progress=False)[0]
+    hook.remove()
+    assert seen == [torch.bfloat16]
+    assert all(p.dtype == torch.float32 for p in t.model.parameters())
+    assert math.isclose(m_plain["loss"], m_bf16["loss"], rel_tol=2e-2, abs_tol=1e-3)
+    _delta_close(plain, params_of(t.model), base, rtol=2e-2)  # measured 0.5%
+    fp32 = offline_trainer(tiny_model_dir, [SAWBatch(tuple(items))], make_grpo())
+    seen.clear()
+    hook = fp32.model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    fp32.train_sync(1, progress=False)
+    hook.remove()
+    assert seen == [torch.float32]  # the default computes in the weights' dtype

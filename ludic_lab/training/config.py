@@ -53,6 +53,12 @@ class TrainerConfig:
     """Temperature the trainer scores tokens at; match the sampling temperature."""
     logprob_chunk_size: int = 8192
     """Vocabulary chunk of the logprob computation (the full [B,T,V] logits never exist)."""
+    autocast: Literal["off", "bf16"] = "off"
+    """``"bf16"``: the policy's forward/backward runs under ``torch.autocast`` in bf16 while
+    weights, gradients and optimizer state stay fp32. On a CPU with AVX512-BF16 or AMX the
+    model's matmuls run 2-3x faster (``bench/vs_trl.py`` measures this machine's); the
+    trainer's logprobs then differ from an fp32 sampler's (~1e-2), which the loss's importance
+    ratio corrects. ``"off"``: compute in the weights' own dtype."""
     truncation: Literal["truncate", "drop", "error"] = "truncate"
     """What to do with an item longer than ``max_seq_len`` (counted in the metrics)."""
     skip_nonfinite: bool = True

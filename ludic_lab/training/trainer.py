@@ -284,9 +284,10 @@ class Trainer:
         mb.step = norms
         # losses read logprobs on action tokens only, so the LM head skips prompt positions
         only_at = None if needs.all_token_logprobs else mb.action_mask
-        if needs.ref_logprobs:
-            mb.ref_logprobs = self._ref_logprobs(mb, only_at)
-        out = self.data_parallel.logprobs(mb, only_at_RT=only_at, return_entropy=needs.entropy, **self._scoring())
+        with self._autocast():
+            if needs.ref_logprobs:
+                mb.ref_logprobs = self._ref_logprobs(mb, only_at)
+            out = self.data_parallel.logprobs(mb, only_at_RT=only_at, return_entropy=needs.entropy, **self._scoring())
         logprobs = out[0] if needs.entropy else out
         if needs.entropy:
             mb.extra["entropy"] = out[1]
@@ -302,6 +303,12 @@ class Trainer:
             return self.data_parallel.logprobs(
                 mb, reference=separate, only_at_RT=only_at_RT, **self._scoring()
             ).detach()
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 autocast around the forward (its backward follows) when configured."""
+        if self.config.autocast == "off":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def _scoring(self) -> dict[str, Any]:
         """How tokens are scored: the temperature and the vocabulary chunk."""
