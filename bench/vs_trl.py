@@ -8,9 +8,10 @@ a token-mean clipped surrogate (TRL ``loss_type="dapo"``, eps 0.2, no KL), one o
 per batch of rollouts:
 
   trl     ``trl.GRPOTrainer`` (transformers ``generate`` for sampling), ``--trl-bf16`` for
-          bf16 autocast (the issue's TRL recipe), fp32 otherwise
-  ludic   ``RolloutBatchSource`` + ``LocalChatClient`` + ``Trainer`` (fp32), the new weights
-          published into the sampler after each step
+          bf16 autocast, fp32 otherwise
+  ludic   ``RolloutBatchSource`` + ``LocalChatClient`` + ``Trainer`` (fp32; ``--ludic-bf16``:
+          ``TrainerConfig(autocast="bf16")``, ``--ludic-sampler-bf16``: a bf16 sampler), the new
+          weights published into the sampler after each step
 
 Each side runs in its own process, one after the other, so neither competes with the other
 for the cores; run it with nothing else on the machine. It prints seconds per step (median
@@ -100,6 +101,7 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from ludic_lab.agents import Agent
+    from ludic_lab.aio import run_sync
     from ludic_lab.context import FullDialog
     from ludic_lab.data import capital_verifier, load_capitals
     from ludic_lab.distributed import ClientPublisher
@@ -107,17 +109,24 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
     from ludic_lab.inference.local_client import LocalChatClient
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
     from ludic_lab.interaction import SingleAgentSyncProtocol
-    from ludic_lab.aio import run_sync
     from ludic_lab.parsers import identity_parser
     from ludic_lab.training import (
-        EnvSpec, GRPORequestStrategy, ProtocolSpec, RLAlgorithm, RolloutBatchSource, RolloutEngine,
-        RolloutRequest, Trainer, TrainerConfig,
+        EnvSpec,
+        GRPORequestStrategy,
+        ProtocolSpec,
+        RLAlgorithm,
+        RolloutBatchSource,
+        RolloutEngine,
+        RolloutRequest,
+        Trainer,
+        TrainerConfig,
     )
     from ludic_lab.training.credit import GroupNormalizedReturn
     from ludic_lab.training.losses import TokenClippedSurrogateLoss
 
     torch.manual_seed(a.seed)
-    client = LocalChatClient(a.model, max_batch_size=a.prompts * a.group)
+    dtype = torch.bfloat16 if a.ludic_sampler_bf16 else torch.float32
+    client = LocalChatClient(a.model, max_batch_size=a.prompts * a.group, dtype=dtype)
     policy = AutoModelForCausalLM.from_pretrained(str(client.model_path))
     rows, verifier = load_capitals("train"), capital_verifier()
     engine = RolloutEngine(
@@ -131,31 +140,56 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
     def requests() -> list[Any]:
         n, counter["n"] = counter["n"], counter["n"] + 1
         return [
-            RolloutRequest(EnvSpec("qa"), ProtocolSpec("single"), env_seed=(a.seed * 7919 + n * a.prompts + q) % len(rows), inference=spec)
+            RolloutRequest(
+                EnvSpec("qa"),
+                ProtocolSpec("single"),
+                env_seed=(a.seed * 7919 + n * a.prompts + q) % len(rows),
+                inference=spec,
+            )
             for q in range(a.prompts)
         ]
 
     loss = TokenClippedSurrogateLoss(clip_eps_low=0.2, clip_eps_high=0.2, aggregation="token_mean")
     algo = RLAlgorithm("grpo_token_mean", GroupNormalizedReturn(normalize_adv=True), loss)
-    source = RolloutBatchSource(engine, requests, algo.credit_assigner, request_strategy=GRPORequestStrategy(a.group, seed=a.seed))
-    cfg = TrainerConfig(
-        lr=1e-4, lora_r=16, lora_alpha=32.0, lora_target_modules=LORA_TARGETS, max_seq_len=512,
-        micro_token_budget=4096, scoring_temperature=1.0, seed=a.seed,
+    source = RolloutBatchSource(
+        engine, requests, algo.credit_assigner, request_strategy=GRPORequestStrategy(a.group, seed=a.seed)
     )
-    trainer = Trainer(policy, algo, source, config=cfg, publisher=ClientPublisher(client), pad_token_id=client.pad_token_id)
+    cfg = TrainerConfig(
+        lr=1e-4,
+        lora_r=16,
+        lora_alpha=32.0,
+        lora_target_modules=LORA_TARGETS,
+        max_seq_len=512,
+        micro_token_budget=4096,
+        scoring_temperature=1.0,
+        seed=a.seed,
+        autocast="bf16" if a.ludic_bf16 else "off",
+    )
+    trainer = Trainer(
+        policy, algo, source, config=cfg, publisher=ClientPublisher(client), pad_token_id=client.pad_token_id
+    )
     steps = []
     for _ in range(a.steps):
         m = run_sync(trainer.train_step())
         longest = max((len(s.trace.completion_token_ids) for r in source.last_rollouts for s in r.steps), default=0)
         t = {k: float(v) for k, v in m.items() if k.startswith("time/")}
         data, fb, pub = t.get("time/data_s", 0.0), t.get("time/fwd_bwd_s", 0.0), t.get("time/publish_s", 0.0)
-        steps.append({
-            "step_s": t["time/step_s"], "sampling_s": data, "scoring_s": 0.0, "fwd_bwd_s": fb, "publish_s": pub,
-            "optimizer_s": float(m.get("time/optimizer_s", float("nan"))),
-            "reward": float(m.get("reward_mean", float("nan"))),
-            "sample_tokens": int(m.get("tokens", 0)), "train_tokens": int(m.get("tokens", 0)),
-            "completion_tokens": int(m.get("action_tokens", 0)), "longest_completion": longest,
-        })
+        steps.append(
+            {
+                "step_s": t["time/step_s"],
+                "sampling_s": data,
+                "scoring_s": 0.0,
+                "fwd_bwd_s": fb,
+                "publish_s": pub,
+                "optimizer_s": float(m.get("time/optimizer_s", float("nan"))),
+                "reward": float(m.get("reward_mean", float("nan"))),
+                "ratio_max_dev": max(float(m.get("loss/ratio_max", 1.0)) - 1, 1 - float(m.get("loss/ratio_min", 1.0))),
+                "sample_tokens": int(m.get("tokens", 0)),
+                "train_tokens": int(m.get("tokens", 0)),
+                "completion_tokens": int(m.get("action_tokens", 0)),
+                "longest_completion": longest,
+            }
+        )
     trainer.close()
     return {"side": "ludic", "params": matmul_params(policy), "steps": steps}
 
@@ -173,13 +207,18 @@ def run_trl(a: argparse.Namespace) -> dict[str, Any]:
     path = str(resolve_model(a.model))
     verifier = capital_verifier()
     rows = question_rows(a.steps, a.prompts, a.seed)
-    data = Dataset.from_list([
-        {"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": r["question"]}], "answer": r["answer"]}
-        for r in rows
-    ])
+    data = Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": r["question"]}],
+                "answer": r["answer"],
+            }
+            for r in rows
+        ]
+    )
 
     def reward(prompts: Any, completions: Any, answer: list[str], **_: Any) -> list[float]:
-        return [1.0 if verifier(c[0]["content"], t) else 0.0 for c, t in zip(completions, answer)]
+        return [1.0 if verifier(c[0]["content"], t) else 0.0 for c, t in zip(completions, answer, strict=True)]
 
     timers: dict[str, float] = {}
     marks: dict[str, float] = {}
@@ -211,24 +250,49 @@ def run_trl(a: argparse.Namespace) -> dict[str, Any]:
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             total = time.perf_counter() - marks["step"]
             prep = timers.get("prepare", 0.0)
-            steps.append({
-                "step_s": total, "sampling_s": timers.get("generate", 0.0), "scoring_s": timers.get("rewards", 0.0),
-                "fwd_bwd_s": timers.get("train_step", 0.0) - prep, "optimizer_s": timers.get("optimizer", 0.0),
-                "publish_s": 0.0, "prepare_s": prep,
-            })
+            steps.append(
+                {
+                    "step_s": total,
+                    "sampling_s": timers.get("generate", 0.0),
+                    "scoring_s": timers.get("rewards", 0.0),
+                    "fwd_bwd_s": timers.get("train_step", 0.0) - prep,
+                    "optimizer_s": timers.get("optimizer", 0.0),
+                    "publish_s": 0.0,
+                    "prepare_s": prep,
+                }
+            )
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     params = matmul_params(model)
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
-            output_dir=out, use_cpu=True, bf16=a.trl_bf16, seed=a.seed, max_steps=a.steps, logging_steps=1,
-            per_device_train_batch_size=a.prompts * a.group, num_generations=a.group, gradient_accumulation_steps=1,
-            max_completion_length=a.max_tokens, temperature=1.0, learning_rate=1e-4, lr_scheduler_type="constant",
-            loss_type="dapo", beta=0.0, epsilon=0.2, report_to=[], save_strategy="no", dataloader_num_workers=0,
+            output_dir=out,
+            use_cpu=True,
+            bf16=a.trl_bf16,
+            seed=a.seed,
+            max_steps=a.steps,
+            logging_steps=1,
+            per_device_train_batch_size=a.prompts * a.group,
+            num_generations=a.group,
+            gradient_accumulation_steps=1,
+            max_completion_length=a.max_tokens,
+            temperature=1.0,
+            learning_rate=1e-4,
+            lr_scheduler_type="constant",
+            loss_type="dapo",
+            beta=0.0,
+            epsilon=0.2,
+            report_to=[],
+            save_strategy="no",
+            dataloader_num_workers=0,
         )
-        peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, peft_config=peft)
+        peft = LoraConfig(
+            r=16, lora_alpha=32, lora_dropout=0.0, target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM"
+        )
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, peft_config=peft
+        )
         timed(trainer, "_generate", "generate")
         timed(trainer, "_calculate_rewards", "rewards")
         timed(trainer, "_prepare_inputs", "prepare")
@@ -236,9 +300,13 @@ def run_trl(a: argparse.Namespace) -> dict[str, Any]:
         trainer.add_callback(Split())
         trainer.train()
         logs = [h for h in trainer.state.log_history if "reward" in h]
-    for s, h in zip(steps, logs):
+    for s, h in zip(steps, logs, strict=True):
         n_compl = float(h.get("completions/mean_length", 0.0)) * a.prompts * a.group
-        s.update(reward=float(h["reward"]), completion_tokens=int(n_compl), longest_completion=int(h.get("completions/max_length", 0)))
+        s.update(
+            reward=float(h["reward"]),
+            completion_tokens=int(n_compl),
+            longest_completion=int(h.get("completions/max_length", 0)),
+        )
     prompt_tokens = len(tok.apply_chat_template(data[0]["prompt"], add_generation_prompt=True)) * a.prompts * a.group
     for s in steps:
         s["sample_tokens"] = s["train_tokens"] = prompt_tokens + s.get("completion_tokens", 0)
@@ -249,7 +317,10 @@ def run_trl(a: argparse.Namespace) -> dict[str, Any]:
 # -- report ----------------------------------------------------------------------------------
 def summarize(r: dict[str, Any], limits: dict[str, float], a: argparse.Namespace) -> dict[str, Any]:
     body = r["steps"][1:] or r["steps"]  # the first step warms up (allocations, first compile)
-    med = {k: statistics.median(s.get(k, 0.0) for s in body) for k in ("step_s", "sampling_s", "scoring_s", "fwd_bwd_s", "optimizer_s", "publish_s")}
+    med = {
+        k: statistics.median(s.get(k, 0.0) for s in body)
+        for k in ("step_s", "sampling_s", "scoring_s", "fwd_bwd_s", "optimizer_s", "publish_s")
+    }
     med["other_s"] = med["step_s"] - sum(v for k, v in med.items() if k != "step_s" and v == v)
     n = r["params"]
     tok_s = statistics.median(s["sample_tokens"] for s in body)
@@ -260,8 +331,10 @@ def summarize(r: dict[str, Any], limits: dict[str, float], a: argparse.Namespace
     train_flops = 4.0 * n * tok_t / med["fwd_bwd_s"] if med["fwd_bwd_s"] else float("nan")
     decode_bytes = longest * n * 4 / med["sampling_s"] if med["sampling_s"] else float("nan")
     return {
-        "side": r["side"], **{k: round(v, 3) for k, v in med.items()},
+        "side": r["side"],
+        **{k: round(v, 3) for k, v in med.items()},
         "rewards": [round(s.get("reward", float("nan")), 3) for s in r["steps"]],
+        "ratio_max_dev": max((s.get("ratio_max_dev", 0.0) for s in r["steps"]), default=0.0),
         "sampling_frac_of_fp32_peak": round(sampling_flops / peak, 4),
         "fwd_bwd_frac_of_fp32_peak": round(train_flops / peak, 4),
         "decode_frac_of_bandwidth": round(decode_bytes / limits["bandwidth"], 4),
@@ -284,7 +357,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per side (0: torch's default)")
     ap.add_argument("--sides", default="trl,ludic")
-    ap.add_argument("--trl-bf16", action="store_true", help="TRL with bf16 autocast (ludic stays fp32)")
+    ap.add_argument("--trl-bf16", action="store_true", help="TRL with bf16 autocast")
+    ap.add_argument("--ludic-bf16", action="store_true", help="ludic's trainer with TrainerConfig(autocast='bf16')")
+    ap.add_argument(
+        "--ludic-sampler-bf16",
+        action="store_true",
+        help="ludic's LocalChatClient in bf16 (sampler/trainer mismatch is then real)",
+    )
     ap.add_argument("--json", action="store_true", help="print the summary rows as JSON only")
     ap.add_argument("--worker", choices=("trl", "ludic"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -296,7 +375,11 @@ def main() -> None:
 
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(resolve_model(a.model))))
     shapes = linear_shapes(model, a.prompts * a.group * 16)
-    limits = {"fp32_flops": matmul_peak(shapes, torch.float32), "bf16_flops": matmul_peak(shapes, torch.bfloat16), "bandwidth": memory_bandwidth()}
+    limits = {
+        "fp32_flops": matmul_peak(shapes, torch.float32),
+        "bf16_flops": matmul_peak(shapes, torch.bfloat16),
+        "bandwidth": memory_bandwidth(),
+    }
     del model
     rows = []
     for side in a.sides.split(","):
@@ -312,16 +395,22 @@ def main() -> None:
     if a.json:
         print(json.dumps({"limits": limits, "rows": rows}))
         return
-    print(f"machine: {os.cpu_count()} cores, torch threads {a.threads or torch.get_num_threads()}; matmul peak fp32 "
-          f"{limits['fp32_flops'] / 1e9:.1f} GFLOP/s, bf16 {limits['bf16_flops'] / 1e9:.1f} GFLOP/s; copy bandwidth "
-          f"{limits['bandwidth'] / 1e9:.1f} GB/s")
+    print(
+        f"machine: {os.cpu_count()} cores, torch threads {a.threads or torch.get_num_threads()}; matmul peak fp32 "
+        f"{limits['fp32_flops'] / 1e9:.1f} GFLOP/s, bf16 {limits['bf16_flops'] / 1e9:.1f} GFLOP/s; copy bandwidth "
+        f"{limits['bandwidth'] / 1e9:.1f} GB/s"
+    )
     cols = ("step_s", "sampling_s", "scoring_s", "fwd_bwd_s", "optimizer_s", "publish_s", "other_s")
     print(f"{'side':6s} " + " ".join(f"{c:>11s}" for c in cols) + "  sampling/peak fwd_bwd/peak decode/bw")
     for r in rows:
-        print(f"{r['side']:6s} " + " ".join(f"{r[c]:11.2f}" for c in cols)
-              + f"  {r['sampling_frac_of_fp32_peak']:13.3f} {r['fwd_bwd_frac_of_fp32_peak']:12.3f} {r['decode_frac_of_bandwidth']:9.3f}")
+        print(
+            f"{r['side']:6s} "
+            + " ".join(f"{r[c]:11.2f}" for c in cols)
+            + f"  {r['sampling_frac_of_fp32_peak']:13.3f} {r['fwd_bwd_frac_of_fp32_peak']:12.3f}"
+            + f" {r['decode_frac_of_bandwidth']:9.3f}"
+        )
     for r in rows:
-        print(f"{r['side']} reward per step: {r['rewards']}")
+        print(f"{r['side']} reward per step: {r['rewards']}; importance ratio max |r-1|: {r['ratio_max_dev']:.4f}")
     by = {r["side"]: r for r in rows}
     if "trl" in by and "ludic" in by:
         print(f"ludic / trl seconds per step: {by['ludic']['step_s'] / by['trl']['step_s']:.2f}x (target <= 0.5x)")
