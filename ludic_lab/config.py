@@ -2,7 +2,13 @@
 
 Every component is configured by a dataclass; the CLI is derived from it, so a flag always
 means the field of the same name (``max_tokens`` -> ``--max-tokens``). Supported field
-types: bool, int, float, str, Optional of those, Literal choices, and tuples of scalars.
+types: bool, int, float, str, Optional of those (``none`` on the command line gives None for
+a non-string one), Literal choices, and tuples of scalars.
+
+A config composes another with :func:`sub_config` (the demo's and the pipeline trainer's
+``trainer: TrainerConfig``): the sub-config's fields are flags of the enclosing config under
+their own names (``--lr`` sets ``trainer.lr``), and :func:`pass_down` hands it the values
+the enclosing config owns itself.
 """
 
 from __future__ import annotations
@@ -16,6 +22,60 @@ from collections.abc import Sequence
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 C = TypeVar("C")
+
+_SUB = "ludic_lab.sub_config"
+"""Metadata key of a :func:`sub_config` field; its value names the derived fields."""
+
+
+def sub_config(cls: type, *, derived: Sequence[str] = (), **defaults: Any) -> Any:
+    """A dataclass field holding a ``cls`` instance built with ``defaults`` (the enclosing
+    config's own defaults for it). Each field of ``cls`` is a flag of the enclosing config,
+    except those named in ``derived`` and those the enclosing config declares itself: the
+    enclosing ``__post_init__`` sets both with :func:`pass_down`."""
+    return dataclasses.field(default_factory=lambda: cls(**defaults), metadata={_SUB: tuple(derived)})
+
+
+def pass_down(config: Any, name: str, **derived: Any) -> None:
+    """Replace ``config.<name>`` (a :func:`sub_config` field) by a copy that takes every field
+    ``config`` also declares (same name, e.g. ``seed``) from ``config``, and the ``derived``
+    values (e.g. ``scoring_temperature=config.temperature``); the copy is validated anew."""
+    sub = getattr(config, name)
+    own = {f.name for f in dataclasses.fields(config)} - {name}
+    shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(sub) if f.name in own}
+    setattr(config, name, dataclasses.replace(sub, **{**shared, **derived}))
+
+
+def _flags(cls: type) -> list[tuple[str, dataclasses.Field[Any], Any, Any, str]]:
+    """``(dest, field, type hint, default, owner)`` of every flag of ``cls``: ``owner`` is ""
+    for a field of ``cls``, else the name of the sub-config field holding it."""
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
+    own = {f.name for f in fields}
+    out: list[tuple[str, dataclasses.Field[Any], Any, Any, str]] = []
+    for f in fields:
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        )
+        if _SUB not in f.metadata or not dataclasses.is_dataclass(default) or isinstance(default, type):
+            out.append((f.name, f, hints[f.name], default, ""))
+            continue
+        skip = own | set(f.metadata[_SUB])
+        sub_hints = typing.get_type_hints(type(default))
+        for g in dataclasses.fields(default):
+            tp, _ = _unwrap_optional(sub_hints[g.name])
+            if g.init and g.name not in skip and not g.name.startswith("_") and get_origin(tp) is not dict:
+                out.append((g.name, g, sub_hints[g.name], getattr(default, g.name), f.name))
+    return out
+
+
+def _none_or(tp: type) -> Any:
+    def parse(s: str) -> Any:
+        return None if s.strip().lower() == "none" else tp(s)
+
+    parse.__name__ = tp.__name__  # argparse names the type in its errors
+    return parse
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
@@ -40,27 +100,22 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, *, prefix: st
 
     A field without a default becomes a required flag.
     """
-    hints = typing.get_type_hints(cls)
     docs: dict[str, str] = {}
-    for base in reversed(cls.__mro__):  # a subclass that changes defaults keeps its bases' help
-        if dataclasses.is_dataclass(base):
-            docs.update(field_docs(base))
-    for f in dataclasses.fields(cls):
-        if not f.init or f.name.startswith("_"):
-            continue
-        tp, _ = _unwrap_optional(hints[f.name])
-        flag = "--" + prefix + f.name.replace("_", "-")
-        default = (
-            f.default
-            if f.default is not dataclasses.MISSING
-            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        )
-        kw: dict[str, Any] = {"dest": prefix.replace("-", "_") + f.name, "default": default}
-        help_text = docs.get(f.name, "")
-        kw["help"] = f"{help_text} (default: {default!r})".strip()
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+    for f in dataclasses.fields(cls):  # the help of a sub-config's fields comes from its class
+        if _SUB in f.metadata and f.default_factory is not dataclasses.MISSING:
+            docs.update(_class_docs(type(f.default_factory())))
+    docs.update(_class_docs(cls))
+    for dest, f, hint, default, _ in _flags(cls):
+        tp, optional = _unwrap_optional(hint)
+        flag = "--" + prefix + dest.replace("_", "-")
+        kw: dict[str, Any] = {"dest": prefix.replace("-", "_") + dest}
+        help_text = docs.get(f.name, "").replace("%", "%%")  # argparse formats help with %
+        if default is dataclasses.MISSING:
             kw["required"] = True  # a field without a default is a required flag, never a silent None
             kw["help"] = f"{help_text} (required)".strip()
+        else:
+            kw["default"] = default
+            kw["help"] = f"{help_text} (default: {default!r})".strip()
         if get_origin(tp) is Literal:
             kw["choices"] = list(get_args(tp))
             kw["type"] = type(get_args(tp)[0])
@@ -71,25 +126,34 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, *, prefix: st
             inner = get_args(tp)[0] if get_args(tp) else str
             kw["type"] = inner
             kw["nargs"] = "*"
-        elif tp in (int, float, str):
-            kw["type"] = tp
+        elif tp in (int, float):
+            kw["type"] = _none_or(tp) if optional else tp
         else:
             kw["type"] = str
         parser.add_argument(flag, **kw)
 
 
+def _class_docs(cls: type) -> dict[str, str]:
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__):  # a subclass that changes defaults keeps its bases' help
+        if dataclasses.is_dataclass(base):
+            docs.update(field_docs(base))
+    return docs
+
+
 def dataclass_from_args(cls: type[C], ns: argparse.Namespace, *, prefix: str = "") -> C:
     """Build ``cls`` from the parsed flags added by :func:`add_dataclass_args`."""
-    kw = {}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # C is unbounded; callers pass dataclasses
-        if not f.init or f.name.startswith("_"):
-            continue
-        v = getattr(ns, prefix.replace("-", "_") + f.name)
-        tp, _ = _unwrap_optional(hints[f.name])
-        if get_origin(tp) is tuple and isinstance(v, list):
+    kw: dict[str, Any] = {}
+    subs: dict[str, dict[str, Any]] = {}
+    for dest, _, hint, _, owner in _flags(cls):
+        v = getattr(ns, prefix.replace("-", "_") + dest)
+        if get_origin(_unwrap_optional(hint)[0]) is tuple and isinstance(v, list):
             v = tuple(v)
-        kw[f.name] = v
+        (subs.setdefault(owner, {}) if owner else kw)[dest] = v
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # C is unbounded; callers pass dataclasses
+        if _SUB in f.metadata:  # the sub-config's defaults, overridden by its flags
+            sub = f.default_factory()  # type: ignore[operator]  # sub_config always sets a default_factory
+            kw[f.name] = dataclasses.replace(sub, **subs.get(f.name, {}))
     return cls(**kw)
 
 

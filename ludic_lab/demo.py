@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ludic_lab.agents import Agent
+from ludic_lab.config import pass_down, sub_config
 from ludic_lab.context import FullDialog
 from ludic_lab.data import capital_verifier, load_capitals
 from ludic_lab.envs import DatasetQAEnv
@@ -35,6 +36,7 @@ from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfi
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
 from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.training.config import TrainerConfig
 
 SYSTEM_PROMPT = "Answer with just the name of the city."
 
@@ -59,10 +61,6 @@ class DemoConfig:
     """Completion budget."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same temperature)."""
-    lr: float = 3e-4
-    """Learning rate."""
-    lora_r: int = 16
-    """LoRA rank (0 = full fine-tune)."""
     eval_k: int = 4
     """Sampled evaluation: k samples per held-out question (pass@k); 0 to skip."""
     seed: int = 0
@@ -73,6 +71,13 @@ class DemoConfig:
     task: Literal["capitals", "tools"] = "capitals"
     """Which demo: "capitals", or "tools" (learn to use a calculator; fields left at their
     default take that task's own: 5 steps, 4 questions, 40 tokens, lr 1e-3)."""
+    trainer: TrainerConfig = sub_config(
+        TrainerConfig, derived=("scoring_temperature",), lr=3e-4, lora_r=16, lora_alpha=None, max_seq_len=512,
+        micro_token_budget=4096,
+    )  # fmt: skip
+    """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r``, ...). The
+    demo's defaults: lr 3e-4, LoRA r=16 with alpha 2r, sequences of 512 tokens in micro-batches
+    of 4096; ``seed`` is the demo's, the trainer scores at the sampling ``temperature``."""
 
     def __post_init__(self) -> None:
         from ludic_lab.validation import check_config
@@ -85,12 +90,11 @@ class DemoConfig:
                 "group_size": ">= 1",
                 "max_tokens": ">= 1",
                 "temperature": "> 0",
-                "lr": "> 0",
-                "lora_r": ">= 0",
                 "eval_k": ">= 0",
             },
-            hints={"temperature": "the trainer scores at the sampling temperature", "lora_r": "0 trains all weights"},
+            hints={"temperature": "the trainer scores at the sampling temperature"},
         )
+        pass_down(self, "trainer", scoring_temperature=self.temperature)
 
 
 def _engine(client: Any, rows: list[dict[str, Any]], verifier: Any) -> RolloutEngine:
@@ -186,7 +190,7 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     from transformers import AutoModelForCausalLM
 
     from ludic_lab.reports import plot_metrics, write_rollouts_html
-    from ludic_lab.training import PRESETS, RolloutBatchSource, Trainer, TrainerConfig
+    from ludic_lab.training import PRESETS, RolloutBatchSource, Trainer
     from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger
 
     console = Console()
@@ -232,28 +236,19 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     source = RolloutBatchSource(
         engine, requests, algo.credit_assigner, request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed)
     )
-    tcfg = TrainerConfig(
-        lr=cfg.lr,
-        lora_r=cfg.lora_r,
-        lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
-        max_seq_len=512,
-        micro_token_budget=4096,
-        scoring_temperature=cfg.temperature,
-        seed=cfg.seed,
-    )
     keys = ("reward_mean", "loss", "grad_norm", "time/step_s")
     trainer = Trainer(
         policy,
         algo,
         source,
-        config=tcfg,
+        config=cfg.trainer,
         publisher=publisher,
         loggers=[ConsoleLogger(keys=keys, console=console), JSONLLogger(out / "metrics.jsonl")],
         pad_token_id=client.pad_token_id,
     )
     console.print(
         f"training {cfg.algo} for {cfg.steps} steps: {cfg.questions_per_step} questions x {cfg.group_size} samples, "
-        f"LoRA r={cfg.lora_r}, lr={cfg.lr}"
+        f"LoRA r={cfg.trainer.lora_r}, lr={cfg.trainer.lr}"
     )
     from ludic_lab.training.credit import GroupNormalizedReturn, HybridNormalizedReturn
 

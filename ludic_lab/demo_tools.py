@@ -34,20 +34,27 @@ TOOL_DEFAULTS: dict[str, Any] = {
     "steps": 5,
     "questions_per_step": 4,
     "max_tokens": 40,
-    "lr": 1e-3,
     "eval_k": 1,
     "out": "runs/demo_tools",
 }
 """``--task tools`` defaults for the DemoConfig fields left at their capitals-demo default."""
+TOOL_TRAINER_DEFAULTS: dict[str, Any] = {"lr": 1e-3, "max_seq_len": 768, "micro_token_budget": 1024}
+"""The same for the fields of ``DemoConfig.trainer`` (episodes with tool turns run longer)."""
 EVAL_QUESTIONS = 20
 """Held-out questions evaluated (the first of the 40 in the test split): each evaluation is
 two to three model calls per question, the dearest part of the run on a 2-core CPU."""
 
 
 def tool_demo_config(cfg: Any) -> Any:
-    """``cfg`` with :data:`TOOL_DEFAULTS` for every field still at the capitals default."""
+    """``cfg`` with :data:`TOOL_DEFAULTS` and :data:`TOOL_TRAINER_DEFAULTS` for every field
+    still at the capitals default."""
     base = type(cfg)()
-    return replace(cfg, **{k: v for k, v in TOOL_DEFAULTS.items() if getattr(cfg, k) == getattr(base, k)})
+
+    def unset(defaults: dict[str, Any], now: Any, default: Any) -> dict[str, Any]:
+        return {k: v for k, v in defaults.items() if getattr(now, k) == getattr(default, k)}
+
+    trainer = replace(cfg.trainer, **unset(TOOL_TRAINER_DEFAULTS, cfg.trainer, base.trainer))
+    return replace(cfg, trainer=trainer, **unset(TOOL_DEFAULTS, cfg, base))
 
 
 async def _evaluate(
@@ -86,7 +93,7 @@ async def _train(
     row gets the batch's :func:`~ludic_lab.tool_task.tool_stats` under ``tools/``."""
     from transformers import AutoModelForCausalLM
 
-    from ludic_lab.training import PRESETS, RolloutBatchSource, Trainer, TrainerConfig
+    from ludic_lab.training import PRESETS, RolloutBatchSource, Trainer
     from ludic_lab.training.loggers import JSONLLogger
 
     if cfg.algo not in PRESETS:
@@ -127,11 +134,7 @@ async def _train(
             + f"({m.get('time/step_s', float('nan')):.1f}s)"
         )  # fmt: skip
 
-    tcfg = TrainerConfig(
-        lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0, max_seq_len=768,
-        micro_token_budget=1024, scoring_temperature=cfg.temperature, seed=cfg.seed,
-    )  # fmt: skip
-    trainer = Trainer(policy, algo, source, config=tcfg, publisher=publisher_for(policy), callbacks=[on_step],
+    trainer = Trainer(policy, algo, source, config=cfg.trainer, publisher=publisher_for(policy), callbacks=[on_step],
                       pad_token_id=client.pad_token_id)  # fmt: skip
     t0 = time.perf_counter()
     history = await trainer.train(cfg.steps, progress=False)
@@ -235,4 +238,4 @@ def _ends(history: list[dict[str, Any]], key: str) -> dict[str, float]:
     return {"first": sum(xs[:k]) / k, "last": sum(xs[-k:]) / k}
 
 
-__all__ = ["EVAL_QUESTIONS", "TOOL_DEFAULTS", "run_tool_demo", "tool_demo_config"]
+__all__ = ["EVAL_QUESTIONS", "TOOL_DEFAULTS", "TOOL_TRAINER_DEFAULTS", "run_tool_demo", "tool_demo_config"]

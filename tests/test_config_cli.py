@@ -189,6 +189,60 @@ def test_demo_config_round_trips_through_its_flags():
     assert cfg == DemoConfig(model="tiny", max_tokens=8, seed=3, out="x/y")
 
 
+def test_demo_config_composes_the_trainer_config():
+    """The trainer's fields are the demo's flags; the demo's seed and temperature reach it;
+    its LoRA alpha is 2r (the demo's results were measured with it)."""
+    from ludic_lab.demo import DemoConfig
+    from ludic_lab.training.config import TrainerConfig
+
+    d = DemoConfig()
+    assert (d.trainer.lr, d.trainer.lora_r, d.trainer.lora_alpha, d.trainer.lora_scale_alpha) == (3e-4, 16, None, 32.0)
+    assert (d.trainer.max_seq_len, d.trainer.micro_token_budget) == (512, 4096)
+    argv = "--steps 3 --lr 1e-3 --lora-r 8 --seed 5 --temperature 0.7 --max-grad-norm none".split()
+    cfg = parse_config(DemoConfig, argv)
+    assert (cfg.steps, cfg.seed, cfg.temperature) == (3, 5, 0.7)
+    t = cfg.trainer
+    assert (t.lr, t.lora_r, t.lora_scale_alpha, t.seed, t.scoring_temperature, t.max_grad_norm) == (
+        1e-3, 8, 16.0, 5, 0.7, None
+    )  # fmt: skip
+    assert parse_config(DemoConfig, ["--lora-alpha", "4"]).trainer.lora_scale_alpha == 4.0
+    assert DemoConfig(seed=2, trainer=TrainerConfig(seed=9)).trainer.seed == 2  # the demo's seed wins
+    assert TrainerConfig(lora_r=8).lora_scale_alpha == 16.0  # TrainerConfig's own default is unchanged
+    with pytest.raises(SystemExit):
+        parse_config(DemoConfig, ["--scoring-temperature", "2"])  # derived from --temperature: no flag
+
+
+def test_pipeline_trainer_config_composes_the_trainer_config():
+    from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig
+
+    argv = ["--lr", "1e-3", "--lora-r", "4", "--grad-accum-steps", "2", "--checkpoint-dir", "ck", "--checkpoint-every",
+            "5", "--max-seq-len", "256", "--micro-token-budget", "512", "--seed", "7", "--device", "cpu",
+            "--temperature", "0.5", "--max-lag", "-1"]  # fmt: skip
+    cfg = parse_config(PipelineTrainerConfig, argv)
+    t = cfg.trainer
+    assert (t.lr, t.lora_r, t.lora_scale_alpha, t.grad_accum_steps, t.checkpoint_dir, t.checkpoint_every) == (
+        1e-3, 4, 8.0, 2, "ck", 5
+    )  # fmt: skip
+    assert (t.max_seq_len, t.micro_token_budget, t.seed, t.model_device, t.scoring_temperature) == (
+        256, 512, 7, "cpu", 0.5
+    )  # fmt: skip
+    assert (cfg.max_lag, t.batch_split) == (-1, "per_rank")
+
+
+def test_a_subclass_field_shadows_the_sub_config_flag_and_is_passed_down():
+    """A config that declares a field of its sub-config itself (``lr`` with another default)
+    owns the flag; the value reaches the sub-config."""
+    from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig
+
+    @dataclasses.dataclass
+    class Mine(PipelineTrainerConfig):
+        lr: float = 3e-4
+        """Learning rate."""
+
+    assert Mine().trainer.lr == 3e-4
+    assert parse_config(Mine, ["--lr", "0.01"]).trainer.lr == 0.01
+
+
 # -- the CLI -----------------------------------------------------------------------------------
 def test_cli_help(capsys):
     from ludic_lab.cli import main
@@ -208,8 +262,14 @@ def test_cli_demo_help_lists_every_config_field(capsys):
         main(["demo", "--help"])
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    docs = field_docs(DemoConfig)
-    for f in dataclasses.fields(DemoConfig):
+    from ludic_lab.training.config import TrainerConfig
+
+    docs = {**field_docs(TrainerConfig), **field_docs(DemoConfig)}
+    derived = {"trainer", "scoring_temperature", "extra"}  # the sub-config itself, a derived field, a dict
+    for f in [*dataclasses.fields(DemoConfig), *dataclasses.fields(TrainerConfig)]:
+        if f.name in derived:
+            assert "--" + f.name.replace("_", "-") + " " not in out
+            continue
         assert "--" + f.name.replace("_", "-") in out
         if f.name in docs:
             assert docs[f.name] in out

@@ -3,6 +3,7 @@ statistics, and ``ludic-lab demo --task tools`` end to end on the tiny model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from fractions import Fraction
 from pathlib import Path
@@ -112,12 +113,16 @@ def test_tool_stats() -> None:
 
 def test_tool_demo_config_defaults() -> None:
     from ludic_lab.demo import DemoConfig
-    from ludic_lab.demo_tools import TOOL_DEFAULTS, tool_demo_config
+    from ludic_lab.demo_tools import TOOL_DEFAULTS, TOOL_TRAINER_DEFAULTS, tool_demo_config
 
     cfg = tool_demo_config(DemoConfig(task="tools"))
     assert all(getattr(cfg, k) == v for k, v in TOOL_DEFAULTS.items())
-    cfg = tool_demo_config(DemoConfig(task="tools", steps=3, max_tokens=64))
+    assert all(getattr(cfg.trainer, k) == v for k, v in TOOL_TRAINER_DEFAULTS.items())
+    assert (cfg.trainer.lora_r, cfg.trainer.lora_scale_alpha) == (16, 32.0)
+    trainer = dataclasses.replace(DemoConfig().trainer, lr=0.01, lora_r=4)
+    cfg = tool_demo_config(DemoConfig(task="tools", steps=3, max_tokens=64, trainer=trainer))
     assert (cfg.steps, cfg.max_tokens, cfg.questions_per_step) == (3, 64, TOOL_DEFAULTS["questions_per_step"])
+    assert (cfg.trainer.lr, cfg.trainer.lora_r, cfg.trainer.max_seq_len) == (0.01, 4, 768)
     with pytest.raises(ValueError, match="task"):
         DemoConfig(task="poker")  # type: ignore[arg-type]
 

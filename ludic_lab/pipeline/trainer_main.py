@@ -25,7 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ludic_lab.config import pass_down, sub_config
 from ludic_lab.pipeline.connection import QueueKeys
+from ludic_lab.training.config import TrainerConfig
 
 
 @dataclass
@@ -44,18 +46,9 @@ class PipelineTrainerConfig:
     """Total optimizer steps (a resumed run counts the steps of its checkpoint)."""
     batch_size: int = 64
     """Items per batch (per rank under torchrun)."""
-    grad_accum_steps: int = 1
-    """Batches per optimizer step."""
-    lr: float = 1e-5
-    """Learning rate."""
-    lora_r: int = 0
-    """LoRA rank (0 = full fine-tune)."""
     max_lag: int = 2
-    """Drop items sampled more than this many policy versions ago, counted in the metrics (-1 = keep all)."""
-    max_seq_len: int = 1024
-    """Longest trained sequence."""
-    micro_token_budget: int = 8192
-    """Tokens per micro-batch."""
+    """Drop items sampled more than this many policy versions ago (-1 = keep all): the queue
+    source skips and commits them, counted in the metrics, and fills the batch with fresh ones."""
     temperature: float = 1.0
     """Scoring temperature (match the actors' sampling temperature)."""
     max_tokens: int = 20
@@ -64,10 +57,6 @@ class PipelineTrainerConfig:
     """Publish weights to this vLLM server (the bundled ludic_lab server), e.g. http://127.0.0.1:8000."""
     local_weights: Literal["auto", "on", "off"] = "auto"
     """Write weights to <queue_key>:weights for in-process actors ("auto": when no --vllm-url)."""
-    checkpoint_dir: str | None = None
-    """Checkpoints go here; a restart resumes from the newest one."""
-    checkpoint_every: int = 0
-    """Save every this many steps (0 = only at the end, when --checkpoint-dir is set)."""
     group: str = "trainers"
     """Redis consumer group."""
     consumer: str = ""
@@ -80,8 +69,6 @@ class PipelineTrainerConfig:
     """Append the ids of the items each committed step trained on to this file (an audit trail)."""
     metrics_path: str | None = None
     """Append one JSON line of metrics per step."""
-    seed: int = 0
-    """Seeds the trainer."""
     device: str = "cpu"
     """Training device ("cpu", "cuda")."""
     threads: int = 0
@@ -90,6 +77,13 @@ class PipelineTrainerConfig:
     """Fail if Redis cannot be reached at start within this time."""
     reconnect_timeout_s: float = 300.0
     """Give up after Redis has been unreachable this long (it is retried with backoff before)."""
+    trainer: TrainerConfig = sub_config(
+        TrainerConfig, derived=("model_device", "scoring_temperature", "max_lag", "batch_split"), lora_alpha=None
+    )
+    """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r``,
+    ``--grad-accum-steps``, ``--checkpoint-dir``: a restart resumes from its newest checkpoint,
+    ...). LoRA alpha defaults to 2r; the model sits on ``device``, scores at ``temperature``;
+    each rank trains the items it consumed (``batch_split="per_rank"``)."""
 
     def __post_init__(self) -> None:
         from ludic_lab.pipeline.connection import check_redis_url
@@ -100,24 +94,26 @@ class PipelineTrainerConfig:
             {
                 "steps": ">= 1",
                 "batch_size": ">= 1",
-                "grad_accum_steps": ">= 1",
-                "lr": "> 0",
-                "lora_r": ">= 0",
                 "max_lag": ">= -1",
-                "max_seq_len": ">= 2",
-                "micro_token_budget": ">= 2",
                 "temperature": "> 0",
                 "max_tokens": ">= 1",
-                "checkpoint_every": ">= 0",
                 "claim_idle_s": "> 0",
                 "batch_timeout_s": ">= 0",
                 "threads": ">= 0",
                 "connect_timeout_s": "> 0",
                 "reconnect_timeout_s": "> 0",
             },
-            hints={"max_lag": "-1 keeps every item", "lora_r": "0 trains all weights"},
+            hints={"max_lag": "-1 keeps every item"},
         )
         check_redis_url(self.redis_url)
+        pass_down(
+            self,
+            "trainer",
+            model_device=self.device,
+            scoring_temperature=self.temperature,
+            max_lag=None if self.max_lag < 0 else self.max_lag,
+            batch_split="per_rank",  # under torchrun each rank is its own consumer of the queue
+        )
 
 
 class FanoutPublisher:
@@ -158,7 +154,6 @@ async def run_trainer(cfg: PipelineTrainerConfig) -> dict[str, Any]:
     from ludic_lab.pipeline.tasks import IdLog, make_algo
     from ludic_lab.pipeline.weights import RedisWeightsPublisher
     from ludic_lab.training.checkpoint import latest_checkpoint
-    from ludic_lab.training.config import TrainerConfig
     from ludic_lab.training.loggers import JSONLLogger
     from ludic_lab.training.trainer import Trainer
 
@@ -181,7 +176,7 @@ async def run_trainer(cfg: PipelineTrainerConfig) -> dict[str, Any]:
         group=cfg.group,
         consumer=cfg.consumer or None,
         max_lag=max_lag,
-        batches_per_step=cfg.grad_accum_steps,
+        batches_per_step=cfg.trainer.grad_accum_steps,
         vocab_size=vocab,
         claim_idle_s=cfg.claim_idle_s,
         timeout_s=cfg.batch_timeout_s or None,
@@ -202,27 +197,12 @@ async def run_trainer(cfg: PipelineTrainerConfig) -> dict[str, Any]:
             )
         )
     fanout = FanoutPublisher(publishers)
-    tcfg = TrainerConfig(
-        model_device=cfg.device,
-        lr=cfg.lr,
-        max_seq_len=cfg.max_seq_len,
-        micro_token_budget=cfg.micro_token_budget,
-        max_lag=max_lag,
-        grad_accum_steps=cfg.grad_accum_steps,
-        lora_r=cfg.lora_r,
-        lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
-        scoring_temperature=cfg.temperature,
-        seed=cfg.seed,
-        checkpoint_dir=cfg.checkpoint_dir,
-        checkpoint_every=cfg.checkpoint_every,
-        batch_split="per_rank",  # under torchrun each rank is its own consumer of the queue
-    )
     loggers = [JSONLLogger(_rank_path(cfg.metrics_path, rank, world))] if cfg.metrics_path else []
     trainer = Trainer(
         model,
         algo,
         source,
-        config=tcfg,
+        config=cfg.trainer,
         publisher=Rank0OnlyPublisher(fanout) if publishers else None,
         loggers=loggers,
         pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
@@ -232,8 +212,9 @@ async def run_trainer(cfg: PipelineTrainerConfig) -> dict[str, Any]:
         if hasattr(p, "model") and p.model is None and world <= 1:
             p.model = trainer.model
     log = logging.getLogger("ludic_lab.pipeline")
-    if cfg.checkpoint_dir and latest_checkpoint(cfg.checkpoint_dir) is not None:
-        state = trainer.load_checkpoint(cfg.checkpoint_dir)  # also publishes the restored weights
+    checkpoint_dir, checkpoint_every = cfg.trainer.checkpoint_dir, cfg.trainer.checkpoint_every
+    if checkpoint_dir and latest_checkpoint(checkpoint_dir) is not None:
+        state = trainer.load_checkpoint(checkpoint_dir)  # also publishes the restored weights
         log.info("resumed from %s at step %d (policy v%d)", state["path"], trainer.step, trainer.policy_version)
     else:
         trainer.publish()  # actors that loaded another run's weights go back to this run's start
@@ -242,7 +223,7 @@ async def run_trainer(cfg: PipelineTrainerConfig) -> dict[str, Any]:
         remaining = max(0, cfg.steps - trainer.step)
         history = await trainer.train(remaining, progress=False)
         await source.ack()  # the last step is done: commit its items
-        if cfg.checkpoint_dir and (not cfg.checkpoint_every or trainer.step % cfg.checkpoint_every):
+        if checkpoint_dir and (not checkpoint_every or trainer.step % checkpoint_every):
             trainer.save_checkpoint()
     finally:
         fanout.close()

@@ -66,8 +66,9 @@ class TrainerConfig:
 
     lora_r: int = 0
     """LoRA rank (0 = train all weights)."""
-    lora_alpha: float = 16.0
-    """LoRA alpha (scaling = alpha / r)."""
+    lora_alpha: float | None = 16.0
+    """LoRA alpha (scaling = alpha / r). None: ``2 * lora_r`` (scaling 2 at every rank), what
+    ``ludic-lab demo`` and the pipeline trainer use."""
     lora_dropout: float = 0.0
     """LoRA dropout."""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -125,6 +126,11 @@ class TrainerConfig:
         self.lora_target_modules = tuple(self.lora_target_modules)
         self.fsdp_block_classes = tuple(self.fsdp_block_classes)
 
+    @property
+    def lora_scale_alpha(self) -> float:
+        """The LoRA alpha applied: ``lora_alpha``, or ``2 * lora_r`` when it is None."""
+        return 2.0 * self.lora_r if self.lora_alpha is None else float(self.lora_alpha)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["adam_betas"] = list(self.adam_betas)
@@ -161,6 +167,7 @@ _RANGES = {
 _HINTS = {
     "max_grad_norm": "None turns clipping off; a negative norm would flip every gradient",
     "lora_r": "0 trains all weights",
+    "lora_alpha": "None means 2 * lora_r",
     "sync_every_steps": "0 never publishes",
     "checkpoint_every": "0 saves only when asked",
     "keep_checkpoints": "0 keeps every checkpoint",

@@ -20,7 +20,11 @@ def prepare_models(
     and there is neither LoRA (whose base model is the reference) nor ``ref_model``."""
     if cfg.lora_r > 0 and not is_peft_model(model):
         model = apply_lora(
-            model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, target_modules=cfg.lora_target_modules
+            model,
+            r=cfg.lora_r,
+            alpha=cfg.lora_scale_alpha,
+            dropout=cfg.lora_dropout,
+            target_modules=cfg.lora_target_modules,
         )
     model = data_parallel.place(model)
     if cfg.gradient_checkpointing:
