@@ -1,0 +1,96 @@
+"""The model side of token scoring: a Hugging Face causal LM split into its body and LM head
+(through peft / DDP / compile wrappers), the attention mask of a packed batch, and the logit
+scale some architectures apply. :mod:`ludic_lab.training.logprobs` scores tokens with them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ludic_lab.training.token_batch import TokenBatch
+
+
+def find_body_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """``(causal_lm, body, lm_head)`` of a HF causal LM, unwrapping peft / DDP / compile wrappers.
+
+    ``body(input_ids=..., position_ids=..., attention_mask=...)`` returns the final (normed)
+    hidden states; ``lm_head`` maps them to logits. peft's LoRA layers live inside the body,
+    so adapters (and ``disable_adapter()``) apply as usual.
+    """
+    m: Any = model  # HF / peft / DDP wrappers: their methods are looked up by name
+    for _ in range(8):
+        if hasattr(m, "get_base_model") and callable(m.get_base_model):  # peft PeftModel
+            inner = m.get_base_model()
+        elif isinstance(m, torch.nn.parallel.DistributedDataParallel):
+            inner = m.module
+        elif hasattr(m, "_orig_mod"):  # torch.compile
+            inner = m._orig_mod
+        else:
+            break
+        if inner is m:
+            break
+        m = inner
+    head = m.get_output_embeddings() if hasattr(m, "get_output_embeddings") else None
+    body = None
+    if hasattr(m, "get_decoder"):
+        try:
+            body = m.get_decoder()
+        except (AttributeError, NotImplementedError, TypeError):
+            body = None
+    if body is None or body is m:
+        body = getattr(m, getattr(m, "base_model_prefix", "model"), None)
+        if body is None:
+            body = getattr(m, "model", None)
+    if head is None or body is None:
+        raise TypeError(
+            f"{type(model).__name__} is not a causal LM this function understands: expected a Hugging Face "
+            "*ForCausalLM (optionally wrapped by peft) with get_output_embeddings() and a decoder body "
+            "(model.model). Compute hidden states yourself and call token_logprobs(hidden, lm_head.weight, targets)."
+        )
+    return m, body, head
+
+
+def attention_mask_for(
+    batch: TokenBatch | Tensor,
+    *,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype = torch.float32,
+) -> Tensor | None:
+    """The ``attention_mask`` to give a HF model for a packed batch (from ``seq_ids`` ``[R, T]``).
+
+    sdpa: boolean ``[R, 1, T, T]``, True where query ``i`` may see key ``j`` (``j <= i``, same
+    sequence); eager: the same as an additive float mask (0 / ``finfo(dtype).min``). A 4-D mask
+    is passed through unchanged by ``transformers.masking_utils``. Padding sees only itself
+    (no empty softmax row). Other implementations (flash / flex): ``None``; HF then detects the
+    packing from ``position_ids`` restarting at 0. Memory: ``R * T * T`` bytes (bool) or
+    elements (eager). Sliding-window layers get the same mask (exact below the window size).
+    """
+    seq_RT = batch.seq_ids if isinstance(batch, TokenBatch) else batch
+    if attn_implementation not in ("sdpa", "eager"):
+        return None
+    R, T = seq_RT.shape
+    q, k = seq_RT[:, :, None], seq_RT[:, None, :]
+    causal_TT = torch.ones(T, T, dtype=torch.bool, device=seq_RT.device).tril()
+    allowed = (q == k) & (q >= 0) & causal_TT
+    allowed |= torch.eye(T, dtype=torch.bool, device=seq_RT.device) & (q < 0)
+    allowed = allowed[:, None]
+    if attn_implementation == "sdpa":
+        return allowed
+    out = torch.zeros(allowed.shape, dtype=dtype, device=seq_RT.device)
+    return out.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def logit_scale(config: Any) -> float:
+    """Extra multiplier some architectures apply to logits (Granite, Cohere); 1.0 otherwise."""
+    s = 1.0
+    if getattr(config, "logits_scaling", None):  # Granite: logits / logits_scaling
+        s /= float(config.logits_scaling)
+    if getattr(config, "logit_scale", None) and not isinstance(config.logit_scale, bool):  # Cohere
+        s *= float(config.logit_scale)
+    return s
+
+
+__all__ = ["attention_mask_for", "find_body_and_head", "logit_scale"]
