@@ -514,7 +514,7 @@ async def test_trainer_trains_from_the_queue_and_counts_stale_items(
     push(server, queue, first + late + fresh)
     trained: list[str] = []
     src = source(server, queue, 4, max_lag=0, vocab_size=vocab, on_ack=trained.extend)
-    cfg = TrainerConfig(lr=1e-3, max_lag=0, max_seq_len=64, micro_token_budget=256)
+    cfg = TrainerConfig(lr=1e-3, max_seq_len=64, micro_token_budget=256)  # the source owns max_lag
     trainer = Trainer(model, make_reinforce_baseline(), src, config=cfg)
     src.policy_version_fn = lambda: trainer.policy_version
     before = params_of(trainer.model)

@@ -5,6 +5,7 @@ data-parallel strategy."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from ludic_lab.training.losses import (
 )
 from ludic_lab.training.optim import lr_lambda, make_optimizer
 from ludic_lab.training.parallel import SingleProcess, StepTotals, make_data_parallel
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.training.saw import SAWBatch, SAWItem
 from ludic_lab.training.step_data import filter_batches
 from ludic_lab.training.step_stats import StepStats
 from ludic_lab.training.token_batch import StepNormalisers, TokenBatch
@@ -117,3 +118,46 @@ def test_filter_batches_drops_stale_items_and_averages_source_stats() -> None:
     items, stale, source = filter_batches(batches, None, policy_version=3, max_lag=1)
     assert [it.policy_version for it in items] == [3, None] and stale == 1
     assert source == {"source/reward_mean": 0.5}
+
+
+def test_one_staleness_rule_for_the_trainer_filter_and_the_queue_source() -> None:
+    from ludic_lab.pipeline.held_items import HeldItem, ItemState, split_stale
+    from ludic_lab.training.staleness import is_stale
+
+    assert is_stale(0, 3, 2) and not is_stale(1, 3, 2)
+    assert not is_stale(None, 3, 0) and not is_stale(0, None, 0) and not is_stale(0, 9, None)
+    items = [SAWItem((1, 2), (0, 1), (0.0, 1.0), (0.0, -1.0), policy_version=v) for v in (0, 1, 3, None)]
+    kept, stale, _ = filter_batches([SAWBatch(tuple(items))], None, policy_version=3, max_lag=2)
+    held = [HeldItem(f"{i}-0".encode(), f"item-{i}", it, ItemState.FILLING) for i, it in enumerate(items)]
+    fresh, dropped = split_stale(held, 2, 3)
+    assert [r.item for r in fresh] == kept and len(dropped) == stale == 1
+
+
+def test_save_checkpoint_gathers_a_collective_source_state(tiny_model_dir: str, tmp_path: Any) -> None:
+    """A source whose state spans every rank (``state_dict_is_collective``) is asked through
+    its explicit collective, ``gather_state_dict``; another source through ``state_dict``."""
+    from trainer_helpers import load_model
+
+    from ludic_lab.training.algorithm import make_grpo
+    from ludic_lab.training.checkpoint import load_checkpoint
+    from ludic_lab.training.trainer import Trainer
+
+    class Collective:
+        state_dict_is_collective = True
+
+        async def next_batch(self) -> SAWBatch:
+            raise AssertionError("not pulled")
+
+        def gather_state_dict(self) -> dict[str, Any]:
+            return {"consumers": {"trainer-0": {}, "trainer-1": {}}}
+
+        def state_dict(self) -> dict[str, Any]:
+            raise AssertionError("the trainer calls the explicit collective")
+
+    trainer = Trainer(load_model(tiny_model_dir), make_grpo(), Collective(), config=TrainerConfig(max_seq_len=64))
+    try:
+        info = trainer.save_checkpoint(str(tmp_path))
+    finally:
+        trainer.close()
+    state = load_checkpoint(str(info.path), model=load_model(tiny_model_dir))
+    assert state["extra_state"]["batch_source"] == {"consumers": {"trainer-0": {}, "trainer-1": {}}}

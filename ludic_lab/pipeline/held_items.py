@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ludic_lab.training.saw import SAWItem
+from ludic_lab.training.staleness import is_stale
 
 
 class ItemState(enum.Enum):
@@ -103,14 +104,13 @@ class HeldItems:
 
 def split_stale(records: list[HeldItem], max_lag: int | None, now: int | None) -> tuple[list[HeldItem], list[HeldItem]]:
     """``(fresh, stale)``: stale items were sampled more than ``max_lag`` versions before
-    ``now`` (nothing is stale without a ``max_lag`` or a current version)."""
-    if max_lag is None or now is None:
-        return records, []
+    ``now`` (:func:`~ludic_lab.training.staleness.is_stale`: nothing is stale without a
+    ``max_lag`` or a current version)."""
     fresh: list[HeldItem] = []
     stale: list[HeldItem] = []
     for r in records:
         v = r.item.policy_version if r.item is not None else None
-        (stale if v is not None and now - v > max_lag else fresh).append(r)
+        (stale if is_stale(v, now, max_lag) else fresh).append(r)
     return fresh, stale
 
 

@@ -20,8 +20,10 @@ Delivery guarantees, and how they are kept:
 - **Sample filters.** ``sample_filter`` (see :mod:`ludic_lab.training.filters`) drops items
   the same way as stale ones (committed, not trained) and counts them per filter name.
 - **Staleness.** With ``max_lag`` and ``policy_version_fn`` (the trainer's current version),
-  items sampled more than ``max_lag`` versions ago are dropped (committed, not trained) and
-  counted; the batch is refilled with fresh ones.
+  items sampled more than ``max_lag`` versions ago (:func:`~ludic_lab.training.staleness.is_stale`)
+  are dropped (committed, so never redelivered, not trained) and counted; the batch is
+  refilled with fresh ones. This source owns the rule for pipeline runs: leave the trainer's
+  ``TrainerConfig.max_lag`` at None.
 
 Each held item is one record (:mod:`ludic_lab.pipeline.held_items`: restored, backlog,
 filling, delivered); the Redis commands of the consumer are in
@@ -72,8 +74,9 @@ class PipelineBatchSource:
     """
 
     state_dict_is_collective: ClassVar[bool] = True
-    """:meth:`state_dict` gathers every rank's state under ``torch.distributed``: every rank
-    must call it (:meth:`local_state_dict` is the communication-free part)."""
+    """The checkpoint state spans every rank: the Trainer calls :meth:`gather_state_dict` (a
+    collective under ``torch.distributed``) on every rank; :meth:`local_state_dict` is the
+    communication-free part."""
 
     def __init__(
         self,
@@ -255,11 +258,15 @@ class PipelineBatchSource:
         mine = {self.consumer: {"delivered": delivered, "counters": dict(self.counters)}}
         return {"queue_key": self.queue_key, "consumers": mine}
 
-    def state_dict(self) -> dict[str, Any]:
+    def gather_state_dict(self) -> dict[str, Any]:
         """JSON-ready state for trainer checkpoints, every consumer's: a **collective** under
         ``torch.distributed`` (every rank calls it, as the Trainer's ``save_checkpoint`` does;
         rank 0 writes the file), i.e. :func:`gather_state_dicts` of :meth:`local_state_dict`."""
         return gather_state_dicts(self.local_state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The ``BatchSource`` checkpoint hook: :meth:`gather_state_dict` (a collective)."""
+        return self.gather_state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore from :meth:`state_dict`: the items this consumer had delivered before the

@@ -83,7 +83,8 @@ class PipelineTrainerConfig:
     """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r``,
     ``--grad-accum-steps``, ``--checkpoint-dir``: a restart resumes from its newest checkpoint,
     ...). LoRA alpha defaults to 2r; the model sits on ``device``, scores at ``temperature``;
-    each rank trains the items it consumed (``batch_split="per_rank"``)."""
+    each rank trains the items it consumed (``batch_split="per_rank"``); ``max_lag`` is the
+    queue source's (the trainer's own filter stays off)."""
 
     def __post_init__(self) -> None:
         from ludic_lab.pipeline.connection import check_redis_url
@@ -111,7 +112,7 @@ class PipelineTrainerConfig:
             "trainer",
             model_device=self.device,
             scoring_temperature=self.temperature,
-            max_lag=None if self.max_lag < 0 else self.max_lag,
+            max_lag=None,  # the queue source owns staleness: it commits stale items and refills the batch
             batch_split="per_rank",  # under torchrun each rank is its own consumer of the queue
         )
 

@@ -27,7 +27,10 @@ class TrainerConfig:
     (one extra copy of the adapted weights stays allocated) instead of allocating them anew,
     which between steps often page-faults every byte again (SmolLM2, all linears: up to 0.8 s)."""
     max_lag: int | None = None
-    """Drop items sampled more than this many policy versions ago (None = keep all)."""
+    """Drop items sampled more than this many policy versions ago from each pulled batch
+    (None = keep all). For sources that do not enforce staleness themselves (a
+    ``RolloutBatchSource`` whose sampler lags, offline data); ``PipelineBatchSource`` takes
+    its own ``max_lag`` and refills the batch instead (see :mod:`ludic_lab.training.staleness`)."""
 
     grad_accum_steps: int = 1
     """Batches pulled from the source per optimizer step."""

@@ -10,6 +10,7 @@ from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.packing import PackedMicroBatches, pack_items
 from ludic_lab.training.parallel import StepTotals
 from ludic_lab.training.saw import SAWBatch, SAWItem
+from ludic_lab.training.staleness import is_stale
 
 
 def filter_batches(
@@ -19,19 +20,16 @@ def filter_batches(
     max_lag: int | None,
 ) -> tuple[list[SAWItem], int, dict[str, float]]:
     """``preprocess`` each batch, then drop items sampled more than ``max_lag`` versions
-    before ``policy_version`` (items of unknown version stay). Returns ``(items, number
-    dropped as stale, the batches' numeric meta averaged, as "source/<key>")``."""
+    before ``policy_version`` (:func:`~ludic_lab.training.staleness.is_stale`; items of
+    unknown version stay). Returns ``(items, number dropped as stale, the batches' numeric
+    meta averaged, as "source/<key>")``."""
     items: list[SAWItem] = []
     stale = 0
     source: dict[str, list[float]] = {}
     for b in batches:
         if preprocess is not None:
             b = preprocess(b)
-        fresh = [
-            it
-            for it in b.items
-            if max_lag is None or it.policy_version is None or policy_version - it.policy_version <= max_lag
-        ]
+        fresh = [it for it in b.items if not is_stale(it.policy_version, policy_version, max_lag)]
         items.extend(fresh)
         stale += len(b.items) - len(fresh)
         for k, v in b.meta.items():

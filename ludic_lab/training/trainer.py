@@ -4,6 +4,7 @@ One step, top to bottom (:meth:`Trainer.train_step`):
 
     pull      ``grad_accum_steps`` ``SAWBatch``es from the ``BatchSource``
     filter    the algorithm's preprocess, then items staler than ``max_lag`` are dropped
+              (sources that own staleness, like the pipeline's, are run with ``max_lag=None``)
     pack      this rank's items into micro-batches under a token budget
     forward/backward per micro-batch: the policy's token logprobs (vocabulary-chunked, LM
               head at action positions only), the algorithm's loss, ``backward``
@@ -184,9 +185,11 @@ class Trainer:
         if root is None:
             raise ValueError("no checkpoint directory: pass one or set TrainerConfig.checkpoint_dir")
         extra = {"counters": dict(self.counters)}
-        source_state = getattr(self.batch_source, "state_dict", None)  # optional part of a BatchSource
-        if callable(source_state):
-            extra["batch_source"] = source_state()
+        source: Any = self.batch_source  # its checkpoint hooks are optional parts of a BatchSource
+        if getattr(source, "state_dict_is_collective", False):  # e.g. PipelineBatchSource: every rank's consumer
+            extra["batch_source"] = source.gather_state_dict()  # a collective: every rank is in save_checkpoint
+        elif callable(getattr(source, "state_dict", None)):
+            extra["batch_source"] = source.state_dict()
         return save_checkpoint(
             root,
             model=self.model,
