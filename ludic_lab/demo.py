@@ -12,7 +12,7 @@ prints the reward per step, and writes ``reward_curve.png``, ``rollouts.html``,
 the bundled vLLM server on CPU, samples through :class:`VLLMChatClient`, pushes the new
 weights into it after every optimizer step and stops it at the end (also on error or Ctrl-C).
 
-``--task tools`` runs another demo (:mod:`ludic_lab.demo_tools`): SmolLM2 learns to use a
+``--task tools`` runs another demo (:mod:`ludic_lab.demos.tool_demo`): SmolLM2 learns to use a
 calculator tool for products it cannot compute in its head, against a no-tool control.
 """
 
@@ -171,7 +171,7 @@ async def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     cleanups: list[Callable[[], Any]] = []
     try:
         if cfg.task == "tools":
-            from ludic_lab.demo_tools import run_tool_demo
+            from ludic_lab.demos.tool_demo import run_tool_demo
 
             return await run_tool_demo(cfg, cleanups)
         return await _run_demo(cfg, cleanups)

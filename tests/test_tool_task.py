@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ludic_lab.data import load_multiplication
+from ludic_lab.demos.tool_task import TOOL_EXAMPLES, final_number_match, tool_stats
 from ludic_lab.envs.calculator import CalculatorError, calculator, safe_eval
-from ludic_lab.tool_task import TOOL_EXAMPLES, final_number_match, tool_stats
 from ludic_lab.types import Rollout, Step
 
 # -- calculator -----------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def test_tool_stats() -> None:
 
 def test_tool_demo_config_defaults() -> None:
     from ludic_lab.demo import DemoConfig
-    from ludic_lab.demo_tools import TOOL_DEFAULTS, TOOL_TRAINER_DEFAULTS, tool_demo_config
+    from ludic_lab.demos.tool_demo import TOOL_DEFAULTS, TOOL_TRAINER_DEFAULTS, tool_demo_config
 
     cfg = tool_demo_config(DemoConfig(task="tools"))
     assert all(getattr(cfg, k) == v for k, v in TOOL_DEFAULTS.items())
@@ -149,3 +149,10 @@ def test_tool_demo_runs_on_tiny_model(tiny_model_dir: str, tmp_path: Path) -> No
     assert all("tools/tool_call_rate" in r and "tools/valid_call_rate" in r and "reward_mean" in r for r in rows)
     assert len((out / "control_metrics.jsonl").read_text().splitlines()) == 2
     assert summary["train_seconds"] > 0 and summary["control_train_seconds"] > 0
+
+
+def test_the_old_import_path_re_exports_the_task() -> None:
+    import ludic_lab.demos.tool_task as new
+    import ludic_lab.tool_task as old
+
+    assert all(getattr(old, name) is getattr(new, name) for name in new.__all__)

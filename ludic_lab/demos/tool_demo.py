@@ -1,6 +1,6 @@
 """``ludic-lab demo --task tools``: SmolLM2 learns to use a calculator, with GRPO (LoRA) on CPU.
 
-The task (:mod:`ludic_lab.tool_task`): "What is 347 * 29?" — a product SmolLM2-135M cannot
+The task (:mod:`ludic_lab.demos.tool_task`): "What is 347 * 29?" — a product SmolLM2-135M cannot
 compute in its head. The agent is a :class:`~ludic_lab.agents.ToolAgent` with a
 ``calculator`` tool; one episode is one env step holding every model turn and tool result,
 and only the tokens the model sampled are trained on. Reward 1 when the final reply's last
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ludic_lab.data import load_multiplication
+from ludic_lab.demos.tool_task import evaluate_tool_task, tool_stats_callback, tool_task_engine
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.tool_task import evaluate_tool_task, tool_stats_callback, tool_task_engine
 from ludic_lab.training import GRPORequestStrategy, RolloutRequest
 
 TOOL_DEFAULTS: dict[str, Any] = {
@@ -90,7 +90,7 @@ async def _train(
     console: Any,
 ) -> tuple[list[dict[str, Any]], Any, float]:
     """One GRPO run on ``rows``; returns ``(history, source, seconds)``. Each step's history
-    row gets the batch's :func:`~ludic_lab.tool_task.tool_stats` under ``tools/``."""
+    row gets the batch's :func:`~ludic_lab.demos.tool_task.tool_stats` under ``tools/``."""
     from transformers import AutoModelForCausalLM
 
     from ludic_lab.training import PRESETS, RolloutBatchSource, Trainer
