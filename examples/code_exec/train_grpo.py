@@ -3,11 +3,12 @@
 The algorithm: for each training problem sample a group of G programs, run each against the
 problem's tests in the sandbox (reward = fraction of tests passed; a program that does not
 compile gets -0.1), normalise rewards within the group (GRPO), and take a clipped-surrogate
-step on a LoRA adapter. The pass rate (all tests passed, greedy decoding; with
-``--eval-samples k`` also of k sampled programs per problem) on held-out problems is
-measured before and after. The problems are the library's own small set
-(42 MBPP-format function problems, every 4th held out); a 135M model solves a few of them,
-so the before/after numbers move little — they are printed either way.
+step on a LoRA adapter. The pass rate (all tests passed) on held-out problems is measured
+before and after, greedy and for ``--eval-samples k`` programs sampled per problem (with
+pass@k): the problems are the library's own small set (42 MBPP-format function problems,
+every 4th held out), greedy SmolLM2 solves most of them already, and the sampled policy is
+the one with room to move. Replies end at the code block's closing fence (``--stop-at-fence``).
+On a shared CPU set ``OMP_NUM_THREADS=1`` (two threads on two busy cores ran >10x slower here).
 
     .venv/bin/python examples/code_exec/train_grpo.py                      # local sampler (transformers)
     .venv/bin/python examples/code_exec/train_grpo.py --steps 2 --smoke true   # CI smoke: a minute
