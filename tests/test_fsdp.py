@@ -33,13 +33,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "dist_scripts"))
 
-from fsdp_scenarios import CHECKPOINT_STEP, SCENARIOS, STEPS, build_trainer  # noqa: E402
+from fsdp_scenarios import CHECKPOINT_STEP, SCENARIOS, STEPS, build_trainer
 
-from ludic_lab.distributed.dist_utils import all_reduce_dict, all_reduce_floats, broadcast_bytes, split_balanced  # noqa: E402
-from ludic_lab.distributed.fsdp import find_transformer_blocks  # noqa: E402
-from ludic_lab.distributed.publisher import Rank0OnlyPublisher  # noqa: E402
-from ludic_lab.training.config import TrainerConfig  # noqa: E402
-from ludic_lab.training.lora import (  # noqa: E402
+from ludic_lab.distributed.dist_utils import all_reduce_dict, all_reduce_floats, broadcast_bytes, split_balanced
+from ludic_lab.distributed.fsdp import find_transformer_blocks
+from ludic_lab.distributed.publisher import Rank0OnlyPublisher
+from ludic_lab.training.config import TrainerConfig
+from ludic_lab.training.lora import (
     apply_lora,
     merged_lora_weights,
     merged_lora_weights_from_state_dict,
@@ -55,13 +55,26 @@ RESUMED = ("full", "lora")
 """Scenarios whose one-process step-2 checkpoint is resumed under torchrun."""
 
 
-def _torchrun(out: Path, model_dir: str, *extra: str, timeout: float = TORCHRUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+def _torchrun(
+    out: Path, model_dir: str, *extra: str, timeout: float = TORCHRUN_TIMEOUT_S
+) -> subprocess.CompletedProcess:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("this torch build has no gloo backend")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
-           "--model-dir", model_dir, "--out", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(SCRIPT),
+        "--model-dir",
+        model_dir,
+        "--out",
+        str(out),
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -134,9 +147,11 @@ def test_fsdp_loss_curve_matches_one_process(name: str, dist_run: Path, one_proc
     dist = json.loads((dist_run / name / "metrics.json").read_text())
     single = one_process[name]["hist"]
     assert len(dist) == len(single) == STEPS
-    for step, (d, s) in enumerate(zip(dist, single), start=1):
+    for step, (d, s) in enumerate(zip(dist, single, strict=False), start=1):
         assert d["dist/world_size"] == 2 and "skipped" not in d
-        assert d["items"] == s["items"] and d["sequences"] == s["sequences"] and d["action_tokens"] == s["action_tokens"]
+        assert (
+            d["items"] == s["items"] and d["sequences"] == s["sequences"] and d["action_tokens"] == s["action_tokens"]
+        )
         assert d["tokens"] == s["tokens"], "every real token is trained exactly once over the two ranks"
         assert d["loss"] == pytest.approx(s["loss"], rel=1e-4, abs=1e-7), f"step {step} loss"
         assert d["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4), f"step {step} grad norm"
@@ -150,7 +165,9 @@ def test_fsdp_loss_curve_matches_one_process(name: str, dist_run: Path, one_proc
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_fsdp_final_weights_match_one_process(name: str, dist_run: Path, one_process: dict, tiny_model_dir: str) -> None:
+def test_fsdp_final_weights_match_one_process(
+    name: str, dist_run: Path, one_process: dict, tiny_model_dir: str
+) -> None:
     """The policy rank 0 gathered and published after the last step vs the one-process policy
     (for LoRA: the merged dense weights of the adapted modules)."""
     published = _load(dist_run / name / "published" / f"v{STEPS}.safetensors")
@@ -190,14 +207,20 @@ def test_fsdp_checkpoint_loads_in_one_process(dist_run: Path, tiny_model_dir: st
             assert torch.equal(mine[k], at_ckpt[k]), k
         steps = {int(s["step"]) for s in tr.optimizer.state.values()}
         assert steps == {CHECKPOINT_STEP}, "AdamW state (step counts, moments) restored"
-        assert all(float(s["exp_avg_sq"].abs().max()) > 0 for s in tr.optimizer.state.values() if s["exp_avg_sq"].numel() > 1000)
+        assert all(
+            float(s["exp_avg_sq"].abs().max()) > 0
+            for s in tr.optimizer.state.values()
+            if s["exp_avg_sq"].numel() > 1000
+        )
         tr.batch_source.served = CHECKPOINT_STEP  # the third global batch
         (m3,) = tr.train_sync(1, progress=False)
     finally:
         tr.close()
     dist3 = json.loads((dist_run / "full" / "metrics.json").read_text())[STEPS - 1]
     assert m3["loss"] == pytest.approx(dist3["loss"], rel=1e-4)
-    _assert_adamw_close(policy_state_dict(tr.model), _load(dist_run / "full" / "published" / f"v{STEPS}.safetensors"), sc.config.lr)
+    _assert_adamw_close(
+        policy_state_dict(tr.model), _load(dist_run / "full" / "published" / f"v{STEPS}.safetensors"), sc.config.lr
+    )
 
 
 @pytest.mark.distributed
@@ -249,7 +272,9 @@ def test_rank_that_raises_stops_the_run(tmp_path: Path, tiny_model_dir: str) -> 
     """Rank 1 raises inside step 2 while rank 0 waits in a collective: torchrun must stop the
     whole run promptly, exit non-zero and show the error."""
     t0 = time.time()
-    res = _torchrun(tmp_path, tiny_model_dir, "--scenarios", "full", "--fail-rank", "1", "--fail-step", "2", timeout=300)
+    res = _torchrun(
+        tmp_path, tiny_model_dir, "--scenarios", "full", "--fail-rank", "1", "--fail-step", "2", timeout=300
+    )
     ended = time.time()
     output = res.stdout + res.stderr
     assert res.returncode != 0
@@ -281,11 +306,36 @@ def test_tutorial_script_runs_under_torchrun(tmp_path: Path, tiny_model_dir: str
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("this torch build has no gloo backend")
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "tutorials" / "scripts" / "train_fsdp2.py"), "--model", tiny_model_dir, "--steps", "2",
-           "--lora-r", "4", "--questions-per-step", "3", "--group-size", "4", "--max-tokens", "6", "--out", str(out)]
-    res = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                         timeout=TORCHRUN_TIMEOUT_S)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "tutorials" / "scripts" / "train_fsdp2.py"),
+        "--model",
+        tiny_model_dir,
+        "--steps",
+        "2",
+        "--lora-r",
+        "4",
+        "--questions-per-step",
+        "3",
+        "--group-size",
+        "4",
+        "--max-tokens",
+        "6",
+        "--out",
+        str(out),
+    ]
+    res = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=TORCHRUN_TIMEOUT_S,
+    )
     assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2]

@@ -167,12 +167,15 @@ def test_cuda_sampler_is_seeded_and_agrees_with_the_cpu_sampler(tiny_model_dir: 
     a, b, c = gpu.generate_batch(reqs), gpu.generate_batch(reqs), cpu.generate_batch(reqs)
     assert [x.completion_token_ids for x, _ in a] == [x.completion_token_ids for x, _ in b], "seeded sampling repeats"
     same, diffs = 0, []
-    for (g, _), (h, _) in zip(a, c):
+    for (g, _), (h, _) in zip(a, c, strict=False):
         n = 0
-        while n < min(len(g.completion_token_ids), len(h.completion_token_ids)) and g.completion_token_ids[n] == h.completion_token_ids[n]:
+        while (
+            n < min(len(g.completion_token_ids), len(h.completion_token_ids))
+            and g.completion_token_ids[n] == h.completion_token_ids[n]
+        ):
             n += 1
         same += g.completion_token_ids == h.completion_token_ids
-        diffs += [abs(x - y) for x, y in zip(g.completion_logprobs[:n], h.completion_logprobs[:n])]
+        diffs += [abs(x - y) for x, y in zip(g.completion_logprobs[:n], h.completion_logprobs[:n], strict=False)]
     report("cuda_vs_cpu_sampler", identical_completions=f"{same}/{len(reqs)}", max_logprob_diff=max(diffs))
     assert same >= len(reqs) - 1 and max(diffs) < 1e-3
 
@@ -241,7 +244,11 @@ def test_a_checkpoint_written_on_cuda_loads_on_a_machine_without_one(tiny_model_
         "assert s['exp_avg'].device.type == 'cpu' and tr.step == 1\n"
         "print(float(s['exp_avg_sq'].abs().sum()))\n"
     )
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert float(res.stdout.strip().splitlines()[-1]) == pytest.approx(want, rel=1e-6)
@@ -273,7 +280,9 @@ def one_process_cuda(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: s
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_fsdp2_over_nccl_matches_one_process(precision: str, one_process_cuda: dict, tiny_model_dir: str, tmp_path: Path) -> None:
+def test_fsdp2_over_nccl_matches_one_process(
+    precision: str, one_process_cuda: dict, tiny_model_dir: str, tmp_path: Path
+) -> None:
     """fp32: the sharded steps equal the unsharded ones up to summation order (rtol 1e-4, as
     tests/test_fsdp.py); bf16 (the GPU default: bf16 compute, fp32 reduction): close."""
     script = ROOT / "tests" / "dist_scripts" / "fsdp_gpu.py"
@@ -287,12 +296,12 @@ def test_fsdp2_over_nccl_matches_one_process(precision: str, one_process_cuda: d
         dist = json.loads((tmp_path / name / "metrics.json").read_text())
         info = json.loads((tmp_path / name / "cuda.json").read_text())
         assert info["backend"] == "nccl" and len(dist) == len(single)
-        rel = max(abs(d["loss"] - s["loss"]) / max(abs(s["loss"]), 1e-6) for d, s in zip(dist, single))
-        gn = max(abs(d["grad_norm"] - s["grad_norm"]) / s["grad_norm"] for d, s in zip(dist, single))
+        rel = max(abs(d["loss"] - s["loss"]) / max(abs(s["loss"]), 1e-6) for d, s in zip(dist, single, strict=False))
+        gn = max(abs(d["grad_norm"] - s["grad_norm"]) / s["grad_norm"] for d, s in zip(dist, single, strict=False))
         steps_s = [round(m["time/step_s"], 3) for m in dist]
         report(f"fsdp2_nccl_{precision}_{name}", loss_rel_diff=rel, grad_norm_rel_diff=gn, step_s=steps_s,
                one_process_step_s=[round(m["time/step_s"], 3) for m in single], torchrun_wall_s=round(wall, 1), **info)  # fmt: skip
-        for d, s in zip(dist, single):
+        for d, s in zip(dist, single, strict=False):
             assert d["dist/world_size"] == 1 and "skipped" not in d and d["tokens"] == s["tokens"]
         assert (tmp_path / name / "published" / f"v{len(dist)}.safetensors").is_file()
         if precision == "fp32":

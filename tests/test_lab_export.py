@@ -140,7 +140,13 @@ def _rows(path: Path) -> list[dict]:
 def test_exported_training_cell_trains_with_python_and_torchrun(tmp_path: Path, tiny_model_dir: str) -> None:
     nb = _notebook(
         tmp_path / "grpo.ipynb",
-        [(PARAMS, []), (ENV_CELL, []), (ENGINE_CELL, []), (EXPLORE_CELL, []), ("%%ludic_export train.py\n" + TRAIN_CELL, [])],
+        [
+            (PARAMS, []),
+            (ENV_CELL, []),
+            (ENGINE_CELL, []),
+            (EXPLORE_CELL, []),
+            ("%%ludic_export train.py\n" + TRAIN_CELL, []),
+        ],
     )
     script = export_notebook(nb)
     assert script.path == tmp_path / "train.py"
@@ -217,7 +223,7 @@ def test_script_structure_parameters_globals_and_await(tmp_path: Path) -> None:
 
 def test_user_config_dataclass(tmp_path: Path) -> None:
     cells = [
-        "#| export\nfrom dataclasses import dataclass\n\n@dataclass\nclass Config:\n    steps: int = 2\n    \"\"\"Steps.\"\"\"\n    tag: str = 'a'\n",
+        '#| export\nfrom dataclasses import dataclass\n\n@dataclass\nclass Config:\n    steps: int = 2\n    """Steps."""\n    tag: str = \'a\'\n',
         "config = Config(steps=5)  # the notebook's instance: main's argument replaces it\n",
     ]
     s = export_cells(cells, "print(config.steps * 10, config.tag)", tmp_path / "u.py")
@@ -227,7 +233,11 @@ def test_user_config_dataclass(tmp_path: Path) -> None:
 
 
 def test_unexported_name_is_an_error_naming_it_and_its_cell(tmp_path: Path) -> None:
-    cells = ["#| export\nimport math\n", "import numpy as np\nthreshold = 0.5\n", "#| export\ndef f():\n    return helper()\n"]
+    cells = [
+        "#| export\nimport math\n",
+        "import numpy as np\nthreshold = 0.5\n",
+        "#| export\ndef f():\n    return helper()\n",
+    ]
     with pytest.raises(ExportError) as e:
         export_cells(cells, "print(math.pi, np.pi, threshold, f(), nowhere); display(1)", tmp_path / "x.py")
     msg = str(e.value)
@@ -263,7 +273,9 @@ def test_bad_parameters_and_clashes(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="more than one parameters cell"):
         build_script([_cell("#| parameters\na = 1\n"), _cell("#| parameters\nb = 2\n")], _cell("print(a, b)"))
     # an annotated expression is fine (and its names must be exported)
-    src = build_script([_cell("#| export\nimport os\n"), _cell("#| parameters\nout: str = os.getcwd()\n")], _cell("print(out)"))
+    src = build_script(
+        [_cell("#| export\nimport os\n"), _cell("#| parameters\nout: str = os.getcwd()\n")], _cell("print(out)")
+    )
     assert "out: str = os.getcwd()" in src
     # an existing file not written by the export is never overwritten
     (tmp_path / "mine.py").write_text("print('precious')\n")

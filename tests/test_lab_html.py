@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -44,9 +44,9 @@ class ViewParser(HTMLParser):
         self.groups: list[dict[str, Any]] = []
         self.cards: list[dict[str, Any]] = []
         self.tags: list[str] = []
-        self._span: Optional[dict[str, Any]] = None
+        self._span: dict[str, Any] | None = None
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, Optional[str]]]) -> None:
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: v or "" for k, v in attrs}
         self.tags.append(tag)
         cls = a.get("class", "").split()
@@ -112,7 +112,7 @@ def make_items(tok: Any) -> list[SAWItem]:
     prompt = tok.encode("<|im_start|>user\nSay it:\tnow<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     items = []
-    for k, (text, w) in enumerate(zip(TEXTS, WEIGHTS)):
+    for k, (text, w) in enumerate(zip(TEXTS, WEIGHTS, strict=False)):
         comp = tok.encode(text, add_special_tokens=False) + [eos]
         P, C = len(prompt), len(comp)
         items.append(
@@ -152,7 +152,7 @@ def test_saw_batch_colours_follow_weight_sign_and_share_one_scale_per_group(tiny
     assert [g["attrs"]["data-group-id"] for g in view.groups] == ["g1", "g2"]
     assert [len(g["cards"]) for g in view.groups] == [3, 1]  # siblings side by side in one row
     assert [float(g["attrs"]["data-scale"]) for g in view.groups] == [1.0, 2.0]
-    for card, it in zip(view.cards, items):
+    for card, it in zip(view.cards, items, strict=False):
         spans = card["spans"]
         assert check_colour_signs(spans) == sum(1 for s in spans if s["attrs"]["data-mask"] == "1") > 0
         # grey exactly on the prompt, and the action weights are the item's
@@ -172,9 +172,11 @@ def test_saw_batch_colours_follow_weight_sign_and_share_one_scale_per_group(tiny
 
 def test_hover_data_has_token_ids_logprobs_ratios_and_advantage(tiny_tokenizer):
     items = make_items(tiny_tokenizer)
-    current = [[b + (0.2 if m else 0.0) for b, m in zip(it.behaviour_logprobs, it.action_mask)] for it in items]
+    current = [
+        [b + (0.2 if m else 0.0) for b, m in zip(it.behaviour_logprobs, it.action_mask, strict=False)] for it in items
+    ]
     view = parse(saw_batch_html(items, tokenizer=tiny_tokenizer, logprobs=current))
-    for card, it in zip(view.cards, items):
+    for card, it in zip(view.cards, items, strict=False):
         pos = 0
         for s in card["spans"]:
             a = s["attrs"]
@@ -199,7 +201,7 @@ def test_multibyte_whitespace_and_markup_are_rendered_exactly(tiny_tokenizer):
     page = saw_batch_html(SAWBatch(items), tokenizer=tiny_tokenizer)
     view = parse(page)
     assert "script" not in view.tags  # the completion's <script> stays text
-    for card, it in zip(view.cards, items):
+    for card, it in zip(view.cards, items, strict=False):
         text = "".join(s["text"] for s in card["spans"])
         assert text == decode(tiny_tokenizer, it.input_ids)
         assert "\ufffd" not in text
@@ -262,7 +264,7 @@ def test_rollout_views_colour_by_credit_and_show_siblings_side_by_side(tiny_toke
     weights = {("roll0", 0): -0.5, ("roll1", 0): 0.5}
     view = parse(rollouts_html(rs, weights=weights, tokenizer=tiny_tokenizer))
     assert len(view.groups) == 1 and len(view.groups[0]["cards"]) == 2
-    for card, r in zip(view.cards, rs):
+    for card, r in zip(view.cards, rs, strict=False):
         spans = card["spans"]
         check_colour_signs(spans)
         w = weights[(r.id, 0)]
@@ -299,8 +301,13 @@ def test_data_modules_know_no_html_and_the_views_register_themselves():
         "import ludic_lab.lab\n"
         "print([hasattr(k, '_repr_html_') for k in kinds])\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[1])
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.splitlines() == ["[False, False] [False, False, False]", "[True, True, True]"]
 
@@ -363,22 +370,33 @@ def test_credit_view_in_headless_chromium(tiny_tokenizer, tmp_path: Path, free_p
             assert time.monotonic() < deadline, "chromedriver did not start"
             time.sleep(0.1)
         args = [
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run",
-            f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,1000",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}",
+            "--window-size=1400,1000",
         ]
-        caps = {"capabilities": {"alwaysMatch": {"browserName": "chrome",
-                                                 "goog:chromeOptions": {"binary": CHROMIUM, "args": args}}}}
+        caps = {
+            "capabilities": {
+                "alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {"binary": CHROMIUM, "args": args}}
+            }
+        }
         session = _wd("POST", f"{base}/session", caps, timeout=120)["sessionId"]
         s = f"{base}/session/{session}"
         _wd("POST", f"{s}/url", {"url": page.as_uri()})
         got = _wd("POST", f"{s}/execute/sync", {"script": BROWSER_JS, "args": []})
         # it rendered: every token span is laid out, each card's text is the decoded sequence
-        assert len(got["spans"]) == sum(len(parse(saw_batch_html(it, tokenizer=tiny_tokenizer)).cards[0]["spans"]) for it in items)
+        assert len(got["spans"]) == sum(
+            len(parse(saw_batch_html(it, tokenizer=tiny_tokenizer)).cards[0]["spans"]) for it in items
+        )
         assert got["whiteSpace"] == "pre-wrap"
         assert got["cards"] == [decode(tiny_tokenizer, it.input_ids) for it in items]
         n_pos = n_neg = n_zero = n_masked = 0
-        for colour, w, mask, title, ids, width in got["spans"]:
+        for colour, w, mask, title, ids, _width in got["spans"]:
             r, g, b = (int(x) for x in re.findall(r"\d+", colour)[:3])
             assert title.startswith("token") and ids, "hover data missing"
             if mask == "0":
@@ -395,14 +413,28 @@ def test_credit_view_in_headless_chromium(tiny_tokenizer, tmp_path: Path, free_p
                 n_zero += 1
         assert min(n_pos, n_neg, n_zero, n_masked) > 0
         # hover a positive action token with the real pointer: the title is what the browser shows
-        el = _wd("POST", f"{s}/element", {"using": "css selector", "value": ".ll-card span.ll-t[data-mask='1']"})[ELEMENT]
-        actions = {"actions": [{"type": "pointer", "id": "mouse", "parameters": {"pointerType": "mouse"},
-                                "actions": [{"type": "pointerMove", "duration": 0, "origin": {ELEMENT: el}, "x": 0, "y": 0}]}]}
+        el = _wd("POST", f"{s}/element", {"using": "css selector", "value": ".ll-card span.ll-t[data-mask='1']"})[
+            ELEMENT
+        ]
+        actions = {
+            "actions": [
+                {
+                    "type": "pointer",
+                    "id": "mouse",
+                    "parameters": {"pointerType": "mouse"},
+                    "actions": [{"type": "pointerMove", "duration": 0, "origin": {ELEMENT: el}, "x": 0, "y": 0}],
+                }
+            ]
+        }
         _wd("POST", f"{s}/actions", actions)
-        hovered = _wd("POST", f"{s}/execute/sync", {
-            "script": "const e = arguments[0]; return [e.matches(':hover'), e.title, getComputedStyle(e).outlineStyle];",
-            "args": [{ELEMENT: el}],
-        })
+        hovered = _wd(
+            "POST",
+            f"{s}/execute/sync",
+            {
+                "script": "const e = arguments[0]; return [e.matches(':hover'), e.title, getComputedStyle(e).outlineStyle];",
+                "args": [{ELEMENT: el}],
+            },
+        )
         assert hovered[0] is True and "logprob" in hovered[1] and "adv +0.500" in hovered[1]
         assert hovered[2] == "solid"  # the hover outline of the stylesheet applies
     finally:

@@ -4,7 +4,7 @@ ipywidgets panel driven headless."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from helpers import CountingEnv, ScriptedChatClient, chatml_template
@@ -26,7 +26,7 @@ class ReplayableEnv(CountingEnv):
         super().__init__()
         self.total_steps = 0
 
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         self.step_calls = 0
         return super().env_reset(seed=seed)
 
@@ -43,13 +43,30 @@ def even_parser(text: str) -> ParseResult:
 
 
 def assert_same_rollout(a: Rollout, b: Rollout) -> None:
-    assert (a.agent_id, a.env_seed, a.sampling_seed, a.policy_version) == (b.agent_id, b.env_seed, b.sampling_seed, b.policy_version)
+    assert (a.agent_id, a.env_seed, a.sampling_seed, a.policy_version) == (
+        b.agent_id,
+        b.env_seed,
+        b.sampling_seed,
+        b.policy_version,
+    )
     assert a.meta["end"] == b.meta["end"] and a.meta["num_parse_errors"] == b.meta["num_parse_errors"]
     assert a.meta["protocol"] == b.meta["protocol"] == "SingleAgentSyncProtocol"
     assert len(a.steps) == len(b.steps)
-    for s, t in zip(a.steps, b.steps):
-        assert (s.index, s.prev_obs, s.action, s.parsed_action, s.next_obs) == (t.index, t.prev_obs, t.action, t.parsed_action, t.next_obs)
-        assert (s.reward, s.env_reward, s.format_reward, s.truncated, s.terminated) == (t.reward, t.env_reward, t.format_reward, t.truncated, t.terminated)
+    for s, t in zip(a.steps, b.steps, strict=False):
+        assert (s.index, s.prev_obs, s.action, s.parsed_action, s.next_obs) == (
+            t.index,
+            t.prev_obs,
+            t.action,
+            t.parsed_action,
+            t.next_obs,
+        )
+        assert (s.reward, s.env_reward, s.format_reward, s.truncated, s.terminated) == (
+            t.reward,
+            t.env_reward,
+            t.format_reward,
+            t.truncated,
+            t.terminated,
+        )
         keys = ("parse_error", "max_steps_reached", "truncation_reason", "correct")
         assert {k: s.info.get(k) for k in keys} == {k: t.info.get(k) for k in keys}
         assert s.info["agent"]["sampling_seed"] == t.info["agent"]["sampling_seed"]
@@ -72,7 +89,9 @@ SPEC = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=7))
 
 async def protocol_rollout(client: Any, sampling_seed: int) -> Rollout:
     agent = Agent(client, FullDialog(), even_parser)
-    [r] = await SingleAgentSyncProtocol(agent).run(env=ReplayableEnv(), max_steps=4, env_seed=3, sampling_seed=sampling_seed, inference=SPEC)
+    [r] = await SingleAgentSyncProtocol(agent).run(
+        env=ReplayableEnv(), max_steps=4, env_seed=3, sampling_seed=sampling_seed, inference=SPEC
+    )
     return r
 
 
@@ -85,7 +104,14 @@ async def test_stepped_rollout_equals_the_protocols_token_for_token(tiny_client)
     else:
         pytest.fail("no seed in 11..40 gave both a parse error and an env step")
 
-    st = RolloutStepper(ReplayableEnv(), Agent(tiny_client, FullDialog(), even_parser), env_seed=3, sampling_seed=seed, inference=SPEC, max_steps=4)
+    st = RolloutStepper(
+        ReplayableEnv(),
+        Agent(tiny_client, FullDialog(), even_parser),
+        env_seed=3,
+        sampling_seed=seed,
+        inference=SPEC,
+        max_steps=4,
+    )
     turns = []
     while not st.done:
         turns.append(await st.step())
@@ -96,9 +122,12 @@ async def test_stepped_rollout_equals_the_protocols_token_for_token(tiny_client)
     t0 = turns[0]
     assert isinstance(t0, Turn) and t0.index == 0 and t0.attempt == 0
     assert [m["role"] for m in t0.prompt_messages] == ["system", "user"]
-    assert t0.prompt_messages[0]["content"] == "Guess the word." and t0.prompt_messages[1]["content"] == "Guess the secret word (seed=3)."
+    assert (
+        t0.prompt_messages[0]["content"] == "Guess the word."
+        and t0.prompt_messages[1]["content"] == "Guess the secret word (seed=3)."
+    )
     assert t0.completion == ref.steps[0].action and t0.reward == ref.steps[0].reward
-    for t, s in zip(turns, ref.steps):
+    for t, s in zip(turns, ref.steps, strict=False):
         assert t.format_reward == s.format_reward and t.env_reward == s.env_reward and t.next_obs == s.next_obs
         assert t.parse_result.action == s.parsed_action
     html = t0._repr_html_()
@@ -123,7 +152,13 @@ def make_stepper(**kw: Any) -> tuple[RolloutStepper, ReplayableEnv, ScriptedChat
     client = ScriptedChatClient(seeded_reply, chat_template=chatml_template())
     env = ReplayableEnv()
     agent = Agent(client, FullDialog(), lambda t: ParseResult(t, 0.0, None))
-    args = {"env_seed": 5, "sampling_seed": 1, "sampling": SamplingConfig(temperature=0.7, max_tokens=16), "max_steps": 5, **kw}
+    args = {
+        "env_seed": 5,
+        "sampling_seed": 1,
+        "sampling": SamplingConfig(temperature=0.7, max_tokens=16),
+        "max_steps": 5,
+        **kw,
+    }
     return RolloutStepper(env, agent, **args), env, client
 
 
@@ -193,7 +228,7 @@ async def test_errors_are_clear():
 class DriftingEnv(CountingEnv):
     """Its first observation changes on every reset: it cannot be replayed."""
 
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         obs, info = super().env_reset(seed=seed)
         self._obs = f"{obs} #{len(self.reset_seeds)}"
         return self._obs, info
@@ -201,7 +236,9 @@ class DriftingEnv(CountingEnv):
 
 async def test_rewinding_a_non_deterministic_env_fails_loudly_and_reset_recovers():
     client = ScriptedChatClient(seeded_reply, chat_template=chatml_template())
-    st = RolloutStepper(DriftingEnv(), Agent(client, FullDialog(), lambda t: ParseResult(t, 0.0, None)), env_seed=1, sampling_seed=1)
+    st = RolloutStepper(
+        DriftingEnv(), Agent(client, FullDialog(), lambda t: ParseResult(t, 0.0, None)), env_seed=1, sampling_seed=1
+    )
     await st.step()
     await st.step()
     with pytest.raises(RuntimeError, match="not deterministic"):
@@ -212,7 +249,9 @@ async def test_rewinding_a_non_deterministic_env_fails_loudly_and_reset_recovers
     await st.reset()
     assert (await st.step()).index == 0
     # CountingEnv numbers its replies across episodes: the replayed turn 0 answers differently
-    st = RolloutStepper(CountingEnv(), Agent(client, FullDialog(), lambda t: ParseResult(t, 0.0, None)), env_seed=1, sampling_seed=2)
+    st = RolloutStepper(
+        CountingEnv(), Agent(client, FullDialog(), lambda t: ParseResult(t, 0.0, None)), env_seed=1, sampling_seed=2
+    )
     await st.step()
     await st.step()
     with pytest.raises(RuntimeError, match=r"diverged \(turn 0 gave another observation or reward\)"):

@@ -64,7 +64,11 @@ def make_batch(layout=LAYOUT, rows: int = R, width: int = T, seed: int = 0, nan_
                 blp[r, s + j] = -0.2 - 2.0 * torch.rand((), generator=g).item()
     b = TokenBatch(ids, pos, sid, mask, w, blp, num_sequences=len(layout))
     # current logprobs: near the behaviour ones on actions (ratios in ~[0.7, 1.4]), junk elsewhere
-    lp = torch.where(mask > 0, blp.double() + 0.35 * (torch.rand(rows, width, generator=g, dtype=D) - 0.5), torch.zeros(rows, width, dtype=D))
+    lp = torch.where(
+        mask > 0,
+        blp.double() + 0.35 * (torch.rand(rows, width, generator=g, dtype=D) - 0.5),
+        torch.zeros(rows, width, dtype=D),
+    )
     lp = lp.clone().requires_grad_(True)
     return b, lp
 
@@ -125,9 +129,13 @@ def test_reinforce_literal_numbers():
     # one row: seq0 = [p, a, a] weights 2 ; seq1 = [p, a] weight -1 ; logprobs of actions -1, -3 | -2
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     b = TokenBatch(
-        ids, torch.tensor([[0, 1, 2, 0, 1]]), torch.tensor([[0, 0, 0, 1, 1]]),
-        torch.tensor([[0.0, 1, 1, 0, 1]]), torch.tensor([[0.0, 2, 2, 0, -1]]),
-        torch.tensor([[0.0, -1, -3, 0, -2]]), num_sequences=2,
+        ids,
+        torch.tensor([[0, 1, 2, 0, 1]]),
+        torch.tensor([[0, 0, 0, 1, 1]]),
+        torch.tensor([[0.0, 1, 1, 0, 1]]),
+        torch.tensor([[0.0, 2, 2, 0, -1]]),
+        torch.tensor([[0.0, -1, -3, 0, -2]]),
+        num_sequences=2,
     )
     lp = torch.tensor([[0.0, -1.0, -3.0, 0.0, -2.0]], requires_grad=True)
     # seq0: mean(-2*-1, -2*-3) = 4 ; seq1: -(-1*-2) = -2 ; GRPO: (4 - 2) / 2 = 1
@@ -185,10 +193,16 @@ def split_micro_batches(b: TokenBatch, lp: torch.Tensor):
         sid = b.seq_ids[r : r + 1].clone()
         sid[sid >= 0] -= int(sid[sid >= 0].min())
         mb = TokenBatch(
-            b.input_ids[r : r + 1], b.position_ids[r : r + 1], sid, b.action_mask[r : r + 1],
-            b.weights[r : r + 1], b.behaviour_logprobs[r : r + 1], num_sequences=seqs,
+            b.input_ids[r : r + 1],
+            b.position_ids[r : r + 1],
+            sid,
+            b.action_mask[r : r + 1],
+            b.weights[r : r + 1],
+            b.behaviour_logprobs[r : r + 1],
+            num_sequences=seqs,
             ref_logprobs=None if b.ref_logprobs is None else b.ref_logprobs[r : r + 1],
-            extra={k: v[r : r + 1] for k, v in b.extra.items() if isinstance(v, torch.Tensor)}, step=step,
+            extra={k: v[r : r + 1] for k, v in b.extra.items() if isinstance(v, torch.Tensor)},
+            step=step,
         )
         out.append((mb, lp[r : r + 1]))
     return out
@@ -218,7 +232,7 @@ ALL_LOSSES = [
 ]
 
 
-@pytest.mark.parametrize("loss_fn", ALL_LOSSES, ids=lambda l: repr(l)[:60])
+@pytest.mark.parametrize("loss_fn", ALL_LOSSES, ids=lambda loss: repr(loss)[:60])
 def test_micro_batch_contributions_sum_to_full_batch(loss_fn):
     b, lp = make_batch()
     b = with_ref_and_entropy(b)
@@ -289,7 +303,9 @@ def test_reinforce_baseline_definition_and_override():
     base = (1.0 - 0.5 + 2.0) / 3  # mean over sequences of each sequence's weight
     assert stats["baseline"] == pytest.approx(base)
     x = lp.tolist()
-    per = [[-(b.weights[r, t].item() - base) * x[r][t] if b.action_mask[r, t] else 0.0 for t in range(T)] for r in range(R)]
+    per = [
+        [-(b.weights[r, t].item() - base) * x[r][t] if b.action_mask[r, t] else 0.0 for t in range(T)] for r in range(R)
+    ]
     assert loss.item() == pytest.approx(reference_aggregate(per, "seq_mean_token_mean"), rel=1e-12)
     gradcheck_loss(fn, lp, b)
     b2 = replace(b, step=StepNormalisers(b.num_sequences, b.num_action_tokens, weight_mean=0.25))
@@ -307,9 +323,13 @@ def ratio_batch(ratios, advs, eps_low=0.2, eps_high=0.28):
     lp_vals = [-1.0 - 0.1 * k for k in range(n)]
     blp = [0.0] + [lp_vals[k] - math.log(ratios[k]) for k in range(n)]
     b = TokenBatch(
-        torch.arange(n + 1)[None] + 3, torch.arange(n + 1)[None], torch.zeros(1, n + 1, dtype=torch.long),
-        torch.tensor([[0.0] + [1.0] * n]), torch.tensor([[0.0] + list(advs)], dtype=D),
-        torch.tensor([blp], dtype=D), num_sequences=1,
+        torch.arange(n + 1)[None] + 3,
+        torch.arange(n + 1)[None],
+        torch.zeros(1, n + 1, dtype=torch.long),
+        torch.tensor([[0.0] + [1.0] * n]),
+        torch.tensor([[0.0] + list(advs)], dtype=D),
+        torch.tensor([blp], dtype=D),
+        num_sequences=1,
     )
     lp = torch.tensor([[0.0] + lp_vals], dtype=D, requires_grad=True)
     return b, lp
@@ -319,9 +339,16 @@ def test_token_clipped_boundaries_and_gradient():
     el, eh = 0.2, 0.28
     # (ratio, advantage, clipped?)
     cases = [
-        (1.0, 1.0, False), (1.2, 1.0, False), (1 + eh + 1e-3, 1.0, True), (1 + eh + 1e-3, -1.0, False),
-        (1 - el - 1e-3, -1.0, True), (1 - el - 1e-3, 1.0, False), (0.9, -2.0, False), (1.5, 0.5, True),
-        (1 + eh - 1e-3, 1.0, False), (1 - el + 1e-3, -1.0, False),
+        (1.0, 1.0, False),
+        (1.2, 1.0, False),
+        (1 + eh + 1e-3, 1.0, True),
+        (1 + eh + 1e-3, -1.0, False),
+        (1 - el - 1e-3, -1.0, True),
+        (1 - el - 1e-3, 1.0, False),
+        (0.9, -2.0, False),
+        (1.5, 0.5, True),
+        (1 + eh - 1e-3, 1.0, False),
+        (1 - el + 1e-3, -1.0, False),
     ]
     b, lp = ratio_batch([c[0] for c in cases], [c[1] for c in cases])
     fn = TokenClippedSurrogateLoss(clip_eps_low=el, clip_eps_high=eh, aggregation="token_mean")
@@ -408,7 +435,7 @@ def test_gspo_equals_sequence_level_formula():
     gradcheck_loss(fn, lp, b)
     # a sequence whose ratio leaves the range on its clipped side gets no gradient at all
     g = grad_of(fn, lp, b)
-    for (toks, wt), s in zip(seq_tokens(), s_vals):
+    for (toks, wt), s in zip(seq_tokens(), s_vals, strict=False):
         clipped = (wt > 0 and s > 1 + eh) or (wt < 0 and s < 1 - el)
         vals = [g[r, t].item() for r, t in toks]
         assert all(v == 0.0 for v in vals) if clipped else all(v != 0.0 for v in vals)
@@ -434,10 +461,12 @@ def test_cispo_value_gradient_and_clipped_tokens_keep_gradient():
     loss, stats = fn.compute(lp, b)
     w_is = [min(r, 1.2) for r in ratios]
     x = lp.detach()[0, 1:].tolist()
-    assert loss.item() == pytest.approx(-sum(wi * a * xi for wi, a, xi in zip(w_is, advs, x)) / 4, rel=1e-12)
+    assert loss.item() == pytest.approx(
+        -sum(wi * a * xi for wi, a, xi in zip(w_is, advs, x, strict=False)) / 4, rel=1e-12
+    )
     g = grad_of(fn, lp, b)[0, 1:]
     # the clipped token (r = 3) still has gradient -1.2 * A / N (PPO would give 0)
-    assert torch.allclose(g, torch.tensor([-wi * a / 4 for wi, a in zip(w_is, advs)], dtype=D))
+    assert torch.allclose(g, torch.tensor([-wi * a / 4 for wi, a in zip(w_is, advs, strict=False)], dtype=D))
     assert stats["clip_frac"] == pytest.approx(0.25)
     # a lower bound when asked
     fn2 = CISPOLoss(clip_eps_high=0.2, clip_eps_low=0.2)
@@ -531,12 +560,12 @@ def test_composite_sums_parts_prefixes_stats_and_ors_needs():
     assert comp.needs_ref_logprobs and comp.needs_entropy
     assert not CompositeLoss([(1.0, ReinforceLoss())]).needs_ref_logprobs
     loss, stats = comp.compute(lp, b)
-    want = sum(c * l.compute(lp, b)[0] for c, l in parts) + 0.5 * EntropyBonus().compute(lp, b)[0]
+    want = sum(c * part.compute(lp, b)[0] for c, part in parts) + 0.5 * EntropyBonus().compute(lp, b)[0]
     assert loss.item() == pytest.approx(want.item(), rel=1e-12)
     assert {"clipped/loss", "clipped/clip_frac", "kl/loss", "kl_2/loss", "bonus/entropy", "loss"} <= set(stats)
     assert stats["kl_2/weight"] == 0.2 and all(_is_stat(v) for v in stats.values())
     g = grad_of(comp, lp, b)
-    g_want = sum(c * grad_of(l, lp, b) for c, l in parts) + 0.5 * grad_of(EntropyBonus(), lp, b)
+    g_want = sum(c * grad_of(part, lp, b) for c, part in parts) + 0.5 * grad_of(EntropyBonus(), lp, b)
     assert torch.allclose(g, g_want)
     with pytest.raises(ValueError):
         CompositeLoss([])
@@ -547,7 +576,7 @@ def test_composite_sums_parts_prefixes_stats_and_ors_needs():
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("loss_fn", ALL_LOSSES, ids=lambda l: repr(l)[:60])
+@pytest.mark.parametrize("loss_fn", ALL_LOSSES, ids=lambda loss: repr(loss)[:60])
 def test_nan_off_actions_never_leaks(loss_fn):
     b, lp = make_batch(nan_off_actions=True)
     b = with_ref_and_entropy(b)

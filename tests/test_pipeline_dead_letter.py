@@ -4,23 +4,31 @@ raise (an ``inf`` step index raised ``OverflowError`` and stopped the trainer)."
 from __future__ import annotations
 
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 msgpack = pytest.importorskip("msgpack", reason="the pipeline extra: pip install 'ludic_lab[pipeline]'")
 pytest.importorskip("redis", reason="the pipeline extra: pip install 'ludic_lab[pipeline]'")
 
-import ludic_lab.pipeline.source as source_mod
-from ludic_lab.pipeline import PipelineBatchSource, encode_item
-from ludic_lab.pipeline.wire import WireFormatError, decode_entry
-from ludic_lab.training.saw import SAWItem
-from redis_helpers import RedisServer, redis_server_fixture
+from redis_helpers import RedisServer, redis_server_fixture  # noqa: E402 - after the importorskip of the optional extra
+
+import ludic_lab.pipeline.source as source_mod  # noqa: E402 - after the importorskip of the optional extra
+from ludic_lab.pipeline import PipelineBatchSource, encode_item  # noqa: E402 - after the importorskip of the optional extra
+from ludic_lab.pipeline.wire import WireFormatError, decode_entry  # noqa: E402 - after the importorskip of the optional extra
+from ludic_lab.training.saw import SAWItem  # noqa: E402 - after the importorskip of the optional extra
 
 
 def _item(i: int) -> SAWItem:
-    return SAWItem(input_ids=(1, 2, 3), action_mask=(0, 1, 1), weights=(0.0, 1.0, 1.0),
-                   behaviour_logprobs=(0.0, -0.5, -0.5), policy_version=0, rollout_id=f"r{i}")
+    return SAWItem(
+        input_ids=(1, 2, 3),
+        action_mask=(0, 1, 1),
+        weights=(0.0, 1.0, 1.0),
+        behaviour_logprobs=(0.0, -0.5, -0.5),
+        policy_version=0,
+        rollout_id=f"r{i}",
+    )
 
 
 def _with_meta(item: SAWItem, **over: Any) -> dict:
@@ -67,7 +75,7 @@ async def test_inf_step_index_is_dead_lettered_at_once(server: RedisServer) -> N
         await src.ack()
     finally:
         await src.aclose()
-    (_, dead), = r.xrange(f"{queue}:dead")
+    ((_, dead),) = r.xrange(f"{queue}:dead")
     assert b"OverflowError" in dead[b"dead_reason"] and dead[b"meta"]  # original fields kept
     assert r.xlen(queue) == 0
 
@@ -95,5 +103,5 @@ async def test_any_exception_of_the_decoder_dead_letters_the_entry(
         assert [it.rollout_id for it in batch.items] == ["r8"] and batch.meta["dead_lettered"] == 1
     finally:
         await src.aclose()
-    (_, dead), = r.xrange(f"{queue}:dead")
+    ((_, dead),) = r.xrange(f"{queue}:dead")
     assert dead[b"dead_reason"] == b"undecodable entry (RecursionError: maximum recursion depth exceeded)"

@@ -16,8 +16,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import pytest
 
@@ -45,9 +46,9 @@ USER_PROMPTS = ["Hello there", "What is the capital of France?", "Name three col
 def req(
     content: Any = "Hello there",
     *,
-    ids: Optional[list[int]] = None,
-    ret: ReturnSpec = ReturnSpec.for_training(),
-    extensions: Optional[dict] = None,
+    ids: list[int] | None = None,
+    ret: ReturnSpec = ReturnSpec.for_training(),  # noqa: B008 - a frozen dataclass, never mutated
+    extensions: dict | None = None,
     **sampling: Any,
 ) -> ChatCompletionRequest:
     msgs = content if isinstance(content, list) else [{"role": "user", "content": content}]
@@ -73,7 +74,7 @@ class _Script:
         self.answers: list[tuple[int, dict, float]] = []
         self.routes: dict[str, dict] = {}  # path -> JSON answer (200), checked first
         self.requests: list[tuple[str, str, dict]] = []
-        self.auth: dict[str, Optional[str]] = {}  # path -> Authorization header seen
+        self.auth: dict[str, str | None] = {}  # path -> Authorization header seen
 
 
 def _completion_json(token_ids: list[int]) -> dict:
@@ -144,7 +145,11 @@ def _client(tiny_model_dir: str, api_base: str, **kw: Any) -> VLLMChatClient:
 
 async def test_transient_errors_are_retried_then_the_answer_is_parsed(tiny_model_dir, scripted):
     url, script = scripted
-    script.answers = [(503, {"error": "busy"}, 0), (429, {"error": "slow down"}, 0), (200, _completion_json([5, 6, 7]), 0)]
+    script.answers = [
+        (503, {"error": "busy"}, 0),
+        (429, {"error": "slow down"}, 0),
+        (200, _completion_json([5, 6, 7]), 0),
+    ]
     c = _client(tiny_model_dir, url)
     resp, info = await c.complete(req(max_tokens=3))
     assert len(script.requests) == 3
@@ -293,7 +298,9 @@ def tiny_vllm(tiny_model_dir, tiny_server) -> VLLMChatClient:
     return VLLMChatClient(tiny_model_dir, api_base=tiny_server.api_base, request_timeout_s=120)
 
 
-def _forward_logprobs(model: Any, prompt: tuple[int, ...], completion: tuple[int, ...], temperature: float = 1.0) -> torch.Tensor:
+def _forward_logprobs(
+    model: Any, prompt: tuple[int, ...], completion: tuple[int, ...], temperature: float = 1.0
+) -> torch.Tensor:
     """log p(completion[t] | prompt + completion[:t]) by one plain forward pass (the trainer's view)."""
     ids = torch.tensor([list(prompt) + list(completion)])
     with torch.no_grad():
@@ -310,7 +317,7 @@ async def test_greedy_completions_equal_local_token_for_token(tiny_vllm, tiny_lo
     want = await asyncio.gather(*(tiny_local.complete(req(p, max_tokens=24, ret=ret)) for p in USER_PROMPTS))
     tol = LOGPROB_TOL[SERVER_DTYPE]
     diffs = []
-    for (a, info), (b, _) in zip(got, want):
+    for (a, info), (b, _) in zip(got, want, strict=False):
         assert a.prompt_token_ids == b.prompt_token_ids
         assert a.completion_token_ids == b.completion_token_ids
         assert a.text == b.text and a.finish_reason == b.finish_reason
@@ -320,7 +327,7 @@ async def test_greedy_completions_equal_local_token_for_token(tiny_vllm, tiny_lo
         diffs.append(d)
         # top-k: k entries, best first, the greedy choice on top with its chosen logprob
         assert len(a.top_logprobs) == len(a.completion_token_ids)
-        for tok, lp, top in zip(a.completion_token_ids, a.completion_logprobs, a.top_logprobs):
+        for tok, lp, top in zip(a.completion_token_ids, a.completion_logprobs, a.top_logprobs, strict=False):
             assert len(top) == 3 and list(top.values()) == sorted(top.values(), reverse=True)
             assert next(iter(top)) == tok and abs(top[tok] - lp) < 1e-6
         assert info["completion_tokens"] == len(a.completion_token_ids) and info["policy_version"] is not None
@@ -374,14 +381,18 @@ async def test_multi_turn_prompts_extend_the_sampled_ids_exactly(tiny_vllm, tiny
         p2 = second.trace.prompt_token_ids
         assert p2[: len(p1) + len(c1)] == p1 + c1
         tail = client.chat_template.continuation_ids(
-            list(first.prompt_messages), [{"role": "user", "content": "Wrong, try again."}],
+            list(first.prompt_messages),
+            [{"role": "user", "content": "Wrong, try again."}],
             completion_ended_with_stop=bool(c1) and c1[-1] in client.chat_template.stop_token_ids,
         )
         assert p2 == p1 + c1 + tuple(tail)
         results[name] = (first.trace, second.trace)
-    for v, l_ in zip(results["vllm"], results["local"]):
+    for v, l_ in zip(results["vllm"], results["local"], strict=False):
         assert (v.prompt_token_ids, v.completion_token_ids) == (l_.prompt_token_ids, l_.completion_token_ids)
-        assert max(abs(a - b) for a, b in zip(v.completion_logprobs, l_.completion_logprobs)) < LOGPROB_TOL[SERVER_DTYPE]
+        assert (
+            max(abs(a - b) for a, b in zip(v.completion_logprobs, l_.completion_logprobs, strict=False))
+            < LOGPROB_TOL[SERVER_DTYPE]
+        )
 
 
 @pytest.mark.vllm
@@ -463,7 +474,7 @@ async def test_smollm2_greedy_equals_local_and_logprobs_match(default_model_dir,
     got = await asyncio.gather(*(client.complete(req(p, max_tokens=32)) for p in prompts))
     want = await asyncio.gather(*(local.complete(req(p, max_tokens=32)) for p in prompts))
     diffs = []
-    for (a, _), (b, _) in zip(got, want):
+    for (a, _), (b, _) in zip(got, want, strict=False):
         assert a.completion_token_ids == b.completion_token_ids, (a.text, b.text)
         assert a.text == b.text
         ref = _forward_logprobs(local.model, a.prompt_token_ids, a.completion_token_ids)

@@ -13,7 +13,8 @@ import asyncio
 import copy
 import os
 import time
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -95,7 +96,9 @@ def base_greedy(base_model, tiny_model_dir):
 @pytest.fixture
 def pusher(tiny_model_dir, tiny_server, base_model) -> Iterator[VLLMChatClient]:
     """A weight-updating client of the shared tiny server; restores the checkpoint after."""
-    client = VLLMChatClient(tiny_model_dir, api_base=tiny_server.api_base, enable_weight_updates=True, request_timeout_s=120)
+    client = VLLMChatClient(
+        tiny_model_dir, api_base=tiny_server.api_base, enable_weight_updates=True, request_timeout_s=120
+    )
     v0 = run_sync(client.get_policy_version())
     yield client
     client.sync_weights(base_model.state_dict(), version=v0)
@@ -108,7 +111,9 @@ def pusher(tiny_model_dir, tiny_server, base_model) -> Iterator[VLLMChatClient]:
 
 
 @pytest.mark.vllm
-async def test_pushed_weights_are_served_token_for_token_and_the_version_moves(pusher, base_model, base_greedy, tiny_model_dir):
+async def test_pushed_weights_are_served_token_for_token_and_the_version_moves(
+    pusher, base_model, base_greedy, tiny_model_dir
+):
     v0 = await pusher.get_policy_version()
     new = perturbed(base_model)
     local = local_client(new, tiny_model_dir)
@@ -130,11 +135,15 @@ async def test_pushed_weights_are_served_token_for_token_and_the_version_moves(p
     # one staging buffer, overwritten in place by every update; the server loads it in place
     assert len(first) == 1 and shm_leftovers() == first
     assert pusher.last_sync["load_mode"] == "inplace", pusher.last_sync
-    assert pusher.last_sync["bytes"] == sum(t.numel() * 4 for k, t in sd.items() if k != "lm_head.weight")  # fp32 server
+    assert pusher.last_sync["bytes"] == sum(
+        t.numel() * 4 for k, t in sd.items() if k != "lm_head.weight"
+    )  # fp32 server
     await pusher.aclose()
     assert shm_leftovers() == []  # closing the client deletes it
     # without a reused buffer: a fresh file per update, deleted by the server once loaded
-    oneshot = VLLMChatClient(tiny_model_dir, api_base=pusher.api_base, enable_weight_updates=True, reuse_staging_buffer=False)
+    oneshot = VLLMChatClient(
+        tiny_model_dir, api_base=pusher.api_base, enable_weight_updates=True, reuse_staging_buffer=False
+    )
     assert oneshot.sync_weights(sd, version=v0 + 9) == str(v0 + 9) and shm_leftovers() == []
     assert oneshot.last_sync["load_mode"] == "inplace" and await greedy(oneshot) == got
     await oneshot.aclose()
@@ -219,7 +228,7 @@ async def test_a_client_timeout_during_an_update_leaves_the_server_consistent(pu
         v0: (await local_client(base_model, tiny_model_dir).complete(req("Hello there", 1000)))[0].completion_token_ids,
         v0 + 1: (await local_client(new, tiny_model_dir).complete(req("Hello there", 1000)))[0].completion_token_ids,
     }
-    timed_out: Optional[RequestTimeout] = None
+    timed_out: RequestTimeout | None = None
     for attempt in range(3):
         # start from an idle gate (no earlier request still being released), then push only
         # once the server has admitted the generation (~2 s of decoding left): an in-place
@@ -243,10 +252,14 @@ async def test_a_client_timeout_during_an_update_leaves_the_server_consistent(pu
             break
         # answered within 10 ms: the update did not overlap the generation after all -- it is
         # consistent all the same (checked above); put the old weights back and try again
-        print(f"\nattempt {attempt}: no timeout ({pusher.last_sync}); generation served by version {r.policy_version - v0:+d}")
+        print(
+            f"\nattempt {attempt}: no timeout ({pusher.last_sync}); generation served by version {r.policy_version - v0:+d}"
+        )
         pusher.sync_weights(base_model.state_dict(), version=v0)
     assert timed_out is not None, "in 3 attempts the update never had to wait for the running generation"
-    print(f"\nupdate request reached the server: {timed_out.sent}; in-flight generation served by version {r.policy_version - v0:+d}")
+    print(
+        f"\nupdate request reached the server: {timed_out.sent}; in-flight generation served by version {r.policy_version - v0:+d}"
+    )
     if timed_out.sent:  # the server got it: it lands by itself, whole
         deadline = time.monotonic() + 120
         while await pusher.get_policy_version() != v0 + 1:
@@ -318,7 +331,9 @@ async def test_trainer_path_publishes_merged_lora_state_dicts(pusher, base_model
     """What the Trainer sends (``policy_state_dict`` of its LoRA model) through publish()."""
     from ludic_lab.training.lora import policy_state_dict
 
-    peft = _lora(base_model.float(), ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], seed=1)
+    peft = _lora(
+        base_model.float(), ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], seed=1
+    )
     v0 = await pusher.get_policy_version()
     sd = policy_state_dict(peft)  # merged weights only: Qwen2's q/k/v biases are not in it
     with pytest.raises(ValueError, match="lacks .*bias.*model=<the trained model>"):
@@ -379,7 +394,9 @@ async def test_two_servers_a_kill_mid_rollout_and_a_restart(pusher, tiny_server,
             ReturnSpec.for_training(),
             extensions={"extra_body": {"ignore_eos": True, "stop_token_ids": []}},
         )
-        reqs = [RolloutRequest(env=EnvSpec("qa"), protocol=ProtocolSpec("one"), env_seed=i, inference=inf) for i in range(8)]
+        reqs = [
+            RolloutRequest(env=EnvSpec("qa"), protocol=ProtocolSpec("one"), env_seed=i, inference=inf) for i in range(8)
+        ]
         run = asyncio.ensure_future(engine.generate_rollouts(reqs, max_steps=1))
         # kill as soon as the server says it is sampling (its Prometheus gauge), not after a guess
         import httpx
@@ -398,10 +415,14 @@ async def test_two_servers_a_kill_mid_rollout_and_a_restart(pusher, tiny_server,
         rollouts = await asyncio.wait_for(run, 60)
         assert time.perf_counter() - t < 30
         failed = [r for r in rollouts if r.failed]
-        print(f"\nkilled mid-rollout: {len(failed)}/{len(rollouts)} rollouts failed, e.g. {failed[0].error if failed else None!r}")
+        print(
+            f"\nkilled mid-rollout: {len(failed)}/{len(rollouts)} rollouts failed, e.g. {failed[0].error if failed else None!r}"
+        )
         assert failed, "the server was killed while every episode was sampling"
         # aborted (the server drains on SIGTERM) or cut: retried, then refused connections
-        assert all("VLLMServerUnavailable" in r.error and "is not reachable" in r.error for r in failed), failed[0].error
+        assert all("VLLMServerUnavailable" in r.error and "is not reachable" in r.error for r in failed), failed[
+            0
+        ].error
 
         # restart on the same port: health-wait, and the same client samples again
         own = start()

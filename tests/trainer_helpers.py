@@ -11,7 +11,8 @@ flipped the reward stays at ~0.002 for all 40 steps).
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ class DigitsEnv(SingleAgentEnv):
         self.reward_fn = reward_fn
         self._obs = ""
 
-    def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         self._obs = f"Write some digits. ({seed})"
         return self._obs, {}
 
@@ -82,7 +83,9 @@ def digits_source(
     def requests() -> list[RolloutRequest]:
         calls[0] += 1
         return [
-            RolloutRequest(env=EnvSpec("digits"), protocol=ProtocolSpec("agent"), env_seed=calls[0] * 1000 + i, inference=spec)
+            RolloutRequest(
+                env=EnvSpec("digits"), protocol=ProtocolSpec("agent"), env_seed=calls[0] * 1000 + i, inference=spec
+            )
             for i in range(prompts)
         ]
 
@@ -113,9 +116,9 @@ def random_items(
     seed: int = 0,
     prompt_len: tuple[int, int] = (4, 12),
     action_len: tuple[int, int] = (3, 20),
-    weights: Optional[Sequence[float]] = None,
+    weights: Sequence[float] | None = None,
     behaviour_logprob: float = -7.0,
-    policy_version: Optional[int] = 0,
+    policy_version: int | None = 0,
 ) -> list[SAWItem]:
     """``n`` synthetic items: random token ids, random prompt/action lengths, a scalar weight
     per item (``weights`` or alternating +-1 scaled by a random factor) and a constant

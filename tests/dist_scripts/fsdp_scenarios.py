@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
-
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (trainer_helpers)
 
-from trainer_helpers import ListBatchSource, load_model, random_items  # noqa: E402
+from trainer_helpers import ListBatchSource, load_model, random_items
 
-from ludic_lab.distributed.dist_utils import split_balanced  # noqa: E402
-from ludic_lab.training.algorithm import RLAlgorithm, make_grpo, make_reinforce_baseline  # noqa: E402
-from ludic_lab.training.config import TrainerConfig  # noqa: E402
-from ludic_lab.training.saw import SAWBatch  # noqa: E402
+from ludic_lab.distributed.dist_utils import split_balanced
+from ludic_lab.training.algorithm import RLAlgorithm, make_grpo, make_reinforce_baseline
+from ludic_lab.training.config import TrainerConfig
+from ludic_lab.training.saw import SAWBatch
 
 STEPS = 3
 """Optimizer steps per scenario."""
@@ -73,7 +73,9 @@ SCENARIOS: dict[str, Scenario] = {
 def global_batches(sc: Scenario, vocab_size: int) -> list[SAWBatch]:
     """The scenario's global batches (the same on every rank and in the one-process run)."""
     return [
-        SAWBatch(tuple(random_items(sc.items_per_batch, vocab_size=vocab_size, seed=100 * step + 7, action_len=(3, 30))))
+        SAWBatch(
+            tuple(random_items(sc.items_per_batch, vocab_size=vocab_size, seed=100 * step + 7, action_len=(3, 30)))
+        )
         for step in range(STEPS)
     ]
 
@@ -103,16 +105,21 @@ class FilePublisher:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.versions: list[int] = []
 
-    def publish(self, state_dict: Any, version: Optional[int] = None) -> None:
+    def publish(self, state_dict: Any, version: int | None = None) -> None:
         from safetensors.torch import save_file
 
         if not state_dict:
             raise ValueError("FilePublisher got an empty state dict")
-        save_file({k: v.detach().cpu().contiguous().clone() for k, v in state_dict.items()}, str(self.folder / f"v{version}.safetensors"))
+        save_file(
+            {k: v.detach().cpu().contiguous().clone() for k, v in state_dict.items()},
+            str(self.folder / f"v{version}.safetensors"),
+        )
         self.versions.append(int(version or 0))
 
 
-def build_trainer(sc: Scenario, model_dir: str, out_dir: str, *, rank: int = 0, world: int = 1, **overrides: Any) -> Any:
+def build_trainer(
+    sc: Scenario, model_dir: str, out_dir: str, *, rank: int = 0, world: int = 1, **overrides: Any
+) -> Any:
     """A Trainer for ``sc`` (publishing to ``out_dir/published``); ``overrides`` replace config fields."""
     from ludic_lab.training.trainer import Trainer
 

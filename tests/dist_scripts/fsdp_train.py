@@ -27,21 +27,25 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
+from fsdp_scenarios import CHECKPOINT_STEP, SCENARIOS, STEPS, build_trainer
+from torch.distributed.elastic.multiprocessing.errors import record
+from trainer_helpers import ListBatchSource
 
-from fsdp_scenarios import CHECKPOINT_STEP, SCENARIOS, STEPS, build_trainer  # noqa: E402
-from trainer_helpers import ListBatchSource  # noqa: E402
-
-from ludic_lab.training.saw import SAWBatch  # noqa: E402
-
-from ludic_lab.distributed.dist_utils import destroy_distributed, get_rank, get_world_size, init_distributed  # noqa: E402
+from ludic_lab.distributed.dist_utils import destroy_distributed, get_rank, get_world_size, init_distributed
+from ludic_lab.training.saw import SAWBatch
 
 
 class FailingLoss:
     """Wraps a loss; raises on rank ``fail_rank`` once the trainer is at step ``fail_step``."""
 
     def __init__(self, inner: Any, trainer_ref: list, fail_rank: int, fail_step: int, out: Path) -> None:
-        self.inner, self.trainer_ref, self.fail_rank, self.fail_step, self.out = inner, trainer_ref, fail_rank, fail_step, out
+        self.inner, self.trainer_ref, self.fail_rank, self.fail_step, self.out = (
+            inner,
+            trainer_ref,
+            fail_rank,
+            fail_step,
+            out,
+        )
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -67,8 +71,13 @@ def main() -> None:
     ap.add_argument("--fail-rank", type=int, default=-1)
     ap.add_argument("--fail-step", type=int, default=0)
     ap.add_argument("--mismatch", action="store_true", help="rank 1's source serves other batches than rank 0's")
-    ap.add_argument("--resume", action="append", default=[], metavar="NAME=CKPT",
-                    help="scenario 'resume-NAME': scenario NAME continued from this one-process checkpoint")
+    ap.add_argument(
+        "--resume",
+        action="append",
+        default=[],
+        metavar="NAME=CKPT",
+        help="scenario 'resume-NAME': scenario NAME continued from this one-process checkpoint",
+    )
     args = ap.parse_args()
     out = Path(args.out)
     init_distributed("cpu", timeout_s=120)
@@ -83,7 +92,9 @@ def main() -> None:
             if name == "full":
                 kw = dict(checkpoint_dir=str(d / "ckpt"), checkpoint_every=CHECKPOINT_STEP, keep_checkpoints=5)
             trainer = build_trainer(sc, args.model_dir, str(d), rank=rank, world=world, **kw)
-            assert trainer.world_size == world and trainer.data_parallel.root is not None, "the trainer did not shard the model"
+            assert trainer.world_size == world and trainer.data_parallel.root is not None, (
+                "the trainer did not shard the model"
+            )
             if args.mismatch and rank == 1:
                 other = [SAWBatch(tuple(reversed(b.items))) for b in trainer.batch_source.batches]
                 trainer.batch_source = ListBatchSource(other, cycle=False)
