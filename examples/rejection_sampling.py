@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
@@ -76,7 +76,7 @@ class Config:
     """"default" (SmolLM2-135M-Instruct), "tiny" (the test model) or a local model folder."""
     backend: Literal["local", "vllm"] = "local"
     """Sampler: "local" (in-process) or "vllm" (the bundled server; SFT weights pushed every step)."""
-    vllm_url: Optional[str] = None
+    vllm_url: str | None = None
     """With --backend vllm: use this running server instead of starting one."""
     sample_games: int = 96
     """Games played to collect the dataset."""
@@ -115,8 +115,9 @@ async def run(cfg: Config) -> dict[str, Any]:
 
     out = output_dir(cfg.out)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out), max_batch_size=64) as sampler:
-        engine = tic_tac_toe_engine(sampler.client, move_format=cfg.move_format,
-                                    episode_timeout_s=cfg.episode_timeout_s)
+        engine = tic_tac_toe_engine(
+            sampler.client, move_format=cfg.move_format, episode_timeout_s=cfg.episode_timeout_s
+        )
         before, _ = await evaluate_games(engine, cfg.eval_games, max_tokens=cfg.max_tokens)
         print(f"before: {short(before)}", flush=True)
 

@@ -12,8 +12,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import pytest
 
@@ -186,7 +187,7 @@ def _wait_exit(p: subprocess.Popen, log: Path, timeout: float) -> None:
     assert p.returncode == 0, log.read_text()[-5000:]
 
 
-def _last_json(log: Path, key: str) -> Optional[dict[str, Any]]:
+def _last_json(log: Path, key: str) -> dict[str, Any] | None:
     for line in reversed(log.read_text().splitlines()):
         if line.startswith("{") and key in line:
             return json.loads(line)[key]

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.config import parse_config
 from ludic_lab.distributed.dist_utils import destroy_distributed, get_rank, get_world_size, init_distributed
@@ -57,7 +57,7 @@ class Config:
 
     model: str = "default"
     """"default" (SmolLM2-135M-Instruct), "tiny" (the test model) or a local model folder."""
-    vllm_url: Optional[str] = None
+    vllm_url: str | None = None
     """Rank 0 samples from this vLLM server (serving --model) and pushes weights to it."""
     data: str = "shipped"
     """"shipped", "gsm_symbolic", or a GSM8K JSONL file / datasets folder."""
@@ -109,8 +109,12 @@ def main(cfg: Config) -> dict[str, Any]:
             train = load_math(cfg.data, "train", seed=cfg.seed)
             inner = RolloutBatchSource(
                 math_engine(client, train, math_verifier(cfg.data)),
-                QuestionRequests(len(train), cfg.questions_per_step, training_sampling(cfg.temperature, cfg.max_tokens),
-                                 seed=cfg.seed),  # fmt: skip
+                QuestionRequests(
+                    len(train),
+                    cfg.questions_per_step,
+                    training_sampling(cfg.temperature, cfg.max_tokens),
+                    seed=cfg.seed,
+                ),  # fmt: skip
                 algo.credit_assigner,
                 request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
             )

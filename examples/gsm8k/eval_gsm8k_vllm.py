@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
@@ -50,7 +50,7 @@ class Config:
     """"default", "tiny" or a local model folder (e.g. runs/gsm8k/model)."""
     data: str = "shipped"
     """"shipped", "gsm_symbolic", or a GSM8K JSONL file / datasets folder (its test split)."""
-    vllm_url: Optional[str] = None
+    vllm_url: str | None = None
     """Use this running server (serving --model) instead of starting one."""
     limit: int = 80
     """Held-out problems evaluated."""

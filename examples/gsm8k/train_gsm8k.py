@@ -40,7 +40,7 @@ number. Details in examples/README.md; each run writes ``<out>/summary.json``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
@@ -74,7 +74,7 @@ class Config:
     """"shipped", "gsm_symbolic", or a GSM8K JSONL file / datasets folder."""
     backend: Literal["local", "vllm"] = "local"
     """Sampler: "local" (in-process) or "vllm" (the bundled server; weights pushed every step)."""
-    vllm_url: Optional[str] = None
+    vllm_url: str | None = None
     """With --backend vllm: use this running server instead of starting one."""
     steps: int = 20
     """Optimizer steps."""
@@ -115,14 +115,18 @@ async def run(cfg: Config) -> dict[str, Any]:
                        max_batch_size=cfg.questions_per_step * cfg.group_size) as sampler:  # fmt: skip
         held_out = math_engine(sampler.client, test, verifier, episode_timeout_s=cfg.episode_timeout_s)
         before = await held_out_accuracy(held_out, n_eval, cfg.max_tokens)
-        print(f"before: held-out accuracy {before['accuracy']:.3f} ({n_eval} problems, "
-              f"parse errors {before['parse_error_rate']:.2f}, failed {before['failure_rate']:.2f})", flush=True)
+        print(
+            f"before: held-out accuracy {before['accuracy']:.3f} ({n_eval} problems, "
+            f"parse errors {before['parse_error_rate']:.2f}, failed {before['failure_rate']:.2f})",
+            flush=True,
+        )
 
         algo = make_grpo()  # GroupNormalizedReturn + TokenClippedSurrogateLoss (PPO-style clip)
         source = RolloutBatchSource(
             math_engine(sampler.client, train, verifier, episode_timeout_s=cfg.episode_timeout_s),
-            QuestionRequests(len(train), cfg.questions_per_step, training_sampling(cfg.temperature, cfg.max_tokens),
-                             seed=cfg.seed),  # fmt: skip
+            QuestionRequests(
+                len(train), cfg.questions_per_step, training_sampling(cfg.temperature, cfg.max_tokens), seed=cfg.seed
+            ),  # fmt: skip
             algo.credit_assigner,
             request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
         )
@@ -132,8 +136,11 @@ async def run(cfg: Config) -> dict[str, Any]:
         history, train_s = await train_timed(trainer, cfg.steps)
 
         after = await held_out_accuracy(held_out, n_eval, cfg.max_tokens)
-        print(f"after:  held-out accuracy {after['accuracy']:.3f} (parse errors {after['parse_error_rate']:.2f}, "
-              f"failed {after['failure_rate']:.2f})", flush=True)
+        print(
+            f"after:  held-out accuracy {after['accuracy']:.3f} (parse errors {after['parse_error_rate']:.2f}, "
+            f"failed {after['failure_rate']:.2f})",
+            flush=True,
+        )
         model_dir = save_policy(trainer.model, sampler.model_path, out / "model")
         trainer.close()
         reward_first, reward_last = first_last(history, "reward_mean")

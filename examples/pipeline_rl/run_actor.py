@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
@@ -56,7 +56,7 @@ from ludic_lab.pipeline.actor_main import PipelineActorConfig, run_actor
 class Config(PipelineActorConfig):
     """Pipeline RL actor: sample from the vLLM server, push SAW items to Redis."""
 
-    vllm_url: Optional[str] = "http://127.0.0.1:8000"
+    vllm_url: str | None = "http://127.0.0.1:8000"
     """Sample through this vLLM server (the trainer pushes its weights there)."""
     prompts_per_round: int = 8
     """Distinct prompts per round."""
@@ -72,7 +72,9 @@ def main(cfg: Config) -> dict[str, Any]:
 
     require_extra("pipeline", what="the pipeline actor")
     if not cfg.vllm_url:
-        raise SystemExit("--vllm-url is required: this example's actors sample from the vLLM server the trainer updates")
+        raise SystemExit(
+            "--vllm-url is required: this example's actors sample from the vLLM server the trainer updates"
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stats = run_sync(run_actor(cfg))
     print(json.dumps({"actor_stats": stats}), flush=True)

@@ -29,7 +29,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
@@ -41,7 +41,7 @@ from ludic_lab.recipes.pipeline import monitor, queue_length, runtime_version
 class Config(PipelineTrainerConfig):
     """Pipeline RL trainer: Redis in, weights out to the vLLM server."""
 
-    vllm_url: Optional[str] = "http://127.0.0.1:8000"
+    vllm_url: str | None = "http://127.0.0.1:8000"
     """Push weights to this vLLM server (the one the actors sample from)."""
     steps: int = 20
     """Total optimizer steps."""

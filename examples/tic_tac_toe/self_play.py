@@ -32,7 +32,7 @@ the shared 2 cores (examples/README.md). Each run writes ``<out>/summary.json``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
@@ -56,7 +56,7 @@ class Config:
     """"default" (SmolLM2-135M-Instruct), "tiny" (the test model) or a local model folder."""
     backend: Literal["local", "vllm"] = "local"
     """Sampler: "local" (in-process) or "vllm" (the bundled server; weights pushed every step)."""
-    vllm_url: Optional[str] = None
+    vllm_url: str | None = None
     """With --backend vllm: use this running server instead of starting one."""
     steps: int = 10
     """Optimizer steps."""
@@ -108,8 +108,9 @@ async def run(cfg: Config) -> dict[str, Any]:
     out = output_dir(cfg.out)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out),
                        max_batch_size=cfg.games_per_step * cfg.group_size * 2) as sampler:  # fmt: skip
-        engine = tic_tac_toe_engine(sampler.client, move_format=cfg.move_format,
-                                    episode_timeout_s=cfg.episode_timeout_s)
+        engine = tic_tac_toe_engine(
+            sampler.client, move_format=cfg.move_format, episode_timeout_s=cfg.episode_timeout_s
+        )
         before = await evaluate(engine, cfg)
         print(f"before: {_line(before)}", flush=True)
 

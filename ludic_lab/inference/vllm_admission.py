@@ -92,9 +92,12 @@ class VersionGate:
 class GatedServer(Protocol):
     """What the middleware reads from the control plane."""
 
-    gate: VersionGate
-    broken: str | None
-    control_token: str | None
+    @property
+    def gate(self) -> VersionGate: ...
+    @property
+    def broken(self) -> str | None: ...
+    @property
+    def control_token(self) -> str | None: ...
 
 
 class LudicMiddleware:

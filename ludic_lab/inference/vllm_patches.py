@@ -27,6 +27,7 @@ import contextlib
 import gc
 import sys
 from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 
@@ -40,7 +41,8 @@ def serve_with_endpoints(plugin: Any) -> Iterator[None]:
     original = getattr(plugins, "load_endpoint_plugins", None)
     if original is None:
         raise RuntimeError(
-            "this vLLM has no endpoint plugins (vllm.plugins.load_endpoint_plugins); the bundled server needs vLLM 0.32+"
+            "this vLLM has no endpoint plugins (vllm.plugins.load_endpoint_plugins); "
+            "the bundled server needs vLLM 0.32+"
         )
 
     def load_endpoint_plugins(supported_tasks: Any = None) -> list[Any]:
@@ -80,7 +82,7 @@ def set_worker_idle_spin(seconds: float, recheck_s: float | None = None) -> dict
         return {"readers": 0, "previous": None, "error": f"{type(e).__name__}: {e}"}
 
     conds: list[Any] = []
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:  # the worker loop's queue: WorkerProc.worker_busy_loop's self
         mq = getattr(frame.f_locals.get("self"), "rpc_broadcast_mq", None)
         cond = getattr(mq, "_spin_condition", None)

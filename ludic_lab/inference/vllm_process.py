@@ -324,7 +324,10 @@ def _probe(url: str, timeout: float) -> bool:
 
 def _died(process: VLLMServerProcess | None) -> str | None:
     if process is not None and process.poll() is not None:
-        return f"the vLLM server exited with code {process.poll()} before it was healthy; log {process.log_path}:\n{process.tail(30)}"
+        return (
+            f"the vLLM server exited with code {process.poll()} before it was healthy; "
+            f"log {process.log_path}:\n{process.tail(30)}"
+        )
     return None
 
 

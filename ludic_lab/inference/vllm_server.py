@@ -39,8 +39,9 @@ HTTP routes added to vLLM's (``GET /health`` is vLLM's own):
   first time; otherwise ``reload_weights``; ``--ludic-weight-load reload`` forces the
   latter), the prefix cache is reset, the version becomes ``version`` (or +1), and
   admission resumes. The shm file is deleted by the server, on error too, unless
-  ``"keep": true`` (a sender's reused staging buffer, which the sender deletes). ``POST /validate_param_batch`` is the same check without
-  loading (NCCL senders call it first so a refused update never leaves them broadcasting).
+  ``"keep": true`` (a sender's reused staging buffer, which the sender deletes).
+  ``POST /validate_param_batch`` is the same check without loading (NCCL senders call it
+  first so a refused update never leaves them broadcasting).
 - ``POST /reset_prefix_cache`` -> ``{"ok": true}`` (between requests, like an update).
 - Responses of the generation routes carry ``X-Ludic-Policy-Version``: the version the whole
   response was sampled under (read at admission; no update runs while it is in flight).

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal
 
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
@@ -139,7 +140,7 @@ async def held_out_accuracy(engine: RolloutEngine, n: int, max_tokens: int) -> d
     return accuracy_summary(res)
 
 
-def accuracy_summary(result: Any, k: Optional[int] = None) -> dict[str, float]:
+def accuracy_summary(result: Any, k: int | None = None) -> dict[str, float]:
     """``accuracy``, ``parse_error_rate``, ``failure_rate`` (and ``pass@k``) of an
     :class:`~ludic_lab.eval.EvalResult`, as floats."""
     s = result.summary()

@@ -12,12 +12,12 @@ import asyncio
 import json
 import logging
 import urllib.request
-from typing import Any, Optional
+from typing import Any
 
 log = logging.getLogger("pipeline_rl.trainer")
 
 
-def runtime_version(url: str) -> Optional[int]:
+def runtime_version(url: str) -> int | None:
     """The server's policy version (``GET /runtime_version``), ``None`` if it does not answer."""
     base = url.rstrip("/").removesuffix("/v1")
     try:
@@ -27,7 +27,7 @@ def runtime_version(url: str) -> Optional[int]:
         return None
 
 
-async def queue_length(redis_url: str, key: str) -> Optional[int]:
+async def queue_length(redis_url: str, key: str) -> int | None:
     """``XLEN key``: items pushed and not yet trained (or dropped); ``None`` if Redis does not answer."""
     from ludic_lab.pipeline.connection import close_client, connect_redis
 
@@ -41,7 +41,7 @@ async def queue_length(redis_url: str, key: str) -> Optional[int]:
         await close_client(r)
 
 
-async def monitor(redis_url: str, queue_key: str, vllm_url: Optional[str], samples: list[dict[str, Any]], *,
+async def monitor(redis_url: str, queue_key: str, vllm_url: str | None, samples: list[dict[str, Any]], *,
                   every_s: float) -> None:  # fmt: skip
     """Until cancelled: every ``every_s`` seconds append ``{"xlen", "runtime_version"}`` to
     ``samples`` and log it."""

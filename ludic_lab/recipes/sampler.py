@@ -14,8 +14,9 @@ at ``vllm_url`` when given (left running); the publisher is a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal
 
 Backend = Literal["local", "vllm"]
 
@@ -39,8 +40,8 @@ class Sampler:
         model: str,
         *,
         max_batch_size: int = 64,
-        vllm_url: Optional[str] = None,
-        log_dir: Optional[str] = None,
+        vllm_url: str | None = None,
+        log_dir: str | None = None,
         dtype: str = "bfloat16",
         max_model_len: int = 1024,
         start_timeout_s: float = 900.0,
@@ -58,7 +59,7 @@ class Sampler:
         self.server: Any = None
         self._cleanups: list[Callable[[], Any]] = []
 
-    async def __aenter__(self) -> "Sampler":
+    async def __aenter__(self) -> Sampler:
         try:
             await self._open()
         except BaseException:
@@ -129,7 +130,7 @@ class Sampler:
                 pass
 
 
-def direct_sampler(model: str, *, vllm_url: Optional[str] = None, max_batch_size: int = 64) -> tuple[Any, Any]:
+def direct_sampler(model: str, *, vllm_url: str | None = None, max_batch_size: int = 64) -> tuple[Any, Any]:
     """``(client, publisher)`` without a context manager (e.g. rank 0 of a ``torchrun`` script):
     the vLLM server already running at ``vllm_url`` (serving ``model``), or an in-process
     :class:`~ludic_lab.inference.LocalChatClient`; the publisher pushes the trainer's weights into it."""
@@ -144,5 +145,5 @@ def direct_sampler(model: str, *, vllm_url: Optional[str] = None, max_batch_size
     from ludic_lab.distributed import ClientPublisher
     from ludic_lab.inference.local_client import LocalChatClient
 
-    client = LocalChatClient(model, max_batch_size=max_batch_size)
-    return client, ClientPublisher(client)
+    local = LocalChatClient(model, max_batch_size=max_batch_size)
+    return local, ClientPublisher(local)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Literal, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
@@ -189,7 +190,7 @@ async def evaluate_games(
     return stats, rollouts
 
 
-def short(stats: dict[str, float], keys: Optional[Sequence[str]] = None) -> str:
+def short(stats: dict[str, float], keys: Sequence[str] | None = None) -> str:
     """``win_or_draw 0.25, illegal 0.50, ...`` for a log line."""
     keys = keys or ("win_rate", "draw_rate", "loss_rate", "win_or_draw_rate", "illegal_move_rate", "unfinished_rate",
                     "failed_rate", "timed_out_rate")  # fmt: skip

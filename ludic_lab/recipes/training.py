@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 
 def output_dir(out: str | os.PathLike) -> Path:
@@ -25,7 +26,7 @@ def output_dir(out: str | os.PathLike) -> Path:
     return path
 
 
-def trainer_config(cfg: Any, *, scoring_temperature: Optional[float] = None, max_seq_len: int = 1024,
+def trainer_config(cfg: Any, *, scoring_temperature: float | None = None, max_seq_len: int = 1024,
                    **overrides: Any) -> Any:  # fmt: skip
     """The examples' :class:`~ludic_lab.training.TrainerConfig`, read from a script config with
     ``device``, ``lr``, ``lora_r`` (0 = every weight), ``seed`` and ``micro_token_budget``:
