@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 # The CPU torch wheel lies on this kind of machine's disk; never pull a CUDA build.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: setup setup-test setup-lab demo lab test test-fast clean-venv
+.PHONY: setup setup-test setup-lab demo lab test test-fast lint clean-venv
 
 setup: $(VENV)/.ludic-installed
 
@@ -52,6 +52,9 @@ demo: setup
 
 test: setup-test
 	$(PY) -m pytest -q -ra
+
+lint: setup-test
+	PYTHON=$(PY) bash scripts/lint.sh
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not vllm and not redis and not distributed and not notebook"

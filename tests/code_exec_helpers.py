@@ -11,7 +11,9 @@ import pytest
 
 from ludic_lab.envs.code_exec import SandboxLimits, SandboxPool
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing: scripts/install_system_deps.sh")
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap missing: scripts/install_system_deps.sh"
+)
 
 
 def our_uids() -> set[int]:

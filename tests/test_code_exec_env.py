@@ -23,7 +23,9 @@ from ludic_lab.envs.code_exec.parsing import code_block_parser, extract_code
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from tests.helpers import ScriptedChatClient, chatml_template
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing: scripts/install_system_deps.sh")
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap missing: scripts/install_system_deps.sh"
+)
 
 
 def _pool(**kw) -> SandboxPool:
@@ -36,17 +38,21 @@ async def test_every_shipped_reference_passes_and_a_wrong_program_fails():
     jobs = [(MBPPAdapter(), r) for r in mbpp] + [(APPSAdapter(), r) for r in apps]
     async with _pool() as pool:
         good = await asyncio.gather(*[run_tests(pool, a.reference_solution(r), a.tests(r)) for a, r in jobs])
-        bad = await asyncio.gather(*[run_tests(pool, "def _nothing():\n    return None\nprint('wrong')", a.tests(r))
-                                     for a, r in jobs])
-    failing = [a.problem_id(r, i) for i, ((a, r), res) in enumerate(zip(jobs, good)) if not res.all_passed]
+        bad = await asyncio.gather(
+            *[run_tests(pool, "def _nothing():\n    return None\nprint('wrong')", a.tests(r)) for a, r in jobs]
+        )
+    failing = [a.problem_id(r, i) for i, ((a, r), res) in enumerate(zip(jobs, good, strict=True)) if not res.all_passed]
     assert failing == []
     assert all(res.passed_count == 0 and not res.all_passed for res in bad)
     assert all(res.compiled for res in good + bad)
 
 
 async def test_partial_credit_stop_on_first_failure_and_statuses():
-    tests = [TestCase("call", "sort_list([3, 1, 2])", [1, 2, 3]), TestCase("call", "sort_list([])", []),
-             TestCase("call", "sort_list([5, -1, 5])", [-1, 5, 5])]
+    tests = [
+        TestCase("call", "sort_list([3, 1, 2])", [1, 2, 3]),
+        TestCase("call", "sort_list([])", []),
+        TestCase("call", "sort_list([5, -1, 5])", [-1, 5, 5]),
+    ]
     wrong = "def sort_list(nums):\n    return nums"
     async with _pool() as pool:
         full = await run_tests(pool, wrong, tests)
@@ -67,8 +73,9 @@ async def test_cache_hits_skip_the_sandbox_and_are_counted():
         first = await run_tests(pool, "a, b = map(int, input().split())\nprint(a + b)", tests)
         runs = pool.executions
         second = await run_tests(pool, "a, b = map(int, input().split())\nprint(a + b)", tests)
-        other_settings = await run_tests(pool, "a, b = map(int, input().split())\nprint(a + b)", tests,
-                                         RunConfig(match="exact"))
+        other_settings = await run_tests(
+            pool, "a, b = map(int, input().split())\nprint(a + b)", tests, RunConfig(match="exact")
+        )
     assert first.all_passed and not first.cached
     assert second.all_passed and second.cached and second.results == first.results
     assert pool.executions == runs + 1  # only the run under different settings executed
@@ -85,8 +92,9 @@ async def test_output_matching_rules():
     code = "def half(x):\n    return x / 2 + 1e-12\ndef pair():\n    return [1, 'a']\ndef s():\n    return {1, 3}"
     async with _pool(size=1) as pool:
         res = await run_tests(pool, code, tests)
-        liar = await run_tests(pool, "class Eq:\n    def __eq__(self, o):\n        return True\ndef half(x):\n    return Eq()",
-                               tests[:1])
+        liar = await run_tests(
+            pool, "class Eq:\n    def __eq__(self, o):\n        return True\ndef half(x):\n    return Eq()", tests[:1]
+        )
     assert res.all_passed
     assert liar.results[0].status == "runtime_error"  # an object that claims equality cannot pass
 
@@ -170,7 +178,9 @@ async def test_check_env_accepts_the_code_env():
     async with _pool(size=1) as pool:
         env = CodeExecEnv(rows, pool=pool, config=CodeExecConfig(max_attempts=2))
         # replay is not compared: info carries measured wall/CPU times and the cache hit
-        report = await check_env_async(env, actions=["def add(a, b):\n    return 0", rows[0]["code"]], check_replay=False)
+        report = await check_env_async(
+            env, actions=["def add(a, b):\n    return 0", rows[0]["code"]], check_replay=False
+        )
     assert report.num_steps == 2 and report.returns["agent_0"] == pytest.approx(1 / 3 + 1)
 
 

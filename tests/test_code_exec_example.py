@@ -17,7 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "code_exec" / "train_grpo.py"
 PY = sys.executable
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing: scripts/install_system_deps.sh")
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap missing: scripts/install_system_deps.sh"
+)
 
 
 def _run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
@@ -46,7 +48,7 @@ def test_grpo_example_runs_one_step_in_smoke_mode(tmp_path: Path, tiny_model_dir
     lines = p.stdout.splitlines()
     evals = [json.loads(x) for x in lines if x.startswith('{"held_out"')]
     assert [e["held_out"] for e in evals] == ["before", "after"]
-    assert json.loads(p.stdout[p.stdout.index("{\n"):]) == report
+    assert json.loads(p.stdout[p.stdout.index("{\n") :]) == report
     assert report["held_out_problems"] == 4 and report["config"]["steps"] == 1
     for when in ("before", "after"):
         greedy, sampled = report[f"held_out_{when}"]["greedy"], report[f"held_out_{when}"]["sampled"]

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from ludic_lab.envs.code_exec import SandboxPool, SandboxUnavailableError
-from tests.code_exec_helpers import sandbox_dirs, sandbox_processes, needs_bwrap, pool
+from tests.code_exec_helpers import needs_bwrap, pool, sandbox_dirs, sandbox_processes
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +23,9 @@ def machine_as_before():
     yield
     assert sandbox_processes() == [], "a sandboxed process outlived its execution"
     left = sandbox_dirs() - dirs
-    assert not left, f"sandbox directories left behind: {sorted(left)} holding {[sorted(os.listdir(Path(tempfile.gettempdir()) / d)) for d in left]}"
+    assert not left, (
+        f"sandbox directories left behind: {sorted(left)} holding {[sorted(os.listdir(Path(tempfile.gettempdir()) / d)) for d in left]}"
+    )
 
 
 async def test_missing_bwrap_is_a_refusal_naming_the_install(monkeypatch, tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ludic_lab.envs.code_exec import RunConfig, SandboxLimits, TestCase, run_tests
-from tests.code_exec_helpers import sandbox_dirs, sandbox_processes, needs_bwrap, pool
+from tests.code_exec_helpers import needs_bwrap, pool, sandbox_dirs, sandbox_processes
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +29,9 @@ def machine_as_before():
     yield
     assert sandbox_processes() == [], "a sandboxed process outlived its execution"
     left = sandbox_dirs() - dirs
-    assert not left, f"sandbox directories left behind: {sorted(left)} holding {[sorted(os.listdir(Path(tempfile.gettempdir()) / d)) for d in left]}"
+    assert not left, (
+        f"sandbox directories left behind: {sorted(left)} holding {[sorted(os.listdir(Path(tempfile.gettempdir()) / d)) for d in left]}"
+    )
 
 
 @needs_bwrap
@@ -43,8 +45,9 @@ async def test_fork_bomb_hits_the_process_limit_and_is_killed():
         assert counted.ok, counted
         forked, errno_ = map(int, counted.stdout.split())
         assert forked < 16 and errno_ == 11  # EAGAIN from RLIMIT_NPROC; the sleepers died with the sandbox
-        bomb = await p.execute("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-                               timeout_s=1)
+        bomb = await p.execute(
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", timeout_s=1
+        )
     assert bomb.stop_reason in ("timeout", "cpu_limit") and bomb.wall_s < 4, bomb
 
 
@@ -75,8 +78,9 @@ async def test_huge_stdout_is_truncated_and_the_program_killed():
         r = await p.execute("while True:\n    print('x' * 10000)\n", timeout_s=5)
         tracemalloc.start()
         try:  # 100 MB on stderr (never a reason to stop): the parent keeps only the tail
-            err = await p.execute("import sys\nfor _ in range(1000):\n    sys.stderr.write('e' * 100_000)\nprint('done')",
-                                  timeout_s=20)
+            err = await p.execute(
+                "import sys\nfor _ in range(1000):\n    sys.stderr.write('e' * 100_000)\nprint('done')", timeout_s=20
+            )
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -131,9 +135,14 @@ async def test_no_network_not_even_a_local_server():
 async def test_files_outside_are_invisible_and_unwritable(monkeypatch):
     secret = uuid.uuid4().hex
     planted = [Path.cwd() / f".sandbox_plant_{secret}", Path.home() / f".sandbox_plant_{secret}"]
-    outside = [f"/tmp/escape_{secret}", f"/usr/escape_{secret}", f"/escape_{secret}", f"/task/escape_{secret}",
-               f"/dev/escape_{secret}",
-               os.path.join(os.path.realpath(os.sys.base_prefix), f"escape_{secret}")]
+    outside = [
+        f"/tmp/escape_{secret}",
+        f"/usr/escape_{secret}",
+        f"/escape_{secret}",
+        f"/task/escape_{secret}",
+        f"/dev/escape_{secret}",
+        os.path.join(os.path.realpath(os.sys.base_prefix), f"escape_{secret}"),
+    ]
     for path in planted:
         path.write_text(secret)
     code = (
@@ -169,11 +178,13 @@ async def test_parent_environment_is_not_inherited(monkeypatch):
     secret = uuid.uuid4().hex
     monkeypatch.setenv("LUDIC_TEST_API_KEY", secret)
     async with pool() as p:
-        r = await p.execute("import os\nprint(dict(os.environ))\n"
-                            "for path in ('/proc/self/environ', '/proc/1/environ', '/proc/2/environ'):\n"
-                            "    try:\n        print(open(path).read())\n"
-                            "    except OSError as e:\n        print('denied', e)",
-                            timeout_s=5)
+        r = await p.execute(
+            "import os\nprint(dict(os.environ))\n"
+            "for path in ('/proc/self/environ', '/proc/1/environ', '/proc/2/environ'):\n"
+            "    try:\n        print(open(path).read())\n"
+            "    except OSError as e:\n        print('denied', e)",
+            timeout_s=5,
+        )
     assert r.ok, r
     assert secret not in r.stdout and "LUDIC_TEST_API_KEY" not in r.stdout
     assert "'HOME': '/sandbox'" in r.stdout
@@ -221,7 +232,7 @@ async def test_tests_cannot_read_or_forge_their_expected_outputs():
         "import os, sys, glob, re\n"
         "blob = ''.join(open(p, errors='replace').read() for p in glob.glob('/task/*') + glob.glob('/*.py'))\n"
         "print('hex', re.findall('[0-9a-f]{32}', blob))\n"
-        "print('{\"type\": \"test\", \"status\": \"ok\", \"stdout\": \"\"}')\n"
+        'print(\'{"type": "test", "status": "ok", "stdout": ""}\')\n'
         "try:\n    for fd in os.listdir('/proc/%d/fd' % os.getppid()):\n"
         "        os.write(os.open('/proc/%d/fd/%s' % (os.getppid(), fd), os.O_WRONLY), b'{}')\n"
         "        print('WROTE TO PARENT FD', fd)\n"
@@ -258,17 +269,24 @@ asyncio.run(main())
 
 
 @needs_bwrap
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"),
-                    reason="needs root (to become nobody), setpriv and /usr/bin/python3")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"),
+    reason="needs root (to become nobody), setpriv and /usr/bin/python3",
+)
 def test_the_unprivileged_path_works_too():
     """Started by a normal user, bubblewrap maps it into a new user namespace; the limits
     and the layout are the same (here: nobody, running the system Python)."""
     import subprocess
 
     repo = str(Path(__file__).resolve().parent.parent)
-    out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3",
-                          "-c", _NONROOT, repo], capture_output=True, text=True, timeout=120,
-                         env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, cwd="/")
+    out = subprocess.run(
+        ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3", "-c", _NONROOT, repo],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+        cwd="/",
+    )
     if out.returncode == 99:
         pytest.skip(f"the system Python cannot import ludic_lab: {out.stdout.strip()}")
     assert out.returncode == 0, out.stderr[-2000:]
@@ -299,5 +317,3 @@ async def test_dangerous_system_calls_are_refused_and_ordinary_ones_work():
     assert r.ok, r
     assert r.stdout.count("REFUSED") == 7 and "ALLOWED" not in r.stdout, r.stdout
     assert "thread ok" in r.stdout and "subprocess ok" in r.stdout and "fork ok 3" in r.stdout
-
-

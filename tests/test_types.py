@@ -175,7 +175,7 @@ def rich_rollouts() -> list[Rollout]:
     steps = (
         Step(
             index=0,
-            prev_obs="Grüße, 世界 \U0001f600 \u200b \"quoted\" \\ back\nslash\ttab",
+            prev_obs='Grüße, 世界 \U0001f600 \u200b "quoted" \\ back\nslash\ttab',
             action="<move>B2</move> ✓",
             parsed_action="B2",
             next_obs=None,
@@ -275,8 +275,11 @@ class TestJsonl:
             ("{not json", "Expecting property name"),
             ('{"steps": [], "bogus_field": 1}', "unknown fields \\['bogus_field'\\]"),
             ('{"steps": [{"index": 0}]}', "missing"),
-            ('{"steps": [{"index": 0, "prev_obs": "", "action": "", "parsed_action": null, "next_obs": null, '
-             '"reward": 0, "trace": {"prompt_token_ids": [], "completion_token_ids": []}}]}', "empty prompt_token_ids"),
+            (
+                '{"steps": [{"index": 0, "prev_obs": "", "action": "", "parsed_action": null, "next_obs": null, '
+                '"reward": 0, "trace": {"prompt_token_ids": [], "completion_token_ids": []}}]}',
+                "empty prompt_token_ids",
+            ),
         ],
     )
     def test_bad_line_is_reported_with_its_number(self, tmp_path, bad, why):

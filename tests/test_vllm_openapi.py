@@ -10,8 +10,16 @@ import pytest
 
 from ludic_lab.inference.vllm_server import LudicControlPlane, LudicServerOptions
 
-ROUTES = {"/runtime_version", "/get_num_background_tasks", "/param_spec", "/init_communicator",
-          "/close_communicator", "/validate_param_batch", "/update_param_batch", "/reset_prefix_cache"}
+ROUTES = {
+    "/runtime_version",
+    "/get_num_background_tasks",
+    "/param_spec",
+    "/init_communicator",
+    "/close_communicator",
+    "/validate_param_batch",
+    "/update_param_batch",
+    "/reset_prefix_cache",
+}
 
 
 def test_openapi_schema_of_the_ludic_routes_builds() -> None:

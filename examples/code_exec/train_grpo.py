@@ -28,7 +28,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 
 @dataclass
@@ -77,8 +77,15 @@ async def main(cfg: Config) -> dict:
     from ludic_lab.inference import InferenceSpec, SamplingConfig
     from ludic_lab.interaction import SingleAgentSyncProtocol
     from ludic_lab.training import (
-        EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutBatchSource, RolloutEngine, RolloutRequest, Trainer,
-        TrainerConfig, make_grpo,
+        EnvSpec,
+        GRPORequestStrategy,
+        ProtocolSpec,
+        RolloutBatchSource,
+        RolloutEngine,
+        RolloutRequest,
+        Trainer,
+        TrainerConfig,
+        make_grpo,
     )
     from ludic_lab.training.loggers import JSONLLogger
 
@@ -99,8 +106,9 @@ async def main(cfg: Config) -> dict:
         from ludic_lab.inference import VLLMChatClient
         from ludic_lab.inference.vllm_process import start_vllm_server, wait_for_vllm_health
 
-        server = start_vllm_server(model_path, port=0, dtype="bfloat16", max_model_len=1024,
-                                   log_file=f"{cfg.run_dir}/vllm_server.log")
+        server = start_vllm_server(
+            model_path, port=0, dtype="bfloat16", max_model_len=1024, log_file=f"{cfg.run_dir}/vllm_server.log"
+        )
         await wait_for_vllm_health(server.api_base, timeout=900, process=server)
         client = VLLMChatClient(model_path, api_base=server.api_base, enable_weight_updates=True)
     else:
@@ -111,10 +119,15 @@ async def main(cfg: Config) -> dict:
 
     try:
         async with SandboxPool(cfg.sandboxes) as pool:  # refuses to start without bubblewrap
+
             def engine_for(data: list[dict]) -> RolloutEngine:
                 return RolloutEngine(
                     {"code": lambda: CodeExecEnv(data, pool=pool, config=env_cfg)},
-                    {"single": lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), CodeExecEnv.recommended_parser()))},
+                    {
+                        "single": lambda: SingleAgentSyncProtocol(
+                            Agent(client, FullDialog(), CodeExecEnv.recommended_parser())
+                        )
+                    },
                     max_concurrency=cfg.problems_per_step * cfg.group_size,
                 )
 
@@ -130,10 +143,19 @@ async def main(cfg: Config) -> dict:
                 out = {}
                 for how, res in runs.items():
                     s, t = res.summary(), res.table
-                    out[how] = {"pass_rate": s["accuracy"], f"pass@{res.k}": s[f"pass@{res.k}"], "samples": len(t),
-                                "failed_episodes": s["num_failed"], "parse_error_rate": s["parse_error_rate"], "cut_at_max_tokens": float((t["finish_reason"] == "length").mean()),
-                                "mean_completion_tokens": s["mean_completion_tokens"], "minutes": round(res.duration_s / 60, 2)}
-                print(json.dumps({"held_out": name, **out}), flush=True)  # the numbers so far, should a long run be stopped
+                    out[how] = {
+                        "pass_rate": s["accuracy"],
+                        f"pass@{res.k}": s[f"pass@{res.k}"],
+                        "samples": len(t),
+                        "failed_episodes": s["num_failed"],
+                        "parse_error_rate": s["parse_error_rate"],
+                        "cut_at_max_tokens": float((t["finish_reason"] == "length").mean()),
+                        "mean_completion_tokens": s["mean_completion_tokens"],
+                        "minutes": round(res.duration_s / 60, 2),
+                    }
+                print(
+                    json.dumps({"held_out": name, **out}), flush=True
+                )  # the numbers so far, should a long run be stopped
                 return out
 
             t0 = time.perf_counter()
@@ -142,8 +164,14 @@ async def main(cfg: Config) -> dict:
             engine = engine_for(train)
             source = RolloutBatchSource(
                 engine,
-                lambda: [RolloutRequest(env=EnvSpec("code"), protocol=ProtocolSpec("single"), inference=sampling,
-                                        num_episodes=cfg.problems_per_step)],
+                lambda: [
+                    RolloutRequest(
+                        env=EnvSpec("code"),
+                        protocol=ProtocolSpec("single"),
+                        inference=sampling,
+                        num_episodes=cfg.problems_per_step,
+                    )
+                ],
                 algo.credit_assigner,
                 request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
             )
@@ -154,10 +182,24 @@ async def main(cfg: Config) -> dict:
                 publisher = BroadcastPolicyPublisher(client, model=policy)  # LoRA merged, pushed after each step
             else:
                 publisher = ClientPublisher(client)
-            tconf = TrainerConfig(lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2.0 * cfg.lora_r,
-                                  scoring_temperature=cfg.temperature, seed=cfg.seed, max_seq_len=512, micro_token_budget=2048)
-            trainer = Trainer(policy, algo, source, config=tconf, publisher=publisher,
-                              pad_token_id=client.pad_token_id, loggers=[JSONLLogger(f"{cfg.run_dir}/metrics.jsonl")])
+            tconf = TrainerConfig(
+                lr=cfg.lr,
+                lora_r=cfg.lora_r,
+                lora_alpha=2.0 * cfg.lora_r,
+                scoring_temperature=cfg.temperature,
+                seed=cfg.seed,
+                max_seq_len=512,
+                micro_token_budget=2048,
+            )
+            trainer = Trainer(
+                policy,
+                algo,
+                source,
+                config=tconf,
+                publisher=publisher,
+                pad_token_id=client.pad_token_id,
+                loggers=[JSONLLogger(f"{cfg.run_dir}/metrics.jsonl")],
+            )
             history = await trainer.train(cfg.steps, progress=False)
             after = await held_out("after")
             report = {

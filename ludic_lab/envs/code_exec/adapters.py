@@ -18,7 +18,8 @@ from __future__ import annotations
 import ast
 import json
 import os
-from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence, runtime_checkable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from ludic_lab.envs.code_exec.types import TestCase
 from ludic_lab.jsonl import read_jsonl
@@ -30,7 +31,7 @@ Row = Mapping[str, Any]
 class TestAdapter(Protocol):
     """Turns one dataset row into what :class:`~ludic_lab.envs.code_exec.env.CodeExecEnv` needs."""
 
-    __test__ = False
+    __test__: bool = False  # not a pytest test class, despite its name
 
     def problem_id(self, row: Row, index: int) -> str: ...
 
@@ -38,7 +39,7 @@ class TestAdapter(Protocol):
 
     def tests(self, row: Row) -> list[TestCase]: ...
 
-    def reference_solution(self, row: Row) -> Optional[str]: ...
+    def reference_solution(self, row: Row) -> str | None: ...
 
 
 def _json_field(value: Any) -> Any:
@@ -48,7 +49,7 @@ def _json_field(value: Any) -> Any:
 class APPSAdapter:
     """APPS-format rows (see the module docstring)."""
 
-    __test__ = False
+    __test__: bool = False  # not a pytest test class, despite its name
 
     def __init__(self, *, question_key: str = "question", id_key: str = "problem_id") -> None:
         self.question_key, self.id_key = question_key, id_key
@@ -61,7 +62,8 @@ class APPSAdapter:
             raise KeyError(f"APPS row has no {self.question_key!r} (keys: {sorted(row)}); pass question_key=")
         return str(row[self.question_key]) + (
             "\n\nWrite a complete Python program that reads the input from stdin and prints the answer."
-            if not self._io(row).get("fn_name") else ""
+            if not self._io(row).get("fn_name")
+            else ""
         )
 
     def _io(self, row: Row) -> dict:
@@ -79,7 +81,9 @@ class APPSAdapter:
         io = self._io(row)
         fn = io.get("fn_name")
         out = []
-        for i, (inp, expected) in enumerate(zip(io["inputs"], io["outputs"])):
+        for i, (inp, expected) in enumerate(
+            zip(io["inputs"], io["outputs"], strict=False)
+        ):  # unpaired entries are ignored
             if fn:
                 args = inp if isinstance(inp, list) else [inp]
                 value = expected[0] if isinstance(expected, list) and len(expected) == 1 else expected
@@ -90,7 +94,7 @@ class APPSAdapter:
                 out.append(TestCase("stdio", text, want, id=f"test_{i}"))
         return out
 
-    def reference_solution(self, row: Row) -> Optional[str]:
+    def reference_solution(self, row: Row) -> str | None:
         sols = _json_field(row.get("solutions")) if row.get("solutions") else None
         if isinstance(sols, list) and sols:
             return sols[0] if isinstance(sols[0], str) else sols[0].get("code")
@@ -104,8 +108,12 @@ def assert_to_test(statement: str, index: int = 0) -> TestCase:
         node = ast.parse(statement.strip()).body[0]
     except (SyntaxError, IndexError, ValueError):
         return TestCase("assert", statement, id=test_id)
-    if (isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
-            and isinstance(node.test.ops[0], ast.Eq)):
+    if (
+        isinstance(node, ast.Assert)
+        and isinstance(node.test, ast.Compare)
+        and len(node.test.ops) == 1
+        and isinstance(node.test.ops[0], ast.Eq)
+    ):
         try:
             expected = ast.literal_eval(node.test.comparators[0])
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -118,7 +126,7 @@ class MBPPAdapter:
     """MBPP-format rows (see the module docstring). ``show_tests`` asserts are quoted in the
     prompt (MBPP's own convention: they name the function and its signature)."""
 
-    __test__ = False
+    __test__: bool = False  # not a pytest test class, despite its name
 
     def __init__(self, *, show_tests: int = 1, include_challenge: bool = False) -> None:
         self.show_tests, self.include_challenge = show_tests, include_challenge
@@ -148,7 +156,7 @@ class MBPPAdapter:
             out = [TestCase("assert", f"{setup}\n{a}", id=f"test_{i}") for i, a in enumerate(self._asserts(row))]
         return out
 
-    def reference_solution(self, row: Row) -> Optional[str]:
+    def reference_solution(self, row: Row) -> str | None:
         return row.get("code")
 
 
@@ -186,4 +194,6 @@ def shipped_problems(name: str = "code_problems") -> list[dict]:
     ``code_problems_stdio``: APPS format), written for this project."""
     from ludic_lab.data import DATA_DIR
 
-    return read_jsonl(DATA_DIR / f"{name}.jsonl", what=f"shipped code problems {name!r} (code_problems or code_problems_stdio)")
+    return read_jsonl(
+        DATA_DIR / f"{name}.jsonl", what=f"shipped code problems {name!r} (code_problems or code_problems_stdio)"
+    )

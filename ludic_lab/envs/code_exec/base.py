@@ -13,9 +13,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ludic_lab.envs.code_exec.process import LineCallback, RawRun, run_process
 from ludic_lab.envs.code_exec.sandbox import Interpreter, SandboxLimits
@@ -36,9 +36,15 @@ def prepare_harness(workroot: str, interpreter: Interpreter) -> str:
     if not os.path.exists(src):
         shutil.copyfile(HARNESS_SOURCE, src)
         os.chmod(src, 0o644)
-    compile_cmd = "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], dfile='harness.py', doraise=True)"
-    done = subprocess.run([interpreter.executable, "-I", "-S", "-c", compile_cmd, src, pyc],
-                          capture_output=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    compile_cmd = (
+        "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], dfile='harness.py', doraise=True)"
+    )
+    done = subprocess.run(
+        [interpreter.executable, "-I", "-S", "-c", compile_cmd, src, pyc],
+        capture_output=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     if done.returncode != 0 or not os.path.exists(pyc):
         return src
     os.chmod(pyc, 0o644)
@@ -53,12 +59,19 @@ class HarnessSandbox:
     """True when the process tree lives in its own pid namespace (the harness may then kill
     every other process it sees)."""
 
-    def __init__(self, *, slot: int, workroot: str, limits: SandboxLimits, interpreter: Interpreter,
-                 executor: Optional[Executor] = None) -> None:
+    def __init__(
+        self,
+        *,
+        slot: int,
+        workroot: str,
+        limits: SandboxLimits,
+        interpreter: Interpreter,
+        executor: Executor | None = None,
+    ) -> None:
         self.slot, self.workroot, self.limits, self.interpreter = slot, workroot, limits, interpreter
         self.executor = executor
-        self.uid: Optional[int] = None
-        self._proc: Optional["subprocess.Popen[bytes]"] = None
+        self.uid: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._aborted = False
         self.harness = prepare_harness(workroot, interpreter)
 
@@ -82,17 +95,18 @@ class HarnessSandbox:
         return "/"
 
     @staticmethod
-    def kill(proc: "subprocess.Popen[bytes]", extra: dict[int, bytes]) -> None:
+    def kill(proc: subprocess.Popen[bytes], extra: dict[int, bytes]) -> None:
         raise NotImplementedError
 
     # -- running ---------------------------------------------------------------------------
     @staticmethod
-    def _write_task(task: str, code: str, config: dict, stdin: str, tests: Optional[Sequence[dict]]) -> None:
+    def _write_task(task: str, code: str, config: dict, stdin: str, tests: Sequence[dict] | None) -> None:
         """The task directory: the program, its stdin, and the harness's config and test
         inputs as ``marshal`` (the harness reads them without importing json)."""
         os.chmod(task, 0o755)
         files: dict[str, bytes] = {
-            "main.py": code.encode("utf-8", "surrogatepass"), "stdin.txt": stdin.encode("utf-8", "surrogatepass"),
+            "main.py": code.encode("utf-8", "surrogatepass"),
+            "stdin.txt": stdin.encode("utf-8", "surrogatepass"),
             "config.bin": marshal.dumps(config),
         }
         if tests is not None:
@@ -103,7 +117,7 @@ class HarnessSandbox:
                 f.write(blob)
             os.chmod(path, 0o644)
 
-    def _started(self, proc: "subprocess.Popen[bytes]") -> None:
+    def _started(self, proc: subprocess.Popen[bytes]) -> None:
         self._proc = proc
         if self._aborted:  # abort() came before the process existed
             self.kill(proc, {})
@@ -115,8 +129,16 @@ class HarnessSandbox:
         if proc is not None and proc.returncode is None:
             self.kill(proc, {})
 
-    def _run(self, code: str, config: dict, stdin: str, tests: Optional[Sequence[dict]], timeout_s: float,
-             max_stdout: int, on_line: Optional[LineCallback]) -> tuple[RawRun, Optional[dict]]:
+    def _run(
+        self,
+        code: str,
+        config: dict,
+        stdin: str,
+        tests: Sequence[dict] | None,
+        timeout_s: float,
+        max_stdout: int,
+        on_line: LineCallback | None,
+    ) -> tuple[RawRun, dict | None]:
         """Blocking: one sandbox from task directory to removal (runs in a worker thread)."""
         (info_r, info_w), (rep_r, rep_w) = os.pipe(), os.pipe()
         task = None
@@ -129,11 +151,18 @@ class HarnessSandbox:
                 config["tests_path"] = f"{mount}/tests.bin"
             self._write_task(task, code, config, stdin, tests)
             raw = run_process(
-                self.argv(task, info_w, fds), stdin_path=os.path.join(task, "stdin.txt"),
-                timeout_s=timeout_s + STARTUP_SLACK_S, max_stdout=max_stdout,
-                max_stderr=self.limits.max_stderr_bytes, kill=self.kill,
-                env=self.env(task), cwd=self.cwd(task), extra_fds=[(info_r, info_w), (rep_r, rep_w)],
-                keep_fds=fds, on_line=on_line, started=self._started,
+                self.argv(task, info_w, fds),
+                stdin_path=os.path.join(task, "stdin.txt"),
+                timeout_s=timeout_s + STARTUP_SLACK_S,
+                max_stdout=max_stdout,
+                max_stderr=self.limits.max_stderr_bytes,
+                kill=self.kill,
+                env=self.env(task),
+                cwd=self.cwd(task),
+                extra_fds=[(info_r, info_w), (rep_r, rep_w)],
+                keep_fds=fds,
+                on_line=on_line,
+                started=self._started,
             )
         except BaseException:
             for fd in (info_r, info_w, rep_r, rep_w):
@@ -154,7 +183,7 @@ class HarnessSandbox:
             report = None
         return raw, report
 
-    async def _in_worker(self, *args) -> tuple[RawRun, Optional[dict]]:
+    async def _in_worker(self, *args) -> tuple[RawRun, dict | None]:
         """:meth:`_run` in the executor. If the caller is cancelled (an episode timeout), the
         sandbox is killed and this returns only once its thread is done, so the slot is never
         handed out while its last execution still runs."""
@@ -169,8 +198,14 @@ class HarnessSandbox:
 
     def _config(self, mode: str, cpu_timeout_s: float, **extra) -> dict:
         rl = self.limits.rlimits(cpu_timeout_s)
-        return {"mode": mode, "uid": self.uid, "own_pid_namespace": self.own_pid_namespace,
-                "limits": rl, "cpu_s": rl["RLIMIT_CPU"][0], **extra}  # type: ignore[index]
+        return {
+            "mode": mode,
+            "uid": self.uid,
+            "own_pid_namespace": self.own_pid_namespace,
+            "limits": rl,
+            "cpu_s": rl["RLIMIT_CPU"][0],  # type: ignore[index]  # rlimits() values are (soft, hard) pairs
+            **extra,
+        }
 
     async def execute(self, code: str, stdin: str = "", timeout_s: float = 5.0) -> ExecutionResult:
         """Run ``code`` as a program on ``stdin``; everything is killed after ``timeout_s``."""
@@ -179,20 +214,29 @@ class HarnessSandbox:
         return interpret(raw, report, timeout_s, self.limits)
 
     async def run_harness(
-        self, code: str, tests: Sequence[dict], *, timeout_s: float, per_test_timeout_s: float,
-        max_output_bytes: int, on_line: Optional[LineCallback] = None,
+        self,
+        code: str,
+        tests: Sequence[dict],
+        *,
+        timeout_s: float,
+        per_test_timeout_s: float,
+        max_output_bytes: int,
+        on_line: LineCallback | None = None,
     ) -> ExecutionResult:
         """Run the batched test harness; see :class:`~ludic_lab.envs.code_exec.sandbox.Sandbox`."""
         config = self._config(
-            "tests", per_test_timeout_s, timeout_s=per_test_timeout_s,
-            max_output_bytes=max_output_bytes, max_stderr_bytes=min(4096, self.limits.max_stderr_bytes),
+            "tests",
+            per_test_timeout_s,
+            timeout_s=per_test_timeout_s,
+            max_output_bytes=max_output_bytes,
+            max_stderr_bytes=min(4096, self.limits.max_stderr_bytes),
         )
         cap = 4096 + len(tests) * (6 * (2 * max_output_bytes + 4096) + 1024)
         raw, report = await self._in_worker(code, config, "", tests, timeout_s, cap, on_line)
         return interpret(raw, report, timeout_s, self.limits)
 
 
-def interpret(raw: RawRun, report: Optional[dict], timeout_s: float, limits: SandboxLimits) -> ExecutionResult:
+def interpret(raw: RawRun, report: dict | None, timeout_s: float, limits: SandboxLimits) -> ExecutionResult:
     """Turn a finished run into an :class:`ExecutionResult` with a ``stop_reason``. The
     harness's ``report`` (exit, CPU, memory of the program, measured outside it) wins over
     what the parent saw of bwrap, which cannot see the sandbox's resource use."""
@@ -223,7 +267,14 @@ def interpret(raw: RawRun, report: Optional[dict], timeout_s: float, limits: San
         else:
             reason = "exited"
     return ExecutionResult(
-        stdout=raw.stdout.decode("utf-8", "replace"), stderr=stderr, exit_code=rc, signal=sig,
-        wall_s=raw.wall_s, cpu_s=cpu_s, peak_memory_bytes=peak, stop_reason=reason,
-        stdout_truncated=raw.stdout_truncated, stderr_truncated=raw.stderr_truncated,
+        stdout=raw.stdout.decode("utf-8", "replace"),
+        stderr=stderr,
+        exit_code=rc,
+        signal=sig,
+        wall_s=raw.wall_s,
+        cpu_s=cpu_s,
+        peak_memory_bytes=peak,
+        stop_reason=reason,
+        stdout_truncated=raw.stdout_truncated,
+        stderr_truncated=raw.stderr_truncated,
     )

@@ -1,13 +1,14 @@
 """``BubblewrapSandbox``: untrusted Python in Linux namespaces via bubblewrap, no daemon.
 
-Each execution gets a fresh sandbox: new pid, network (no interfaces but a down loopback:
-no network at all), ipc, uts and mount namespaces; a root holding only ``/usr`` and the
-interpreter's installation, read-only; ``/task`` (the program and its inputs, read-only);
-a private writable tmpfs at ``/sandbox`` (cwd, ``HOME``, ``/tmp``) that disappears with the
-sandbox, and a small one at ``/dev/shm`` (everything else, ``/`` included, is read-only); no ``/etc``, no home, no project checkout, no other sandbox; an empty environment.
-Started as root, the harness drops to a per-slot unprivileged uid (``uid_base + slot``, a
-block per pool), so
-``RLIMIT_NPROC`` counts only this sandbox's processes (root is exempt from it); started as
+Each execution gets a fresh sandbox: new pid, network (no interface but its own loopback,
+on which nothing listens: the host's 127.0.0.1 and every other address are out of reach),
+ipc, uts and mount namespaces; a root holding only ``/usr`` and the interpreter's
+installation, read-only; ``/task`` (the program and its inputs, read-only); a private
+writable tmpfs at ``/sandbox`` (cwd, ``HOME``, ``/tmp``) that disappears with the sandbox,
+and a small one at ``/dev/shm`` (everything else, ``/`` included, is read-only); no
+``/etc``, no home, no project checkout, no other sandbox; an empty environment. Started as
+root, the harness drops to a per-slot unprivileged uid (``uid_base + slot``, a block per
+pool), so ``RLIMIT_NPROC`` counts only this sandbox's processes (root is exempt from it); started as
 a normal user, bubblewrap maps that user into a new user namespace and forbids nested ones.
 A seccomp filter (:mod:`~ludic_lab.envs.code_exec.seccomp`, x86-64) refuses the system calls
 no test program needs (mount, ptrace, new namespaces, keyrings, eBPF, io_uring, ...).
@@ -21,9 +22,9 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ludic_lab.envs.code_exec.base import HarnessSandbox
 from ludic_lab.envs.code_exec.sandbox import INSTALL_HINT, Interpreter, SandboxLimits, SandboxUnavailableError
@@ -34,7 +35,9 @@ def find_bwrap() -> str:
     """Path of the ``bwrap`` executable, or :class:`SandboxUnavailableError` saying how to get it."""
     path = shutil.which("bwrap")
     if path is None:
-        raise SandboxUnavailableError(f"bubblewrap (bwrap) is not on PATH, so untrusted code cannot run: {INSTALL_HINT}")
+        raise SandboxUnavailableError(
+            f"bubblewrap (bwrap) is not on PATH, so untrusted code cannot run: {INSTALL_HINT}"
+        )
     return path
 
 
@@ -59,8 +62,15 @@ class BubblewrapSandbox(HarnessSandbox):
     own_pid_namespace = True
 
     def __init__(
-        self, *, slot: int, workroot: str, limits: SandboxLimits, interpreter: Interpreter,
-        executor: Optional[Executor] = None, uid_base: int = 1_900_000_000, bwrap: Optional[str] = None,
+        self,
+        *,
+        slot: int,
+        workroot: str,
+        limits: SandboxLimits,
+        interpreter: Interpreter,
+        executor: Executor | None = None,
+        uid_base: int = 1_900_000_000,
+        bwrap: str | None = None,
         seccomp: bool = True,
     ) -> None:
         super().__init__(slot=slot, workroot=workroot, limits=limits, interpreter=interpreter, executor=executor)
@@ -68,7 +78,7 @@ class BubblewrapSandbox(HarnessSandbox):
         self.as_root = os.geteuid() == 0
         self.uid = uid_base + slot if self.as_root else None
         program = filter_program() if seccomp else None
-        self.seccomp_path: Optional[str] = None
+        self.seccomp_path: str | None = None
         if program is not None:
             self.seccomp_path = os.path.join(workroot, "seccomp.bpf")
             with open(self.seccomp_path, "wb") as f:
@@ -84,9 +94,19 @@ class BubblewrapSandbox(HarnessSandbox):
     def argv(self, task_dir: str, info_fd: int, fds: Sequence[int] = ()) -> list[str]:
         """The bwrap command for one execution (see the module docstring for the layout)."""
         py = self.interpreter
-        args = [self.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
-                "--hostname", "sandbox"]
+        args = [
+            self.bwrap,
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--hostname",
+            "sandbox",
+        ]
         if self.as_root:  # the harness needs these two to drop to its own uid, then has none
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
@@ -99,21 +119,64 @@ class BubblewrapSandbox(HarnessSandbox):
                 args += ["--perms", "0755", "--dir", "/" + "/".join(parts[: i + 1])]
             args += ["--ro-bind", py.prefix, py.prefix]
         shm = str(min(self.limits.tmpfs_bytes, 16 * 2**20))
-        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", shm, "--tmpfs", "/dev/shm",
-                 "--perms", "1777", "--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/sandbox",
-                 "--symlink", "sandbox", "/tmp",
-                 "--ro-bind", task_dir, "/task", "--ro-bind", self.harness, "/" + os.path.basename(self.harness),
-                 # bwrap's root and /dev are tmpfs of half the RAM: nobody may write there
-                 "--remount-ro", "/dev", "--remount-ro", "/",
-                 "--chdir", "/sandbox",
-                 "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
-                 "--setenv", "TMPDIR", "/sandbox", "--setenv", "LANG", "C.UTF-8",
-                 "--info-fd", str(info_fd), *(["--seccomp", str(fds[0])] if fds else []),
-                 py.executable, "-I", "-S", "/" + os.path.basename(self.harness), "/task/config.bin"]
+        args += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--size",
+            shm,
+            "--tmpfs",
+            "/dev/shm",
+            "--perms",
+            "1777",
+            "--size",
+            str(self.limits.tmpfs_bytes),
+            "--tmpfs",
+            "/sandbox",
+            "--symlink",
+            "sandbox",
+            "/tmp",
+            "--ro-bind",
+            task_dir,
+            "/task",
+            "--ro-bind",
+            self.harness,
+            "/" + os.path.basename(self.harness),
+            # bwrap's root and /dev are tmpfs of half the RAM: nobody may write there
+            "--remount-ro",
+            "/dev",
+            "--remount-ro",
+            "/",
+            "--chdir",
+            "/sandbox",
+            "--setenv",
+            "PATH",
+            "/usr/local/bin:/usr/bin:/bin",
+            "--setenv",
+            "HOME",
+            "/sandbox",
+            "--setenv",
+            "TMPDIR",
+            "/sandbox",
+            "--setenv",
+            "LANG",
+            "C.UTF-8",
+            "--info-fd",
+            str(info_fd),
+            *(["--seccomp", str(fds[0])] if fds else []),
+            py.executable,
+            "-I",
+            "-S",
+            "/" + os.path.basename(self.harness),
+            "/task/config.bin",
+        ]
         return args
 
     @staticmethod
-    def kill(proc: "subprocess.Popen[bytes]", extra: dict[int, bytes]) -> None:
+    def kill(proc: subprocess.Popen[bytes], extra: dict[int, bytes]) -> None:
         """Kill the sandbox's pid 1: its whole pid namespace dies with it and bwrap then exits
         by itself (bwrap is killed directly only before it has a child)."""
         child = None
@@ -132,4 +195,3 @@ class BubblewrapSandbox(HarnessSandbox):
             os.kill(child if child is not None else proc.pid, signal.SIGKILL)
         except OSError:
             pass
-

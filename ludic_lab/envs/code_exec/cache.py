@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Optional
 
 from ludic_lab.envs.code_exec.types import BatchTestResult
 
@@ -21,12 +20,12 @@ class ResultCache:
         if max_size < 0:
             raise ValueError(f"ResultCache max_size must be >= 0 (0 disables caching), got {max_size}")
         self.max_size = max_size
-        self._data: "OrderedDict[tuple[str, str], BatchTestResult]" = OrderedDict()
+        self._data: OrderedDict[tuple[str, str], BatchTestResult] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def get(self, code_hash: str, tests_hash: str) -> Optional[BatchTestResult]:
+    def get(self, code_hash: str, tests_hash: str) -> BatchTestResult | None:
         """The stored result (now most recently used), or ``None`` (counted as a miss)."""
         with self._lock:
             result = self._data.get((code_hash, tests_hash))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from ludic_lab.envs.code_exec.adapters import TestAdapter, auto_adapter, load_problems
 from ludic_lab.envs.code_exec.parsing import code_block_parser
@@ -45,11 +45,11 @@ class CodeExecConfig:
     """Reward the pass rate (True) or only a full pass (False)."""
     compile_failure_reward: float = -0.1
     """Reward of a program that does not compile."""
-    timeout_reward: Optional[float] = None
+    timeout_reward: float | None = None
     """Reward of a program that timed out and did not pass (None: the usual pass-rate reward)."""
     max_attempts: int = 1
     """Attempts per episode; > 1 feeds the failing test back for another try."""
-    max_tests: Optional[int] = None
+    max_tests: int | None = None
     """Use only the first ``max_tests`` tests of each problem."""
     use_cache: bool = True
     """Reuse the pool's cached result for an identical program and tests."""
@@ -72,12 +72,19 @@ class CodeExecEnv(SingleAgentEnv):
     in APPS or MBPP format), judged in ``pool``. ``adapter`` defaults to the row's format."""
 
     def __init__(
-        self, data: Any, *, pool: SandboxPool, adapter: Optional[TestAdapter] = None,
-        config: Optional[CodeExecConfig] = None, system_prompt: Optional[str] = DEFAULT_CODE_SYSPROMPT,
+        self,
+        data: Any,
+        *,
+        pool: SandboxPool,
+        adapter: TestAdapter | None = None,
+        config: CodeExecConfig | None = None,
+        system_prompt: str | None = DEFAULT_CODE_SYSPROMPT,
     ) -> None:
         super().__init__()
         if not isinstance(pool, SandboxPool):
-            raise TypeError(f"pool must be a SandboxPool (started once and shared by the envs), got {type(pool).__name__}")
+            raise TypeError(
+                f"pool must be a SandboxPool (started once and shared by the envs), got {type(pool).__name__}"
+            )
         self.pool = pool
         self.config = config or CodeExecConfig()
         self._data = load_problems(data)
@@ -86,7 +93,7 @@ class CodeExecEnv(SingleAgentEnv):
         self._adapter = adapter
         self._system_prompt = system_prompt
         self._cursor = 0
-        self._index: Optional[int] = None
+        self._index: int | None = None
         self._tests: list[TestCase] = []
         self._prompt = ""
         self._obs = ""
@@ -99,7 +106,7 @@ class CodeExecEnv(SingleAgentEnv):
         return self._adapter if self._adapter is not None else auto_adapter(row)
 
     @property
-    def suggested_sysprompt(self) -> Optional[str]:
+    def suggested_sysprompt(self) -> str | None:  # type: ignore[override]  # a property, as on SingleAgentEnv
         return self._system_prompt
 
     @classmethod
@@ -112,7 +119,7 @@ class CodeExecEnv(SingleAgentEnv):
         """The current problem's tests."""
         return list(self._tests)
 
-    async def env_reset(self, *, seed: Optional[int] = None) -> tuple[str, Info]:
+    async def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         n = len(self._data)
         index = (int(seed) % n) if seed is not None else self._cursor % n
         if seed is None:
@@ -148,10 +155,17 @@ class CodeExecEnv(SingleAgentEnv):
         done = result.all_passed or self._attempt >= self.config.max_attempts
         self._obs = self.feedback(result, retry=not done)
         info: Info = {
-            "problem_id": self._problem_id, "index": self._index, "attempt": self._attempt,
-            "passed": result.passed_count, "total": result.total_count, "pass_rate": result.pass_rate,
-            "all_passed": result.all_passed, "compile_failed": not result.compiled, "timed_out": result.timed_out,
-            "cache_hit": result.cached, "exec_wall_s": round(result.wall_s, 4),
+            "problem_id": self._problem_id,
+            "index": self._index,
+            "attempt": self._attempt,
+            "passed": result.passed_count,
+            "total": result.total_count,
+            "pass_rate": result.pass_rate,
+            "all_passed": result.all_passed,
+            "compile_failed": not result.compiled,
+            "timed_out": result.timed_out,
+            "cache_hit": result.cached,
+            "exec_wall_s": round(result.wall_s, 4),
             "test_results": [r.to_dict() for r in result.results],
         }
         if result.compile_error:
@@ -168,9 +182,13 @@ class CodeExecEnv(SingleAgentEnv):
             head = f"The program does not compile: {(result.compile_error or '')[:keep]}"
         elif (fail := result.first_failure) is not None:
             test = next((t for t in self._tests if t.id == fail.id), None)
-            what = {"wrong_answer": "gave a wrong answer", "timeout": "ran out of time",
-                    "runtime_error": "raised an error", "memory_limit": "ran out of memory",
-                    "output_limit": "printed too much"}.get(fail.status, fail.status)
+            what = {
+                "wrong_answer": "gave a wrong answer",
+                "timeout": "ran out of time",
+                "runtime_error": "raised an error",
+                "memory_limit": "ran out of memory",
+                "output_limit": "printed too much",
+            }.get(fail.status, fail.status)
             lines = [head, f"Test {fail.id} {what}."]
             if test is not None and test.kind != "assert":
                 lines.append(f"Input: {test.input[:keep]!r}")

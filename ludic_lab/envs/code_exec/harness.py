@@ -181,8 +181,13 @@ def run_mode(code_obj, cfg):
     _, raw_status, usage = os.wait4(pid, 0)
     _kill_others(cfg.get("own_pid_namespace", False), pid)
     code = os.waitstatus_to_exitcode(raw_status)
-    _report(cfg, exit_code=None if code < 0 else code, signal=-code if code < 0 else None,
-            cpu_s=usage.ru_utime + usage.ru_stime, peak_memory_bytes=usage.ru_maxrss * 1024)
+    _report(
+        cfg,
+        exit_code=None if code < 0 else code,
+        signal=-code if code < 0 else None,
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        peak_memory_bytes=usage.ru_maxrss * 1024,
+    )
     os._exit(128 - code if code < 0 else code)
 
 
@@ -209,9 +214,9 @@ def _child(code_obj, test, fds):
             os.dup2(src, dst)
         os.closerange(3, val_w)
         os.closerange(val_w + 1, 4096)
-        sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-        sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
-        sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8")
+        sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")  # type: ignore[misc]  # the child rebinds its own original streams
+        sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")  # type: ignore[misc]  # as above
+        sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8")  # type: ignore[misc]  # as above
     except BaseException:  # noqa: BLE001 - could not even set up: the harness reports an error
         os._exit(70)
     kind = test.get("kind", "stdio")
@@ -294,7 +299,9 @@ def run_test(code_obj, test, cfg):
     except (AttributeError, OSError):  # Linux < 5.3: poll instead
         exited = None
     caps = [cfg["max_output_bytes"], cfg["max_stderr_bytes"], cfg["max_output_bytes"]]
-    streams = [_Capture(r, c, "tail" if i == 1 else "head") for i, ((r, _), c) in enumerate(zip(pipes, caps))]
+    streams = [
+        _Capture(r, c, "tail" if i == 1 else "head") for i, ((r, _), c) in enumerate(zip(pipes, caps, strict=True))
+    ]
     for s in streams:
         os.set_blocking(s.fd, False)
     deadline = t0 + cfg["timeout_s"]
@@ -370,8 +377,11 @@ def run_tests(code_obj, cfg):
         _emit(record)
     _emit({"type": "done"})
     kids, me = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
-    _report(cfg, cpu_s=kids.ru_utime + kids.ru_stime + me.ru_utime + me.ru_stime,
-            peak_memory_bytes=max(kids.ru_maxrss, me.ru_maxrss) * 1024)
+    _report(
+        cfg,
+        cpu_s=kids.ru_utime + kids.ru_stime + me.ru_utime + me.ru_stime,
+        peak_memory_bytes=max(kids.ru_maxrss, me.ru_maxrss) * 1024,
+    )
 
 
 def main(config_path):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from typing import Sequence
+from collections.abc import Sequence
 
 from ludic_lab.envs.code_exec.base import HarnessSandbox
 
@@ -36,7 +36,7 @@ class UnsafeLocalSandbox(HarnessSandbox):
         return os.path.join(task_dir, "scratch")
 
     @staticmethod
-    def kill(proc: "subprocess.Popen[bytes]", extra: dict[int, bytes]) -> None:
+    def kill(proc: subprocess.Popen[bytes], extra: dict[int, bytes]) -> None:
         """SIGKILL every process of the harness's session (the tests' own process groups included)."""
         for pid in [proc.pid] + _session_members(proc.pid):
             try:

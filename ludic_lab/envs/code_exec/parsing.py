@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import re
 
-from ludic_lab.parsers import ParseResult, Parser
+from ludic_lab.parsers import Parser, ParseResult
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
 _LANGS = {"", "python", "py", "python3"}
-_LOOKS_LIKE_CODE = re.compile(r"^\s*(def |class |import |from \w+ import |print\(|for |while |if |\w+\s*=)", re.MULTILINE)
+_LOOKS_LIKE_CODE = re.compile(
+    r"^\s*(def |class |import |from \w+ import |print\(|for |while |if |\w+\s*=)", re.MULTILINE
+)
 FORMAT_HINT = "Format error: put your Python program in a fenced block: ```python\\n...\\n```"
 
 
@@ -32,8 +34,9 @@ def extract_code(text: object, *, allow_bare: bool = False) -> str | None:
     return None
 
 
-def code_block_parser(*, allow_bare: bool = True, success_reward: float = 0.0, error_reward: float = -0.1,
-                      max_chars: int = 20_000) -> Parser:
+def code_block_parser(
+    *, allow_bare: bool = True, success_reward: float = 0.0, error_reward: float = -0.1, max_chars: int = 20_000
+) -> Parser:
     """A parser returning the program as the action; ``error_reward`` when there is none or
     it is longer than ``max_chars``."""
 
@@ -42,8 +45,11 @@ def code_block_parser(*, allow_bare: bool = True, success_reward: float = 0.0, e
         if code is None:
             return ParseResult(action=None, reward=float(error_reward), obs=FORMAT_HINT)
         if len(code) > max_chars:
-            return ParseResult(action=None, reward=float(error_reward),
-                               obs=f"Format error: the program is longer than {max_chars} characters; write a shorter one.")
+            return ParseResult(
+                action=None,
+                reward=float(error_reward),
+                obs=f"Format error: the program is longer than {max_chars} characters; write a shorter one.",
+            )
         return ParseResult(action=code, reward=float(success_reward), obs=None)
 
     parse.__name__ = "code_block_parser"

@@ -20,10 +20,10 @@ import os
 import shutil
 import tempfile
 import weakref
-from pathlib import Path
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Optional
+from pathlib import Path
 
 from ludic_lab.envs.code_exec.base import HarnessSandbox
 from ludic_lab.envs.code_exec.bwrap import BubblewrapSandbox, find_bwrap
@@ -41,7 +41,7 @@ UID_FLOOR = 1_900_000_000
 _pools_made = itertools.count()
 
 
-def next_uid_base(pid: Optional[int] = None, index: Optional[int] = None) -> int:
+def next_uid_base(pid: int | None = None, index: int | None = None) -> int:
     """A block of ``MAX_SLOTS`` uids for a new pool: distinct per process and per pool (16
     per process before reuse), so RLIMIT_NPROC of one pool's slot never counts another
     pool's processes, and pools of two training runs on one machine cannot starve each other."""
@@ -50,7 +50,7 @@ def next_uid_base(pid: Optional[int] = None, index: Optional[int] = None) -> int
     return UID_FLOOR + ((pid * 16 + index % 16) % 2**25) * MAX_SLOTS
 
 
-def remove_stale_workroots(tmp: Optional[str] = None) -> list[str]:
+def remove_stale_workroots(tmp: str | None = None) -> list[str]:
     """Remove pool directories (``ludic-sandbox-<pid>-*``, ours) whose process is gone: a
     pool killed by a signal cannot clean up after itself, the next one does."""
     removed = []
@@ -75,8 +75,15 @@ class SandboxPool:
     (x86-64) adds the system-call filter of :mod:`~ludic_lab.envs.code_exec.seccomp`."""
 
     def __init__(
-        self, size: int = 2, *, limits: Optional[SandboxLimits] = None, python: Optional[str] = None,
-        unsafe_local: bool = False, cache_size: int = 4096, uid_base: Optional[int] = None, seccomp: bool = True,
+        self,
+        size: int = 2,
+        *,
+        limits: SandboxLimits | None = None,
+        python: str | None = None,
+        unsafe_local: bool = False,
+        cache_size: int = 4096,
+        uid_base: int | None = None,
+        seccomp: bool = True,
     ) -> None:
         if not isinstance(size, int) or not 1 <= size <= MAX_SLOTS:
             raise ValueError(f"SandboxPool size must be an int from 1 to {MAX_SLOTS}, got {size!r}")
@@ -89,10 +96,10 @@ class SandboxPool:
         self.cache = ResultCache(cache_size)
         self.executions = 0
         self._sandboxes: list[HarnessSandbox] = []
-        self._free: Optional[asyncio.Queue[HarnessSandbox]] = None
-        self._executor: Optional[ThreadPoolExecutor] = None
-        self.workroot: Optional[str] = None
-        self._finalizer: Optional[weakref.finalize] = None
+        self._free: asyncio.Queue[HarnessSandbox] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self.workroot: str | None = None
+        self._finalizer: weakref.finalize | None = None
 
     @property
     def backend(self) -> str:
@@ -102,7 +109,7 @@ class SandboxPool:
     def started(self) -> bool:
         return self._free is not None
 
-    async def start(self) -> "SandboxPool":
+    async def start(self) -> SandboxPool:
         """Create the slots and run one probe program; raises :class:`SandboxUnavailableError`
         (saying what to do) when bubblewrap is missing or cannot create namespaces here."""
         if self.started:
@@ -110,8 +117,10 @@ class SandboxPool:
         interpreter = Interpreter.from_executable(self.python) if self.python else Interpreter.current()
         bwrap = None if self.unsafe_local else find_bwrap()
         if self.unsafe_local:
-            log.warning("SandboxPool(unsafe_local=True): programs run WITHOUT isolation (your files, network "
-                        "and processes are reachable); use it only for code you trust.")
+            log.warning(
+                "SandboxPool(unsafe_local=True): programs run WITHOUT isolation (your files, network "
+                "and processes are reachable); use it only for code you trust."
+            )
         remove_stale_workroots()
         self.workroot = tempfile.mkdtemp(prefix=f"ludic-sandbox-{os.getpid()}-")
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.workroot, True)
@@ -119,11 +128,23 @@ class SandboxPool:
         for slot in range(self.size):
             if self.unsafe_local:
                 sb: HarnessSandbox = UnsafeLocalSandbox(
-                    slot=slot, workroot=self.workroot, limits=self.limits, interpreter=interpreter, executor=self._executor)
+                    slot=slot,
+                    workroot=self.workroot,
+                    limits=self.limits,
+                    interpreter=interpreter,
+                    executor=self._executor,
+                )
             else:
-                sb = BubblewrapSandbox(slot=slot, workroot=self.workroot, limits=self.limits, interpreter=interpreter,
-                                       executor=self._executor, uid_base=self.uid_base, bwrap=bwrap,
-                                       seccomp=self.seccomp)
+                sb = BubblewrapSandbox(
+                    slot=slot,
+                    workroot=self.workroot,
+                    limits=self.limits,
+                    interpreter=interpreter,
+                    executor=self._executor,
+                    uid_base=self.uid_base,
+                    bwrap=bwrap,
+                    seccomp=self.seccomp,
+                )
             self._sandboxes.append(sb)
         probe = await self._sandboxes[0].execute("print('ok')", timeout_s=10.0)
         if probe.stdout.strip() != "ok":
@@ -139,16 +160,18 @@ class SandboxPool:
             self._free.put_nowait(sb)
         return self
 
-    async def __aenter__(self) -> "SandboxPool":
+    async def __aenter__(self) -> SandboxPool:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
 
-    async def checkout(self, timeout_s: Optional[float] = None) -> HarnessSandbox:
+    async def checkout(self, timeout_s: float | None = None) -> HarnessSandbox:
         """Wait (up to ``timeout_s``) for a free sandbox; :meth:`release` it afterwards."""
         if self._free is None:
-            raise RuntimeError("SandboxPool is not started: `await pool.start()` or use `async with SandboxPool() as pool`")
+            raise RuntimeError(
+                "SandboxPool is not started: `await pool.start()` or use `async with SandboxPool() as pool`"
+            )
         if timeout_s is None:
             return await self._free.get()
         return await asyncio.wait_for(self._free.get(), timeout_s)
@@ -159,7 +182,7 @@ class SandboxPool:
             self._free.put_nowait(sandbox)
 
     @asynccontextmanager
-    async def sandbox(self, timeout_s: Optional[float] = None) -> AsyncIterator[HarnessSandbox]:
+    async def sandbox(self, timeout_s: float | None = None) -> AsyncIterator[HarnessSandbox]:
         """``async with pool.sandbox() as sb:`` checkout and guaranteed release."""
         sb = await self.checkout(timeout_s)
         try:

@@ -13,8 +13,8 @@ import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
 
 from ludic_lab.envs.code_exec.types import StopReason
 
@@ -28,11 +28,11 @@ class RawRun:
 
     stdout: bytes
     stderr: bytes
-    returncode: Optional[int]
+    returncode: int | None
     wall_s: float
     cpu_s: float
     peak_memory_bytes: int
-    stop_reason: Optional[StopReason]
+    stop_reason: StopReason | None
     """Set when the parent stopped the process (timeout, output_limit, stopped), else None."""
     stdout_truncated: bool
     stderr_truncated: bool
@@ -43,18 +43,18 @@ class RawRun:
 def run_process(
     argv: Sequence[str],
     *,
-    stdin_path: Optional[str],
+    stdin_path: str | None,
     timeout_s: float,
     max_stdout: int,
     max_stderr: int,
-    kill: Callable[["subprocess.Popen[bytes]", dict[int, bytes]], None],
-    env: Optional[dict[str, str]] = None,
-    cwd: Optional[str] = None,
+    kill: Callable[[subprocess.Popen[bytes], dict[int, bytes]], None],
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
     extra_fds: Sequence[tuple[int, int]] = (),
     keep_fds: Sequence[int] = (),
-    on_line: Optional[LineCallback] = None,
-    preexec_fn: Optional[Callable[[], None]] = None,
-    started: Optional[Callable[["subprocess.Popen[bytes]"], None]] = None,
+    on_line: LineCallback | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> RawRun:
     """Start ``argv`` in a new session and wait for it, killing it (through ``kill``) at the
     deadline, past ``max_stdout``, or when ``on_line`` asks. ``extra_fds`` are
@@ -65,8 +65,16 @@ def run_process(
     stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(
-            list(argv), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-            start_new_session=True, pass_fds=[w for _, w in extra_fds] + list(keep_fds), close_fds=True, preexec_fn=preexec_fn,
+            list(argv),
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            pass_fds=[w for _, w in extra_fds] + list(keep_fds),
+            close_fds=True,
+            preexec_fn=preexec_fn,
         )
     finally:
         if stdin_path:
@@ -78,7 +86,7 @@ def run_process(
     out, err = bytearray(), bytearray()
     extra: dict[int, bytes] = {r: b"" for r, _ in extra_fds}
     line_start = 0
-    stop: Optional[StopReason] = None
+    stop: StopReason | None = None
     out_trunc = err_trunc = False
     waited = None
     sel = selectors.DefaultSelector()
@@ -142,14 +150,20 @@ def run_process(
     _, status, usage = waited
     proc.returncode = os.waitstatus_to_exitcode(status)
     return RawRun(
-        stdout=bytes(out), stderr=bytes(err), returncode=proc.returncode,
-        wall_s=time.monotonic() - t0, cpu_s=usage.ru_utime + usage.ru_stime,
-        peak_memory_bytes=usage.ru_maxrss * 1024, stop_reason=stop,
-        stdout_truncated=out_trunc, stderr_truncated=err_trunc, extra=extra,
+        stdout=bytes(out),
+        stderr=bytes(err),
+        returncode=proc.returncode,
+        wall_s=time.monotonic() - t0,
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        peak_memory_bytes=usage.ru_maxrss * 1024,
+        stop_reason=stop,
+        stdout_truncated=out_trunc,
+        stderr_truncated=err_trunc,
+        extra=extra,
     )
 
 
-def _wait(proc: "subprocess.Popen[bytes]", kill: Callable, extra: dict[int, bytes], grace_s: float = 2.0):
+def _wait(proc: subprocess.Popen[bytes], kill: Callable, extra: dict[int, bytes], grace_s: float = 2.0):
     """Reap ``proc``; if it lingers ``grace_s`` after being asked to stop, SIGKILL it."""
     end = time.monotonic() + grace_s
     while time.monotonic() < end:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal
 
 from ludic_lab.envs.code_exec.harness import canonical
 from ludic_lab.envs.code_exec.pool import SandboxPool
@@ -22,8 +23,15 @@ from ludic_lab.envs.code_exec.types import BatchTestResult, TestCase, TestResult
 
 Match = Literal["exact", "lines", "tokens"]
 
-_STATUS = {"ok": "passed", "error": "runtime_error", "timeout": "timeout", "cpu_limit": "timeout",
-           "memory": "memory_limit", "output_limit": "output_limit", "file_size_limit": "runtime_error"}
+_STATUS = {
+    "ok": "passed",
+    "error": "runtime_error",
+    "timeout": "timeout",
+    "cpu_limit": "timeout",
+    "memory": "memory_limit",
+    "output_limit": "output_limit",
+    "file_size_limit": "runtime_error",
+}
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if not (self.per_test_timeout_s > 0 and math.isfinite(self.per_test_timeout_s)):
-            raise ValueError(f"per_test_timeout_s must be a positive number of seconds, got {self.per_test_timeout_s!r}")
+            raise ValueError(
+                f"per_test_timeout_s must be a positive number of seconds, got {self.per_test_timeout_s!r}"
+            )
         if self.match not in ("exact", "lines", "tokens"):
             raise ValueError(f"match must be 'exact', 'lines' or 'tokens', got {self.match!r}")
         if self.max_output_bytes <= 0:
@@ -73,7 +83,7 @@ def _close(a: Any, b: Any, tol: float) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return a == b or math.isclose(a, b, rel_tol=tol, abs_tol=tol)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_close(a[k], b[k], tol) for k in a)
     return a == b
@@ -95,15 +105,17 @@ def outputs_match(actual: str, expected: str, match: Match = "lines", tol: float
     if match == "lines":
         return _lines(actual) == _lines(expected)
     a, b = actual.split(), expected.split()
-    return len(a) == len(b) and all(_token_equal(x, y, tol) for x, y in zip(a, b))
+    return len(a) == len(b) and all(_token_equal(x, y, tol) for x, y in zip(a, b, strict=True))
 
 
 def judge(test: TestCase, record: dict, config: RunConfig) -> TestResult:
     """One harness record (what the sandbox saw) -> a :class:`TestResult` (compared here)."""
     keep = config.keep_chars
     status: TestStatus = _STATUS.get(record.get("status", ""), "runtime_error")  # type: ignore[assignment]
-    actual: Optional[str] = record.get("stdout", "")
-    expected = None if test.kind == "assert" else (test.expected if isinstance(test.expected, str) else repr(test.expected))
+    actual: str | None = record.get("stdout", "")
+    expected = (
+        None if test.kind == "assert" else (test.expected if isinstance(test.expected, str) else repr(test.expected))
+    )
     if status == "passed":
         if test.kind == "stdio":
             ok = outputs_match(record.get("stdout", ""), str(test.expected), config.match, config.float_tolerance)
@@ -117,9 +129,14 @@ def judge(test: TestCase, record: dict, config: RunConfig) -> TestResult:
             ok = True
         status = "passed" if ok else "wrong_answer"
     return TestResult(
-        id=test.id, status=status, passed=status == "passed", actual=(actual or "")[:keep],
-        expected=None if expected is None else expected[:keep], stderr=record.get("stderr", "")[-keep:],
-        wall_s=float(record.get("wall_s", 0.0)), cpu_s=float(record.get("cpu_s", 0.0)),
+        id=test.id,
+        status=status,
+        passed=status == "passed",
+        actual=(actual or "")[:keep],
+        expected=None if expected is None else expected[:keep],
+        stderr=record.get("stderr", "")[-keep:],
+        wall_s=float(record.get("wall_s", 0.0)),
+        cpu_s=float(record.get("cpu_s", 0.0)),
     )
 
 
@@ -129,7 +146,12 @@ def tests_key(tests: Sequence[TestCase], config: RunConfig) -> str:
 
 
 async def run_tests(
-    pool: SandboxPool, code: str, tests: Sequence[TestCase], config: Optional[RunConfig] = None, *, use_cache: bool = True,
+    pool: SandboxPool,
+    code: str,
+    tests: Sequence[TestCase],
+    config: RunConfig | None = None,
+    *,
+    use_cache: bool = True,
 ) -> BatchTestResult:
     """Run ``code`` against ``tests`` in one sandbox; a cache hit returns at once (``cached=True``)."""
     config = config or RunConfig()
@@ -153,14 +175,19 @@ async def run_tests(
             res = judge(tests[len(results)], rec, config)
             results.append(res)
             return (config.stop_on_first_failure and not res.passed) or (
-                config.stop_after_timeout and res.status == "timeout")
+                config.stop_after_timeout and res.status == "timeout"
+            )
         return False
 
     t0 = time.monotonic()
     async with pool.sandbox() as sb:
         ex = await sb.run_harness(
-            code, [t.sandbox_view() for t in tests], timeout_s=config.total_timeout_s(len(tests)),
-            per_test_timeout_s=config.per_test_timeout_s, max_output_bytes=config.max_output_bytes, on_line=on_line,
+            code,
+            [t.sandbox_view() for t in tests],
+            timeout_s=config.total_timeout_s(len(tests)),
+            per_test_timeout_s=config.per_test_timeout_s,
+            max_output_bytes=config.max_output_bytes,
+            on_line=on_line,
         )
     compiled = bool(compile_rec.get("ok", True)) if compile_rec else ex.stop_reason != "sandbox_error"
     missing: TestStatus  # what the first test without a record gets (the rest: not_run)
@@ -175,12 +202,23 @@ async def run_tests(
     else:
         missing = "runtime_error"  # the harness died under the program (it killed it, or a limit did)
     done = list(results)
-    for i, t in enumerate(tests[len(done):]):
+    for i, t in enumerate(tests[len(done) :]):
         status: TestStatus = missing if (i == 0 or missing in ("compile_error", "sandbox_error")) else "not_run"
-        done.append(TestResult(id=t.id, status=status, passed=False, stderr=compile_rec.get("error", "") if missing == "compile_error" else ""))
+        done.append(
+            TestResult(
+                id=t.id,
+                status=status,
+                passed=False,
+                stderr=compile_rec.get("error", "") if missing == "compile_error" else "",
+            )
+        )
     result = BatchTestResult(
-        results=tuple(done), compiled=compiled, compile_error=compile_rec.get("error") if not compiled else None,
-        timed_out=any(r.status == "timeout" for r in done), wall_s=time.monotonic() - t0, execution=ex,
+        results=tuple(done),
+        compiled=compiled,
+        compile_error=compile_rec.get("error") if not compiled else None,
+        timed_out=any(r.status == "timeout" for r in done),
+        wall_s=time.monotonic() - t0,
+        execution=ex,
     )
     # neither a sandbox failure nor a timeout (which a loaded machine can cause) is cached
     if use_cache and not any(r.status in ("sandbox_error", "timeout") for r in done):

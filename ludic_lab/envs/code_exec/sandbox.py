@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from ludic_lab.envs.code_exec.process import LineCallback
 from ludic_lab.envs.code_exec.types import ExecutionResult
@@ -50,8 +51,15 @@ class SandboxLimits:
     """Size of the private writable directory (a tmpfs, gone with the sandbox)."""
 
     def __post_init__(self) -> None:
-        for name in ("memory_bytes", "file_size_bytes", "open_files", "processes",
-                     "max_stdout_bytes", "max_stderr_bytes", "tmpfs_bytes"):
+        for name in (
+            "memory_bytes",
+            "file_size_bytes",
+            "open_files",
+            "processes",
+            "max_stdout_bytes",
+            "max_stderr_bytes",
+            "tmpfs_bytes",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be a positive int, got {value!r}")
@@ -84,8 +92,14 @@ class Sandbox(Protocol):
         ...
 
     async def run_harness(
-        self, code: str, tests: Sequence[dict], *, timeout_s: float, per_test_timeout_s: float,
-        max_output_bytes: int, on_line: Optional[LineCallback] = None,
+        self,
+        code: str,
+        tests: Sequence[dict],
+        *,
+        timeout_s: float,
+        per_test_timeout_s: float,
+        max_output_bytes: int,
+        on_line: LineCallback | None = None,
     ) -> ExecutionResult:
         """Run the batched test harness on ``tests`` (inputs only); its stdout is one JSON
         record per test. ``on_line`` may stop the run early (stop_on_first_failure)."""
@@ -100,7 +114,7 @@ class Interpreter:
     prefix: str
 
     @classmethod
-    def current(cls) -> "Interpreter":
+    def current(cls) -> Interpreter:
         """The base installation of the running Python (not its venv: a venv lives inside the
         project checkout, which a sandbox must not see)."""
         prefix = os.path.realpath(sys.base_prefix)
@@ -111,7 +125,7 @@ class Interpreter:
         return cls.from_executable(os.path.realpath(sys.executable))
 
     @classmethod
-    def from_executable(cls, path: str) -> "Interpreter":
+    def from_executable(cls, path: str) -> Interpreter:
         """An interpreter at ``path`` (``/usr/bin/python3``, a pyenv or conda python)."""
         real = os.path.realpath(path)
         if not os.access(real, os.X_OK):
@@ -119,7 +133,7 @@ class Interpreter:
         return cls.checked(real, os.path.dirname(os.path.dirname(real)))
 
     @classmethod
-    def checked(cls, executable: str, prefix: str) -> "Interpreter":
+    def checked(cls, executable: str, prefix: str) -> Interpreter:
         """Refuse a prefix that would expose more than an installation: ``/``, a home
         directory itself, or a directory that contains the current working directory."""
         home = os.path.realpath(os.path.expanduser("~"))

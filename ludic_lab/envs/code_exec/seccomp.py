@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import platform
 import struct
-from typing import Optional
 
 AUDIT_ARCH_X86_64 = 0xC000003E
 X32_SYSCALL_BIT = 0x40000000
@@ -27,15 +26,51 @@ CLONE_NEW_FLAGS = 0x10000000 | 0x00020000 | 0x40000000 | 0x04000000 | 0x08000000
 """CLONE_NEWUSER | NEWNS | NEWNET | NEWUTS | NEWIPC | NEWPID | NEWCGROUP | NEWTIME."""
 
 X86_64_DENIED = {
-    "ptrace": 101, "syslog": 103, "uselib": 134, "modify_ldt": 154, "vhangup": 153, "pivot_root": 155,
-    "acct": 163, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169,
-    "sethostname": 170, "setdomainname": 171, "iopl": 172, "ioperm": 173, "init_module": 175,
-    "delete_module": 176, "quotactl": 179, "lookup_dcookie": 212, "kexec_load": 246, "add_key": 248,
-    "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298, "name_to_handle_at": 303,
-    "open_by_handle_at": 304, "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311,
-    "finit_module": 313, "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
-    "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+    "ptrace": 101,
+    "syslog": 103,
+    "uselib": 134,
+    "modify_ldt": 154,
+    "vhangup": 153,
+    "pivot_root": 155,
+    "acct": 163,
+    "mount": 165,
+    "umount2": 166,
+    "swapon": 167,
+    "swapoff": 168,
+    "reboot": 169,
+    "sethostname": 170,
+    "setdomainname": 171,
+    "iopl": 172,
+    "ioperm": 173,
+    "init_module": 175,
+    "delete_module": 176,
+    "quotactl": 179,
+    "lookup_dcookie": 212,
+    "kexec_load": 246,
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
+    "unshare": 272,
+    "perf_event_open": 298,
+    "name_to_handle_at": 303,
+    "open_by_handle_at": 304,
+    "setns": 308,
+    "process_vm_readv": 310,
+    "process_vm_writev": 311,
+    "finit_module": 313,
+    "kexec_file_load": 320,
+    "bpf": 321,
+    "userfaultfd": 323,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "mount_setattr": 442,
 }
 X86_64_CLONE, X86_64_CLONE3 = 56, 435
 
@@ -44,7 +79,7 @@ def _ins(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("<HBBI", code, jt, jf, k)
 
 
-def filter_program(machine: Optional[str] = None) -> Optional[bytes]:
+def filter_program(machine: str | None = None) -> bytes | None:
     """The filter as ``struct sock_filter[]`` bytes, or None on an architecture without one."""
     if (machine or platform.machine()) not in ("x86_64", "AMD64"):
         return None

@@ -10,12 +10,14 @@ it failed, why (the stderr tail, a timeout, a limit) — never an unsandboxed fa
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from ludic_lab.envs.code_exec.pool import SandboxPool
 
 
-def run_python_tool(pool: SandboxPool, *, timeout_s: float = 5.0, max_chars: int = 2000) -> Callable[[str], Awaitable[str]]:
+def run_python_tool(
+    pool: SandboxPool, *, timeout_s: float = 5.0, max_chars: int = 2000
+) -> Callable[[str], Awaitable[str]]:
     """A ``run_python(code)`` tool bound to ``pool`` (started by the caller, shared by episodes)."""
 
     async def run_python(code: str) -> str:
@@ -28,12 +30,16 @@ def run_python_tool(pool: SandboxPool, *, timeout_s: float = 5.0, max_chars: int
         out = result.stdout[:max_chars] + ("\n[output truncated]" if len(result.stdout) > max_chars else "")
         if result.ok:
             return out if out.strip() else "(the program printed nothing)"
-        why = {"timeout": f"it ran longer than {timeout_s:g} s and was stopped",
-               "cpu_limit": "it used too much CPU time and was stopped",
-               "memory_limit": "it ran out of memory", "output_limit": "it printed too much and was stopped",
-               "file_size_limit": "it wrote too large a file", "sandbox_error": "the sandbox failed (not your code)"}
+        why = {
+            "timeout": f"it ran longer than {timeout_s:g} s and was stopped",
+            "cpu_limit": "it used too much CPU time and was stopped",
+            "memory_limit": "it ran out of memory",
+            "output_limit": "it printed too much and was stopped",
+            "file_size_limit": "it wrote too large a file",
+            "sandbox_error": "the sandbox failed (not your code)",
+        }
         reason = why.get(result.stop_reason, f"it exited with status {result.exit_code}")
-        tail = result.stderr.strip()[-max_chars // 2:]
+        tail = result.stderr.strip()[-max_chars // 2 :]
         return f"{out}\n[the program failed: {reason}]" + (f"\n{tail}" if tail else "")
 
     return run_python

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal
 
 StopReason = Literal[
     "exited",  # the program ended by itself (any exit status)
@@ -31,9 +32,9 @@ class ExecutionResult:
     """Standard output (UTF-8, invalid bytes replaced), at most the sandbox's cap."""
     stderr: str
     """Standard error, the *last* bytes up to the cap (tracebacks end there)."""
-    exit_code: Optional[int]
+    exit_code: int | None
     """Exit status, or ``None`` when a signal ended the process."""
-    signal: Optional[int]
+    signal: int | None
     """The signal that ended the process, or ``None``."""
     wall_s: float
     """Wall-clock seconds from start to the end of the process tree."""
@@ -82,7 +83,9 @@ class TestCase:
         if self.kind not in ("stdio", "call", "assert"):
             raise ValueError(f"TestCase.kind must be 'stdio', 'call' or 'assert', got {self.kind!r}")
         if not isinstance(self.input, str):
-            raise TypeError(f"TestCase.input must be a str (stdin, call expression or assert), got {type(self.input).__name__}")
+            raise TypeError(
+                f"TestCase.input must be a str (stdin, call expression or assert), got {type(self.input).__name__}"
+            )
 
     def sandbox_view(self) -> dict[str, str]:
         """What enters the sandbox: the input only, never the expected output."""
@@ -114,8 +117,15 @@ def hash_tests(tests: Sequence[TestCase], **settings: Any) -> str:
 
 
 TestStatus = Literal[
-    "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit",
-    "compile_error", "not_run", "sandbox_error",
+    "passed",
+    "wrong_answer",
+    "runtime_error",
+    "timeout",
+    "memory_limit",
+    "output_limit",
+    "compile_error",
+    "not_run",
+    "sandbox_error",
 ]
 
 
@@ -128,9 +138,9 @@ class TestResult:
     id: str
     status: TestStatus
     passed: bool
-    actual: Optional[str] = None
+    actual: str | None = None
     """What the program printed (stdio) or returned (call, as JSON), truncated."""
-    expected: Optional[str] = None
+    expected: str | None = None
     """The expected output, as text, truncated (for feedback and tables)."""
     stderr: str = ""
     """The tail of stderr (the traceback, if any)."""
@@ -147,13 +157,13 @@ class BatchTestResult:
 
     results: tuple[TestResult, ...]
     compiled: bool = True
-    compile_error: Optional[str] = None
+    compile_error: str | None = None
     timed_out: bool = False
     """Some test hit the per-test or the whole run's time limit."""
     wall_s: float = 0.0
     """Wall-clock time of the sandboxed run (0 for a cache hit)."""
     cached: bool = False
-    execution: Optional[ExecutionResult] = field(default=None, compare=False)
+    execution: ExecutionResult | None = field(default=None, compare=False)
     """The sandbox run (stdout holds the harness's records, not the program's output)."""
 
     @property
@@ -173,5 +183,5 @@ class BatchTestResult:
         return self.passed_count / self.total_count if self.results else 0.0
 
     @property
-    def first_failure(self) -> Optional[TestResult]:
+    def first_failure(self) -> TestResult | None:
         return next((r for r in self.results if not r.passed and r.status != "not_run"), None)
