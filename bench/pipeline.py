@@ -50,7 +50,7 @@ def _trainer_config(a: argparse.Namespace) -> Any:
         seed=a.seed,
         max_lag=None if a.max_lag < 0 else a.max_lag,
         lora_r=a.lora_r,
-        lora_alpha=2.0 * a.lora_r if a.lora_r else 16.0,
+        lora_alpha=None,  # 2 * lora_r
     )
 
 

@@ -70,7 +70,7 @@ def test_shared_recipe_parts_read_a_script_config(tmp_path: Path, capsys: pytest
 
     cfg = SimpleNamespace(device="cpu", lr=1e-3, lora_r=8, seed=3, micro_token_budget=2048)
     tc = trainer_config(cfg, scoring_temperature=0.7, batch_split="global")
-    assert (tc.lr, tc.lora_r, tc.lora_alpha, tc.seed, tc.micro_token_budget) == (1e-3, 8, 16.0, 3, 2048)
+    assert (tc.lr, tc.lora_r, tc.lora_scale_alpha, tc.seed, tc.micro_token_budget) == (1e-3, 8, 16.0, 3, 2048)
     assert tc.scoring_temperature == 0.7 and tc.batch_split == "global" and tc.max_seq_len == 1024
     sft = trainer_config(SimpleNamespace(**{**vars(cfg), "lora_r": 0}))  # SFT: the trainer's own scoring temperature
     assert sft.lora_r == 0 and sft.scoring_temperature == type(sft)().scoring_temperature

@@ -36,7 +36,7 @@ def trainer_config(cfg: Any, *, scoring_temperature: float | None = None, max_se
     from ludic_lab.training import TrainerConfig
 
     kw: dict[str, Any] = dict(
-        model_device=cfg.device, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
+        model_device=cfg.device, lr=cfg.lr, lora_r=cfg.lora_r, lora_alpha=None,
         seed=cfg.seed, max_seq_len=max_seq_len, micro_token_budget=cfg.micro_token_budget,
     )  # fmt: skip
     if scoring_temperature is not None:
