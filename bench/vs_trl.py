@@ -89,7 +89,7 @@ def linear_shapes(model: Any, tokens: int) -> list[tuple[int, int, int]]:
 
 # -- data ------------------------------------------------------------------------------------
 def question_rows(steps: int, prompts: int, seed: int) -> list[dict[str, Any]]:
-    """The training questions, in the order ludic's side asks them (TRL shuffles its own)."""
+    """The training questions in the order ludic's side asks them (TRL keeps it: no shuffle)."""
     from ludic_lab.data import load_capitals
 
     rows = load_capitals("train")
@@ -281,6 +281,7 @@ def run_trl(a: argparse.Namespace) -> dict[str, Any]:
             learning_rate=1e-4,
             lr_scheduler_type="constant",
             loss_type="dapo",
+            shuffle_dataset=False,
             beta=0.0,
             epsilon=0.2,
             report_to=[],
@@ -321,7 +322,10 @@ def summarize(r: dict[str, Any], limits: dict[str, float], a: argparse.Namespace
         k: statistics.median(s.get(k, 0.0) for s in body)
         for k in ("step_s", "sampling_s", "scoring_s", "fwd_bwd_s", "optimizer_s", "publish_s")
     }
-    med["other_s"] = med["step_s"] - sum(v for k, v in med.items() if k != "step_s" and v == v)
+    parts = ("sampling_s", "scoring_s", "fwd_bwd_s", "optimizer_s", "publish_s")
+    med["other_s"] = statistics.median(  # per step, then the median (medians of parts need not add up)
+        s["step_s"] - sum(s.get(k, 0.0) for k in parts if s.get(k, 0.0) == s.get(k, 0.0)) for s in body
+    )
     n = r["params"]
     tok_s = statistics.median(s["sample_tokens"] for s in body)
     tok_t = statistics.median(s["train_tokens"] for s in body)
