@@ -36,21 +36,33 @@ or when awaited.
 Actions come from ``actions`` (a list of strings, or ``(agent_id, obs, rng) -> str``), else
 from the env's optional ``sample_action(agent_id, rng)`` hook, else from a pool of plain and
 garbage strings.
+
+The checks of single calls (one reset, one step's outcomes) are in
+:mod:`ludic_lab.envs.checker_calls`; this module plays the episode and probes that use them.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ludic_lab.aio import maybe_await, run_sync
+from ludic_lab.envs.checker_calls import (
+    EnvCheckError,
+    active_ids,
+    check_outcome,
+    checked_reset,
+    checked_step,
+    fail,
+    gym_hint,
+    signature,
+    sysprompt,
+)
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
-from ludic_lab.types import StepOutcome
 
 ActionFn = Callable[[Any, str, random.Random], str]
 
@@ -67,14 +79,6 @@ GARBAGE_ACTIONS: tuple[str, ...] = (
     "\x00\x01\x02",
     "x" * 20_000,
 )
-
-
-class EnvCheckError(AssertionError):
-    """An environment broke a rule of the :class:`LudicEnv` contract; ``rule`` names it."""
-
-    def __init__(self, rule: str, message: str) -> None:
-        super().__init__(f"[{rule}] {message}")
-        self.rule = rule
 
 
 @dataclass(frozen=True)
@@ -94,90 +98,6 @@ class EnvCheckReport:
     def __str__(self) -> str:
         ret = ", ".join(f"{a}={r:g}" for a, r in self.returns.items())
         return f"{self.env}: OK ({len(self.rules)} rules, {self.num_steps} steps, returns {ret})"
-
-
-def _fail(rule: str, message: str) -> None:
-    raise EnvCheckError(rule, message)
-
-
-def _sysprompt(env: LudicEnv, agent_id: Any) -> Any:
-    sp = env.suggested_sysprompt  # a property on SingleAgentEnv, a method on LudicEnv
-    return sp(agent_id) if callable(sp) else sp
-
-
-def _check_json(info: Any, where: str) -> None:
-    try:
-        json.dumps(info, allow_nan=True)
-    except (TypeError, ValueError) as e:
-        _fail("info_json", f"{where}: info is not JSON-serialisable ({e}); keep info to str/number/bool/list/dict")
-
-
-def _gym_hint(out: Any) -> str:
-    """What to write instead of a Gymnasium-style tuple (empty for anything else)."""
-    if isinstance(out, tuple) and len(out) in (4, 5):
-        return (
-            f" (a {len(out)}-tuple, as Gymnasium's step returns: return StepOutcome(obs=..., reward=..., "
-            "truncated=..., terminated=..., info=...) instead)"
-        )
-    return ""
-
-
-def _check_outcome(agent: Any, out: Any, where: str) -> None:
-    if not isinstance(out, StepOutcome):
-        _fail(
-            "outcome_types",
-            f"{where}: outcome for {agent!r} is a {type(out).__name__}, expected StepOutcome{_gym_hint(out)}",
-        )
-    if not isinstance(out.obs, str):
-        _fail("outcome_types", f"{where}: obs for {agent!r} is a {type(out.obs).__name__}, expected str")
-    r = out.reward
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
-        _fail("outcome_types", f"{where}: reward for {agent!r} is {r!r}; expected a finite float")
-    for flag in ("terminated", "truncated"):
-        if not isinstance(getattr(out, flag), bool):
-            _fail("outcome_types", f"{where}: {flag} for {agent!r} is {getattr(out, flag)!r}; expected a bool")
-    if not isinstance(out.info, dict):
-        _fail("outcome_types", f"{where}: info for {agent!r} is a {type(out.info).__name__}, expected dict")
-    _check_json(out.info, f"{where} ({agent!r})")
-
-
-def _signature(outcomes: Mapping[Any, StepOutcome]) -> list[tuple]:
-    return sorted(
-        (repr(a), o.obs, float(o.reward), o.terminated, o.truncated, json.dumps(o.info, sort_keys=True, default=repr))
-        for a, o in outcomes.items()
-    )
-
-
-def _active(env: LudicEnv, where: str, ids: set) -> list:
-    active = list(env.active_agents)
-    if not set(active) <= ids:
-        _fail("active_agents", f"{where}: active_agents {active} holds ids not in agent_ids {sorted(map(repr, ids))}")
-    return active
-
-
-async def _step(env: LudicEnv, acts: dict, where: str) -> Any:
-    try:
-        return await maybe_await(env.step(acts))
-    except Exception as e:  # noqa: BLE001 - reported as a rule failure
-        _fail(
-            "step_raised",
-            f"{where}: step({ {a: f'{v!r:.40}' for a, v in acts.items()} }) raised {type(e).__name__}: {e}",
-        )
-
-
-async def _reset(env: LudicEnv, seed: int | None, ids: set) -> dict:
-    res = await maybe_await(env.reset(seed=seed))
-    if not isinstance(res, dict) or set(res) != ids:
-        got = sorted(map(repr, res)) if isinstance(res, dict) else type(res).__name__
-        _fail(
-            "reset_agents",
-            f"reset must return {{agent_id: (obs, info)}} for every agent id {sorted(map(repr, ids))}; got {got}",
-        )
-    for a, v in res.items():
-        if not (isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], dict)):
-            _fail("reset_types", f"reset()[{a!r}] must be (str obs, dict info); got {v!r:.200}")
-        _check_json(v[1], f"reset()[{a!r}]")
-    return res
 
 
 def check_env(
@@ -218,16 +138,16 @@ async def check_env_async(
 
     ids_list = list(env.agent_ids)
     if not ids_list or len(set(ids_list)) != len(ids_list):
-        _fail("agent_ids", f"agent_ids must be a non-empty list of distinct ids, got {ids_list!r}")
+        fail("agent_ids", f"agent_ids must be a non-empty list of distinct ids, got {ids_list!r}")
     ids = set(ids_list)
     rules.append("agent_ids")
 
     driven_list = list(getattr(env, "env_driven_agents", None) or [])
     if not set(driven_list) <= ids:
-        _fail("env_driven_agents", f"env_driven_agents {driven_list!r} must be a subset of agent_ids {ids_list!r}")
+        fail("env_driven_agents", f"env_driven_agents {driven_list!r} must be a subset of agent_ids {ids_list!r}")
     driven = set(driven_list)
     if driven == ids:
-        _fail("env_driven_agents", "the env drives every agent id itself; at least one role must be left to an agent")
+        fail("env_driven_agents", "the env drives every agent id itself; at least one role must be left to an agent")
     rules.append("env_driven_agents")
 
     def expected_keys(active: Sequence[Any]) -> list:
@@ -235,19 +155,19 @@ async def check_env_async(
         return [a for a in active if a not in driven]
 
     for a in ids_list:
-        sp = _sysprompt(env, a)
+        sp = sysprompt(env, a)
         if sp is not None and not isinstance(sp, str):
-            _fail("sysprompt", f"suggested_sysprompt for {a!r} must be str or None, got {type(sp).__name__}")
+            fail("sysprompt", f"suggested_sysprompt for {a!r} must be str or None, got {type(sp).__name__}")
     rules.append("sysprompt")
 
-    first = await _reset(env, seed, ids)
+    first = await checked_reset(env, seed, ids)
     rules += ["reset_agents", "reset_types", "info_json"]
 
     async def check_current_obs(expected: Mapping[Any, str], where: str) -> None:
         if isinstance(env, SingleAgentEnv):
             got = await maybe_await(env.env_current_obs())
             if got != expected[env.agent_id]:
-                _fail(
+                fail(
                     "current_obs",
                     f"{where}: env_current_obs() returned {got!r:.120}, expected {expected[env.agent_id]!r:.120}",
                 )
@@ -255,27 +175,27 @@ async def check_env_async(
             for a, obs in expected.items():
                 got = await maybe_await(env.current_obs(a))  # type: ignore[attr-defined]  # checked callable above
                 if got != obs:
-                    _fail("current_obs", f"{where}: current_obs({a!r}) returned {got!r:.120}, expected {obs!r:.120}")
+                    fail("current_obs", f"{where}: current_obs({a!r}) returned {got!r:.120}, expected {obs!r:.120}")
 
-    if not _active(env, "after reset", ids):
-        _fail("active_agents", "no agent is active right after reset; at least one must act")
+    if not active_ids(env, "after reset", ids):
+        fail("active_agents", "no agent is active right after reset; at least one must act")
     await check_current_obs({a: v[0] for a, v in first.items()}, "after reset")
 
-    second = await _reset(env, seed, ids)
+    second = await checked_reset(env, seed, ids)
     for a in ids_list if seed is not None else ():
         if second[a][0] != first[a][0]:
-            _fail(
+            fail(
                 "determinism",
                 f"reset(seed={seed}) gave different observations for {a!r}: "
                 f"{first[a][0]!r:.120} vs {second[a][0]!r:.120}",
             )
         if json.dumps(second[a][1], sort_keys=True) != json.dumps(first[a][1], sort_keys=True):
-            _fail("determinism", f"reset(seed={seed}) gave different infos for {a!r}: {first[a][1]} vs {second[a][1]}")
+            fail("determinism", f"reset(seed={seed}) gave different infos for {a!r}: {first[a][1]} vs {second[a][1]}")
     if seed is not None:
         rules.append("determinism")
 
     # -- wrong keys must be refused ---------------------------------------------------------
-    active = _active(env, "after reset", ids)
+    active = active_ids(env, "after reset", ids)
     keys = expected_keys(active)
     bogus = "__check_env_not_an_agent__"
     probes: list[tuple[str, dict]] = [("an extra unknown agent", {**{a: "A1" for a in keys}, bogus: "A1"})]
@@ -290,12 +210,12 @@ async def check_env_async(
             (f"an action for env-driven agent {bots_active[0]!r}", {**{a: "A1" for a in keys}, bots_active[0]: "A1"})
         )
     for what, acts in probes:
-        await _reset(env, seed, ids)
+        await checked_reset(env, seed, ids)
         try:
             await maybe_await(env.step(acts))
         except Exception:  # noqa: BLE001 - any error is the expected refusal
             continue
-        _fail(
+        fail(
             "step_rejects_wrong_keys",
             f"step accepted {what} (keys {sorted(map(repr, acts))}); it must raise unless the keys are "
             "exactly active_agents (less env_driven_agents)",
@@ -305,18 +225,18 @@ async def check_env_async(
     # -- arbitrary text must not crash the env ---------------------------------------------------
     if garbage_probe:
         for g in GARBAGE_ACTIONS:
-            await _reset(env, seed, ids)
-            acts = {a: g for a in expected_keys(_active(env, "after reset", ids))}
+            await checked_reset(env, seed, ids)
+            acts = {a: g for a in expected_keys(active_ids(env, "after reset", ids))}
             try:
                 outs = await maybe_await(env.step(acts))
             except Exception as e:  # noqa: BLE001 - reported as a rule failure
-                _fail(
+                fail(
                     "step_accepts_any_text",
                     f"step raised {type(e).__name__}: {e} on action {g!r:.60}; return a penalised outcome instead",
                 )
             if isinstance(outs, dict):
                 for a, o in outs.items():
-                    _check_outcome(a, o, f"step with action {g!r:.40}")
+                    check_outcome(a, o, f"step with action {g!r:.40}")
         rules.append("step_accepts_any_text")
 
     # -- play one episode --------------------------------------------------------------------
@@ -333,7 +253,7 @@ async def check_env_async(
             return sampler(agent, rng)
         return rng.choice(GARBAGE_ACTIONS)
 
-    start = await _reset(env, seed, ids)
+    start = await checked_reset(env, seed, ids)
     obs = {a: v[0] for a, v in start.items()}
     returns = {repr(a) if not isinstance(a, str) else a: 0.0 for a in ids_list}
     done: set = set()
@@ -341,9 +261,9 @@ async def check_env_async(
     trace: list[list[tuple]] = []
     steps = 0
     while steps < max_steps:
-        active = _active(env, f"step {steps}", ids)
+        active = active_ids(env, f"step {steps}", ids)
         if done & set(active):
-            _fail(
+            fail(
                 "active_agents",
                 f"step {steps}: {sorted(map(repr, done & set(active)))} still active after their episode ended",
             )
@@ -351,48 +271,48 @@ async def check_env_async(
             break
         acts = {a: choose(a, obs[a], steps) for a in expected_keys(active)}
         where = f"step {steps}"
-        outs = await _step(env, acts, where)
+        outs = await checked_step(env, acts, where)
         if not isinstance(outs, dict):
-            _fail(
+            fail(
                 "outcome_keys",
-                f"{where}: step returned a {type(outs).__name__}, expected {{agent_id: StepOutcome}}{_gym_hint(outs)}",
+                f"{where}: step returned a {type(outs).__name__}, expected {{agent_id: StepOutcome}}{gym_hint(outs)}",
             )
         if not set(acts) <= set(outs) or not set(outs) <= ids:
-            _fail(
+            fail(
                 "outcome_keys",
                 f"{where}: step got actions for {sorted(map(repr, acts))} "
                 f"but returned outcomes for {sorted(map(repr, outs))}",
             )
         for a, o in outs.items():
-            _check_outcome(a, o, where)
+            check_outcome(a, o, where)
             obs[a] = o.obs
             returns[a if isinstance(a, str) else repr(a)] += float(o.reward)
             if o.terminated or o.truncated:
                 done.add(a)
         await check_current_obs({a: o.obs for a, o in outs.items()}, where)
-        still = set(_active(env, where, ids)) & done
+        still = set(active_ids(env, where, ids)) & done
         if still:
-            _fail(
+            fail(
                 "active_agents",
                 f"{where}: {sorted(map(repr, still))} ended (terminated/truncated) but are still in active_agents",
             )
         played.append(acts)
-        trace.append(_signature(outs))
+        trace.append(signature(outs))
         steps += 1
     else:
-        if _active(env, f"step {steps}", ids):
-            _fail(
+        if active_ids(env, f"step {steps}", ids):
+            fail(
                 "episode_ends",
                 f"the episode did not end within max_steps={max_steps}; pass a larger max_steps if that is expected",
             )
     rules += ["outcome_keys", "outcome_types", "current_obs", "active_agents", "step_raised", "episode_ends"]
 
     if check_replay and seed is not None:
-        await _reset(env, seed, ids)
+        await checked_reset(env, seed, ids)
         for t, acts in enumerate(played):
-            sig = _signature(await _step(env, acts, f"replay step {t}"))
+            sig = signature(await checked_step(env, acts, f"replay step {t}"))
             if sig != trace[t]:
-                _fail(
+                fail(
                     "replay_determinism",
                     f"replaying the same actions from seed={seed} gave a different outcome at step {t}: "
                     f"{sig!r:.200} vs {trace[t]!r:.200}",
