@@ -1,11 +1,11 @@
 """``LocalChatClient``: an in-process transformers model behind the async ``ChatClient`` API.
 
 This is the embedded default backend. Requests from many concurrent episodes are gathered
-and generated as one left-padded batch with a KV cache (that is what makes CPU rollouts
-usable); finished rows leave the batch early. Each response carries the prompt ids, the
-sampled ids and the behaviour logprob of every sampled token (see
-:mod:`ludic_lab.inference.sampling`). ``sync_weights`` copies new weights in place between
-batches (never mid-forward) and bumps the policy version.
+(:mod:`ludic_lab.inference.local_batcher`) and generated as one left-padded batch with a KV
+cache (that is what makes CPU rollouts usable); finished rows leave the batch early. Each
+response carries the prompt ids, the sampled ids and the behaviour logprob of every sampled
+token (see :mod:`ludic_lab.inference.sampling`). ``sync_weights`` copies new weights in place
+between batches (never mid-forward) and bumps the policy version.
 """
 
 from __future__ import annotations
@@ -16,82 +16,17 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
+from ludic_lab.inference.local_batcher import LoopBatcher
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.sampling import sample_rows
 from ludic_lab.inference.tied_weights import check_tied_values, tied_groups
 from ludic_lab.inference.tool_calls import parse_tool_calls, tool_schemas
 from ludic_lab.types import ChatResponse
-
-
-@dataclass
-class _Pending:
-    request: ChatCompletionRequest
-    future: asyncio.Future[tuple[ChatResponse, dict[str, Any]]]
-
-
-class _LoopBatcher:
-    """Per-event-loop queue: gathers concurrent requests and runs them as one batch."""
-
-    def __init__(self, client: LocalChatClient) -> None:
-        self.client = client
-        self.pending: list[_Pending] = []
-        self.worker: asyncio.Task | None = None
-
-    def submit(self, req: ChatCompletionRequest) -> asyncio.Future[tuple[ChatResponse, dict[str, Any]]]:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
-        self.pending.append(_Pending(req, fut))
-        if self.worker is None or self.worker.done():
-            self.worker = loop.create_task(self._run())
-        return fut
-
-    async def _run(self) -> None:
-        try:
-            while self.pending:
-                await self._run_one_batch()
-        finally:
-            # drop every reference to this loop (the client keeps batchers in a weak mapping);
-            # when the loop is shutting down (we were cancelled), nobody is left waiting
-            if asyncio.current_task() is self.worker:
-                self.worker = None
-            for p in self.pending:
-                p.future.cancel()
-            self.pending.clear()
-
-    async def _run_one_batch(self) -> None:
-        # let every coroutine that is about to submit do so before the batch is cut
-        for _ in range(self.client.gather_ticks):
-            await asyncio.sleep(0)
-        if self.client.batch_wait_s > 0:
-            await asyncio.sleep(self.client.batch_wait_s)
-        batch = [p for p in self.pending[: self.client.max_batch_size] if not p.future.done()]
-        del self.pending[: self.client.max_batch_size]
-        if not batch:
-            return
-        try:
-            results = await asyncio.get_running_loop().run_in_executor(
-                self.client._executor, self.client._generate_isolated, [p.request for p in batch]
-            )
-        except BaseException as e:
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
-            if not isinstance(e, Exception):
-                raise
-            return
-        for p, r in zip(batch, results, strict=True):
-            if p.future.done():
-                continue
-            if isinstance(r, BaseException):
-                p.future.set_exception(r)  # a bad request fails alone
-            else:
-                p.future.set_result(r)
 
 
 class LocalChatClient:
@@ -145,7 +80,7 @@ class LocalChatClient:
         self.policy_version = int(policy_version)
         self._lock = threading.RLock()  # held while generating and while loading weights
         # one batcher per event loop, dropped with its loop (ids of dead loops get reused)
-        self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBatcher] = weakref.WeakKeyDictionary()
+        self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopBatcher] = weakref.WeakKeyDictionary()
         self.vocab_size: int = int(self.model.get_input_embeddings().weight.shape[0])
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad if pad is not None else tokenizer.eos_token_id)
@@ -162,7 +97,7 @@ class LocalChatClient:
         loop = asyncio.get_running_loop()
         batcher = self._batchers.get(loop)
         if batcher is None:
-            batcher = self._batchers[loop] = _LoopBatcher(self)
+            batcher = self._batchers[loop] = LoopBatcher(self)
         return await batcher.submit(request)
 
     def complete_sync(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
