@@ -5,7 +5,8 @@ its own event loop for coroutines — and returns a :class:`BackgroundTask` hand
 be awaited (from any event loop, e.g. a notebook cell), polled (``done()``, ``status``,
 ``result()``) and cancelled. What the task prints goes to an ipywidgets ``Output`` through
 ``append_stdout``/``append_stderr`` (never ``with out:`` from a thread, which would capture
-the wrong cell's output); :func:`show` sends rich objects there too.
+the wrong cell's output); :func:`show` sends rich objects there too. That routing lives in
+:mod:`ludic_lab.lab.task_output`.
 
 Also here: ``run_sync`` (re-exported from :mod:`ludic_lab.aio`: runs a coroutine to
 completion from sync code, in a script or in a live kernel) and
@@ -24,156 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextvars
 import inspect
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 from ludic_lab.aio import run_sync
-from ludic_lab.jupyter import in_kernel
+from ludic_lab.lab.task_output import SINK, OutputSink, auto_output, install_routing, show, uninstall_routing
 
 __all__ = ["BackgroundTask", "enable_nested_asyncio", "run_sync", "show", "start_background"]
 
 STATUSES = ("pending", "running", "done", "failed", "cancelled")
-
-
-# -- output routing ----------------------------------------------------------------------------
-class _OutputSink:
-    """Writes a task's stdout/stderr into an ipywidgets ``Output`` (line-buffered, coalesced:
-    at most one widget update per ``interval_s`` plus one at the end), and keeps a full copy."""
-
-    def __init__(self, output: Any, interval_s: float = 0.2) -> None:
-        self.output = output
-        self.interval_s = interval_s
-        self.log: list[str] = []
-        self._pending: dict[str, str] = {"stdout": "", "stderr": ""}
-        self._lock = threading.Lock()
-        self._last = 0.0
-        self._timer: threading.Timer | None = None
-
-    def write(self, name: str, text: str) -> None:
-        with self._lock:
-            self.log.append(text)
-            self._pending[name] += text
-            due = time.monotonic() - self._last >= self.interval_s
-            if not due and self._timer is None:
-                self._timer = threading.Timer(self.interval_s, self.flush)
-                self._timer.daemon = True
-                self._timer.start()
-        if due:
-            self.flush(partial=False)
-
-    def flush(self, partial: bool = True) -> None:
-        """Send complete lines (all text when ``partial``) to the widget."""
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            chunks = []
-            for name in ("stdout", "stderr"):
-                buf = self._pending[name]
-                cut = len(buf) if partial else buf.rfind("\n") + 1
-                if cut > 0:
-                    chunks.append((name, buf[:cut]))
-                    self._pending[name] = buf[cut:]
-            if chunks:
-                self._last = time.monotonic()
-        for name, text in chunks:
-            (self.output.append_stdout if name == "stdout" else self.output.append_stderr)(text)
-
-    def display(self, obj: Any) -> None:
-        self.flush()
-        self.output.append_display_data(obj)
-
-
-_SINK: contextvars.ContextVar[_OutputSink | None] = contextvars.ContextVar("ludic_lab_task_sink", default=None)
-
-
-class _RoutedStream:
-    """Stands in for ``sys.stdout``/``sys.stderr``: writes from inside a task with a sink go
-    to that sink, every other write to the original stream."""
-
-    def __init__(self, original: Any, name: str) -> None:
-        self._original = original
-        self._name = name
-
-    def write(self, s: str) -> int:
-        sink = _SINK.get()
-        if sink is None:
-            return self._original.write(s)
-        sink.write(self._name, s)
-        return len(s)
-
-    def flush(self) -> None:
-        sink = _SINK.get()
-        if sink is not None:
-            sink.flush()
-        else:
-            self._original.flush()
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._original, attr)
-
-
-_route_lock = threading.Lock()
-_route_users = 0
-
-
-def _install_routing() -> None:
-    global _route_users
-    with _route_lock:
-        _route_users += 1
-        for name in ("stdout", "stderr"):
-            cur = getattr(sys, name)
-            if not isinstance(cur, _RoutedStream):
-                setattr(sys, name, _RoutedStream(cur, name))
-
-
-def _uninstall_routing() -> None:
-    global _route_users
-    with _route_lock:
-        _route_users -= 1
-        if _route_users > 0:
-            return
-        for name in ("stdout", "stderr"):
-            cur = getattr(sys, name)
-            if isinstance(cur, _RoutedStream):
-                setattr(sys, name, cur._original)
-
-
-def show(obj: Any) -> None:
-    """Display ``obj`` where the current code's output goes: the ``Output`` of the background
-    task running this code, else the notebook cell (``IPython.display.display``), else print.
-
-    Example (inside a task): ``lab.show(rollouts[0])``.
-    """
-    sink = _SINK.get()
-    if sink is not None:
-        sink.display(obj)
-        return
-    try:
-        from IPython.display import display
-    except ImportError:
-        print(obj)
-        return
-    display(obj)
-
-
-def _auto_output() -> Any:
-    """A fresh ``Output`` displayed in the current cell when running in a kernel, else ``None``."""
-    if not in_kernel():
-        return None
-    try:
-        import ipywidgets as widgets
-        from IPython.display import display
-    except ImportError:
-        return None
-    out = widgets.Output(layout={"max_height": "24em", "overflow_y": "auto"})
-    display(out)
-    return out
 
 
 # -- the task ----------------------------------------------------------------------------------
@@ -192,7 +55,7 @@ class BackgroundTask:
     def __init__(self, target: Awaitable[Any] | Callable[[], Any], output: Any, name: str) -> None:
         self.name = name
         self.output = output
-        self._sink = _OutputSink(output) if output is not None else None
+        self._sink = OutputSink(output) if output is not None else None
         self._is_coro = inspect.iscoroutine(target)
         self._target = target
         self._future: concurrent.futures.Future = concurrent.futures.Future()
@@ -208,12 +71,12 @@ class BackgroundTask:
     # -- running -----------------------------------------------------------------------
     def _start(self) -> BackgroundTask:
         if self._sink is not None:
-            _install_routing()
+            install_routing()
         self._thread.start()
         return self
 
     def _run(self) -> None:
-        _SINK.set(self._sink)
+        SINK.set(self._sink)
         self.started_at = time.time()
         try:
             if self._is_coro:
@@ -269,7 +132,7 @@ class BackgroundTask:
         self.finished_at = time.time()
         if self._sink is not None:
             self._sink.flush()
-            _uninstall_routing()
+            uninstall_routing()
         with self._lock:
             self._status = status
         if status == "cancelled":
@@ -408,7 +271,7 @@ def start_background(
         if inspect.iscoroutinefunction(target):
             target = target()
     if output is None:
-        output = _auto_output()
+        output = auto_output()
     elif output is False:
         output = None
     elif not callable(getattr(output, "append_stdout", None)):
