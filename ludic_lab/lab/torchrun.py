@@ -6,7 +6,8 @@ status below the cell: state, the last lines of each rank's log, and — with
 ``metrics_path`` — the run's JSONL metrics fed into a live plot as they are written.
 
 - Every rank's output is teed into ``<log_dir>/torchrun.log`` (lines prefixed
-  ``[default<rank>]:``) and into per-rank files (``<log_dir>/ranks/.../<rank>/stdout.log``).
+  ``[default<rank>]:``) and into per-rank files (``<log_dir>/ranks/.../<rank>/stdout.log``);
+  :mod:`ludic_lab.lab.torchrun_logs` reads them.
 - ``run.wait()`` blocks until the run ends; a failure raises :class:`TorchrunError` naming
   the rank that failed first with the tail of its traceback. ``run.stop()`` ends the run
   (SIGTERM, then SIGKILL) and everything it started.
@@ -27,9 +28,7 @@ from __future__ import annotations
 
 import atexit
 import html
-import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -41,9 +40,9 @@ from typing import Any, Union
 from ludic_lab.inference import processes
 from ludic_lab.jupyter import in_kernel
 from ludic_lab.lab.status_html import LiveStatus
+from ludic_lab.lab.torchrun_logs import JSONLTail, rank_lines, rank_log_files, read_tail, root_cause, traceback_tail
 
 PathLike = Union[str, "os.PathLike[str]"]
-_RANK_PREFIX = re.compile(r"^\[(?:[A-Za-z_]\w*?)?(\d+)\]:")
 _LIVE_RUNS: set[TorchrunRun] = set()
 _RUNS_LOCK = threading.Lock()
 
@@ -58,41 +57,6 @@ class TorchrunError(RuntimeError):
 
     def _render_traceback_(self) -> list[str]:  # IPython: the message, not the bridge's internals
         return [f"\x1b[0;31mTorchrunError\x1b[0m: {self}"]
-
-
-class _JSONLTail:
-    """Reads the rows appended to a JSONL file since construction (a torn last line waits)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
-        self._partial = b""
-
-    def read_new(self) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < self.offset:  # truncated / rewritten: start over
-                    self.offset, self._partial = 0, b""
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        rows = []
-        for ln in lines:
-            if not ln.strip():
-                continue
-            try:
-                row = json.loads(ln)
-            except ValueError:
-                continue  # not a metrics line; the file's own reader reports it
-            if isinstance(row, dict):
-                rows.append(row)
-        return rows
 
 
 class TorchrunRun(LiveStatus):
@@ -135,7 +99,7 @@ class TorchrunRun(LiveStatus):
         self._tree: dict[int, int] = {}
         log_dir.mkdir(parents=True, exist_ok=True)
         self.console_path = log_dir / "torchrun.log"
-        self._metrics = _JSONLTail(metrics_path) if metrics_path is not None else None
+        self._metrics = JSONLTail(metrics_path) if metrics_path is not None else None
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **{str(k): str(v) for k, v in (env or {}).items()}}
         self._console = self.console_path.open("ab")
         self.proc = subprocess.Popen(
@@ -183,27 +147,12 @@ class TorchrunRun(LiveStatus):
 
     def rank_log_files(self) -> dict[int, dict[str, Path]]:
         """``{rank: {"stdout": path, "stderr": path}}`` of the latest attempt."""
-        out: dict[int, dict[str, Path]] = {}
-        attempts = sorted(self.log_dir.glob("ranks/*/attempt_*"), key=lambda p: int(p.name.split("_")[-1]))
-        if attempts:
-            for d in attempts[-1].iterdir():
-                if d.is_dir() and d.name.isdigit():
-                    out[int(d.name)] = {"stdout": d / "stdout.log", "stderr": d / "stderr.log"}
-        return out
+        return rank_log_files(self.log_dir)
 
     def tail(self, rank: int | None = None, n: int = 20) -> str:
         """The last ``n`` output lines of ``rank`` (stdout and stderr, as teed), or of
         torchrun itself (its own messages) when ``rank`` is None."""
-        lines = _read_tail(self.console_path).splitlines()
-        if rank is None:
-            picked = [ln for ln in lines if not _RANK_PREFIX.match(ln)]
-        else:
-            picked = []
-            for ln in lines:
-                m = _RANK_PREFIX.match(ln)
-                if m and int(m.group(1)) == rank:
-                    picked.append(ln[m.end() :])
-        return "\n".join(picked[-n:])
+        return rank_lines(read_tail(self.console_path), rank, n)
 
     # -- control -------------------------------------------------------------------------
     def wait(self, timeout: float | None = None, *, check: bool = True) -> int:
@@ -307,15 +256,15 @@ class TorchrunRun(LiveStatus):
             print(f"torchrun live plot: {type(e).__name__}: {e}", file=sys.stderr)
 
     def _failure(self) -> TorchrunError:
-        rank, code = _root_cause(_read_tail(self.console_path, 64_000))
+        rank, code = root_cause(read_tail(self.console_path, 64_000))
         files = self.rank_log_files()
         if rank is None:  # fall back to the first rank whose stderr holds a traceback
             for r in sorted(files):
-                if "Traceback (most recent call last)" in _read_tail(files[r]["stderr"]):
+                if "Traceback (most recent call last)" in read_tail(files[r]["stderr"]):
                     rank = r
                     break
         if rank is not None and rank in files:
-            tb = _traceback_tail(_read_tail(files[rank]["stderr"]))
+            tb = traceback_tail(read_tail(files[rank]["stderr"]))
             what = f"rank {rank} failed" + (f" (exit code {code})" if code is not None else "")
         else:
             tb = self.tail(None, 25)
@@ -430,37 +379,3 @@ def _default_live_plot(name: str) -> Any:
     from ludic_lab.lab.live import LivePlot
 
     return LivePlot(title=f"torchrun {name}")
-
-
-def _read_tail(path: Path, max_bytes: int = 32_000) -> str:
-    try:
-        with Path(path).open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    return text.split("\n", 1)[1] if size > max_bytes and "\n" in text else text
-
-
-def _root_cause(console: str) -> tuple[int | None, int | None]:
-    """(rank, exit code) of torchrun's "Root Cause (first observed failure)" block."""
-    i = console.rfind("Root Cause")
-    if i < 0:
-        return None, None
-    block = console[i : i + 2000]
-    m = re.search(r"rank\s*:\s*(\d+)", block)
-    c = re.search(r"exitcode\s*:\s*(-?\d+)", block)
-    return (int(m.group(1)) if m else None), (int(c.group(1)) if c else None)
-
-
-def _traceback_tail(stderr: str, n: int = 25) -> str:
-    """The last traceback in ``stderr`` (its last ``n`` lines), else stderr's last lines."""
-    lines = stderr.rstrip().splitlines()
-    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
-    picked = lines[starts[-1] :] if starts else lines
-    if len(picked) > n:
-        picked = ["  ..."] + picked[-n:]
-    return "\n".join(picked)
