@@ -22,7 +22,8 @@ same file with vLLM's ``reload_weights`` too and compares: every parameter, and 
 re-packed layer's output on a probe input, must be equal bit for bit. A difference disables
 the fast path for the rest of the server's life (logged) and leaves vLLM's result in place.
 Nothing loaded here may keep pointing into the update file (it is rewritten by the next
-update): that is checked after every re-pack.
+update): that is checked after every re-pack. Which module each name reaches is decided by
+:mod:`ludic_lab.inference.weight_transfer.inplace_plan`.
 """
 
 from __future__ import annotations
@@ -31,110 +32,12 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+# build_plan is looked up in this module when a load runs (a test extension replaces it here)
+from ludic_lab.inference.weight_transfer.inplace_plan import Copy, Plan, Repack, build_plan
+
 logger = logging.getLogger("ludic_lab.inference.weight_transfer.inplace")
-
-
-@dataclass
-class _Repack:
-    """A packed linear layer: its new weight is the rows of ``weights`` stacked."""
-
-    module: Any
-    weights: dict[int, str] = field(default_factory=dict)  # shard index -> checkpoint name
-    n_shards: int = 1
-
-
-@dataclass
-class _Copy:
-    """A plain parameter copied in place (``fused``: the next rows of a fused bias)."""
-
-    param: Any
-    name: str
-    fused: bool = False
-
-
-@dataclass
-class Plan:
-    repacks: dict[str, _Repack]
-    copies: list[_Copy]
-    embeddings_eager: list[Any]  # output heads: re-packed now
-    embeddings_lazy: list[Any]  # input embeddings: re-packed on first use of their GEMM
-
-
-def build_plan(model: Any, names: Sequence[str]) -> tuple[Plan | None, str]:
-    """How to load checkpoint ``names`` into ``model`` in place, or ``(None, why not)``."""
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
-
-    packed = {
-        str(k): [str(x) for x in v] for k, v in dict(getattr(model, "packed_modules_mapping", None) or {}).items()
-    }
-    shard_of = {s: (fused, i) for fused, shards in packed.items() for i, s in enumerate(shards)}
-    repacks: dict[str, _Repack] = {}
-    biases: dict[str, dict[int, str]] = {}
-    copies: list[_Copy] = []
-    tied_weights: list[Any] = []
-    for n in names:
-        mod_path, _, pname = n.rpartition(".")
-        parent, _, leaf = mod_path.rpartition(".")
-        if leaf in shard_of:
-            fused, idx = shard_of[leaf]
-            target, n_shards = (f"{parent}.{fused}" if parent else fused), len(packed[fused])
-        else:
-            target, idx, n_shards = mod_path, 0, 1
-        try:
-            module = model.get_submodule(target)
-        except AttributeError:
-            return None, f"{n!r} does not resolve to a module of the served model"
-        qm = getattr(module, "quant_method", None)
-        if isinstance(qm, UnquantizedLinearMethod):
-            if pname == "weight":
-                w = module._parameters.get("weight")
-                if not hasattr(module, "cpu_linear") or w is None or w.numel() != 0:
-                    return None, f"{target} is not a packed CPU linear layer"
-                rp = repacks.setdefault(target, _Repack(module, n_shards=n_shards))
-                rp.weights[idx] = n
-            elif pname == "bias" and module._parameters.get("bias") is not None:
-                biases.setdefault(target, {})[idx] = n
-            else:
-                return None, f"{n!r}: unexpected parameter of a linear layer"
-        elif isinstance(qm, UnquantizedEmbeddingMethod) and pname == "weight" and n_shards == 1:
-            copies.append(_Copy(module.weight, n))
-            tied_weights.append(module.weight)
-        elif qm is None and n_shards == 1:
-            p = module._parameters.get(pname)
-            if p is None or p.numel() == 0:
-                return None, f"{n!r} is not a plain parameter of {target}"
-            copies.append(_Copy(p, n))
-        else:
-            return None, f"{target} ({type(module).__name__}) has no in-place loader"
-    for target, rp in repacks.items():
-        if sorted(rp.weights) != list(range(rp.n_shards)):
-            return None, f"{target} is loaded as one piece and the update has only part of it"
-    for target, shards in biases.items():
-        module = model.get_submodule(target)
-        n_shards = len(packed.get(target.rpartition(".")[2], [None]))
-        if sorted(shards) != list(range(n_shards)):
-            return None, f"the bias of {target} is loaded as one piece and the update has only part of it"
-        if n_shards == 1:
-            copies.append(_Copy(module.bias, shards[0]))
-        else:  # rows of the fused bias, in shard order; offsets come from the file's shapes
-            for i in range(n_shards):
-                copies.append(_Copy(module.bias, shards[i], fused=True))
-    eager: list[_Copy] = []
-    lazy: list[_Copy] = []
-    seen = {id(w) for w in tied_weights}
-    for _, module in model.named_modules():
-        w = module._parameters.get("weight")
-        if (
-            w is not None
-            and id(w) in seen
-            and isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod)
-        ):
-            (eager if isinstance(module, ParallelLMHead) else lazy).append(module)
-    return Plan(repacks, copies, eager, lazy), ""
 
 
 def _repack(module: Any, weight: Any) -> None:
@@ -190,7 +93,7 @@ def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str], helpers: Sequen
         heads.setdefault(id(m.weight), []).append(m)
     with torch.no_grad():
         offsets: dict[int, int] = {}
-        deferred: list[_Copy] = []
+        deferred: list[Copy] = []
         for c in plan.copies:
             if not c.fused and id(c.param) in heads:
                 deferred.append(c)
@@ -209,7 +112,7 @@ def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str], helpers: Sequen
         t0 = time.perf_counter()
         jobs: list[tuple[int, Callable[[], None]]] = []  # (bytes, job): re-packs are independent
 
-        def repack_job(target: str, rp: _Repack) -> Callable[[], None]:
+        def repack_job(target: str, rp: Repack) -> Callable[[], None]:
             def run() -> None:
                 m = rp.module
                 w = fmap.concat_rows([back.get(rp.weights[i], rp.weights[i]) for i in range(rp.n_shards)])
@@ -228,7 +131,7 @@ def apply_plan(plan: Plan, fmap: Any, rename: Mapping[str, str], helpers: Sequen
             nbytes = sum(fmap.entries[back.get(n, n)][3] - fmap.entries[back.get(n, n)][2] for n in rp.weights.values())
             jobs.append((nbytes, repack_job(target, rp)))
 
-        def head_job(c: _Copy) -> Callable[[], None]:
+        def head_job(c: Copy) -> Callable[[], None]:
             def run() -> None:
                 getattr(c.param, "weight_loader", default_weight_loader)(c.param, src(c.name))
                 for m in heads[id(c.param)]:
