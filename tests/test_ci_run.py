@@ -1,7 +1,8 @@
 """.ci/run, driven with stand-ins for what it calls (``make``, the fresh-venv demo check, the
 binder check), each of which records its call and exits with the status a test chooses: CI
-runs README's test command, the fresh-venv demo check and the binder rebuild, always all three,
-and fails when any of them fails (pytest's exit 5, "no tests collected", included)."""
+runs README's test command, the fresh-venv demo check, the binder rebuild and the lint/type
+checks, always all four, and fails when any of them fails (pytest's exit 5, "no tests
+collected", included)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,16 @@ echo "{name} $*" >> "$CI_CALLS"
 exit "${{{var}:-0}}"
 """
 
+_MAKE = """#!/usr/bin/env bash
+echo "make $*" >> "$CI_CALLS"
+if [ "$1" = lint ]; then exit "${LINT_RC:-0}"; fi
+exit "${MAKE_RC:-0}"
+"""
 
-def _ci(tmp_path: Path, *, make_rc: int = 0, demo_rc: int = 0, binder_rc: int = 0) -> tuple[int, list[str], str]:
+
+def _ci(
+    tmp_path: Path, *, make_rc: int = 0, demo_rc: int = 0, binder_rc: int = 0, lint_rc: int = 0
+) -> tuple[int, list[str], str]:
     repo = tmp_path / "repo"
     (repo / ".ci").mkdir(parents=True)
     (repo / "scripts").mkdir()
@@ -31,23 +40,26 @@ def _ci(tmp_path: Path, *, make_rc: int = 0, demo_rc: int = 0, binder_rc: int = 
     (repo / "scripts" / "check_binder.sh").write_text(_STUB.format(name="check_binder", var="BINDER_RC"))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "make").write_text(_STUB.format(name="make", var="MAKE_RC"))
+    (bin_dir / "make").write_text(_MAKE)
     (bin_dir / "make").chmod(0o755)
     calls = tmp_path / "calls"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CI_CALLS": str(calls),
-           "MAKE_RC": str(make_rc), "DEMO_RC": str(demo_rc), "BINDER_RC": str(binder_rc)}  # fmt: skip
+           "MAKE_RC": str(make_rc), "DEMO_RC": str(demo_rc), "BINDER_RC": str(binder_rc),
+           "LINT_RC": str(lint_rc)}  # fmt: skip
     p = subprocess.run(
         ["bash", str(repo / ".ci" / "run")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
     return p.returncode, calls.read_text().splitlines() if calls.exists() else [], p.stdout + p.stderr
 
 
-def test_ci_runs_make_test_the_demo_check_and_the_binder_check(tmp_path: Path) -> None:
+STEPS = ["make test", "check_fresh_demo", "check_binder", "make lint"]
+
+
+def test_ci_runs_make_test_the_demo_check_the_binder_check_and_lint(tmp_path: Path) -> None:
     rc, calls, out = _ci(tmp_path)
     assert rc == 0, out
-    assert [c.split()[0] for c in calls] == ["make", "check_fresh_demo", "check_binder"], calls
-    assert calls[0].split()[1:] == ["test"], calls  # README's test command
-    assert "binder check exited 0" in out, out
+    assert [" ".join(c.split()[:2]) if c.startswith("make") else c.split()[0] for c in calls] == STEPS, calls
+    assert "binder check exited 0" in out and "lint exited 0" in out, out
 
 
 @pytest.mark.parametrize(
@@ -57,6 +69,7 @@ def test_ci_runs_make_test_the_demo_check_and_the_binder_check(tmp_path: Path) -
         ({"make_rc": 1}, 1),
         ({"demo_rc": 1}, 1),
         ({"binder_rc": 3}, 3),
+        ({"lint_rc": 2}, 2),
     ],
 )
 def test_ci_fails_when_any_step_fails_and_still_runs_the_others(
@@ -64,4 +77,4 @@ def test_ci_fails_when_any_step_fails_and_still_runs_the_others(
 ) -> None:
     rc, calls, out = _ci(tmp_path, **rcs)
     assert rc == expected, out
-    assert [c.split()[0] for c in calls] == ["make", "check_fresh_demo", "check_binder"], calls
+    assert [" ".join(c.split()[:2]) if c.startswith("make") else c.split()[0] for c in calls] == STEPS, calls
