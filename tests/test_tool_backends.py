@@ -183,10 +183,15 @@ class RecordingVLLMClient(VLLMChatClient):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.calls: list[tuple[list[int], dict]] = []
+        send = self.http.request
 
-    def _parse_choice(self, request: Any, prompt: Any, data: dict, version: Any) -> Any:
-        self.calls.append((list(prompt), data["choices"][0]))
-        return super()._parse_choice(request, prompt, data, version)
+        async def recording(method: str, url: str, **req: Any) -> Any:
+            resp = await send(method, url, **req)
+            if url.endswith("/completions"):  # the ids sent and the server's raw answer
+                self.calls.append((list(req["json"]["prompt"]), resp.json()["choices"][0]))
+            return resp
+
+        self.http.request = recording  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="module")
