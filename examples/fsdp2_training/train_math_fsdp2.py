@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ludic_lab.config import parse_config
 from ludic_lab.distributed.dist_utils import destroy_distributed, get_rank, get_world_size, init_distributed
@@ -67,8 +67,10 @@ class Config:
     """Distinct problems (GRPO groups) per step."""
     group_size: int = 6
     """Answers sampled per problem."""
-    max_tokens: int = 48
-    """Completion budget."""
+    max_tokens: int = 128
+    """Completion budget (SmolLM2 reasons for 40-100 tokens before "The answer is N")."""
+    answer_format: Literal["tags", "lenient"] = "lenient"
+    """How answers are read: "tags" (<answer>42</answer> only) or "lenient" (else the last number)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
     lr: float = 3e-4
@@ -108,7 +110,7 @@ def main(cfg: Config) -> dict[str, Any]:
                                                max_batch_size=cfg.questions_per_step * cfg.group_size)  # fmt: skip
             train = load_math(cfg.data, "train", seed=cfg.seed)
             inner = RolloutBatchSource(
-                math_engine(client, train, math_verifier(cfg.data)),
+                math_engine(client, train, math_verifier(cfg.data), answer_format=cfg.answer_format),
                 QuestionRequests(
                     len(train),
                     cfg.questions_per_step,

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ludic_lab.aio import run_sync
 from ludic_lab.config import parse_config
@@ -58,8 +58,10 @@ class Config:
     """Sampled answers per problem for pass@k (1 = greedy accuracy only)."""
     temperature: float = 1.0
     """Sampling temperature of the pass@k answers."""
-    max_tokens: int = 48
-    """Completion budget."""
+    max_tokens: int = 128
+    """Completion budget (as train_gsm8k.py)."""
+    answer_format: Literal["tags", "lenient"] = "lenient"
+    """How answers are read: "tags" (<answer>42</answer> only) or "lenient" (else the last number)."""
     seed: int = 0
     """Sampling seeds (and the gsm_symbolic generator's)."""
     out: str = "runs/gsm8k_eval"
@@ -75,7 +77,7 @@ async def run(cfg: Config) -> dict[str, Any]:
     n = min(cfg.limit, len(test))
     t0 = time.perf_counter()
     async with Sampler("vllm", cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out)) as sampler:
-        engine = math_engine(sampler.client, test, math_verifier(cfg.data))
+        engine = math_engine(sampler.client, test, math_verifier(cfg.data), answer_format=cfg.answer_format)
         env, proto = EnvSpec(ENV), ProtocolSpec(PROTOCOL)
         greedy = await evaluate(engine, env, proto, range(n), k=1, max_tokens=cfg.max_tokens, name="greedy")
         result = {"greedy": accuracy_summary(greedy)}

@@ -82,8 +82,10 @@ class Config:
     """Distinct problems (GRPO groups) per step."""
     group_size: int = 6
     """Answers sampled per problem."""
-    max_tokens: int = 48
-    """Completion budget."""
+    max_tokens: int = 128
+    """Completion budget (SmolLM2 reasons for 40-100 tokens before "The answer is N")."""
+    answer_format: Literal["tags", "lenient"] = "lenient"
+    """How answers are read: "tags" (<answer>42</answer> only) or "lenient" (else the last number)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
     lr: float = 3e-4
@@ -113,7 +115,9 @@ async def run(cfg: Config) -> dict[str, Any]:
     n_eval = min(cfg.eval_questions, len(test))
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out),
                        max_batch_size=cfg.questions_per_step * cfg.group_size) as sampler:  # fmt: skip
-        held_out = math_engine(sampler.client, test, verifier, episode_timeout_s=cfg.episode_timeout_s)
+        held_out = math_engine(
+            sampler.client, test, verifier, episode_timeout_s=cfg.episode_timeout_s, answer_format=cfg.answer_format
+        )
         before = await held_out_accuracy(held_out, n_eval, cfg.max_tokens)
         print(
             f"before: held-out accuracy {before['accuracy']:.3f} ({n_eval} problems, "
@@ -123,7 +127,13 @@ async def run(cfg: Config) -> dict[str, Any]:
 
         algo = make_grpo()  # GroupNormalizedReturn + TokenClippedSurrogateLoss (PPO-style clip)
         source = RolloutBatchSource(
-            math_engine(sampler.client, train, verifier, episode_timeout_s=cfg.episode_timeout_s),
+            math_engine(
+                sampler.client,
+                train,
+                verifier,
+                episode_timeout_s=cfg.episode_timeout_s,
+                answer_format=cfg.answer_format,
+            ),
             QuestionRequests(
                 len(train), cfg.questions_per_step, training_sampling(cfg.temperature, cfg.max_tokens), seed=cfg.seed
             ),  # fmt: skip

@@ -76,6 +76,8 @@ class Config:
     """LoRA rank (0 = train every weight)."""
     micro_token_budget: int = 1024
     """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
+    merge_turns: bool = True
+    """Train each game as one sequence (its turns' shared context scored once; see turn_merge)."""
     eval_games: int = 40
     """Held-out games (vs the random opponent, and in self-play) before and after."""
     episode_timeout_s: float = 600.0
@@ -121,6 +123,7 @@ async def run(cfg: Config) -> dict[str, Any]:
             algo.credit_assigner,
             request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
             max_steps=MAX_ROUNDS_2P,
+            merge_turns=cfg.merge_turns,
         )
         trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg, scoring_temperature=cfg.temperature),
                                   out=out, console_keys=("reward_mean", "items", "loss", "time/step_s"))  # fmt: skip

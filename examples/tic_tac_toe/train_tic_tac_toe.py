@@ -89,6 +89,8 @@ class Config:
     """LoRA rank (0 = train every weight)."""
     micro_token_budget: int = 1024
     """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
+    merge_turns: bool = True
+    """Train each game as one sequence (its turns' shared context scored once; see turn_merge)."""
     eval_games: int = 32
     """Held-out games played greedily before and after training."""
     episode_timeout_s: float = 600.0
@@ -120,6 +122,7 @@ async def run(cfg: Config) -> dict[str, Any]:
             algo.credit_assigner,
             request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
             max_steps=MAX_TURNS,
+            merge_turns=cfg.merge_turns,
         )
         trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg, scoring_temperature=cfg.temperature),
                                   out=out)  # fmt: skip

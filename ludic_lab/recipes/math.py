@@ -20,6 +20,7 @@ from ludic_lab.context import FullDialog
 from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
+from ludic_lab.parsers import Parser, ParseResult
 from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 
 SYSTEM_PROMPT = (
@@ -28,6 +29,31 @@ SYSTEM_PROMPT = (
 )
 ENV, PROTOCOL = "math", "single_agent"
 _FINAL = re.compile(r"####\s*([-+]?[\d,]*\.?\d+)")
+_NUMBER = re.compile(r"(?:(?<![\w)])[-+])?\d[\d,]*(?:\.\d+)?")  # a sign only where it is not a minus
+AnswerFormat = Literal["tags", "lenient"]
+
+
+def answer_parser(answer_format: AnswerFormat = "tags", *, error_reward: float = -1.0) -> Parser:
+    """``"tags"``: the text inside ``<answer>..</answer>`` (the system prompt asks for it).
+    ``"lenient"``: that, or else the last number in the reply (commas dropped). SmolLM2-135M
+    greedily ends with "The answer is 24." and never writes the tags (16 of 16 held-out
+    replies here), so with ``"tags"`` every answer scores -1 and GRPO has no signal. A reply
+    with no number at all is a parse error (``error_reward``)."""
+    strict = DatasetQAEnv.recommended_parser(error_reward=error_reward)
+    if answer_format == "tags":
+        return strict
+    if answer_format != "lenient":
+        raise ValueError(f"answer_format must be 'tags' or 'lenient', got {answer_format!r}")
+
+    def lenient(text: str) -> ParseResult:
+        r = strict(text)
+        if r.action is not None:
+            return r
+        numbers = _NUMBER.findall(text or "")
+        return ParseResult(numbers[-1].replace(",", "").lstrip("+"), 0.0) if numbers else r
+
+    lenient.__name__ = "lenient_answer_parser"
+    return lenient
 
 
 def gsm8k_target(answer: str) -> str:
@@ -77,13 +103,15 @@ def math_verifier(data: str = "shipped") -> Callable[[str, str], bool]:
 
 
 def math_engine(client: Any, rows: list[dict[str, Any]], verifier: Callable[[str, str], bool], *,
-                concurrency: int = 64, episode_timeout_s: float = 600.0) -> RolloutEngine:  # fmt: skip
+                concurrency: int = 64, episode_timeout_s: float = 600.0,
+                answer_format: AnswerFormat = "tags") -> RolloutEngine:  # fmt: skip
     """An engine with env ``"math"`` (a :class:`DatasetQAEnv` over ``rows``; env seed = row)
-    and protocol ``"single_agent"`` (the ``<answer>`` parser, -1 for a reply without one); an
-    episode still running after ``episode_timeout_s`` is recorded as failed."""
+    and protocol ``"single_agent"`` (:func:`answer_parser` of ``answer_format``, -1 for a reply
+    it cannot read); an episode still running after ``episode_timeout_s`` is recorded as failed."""
+    parser = answer_parser(answer_format)
     return RolloutEngine(
         {ENV: lambda: DatasetQAEnv(rows, verifier=verifier, system_prompt=SYSTEM_PROMPT)},
-        {PROTOCOL: lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), DatasetQAEnv.recommended_parser()))},
+        {PROTOCOL: lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), parser))},
         max_concurrency=concurrency,
         episode_timeout_s=episode_timeout_s,
     )

@@ -14,6 +14,12 @@ Nothing is lost silently: ``batch.meta`` counts every skipped step by reason
 (``credit/...``) and the rollout and item statistics
 (:mod:`ludic_lab.training.batching.batch_stats`).
 
+``merge_turns=True`` folds a multi-turn rollout's items into one sequence wherever the next
+turn's tokens start with the previous turn's (:mod:`ludic_lab.training.turn_merge`): the
+trainer scores the shared context once instead of once per turn (``merge/...`` counts what
+was folded and where the prefix broke). Per-token values are unchanged; a per-sequence loss
+aggregation then averages per episode instead of per turn.
+
 Empty batches: when fewer than ``min_items`` items come out, the source tries again with
 fresh requests, up to ``max_attempts`` generations in total, accumulating items; if still
 short it raises :class:`EmptyBatchError` with the reasons. A batch whose weights are all
@@ -36,6 +42,7 @@ from ludic_lab.training.filters import FilterSpec, as_filter, filter_items, with
 from ludic_lab.training.request_strategies import IdentityStrategy, RequestStrategy
 from ludic_lab.training.rollout_engine import RolloutEngine
 from ludic_lab.training.saw import SAWBatch, SAWItem, saw_items_from_rollouts
+from ludic_lab.training.turn_merge import merge_turns
 from ludic_lab.training.types import RolloutRequest
 from ludic_lab.types import Rollout
 
@@ -72,6 +79,7 @@ class RolloutBatchSource:
         sample_filter: FilterSpec = None,
         min_items: int = 1,
         max_attempts: int = 1,
+        merge_turns: bool = False,
         progress: bool = False,
     ) -> None:
         if not callable(getattr(engine, "generate_rollouts", None)):
@@ -95,6 +103,9 @@ class RolloutBatchSource:
         self.sample_filter = as_filter(sample_filter)
         self.min_items = _check_int("min_items", min_items, 1)
         self.max_attempts = _check_int("max_attempts", max_attempts, 1)
+        if not isinstance(merge_turns, bool):
+            raise TypeError(f"RolloutBatchSource.merge_turns must be a bool, got {merge_turns!r}")
+        self.merge_turns = merge_turns
         self.progress = progress
         self.last_rollouts: list[Rollout] = []
         self.last_stats: dict[str, Any] = {}
@@ -123,6 +134,7 @@ class RolloutBatchSource:
         items: list[SAWItem] = []
         skipped: Counter[str] = Counter()
         credit: Counter[str] = Counter()
+        merged: Counter[str] = Counter()
         gen_s = credit_s = 0.0
         attempts = 0
         while attempts < self.max_attempts and len(items) < self.min_items:
@@ -149,6 +161,9 @@ class RolloutBatchSource:
                 new_items, dropped = filter_items(new_items, self.sample_filter)
                 skipped["filtered_samples"] += sum(dropped.values())
                 skipped.update({f"filtered_samples/{k}": v for k, v in dropped.items()})
+            if self.merge_turns:
+                new_items, merge_stats = merge_turns(new_items)
+                merged.update(merge_stats.as_dict())
             credit_s += time.perf_counter() - t1
             skipped.update(counts)
             items.extend(new_items)
@@ -158,6 +173,7 @@ class RolloutBatchSource:
             **item_stats(items),
             **prefixed("skipped", {k: skipped.get(k, 0) for k in _SKIP_KEYS} | dict(skipped)),
             **prefixed("credit", dict(credit)),
+            **prefixed("merge", dict(merged)),
             "attempts": attempts,
             "generation_s": gen_s,
             "credit_s": credit_s,

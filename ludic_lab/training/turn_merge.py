@@ -1,0 +1,98 @@
+"""Merging a multi-turn episode's items into one training sequence.
+
+In a multi-turn episode with a full-dialog context, the prompt of turn ``k+1`` is the prompt
+of turn ``k``, its completion, and what the env said back. Trained as one item per turn, the
+trainer scores the opening context once per turn: a 5-turn Tic-Tac-Toe game costs about
+5x the tokens of the game itself. :func:`merge_turns` folds the items of one rollout into
+one item whenever the next turn's ``input_ids`` start with the previous item's exact
+``input_ids`` (token for token, as sampled): the merged item is the later turn's token ids
+with every merged turn's action mask, weights and behaviour logprobs in place, so each
+sampled token is still predicted from exactly the tokens it was sampled after (causal
+attention), and the per-token log-probabilities, ratios and weights are those of the
+separate items.
+
+What changes: the number of sequences. A loss that averages per token
+(``aggregation="token_mean"``) or sums per token over a step-wide constant gives the same
+value and gradient; one that averages per sequence (``"seq_mean_*"``, GRPO's default) then
+averages per episode instead of per turn, so turns of a long episode weigh less each.
+Where the prefix does not hold (a context that drops old turns, a chat template that
+re-tokenises a completion differently from the sampled ids) the chain breaks and the items
+stay apart; ``merge_turns`` counts those breaks, so nothing changes silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ludic_lab.training.saw import SAWItem
+
+
+@dataclass
+class MergeStats:
+    """What :func:`merge_turns` did: items in and out, turns folded into a previous one, and
+    chains broken because a turn's tokens did not start with the previous item's."""
+
+    items_in: int = 0
+    items_out: int = 0
+    merged: int = 0
+    breaks: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"items_in": self.items_in, "items_out": self.items_out, "merged": self.merged, "breaks": self.breaks}
+
+
+def extends(item: SAWItem, nxt: SAWItem) -> bool:
+    """True when ``nxt`` is a later turn of the same rollout whose tokens start with all of
+    ``item``'s tokens (and go on past them)."""
+    n = len(item.input_ids)
+    return (
+        nxt.rollout_id == item.rollout_id
+        and nxt.step_index > item.step_index
+        and len(nxt.input_ids) > n
+        and nxt.input_ids[:n] == item.input_ids
+    )
+
+
+def fold(item: SAWItem, nxt: SAWItem) -> SAWItem:
+    """One item: ``nxt``'s tokens, ``item``'s actions, weights and logprobs on its own span
+    and ``nxt``'s on the rest (``extends(item, nxt)`` must hold)."""
+    n = len(item.input_ids)
+    versions = [v for v in (item.policy_version, nxt.policy_version) if v is not None]
+    steps = list(item.meta.get("merged_steps", [item.step_index])) + [nxt.step_index]
+    return replace(
+        nxt,
+        action_mask=item.action_mask + nxt.action_mask[n:],
+        weights=item.weights + nxt.weights[n:],
+        behaviour_logprobs=item.behaviour_logprobs + nxt.behaviour_logprobs[n:],
+        policy_version=min(versions) if versions else None,  # the oldest turn decides staleness
+        step_index=item.step_index,
+        meta={**nxt.meta, "merged_steps": steps},
+    )
+
+
+def merge_turns(items: Sequence[SAWItem]) -> tuple[list[SAWItem], MergeStats]:
+    """Fold each rollout's consecutive turns into one item where the token prefix holds (see
+    the module docstring). Items of different rollouts are never merged; the output keeps the
+    order of each chain's first item."""
+    stats = MergeStats(items_in=len(items))
+    by_rollout: dict[str, list[int]] = {}
+    for i, it in enumerate(items):
+        by_rollout.setdefault(it.rollout_id, []).append(i)
+    out: dict[int, SAWItem] = {}
+    for idx in by_rollout.values():
+        idx.sort(key=lambda i: items[i].step_index)
+        head, cur = idx[0], items[idx[0]]
+        for i in idx[1:]:
+            nxt = items[i]
+            if cur.rollout_id and extends(cur, nxt):
+                cur = fold(cur, nxt)
+                stats.merged += 1
+                continue
+            stats.breaks += 1
+            out[head] = cur
+            head, cur = i, nxt
+        out[head] = cur
+    merged = [out[i] for i in sorted(out)]
+    stats.items_out = len(merged)
+    return merged, stats
