@@ -69,6 +69,7 @@ async def run_pipeline_actor(
     request_strategy: Any = None,
     filter_fn: Callable[[Any], bool] | None = None,
     sample_filter: Any = None,
+    merge_turns: bool = False,
     client: Any = None,
     weights_key: str | None = None,
     max_rounds: int | None = None,
@@ -87,7 +88,8 @@ async def run_pipeline_actor(
     (as in ``RolloutBatchSource``). ``client`` + ``weights_key``: load newer weights written
     by a :class:`~ludic_lab.pipeline.weights.RedisWeightsPublisher` before each round.
     ``on_push(item_ids)`` is called after each successful push. ``filter_fn`` / ``sample_filter``
-    drop rollouts / items before they are pushed, as in ``RolloutBatchSource``.
+    drop rollouts / items before they are pushed, and ``merge_turns`` folds a multi-turn
+    episode's turns into one item, as in ``RolloutBatchSource``.
     """
     if max_queue_items < 1:
         raise ValueError(f"max_queue_items must be >= 1, got {max_queue_items}")
@@ -102,6 +104,7 @@ async def run_pipeline_actor(
         concurrency=concurrency,
         filter_fn=filter_fn,
         sample_filter=sample_filter,
+        merge_turns=merge_turns,
     )
     keys = QueueKeys(queue_key)
     actor_id = actor_id or default_actor_id()
