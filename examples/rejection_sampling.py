@@ -78,7 +78,7 @@ class Config:
     """Sampler: "local" (in-process) or "vllm" (the bundled server; SFT weights pushed every step)."""
     vllm_url: str | None = None
     """With --backend vllm: use this running server instead of starting one."""
-    sample_games: int = 96
+    sample_games: int = 64
     """Games played to collect the dataset."""
     keep: Literal["win", "win_or_draw", "all"] = "win"
     """Which games to keep ("win": won with no invalid reply)."""
@@ -98,7 +98,7 @@ class Config:
     """LoRA rank (0 = train every weight)."""
     micro_token_budget: int = 1024
     """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
-    eval_games: int = 40
+    eval_games: int = 32
     """Held-out games played greedily before and after."""
     episode_timeout_s: float = 600.0
     """Seconds a game may take before it counts as failed (raise it on a loaded machine)."""

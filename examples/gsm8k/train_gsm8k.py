@@ -76,9 +76,9 @@ class Config:
     """Sampler: "local" (in-process) or "vllm" (the bundled server; weights pushed every step)."""
     vllm_url: str | None = None
     """With --backend vllm: use this running server instead of starting one."""
-    steps: int = 20
+    steps: int = 8
     """Optimizer steps."""
-    questions_per_step: int = 8
+    questions_per_step: int = 6
     """Distinct problems (GRPO groups) per step."""
     group_size: int = 6
     """Answers sampled per problem."""
@@ -88,13 +88,13 @@ class Config:
     """How answers are read: "tags" (<answer>42</answer> only) or "lenient" (else the last number)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
-    lr: float = 3e-4
+    lr: float = 1e-3
     """Learning rate."""
     lora_r: int = 16
     """LoRA rank (0 = train every weight)."""
     micro_token_budget: int = 1024
     """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
-    eval_questions: int = 80
+    eval_questions: int = 40
     """Held-out problems evaluated (greedy) before and after."""
     episode_timeout_s: float = 600.0
     """Seconds an answer may take before it counts as failed (raise it on a loaded machine)."""

@@ -58,7 +58,7 @@ class Config:
     """Sampler: "local" (in-process) or "vllm" (the bundled server; weights pushed every step)."""
     vllm_url: str | None = None
     """With --backend vllm: use this running server instead of starting one."""
-    steps: int = 10
+    steps: int = 6
     """Optimizer steps."""
     games_per_step: int = 4
     """Distinct self-play games (GRPO groups per role) per step."""
@@ -70,7 +70,7 @@ class Config:
     """How replies are read: "tags" (<move>B2</move> only) or "lenient" (else the first square named)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
-    lr: float = 3e-4
+    lr: float = 1e-3
     """Learning rate."""
     lora_r: int = 16
     """LoRA rank (0 = train every weight)."""
@@ -78,7 +78,7 @@ class Config:
     """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
     merge_turns: bool = True
     """Train each game as one sequence (its turns' shared context scored once; see turn_merge)."""
-    eval_games: int = 40
+    eval_games: int = 24
     """Held-out games (vs the random opponent, and in self-play) before and after."""
     episode_timeout_s: float = 600.0
     """Seconds a game may take before it counts as failed (raise it on a loaded machine)."""

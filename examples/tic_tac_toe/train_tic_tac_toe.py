@@ -71,7 +71,7 @@ class Config:
     """Sampler: "local" (in-process) or "vllm" (the bundled server; weights pushed every step)."""
     vllm_url: str | None = None
     """With --backend vllm: use this running server instead of starting one."""
-    steps: int = 12
+    steps: int = 8
     """Optimizer steps."""
     games_per_step: int = 4
     """Distinct games (GRPO groups) per step."""
@@ -83,7 +83,7 @@ class Config:
     """How replies are read: "tags" (<move>B2</move> only) or "lenient" (else the first square named)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
-    lr: float = 3e-4
+    lr: float = 1e-3
     """Learning rate."""
     lora_r: int = 16
     """LoRA rank (0 = train every weight)."""

@@ -36,6 +36,8 @@ class LocalChatClient:
     or an already-built ``PreTrainedModel`` (then pass ``tokenizer`` too — the trainer can
     share its model object with the sampler this way). ``max_batch_size`` caps one batch;
     ``batch_wait_s`` is how long the first request of a batch waits for company.
+    ``share_prompt_prefill``: requests of one batch with the same prompt ids (a GRPO group)
+    prefill it once and share its KV rows (:func:`shared_prompt_rows`).
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class LocalChatClient:
         batch_wait_s: float = 0.0,
         gather_ticks: int = 4,
         policy_version: int = 0,
+        share_prompt_prefill: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -78,6 +81,7 @@ class LocalChatClient:
         self.batch_wait_s = float(batch_wait_s)
         self.gather_ticks = int(gather_ticks)
         self.policy_version = int(policy_version)
+        self.share_prompt_prefill = bool(share_prompt_prefill)
         self._lock = threading.RLock()  # held while generating and while loading weights
         # one batcher per event loop, dropped with its loop (ids of dead loops get reused)
         self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopBatcher] = weakref.WeakKeyDictionary()
@@ -247,17 +251,25 @@ class LocalChatClient:
             cache = DynamicCache()
             step_ids, step_pos, step_attn = input_ids, pos, attn
             max_steps = max(c.max_tokens for c in cfgs)
-            for _ in range(max_steps):
+            # a GRPO group's samples share their prompt: prefill each distinct prompt once and
+            # copy its KV rows to the group (the decode steps then run on every row as before)
+            rows = shared_prompt_rows(prompts) if self.share_prompt_prefill else None
+            for step in range(max_steps):
+                prefill_once = step == 0 and rows is not None
+                firsts = rows[0] if rows is not None else None
                 out = self.model(
-                    input_ids=step_ids,
-                    attention_mask=step_attn,
-                    position_ids=step_pos,
+                    input_ids=step_ids[firsts] if prefill_once else step_ids,
+                    attention_mask=step_attn[firsts] if prefill_once else step_attn,
+                    position_ids=step_pos[firsts] if prefill_once else step_pos,
                     past_key_values=cache,
                     use_cache=True,
                     logits_to_keep=1,
                 )
                 cache = out.past_key_values
                 logits = out.logits[:, -1, :].float().cpu()
+                if prefill_once and rows is not None:
+                    cache.batch_select_indices(rows[1].to(self.device))
+                    logits = logits[rows[1]]
                 toks, lps, top = sample_rows(
                     logits,
                     [cfgs[i] for i in alive],
@@ -359,3 +371,21 @@ class LocalChatClient:
         return False
 
     _tool_calls = staticmethod(parse_tool_calls)
+
+
+def shared_prompt_rows(prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first_rows, row_to_first)`` when some prompts of a batch are identical: the batch
+    rows of each distinct prompt's first occurrence, and for every row the index (into
+    ``first_rows``) of its prompt; ``None`` when all prompts differ."""
+    seen: dict[tuple[int, ...], int] = {}
+    firsts: list[int] = []
+    back: list[int] = []
+    for b, p in enumerate(prompts):
+        key = tuple(p)
+        if key not in seen:
+            seen[key] = len(firsts)
+            firsts.append(b)
+        back.append(seen[key])
+    if len(firsts) == len(prompts):
+        return None
+    return torch.tensor(firsts, dtype=torch.long), torch.tensor(back, dtype=torch.long)
