@@ -1,9 +1,12 @@
 """GRPO with a PPO-style clipped loss on GSM8K-format math word problems (LoRA).
 
 Algorithm: GRPO. Each step samples ``group_size`` answers to each of ``questions_per_step``
-problems; reward 1 when the number inside ``<answer></answer>`` equals the target, 0 when it
-does not, -1 when there is no ``<answer>`` tag. Advantages are ``(r - mean) / std`` within a
-problem's group, and the loss is the token-level clipped surrogate
+problems; reward 1 when the answer equals the target, 0 when it does not, -1 when no answer
+can be read. Answers are read with ``--answer-format lenient`` (the default): the number inside
+``<answer></answer>``, or else the last number of the reply — SmolLM2-135M greedily ends with
+"The answer is 24." and never writes the tags (16 of 16 held-out replies here), so with
+``tags`` every answer scores -1 and GRPO has no signal. Advantages are ``(r - mean) / std``
+within a problem's group, and the loss is the token-level clipped surrogate
 ``min(ratio * A, clip(ratio, 1 - 0.2, 1 + 0.28) * A)`` (``make_grpo``), averaged per answer.
 LoRA adapters are trained and the merged weights pushed into the sampler after every step.
 
@@ -29,12 +32,13 @@ Launch:
         --data /data/gsm8k --backend vllm --vllm-url http://127.0.0.1:8000 --device cuda \\
         --steps 200 --questions-per-step 32 --group-size 8 --max-tokens 512
 
-Result it got here (SmolLM2-135M, the defaults above, 2 CPU cores shared with other jobs at
-load average ~6, 2.9-12.7, under ``nice -n 5``): not finished. Before training, held-out
-accuracy 0.000 on 80 problems. Stopped after step 14 of 20 (49 min 40 s): of 672 sampled
-answers one had a readable ``<answer>`` (most are cut at 48 tokens mid-reasoning), so the
-reward stayed at -1, 111 of 112 groups had zero spread and nothing was learned; no "after"
-number. Details in examples/README.md; each run writes ``<out>/summary.json``.
+Result it got here (SmolLM2-135M, the defaults above: 8 steps x 6 problems x 6 answers, 128
+new tokens, LoRA r=16, lr 1e-3; one CPU core, ``OMP_NUM_THREADS=1``, another example on the
+other core): held-out greedy accuracy 0.300 -> 0.550 on 40 problems, parse errors 0.00 before
+and after; answers cut at the limit fell from 39-69% of a step's answers (steps 1-2) to 0%
+(steps 5-8), the mean reward rose from 0.03 (steps 1-2) to 0.14-0.33 (steps 3-8). 12 min 30 s
+wall (651 s training, 57-114 s a step). ``eval_gsm8k_vllm.py`` on the saved model: see
+examples/README.md. Each run writes ``<out>/summary.json``.
 """
 
 from __future__ import annotations

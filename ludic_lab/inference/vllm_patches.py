@@ -19,6 +19,12 @@ change lands (named below), the patch can go.
 - :func:`refresh_tied_embeddings`: after a layerwise reload, a tied ``lm_head`` (never loaded
   itself) keeps the CPU GEMM buffer packed from the *old* embedding; its post-processing is
   run again (vLLM 0.32 CPU; no upstream issue filed).
+- :func:`skip_cpu_generator_rewind`: when a seeded request's prompt is prefilled in chunks,
+  vLLM 0.32 rewinds its sampling generator after each discarded partial-prefill token with
+  ``gen.set_offset(gen.get_offset() - 4)``, which only a CUDA (Philox) generator supports; a
+  CPU generator raises "CPU Generator does not use offset" and the engine core dies (every
+  request then fails). The rewind is skipped for CPU generators. The same bug and fix in
+  another vLLM backend: RBLN-SW/vllm-rbln#1025; the rewind came with vllm-project/vllm#10097.
 """
 
 from __future__ import annotations
@@ -132,3 +138,37 @@ def refresh_tied_embeddings(model: Any, vllm_config: Any, loaded: Sequence[str] 
                     qm.process_weights_after_loading(m)
                     n += 1
     return n
+
+
+def skip_cpu_generator_rewind() -> bool:
+    """Patch vLLM's ``GPUModelRunner._bookkeeping_sync`` (the CPU runner inherits it) so that
+    the generator rewind after a discarded partial-prefill token leaves CPU generators alone
+    (see the module docstring). Without the rewind a CPU generator has drawn once more for the
+    discarded token: a seeded request stays reproducible for the same scheduling, only not
+    equal to an unchunked run. Returns True when the patch is in place (False when vLLM
+    moved the method; nothing changes then). Idempotent."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:
+        return False
+    original = getattr(GPUModelRunner, "_bookkeeping_sync", None)
+    if original is None:
+        return False
+    if getattr(original, "_ludic_cpu_rewind", False):
+        return True
+
+    def _bookkeeping_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = self.input_batch
+        gens = batch.generators
+        cpu = [i for i, g in gens.items() if g.device.type == "cpu"]
+        if not cpu:
+            return original(self, *args, **kwargs)
+        batch.generators = {i: g for i, g in gens.items() if g.device.type != "cpu"}  # the rewind's only reader
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            batch.generators = gens
+
+    _bookkeeping_sync._ludic_cpu_rewind = True  # type: ignore[attr-defined]
+    GPUModelRunner._bookkeeping_sync = _bookkeeping_sync  # type: ignore[method-assign]
+    return True

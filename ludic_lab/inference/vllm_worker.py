@@ -28,8 +28,15 @@ class LudicWorkerExtension:
     ludic_inplace: Any | None = None
 
     def ludic_model_info(self) -> dict[str, Any]:
-        """What the server needs to check updates: compute dtype and vLLM's fused-layer map."""
+        """What the server needs to check updates: compute dtype and vLLM's fused-layer map.
+
+        Called once per worker when the server starts: it also installs the worker-side patch
+        for seeded sampling on CPU (:func:`~ludic_lab.inference.vllm_patches.skip_cpu_generator_rewind`).
+        """
+        from ludic_lab.inference.vllm_patches import skip_cpu_generator_rewind
         from ludic_lab.inference.weight_transfer.base import dtype_name
+
+        patched = skip_cpu_generator_rewind()
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         packed = getattr(model, "packed_modules_mapping", None) or {}
@@ -37,6 +44,7 @@ class LudicWorkerExtension:
             "dtype": dtype_name(self.model_config.dtype),  # type: ignore[attr-defined]
             "packed_modules": {str(k): [str(x) for x in v] for k, v in dict(packed).items()},
             "device": str(getattr(self, "device", "cpu")),
+            "cpu_generator_rewind_patched": patched,
         }
 
     def ludic_load_file(
