@@ -23,9 +23,12 @@ Launch:
     python examples/gsm8k/eval_gsm8k_vllm.py --model runs/gsm8k/model --vllm-url http://127.0.0.1:8000 \\
         --data /data/gsm8k --limit 1319 --k 8 --max-tokens 512
 
-Result it got here: only the smoke run (tiny model, through its own vLLM server); not run on
-SmolLM2 or a trained folder on the shared 2 cores (examples/README.md). ``--out`` receives
-``eval.json``.
+Result it got here (40 held-out problems, 128 new tokens, lenient answers, ``--k 4`` at T=1; the
+bundled server in bf16 on CPU, one core, ``OMP_NUM_THREADS=1``; each run starts its own
+server): SmolLM2-135M greedy accuracy 0.275, sampled accuracy 0.106, pass@4 0.375 (114 s wall);
+the model ``train_gsm8k.py`` saved (its defaults, 8 steps) greedy 0.550, sampled 0.375, pass@4
+0.775 (80 s). The in-process fp32 evaluation of the same 40 problems gave 0.300 -> 0.550.
+``--out`` receives ``eval.json``.
 """
 
 from __future__ import annotations
