@@ -162,6 +162,20 @@ def test_groups_are_keyed_by_group_id_and_agent():
 
 
 @pytest.mark.parametrize("cls", [GroupNormalizedReturn, HybridNormalizedReturn, LeaveOneOutReturn])
+def test_a_role_that_sat_out_plays_is_not_a_lonely_group(cls):
+    """Self-play: in 3 of 4 plays of game g, X ended the game before O moved, so O has one
+    rollout in g. The group was sampled 4 times: O's lone rollout gets advantage 0 (counted as
+    a singleton), X's four are normalised as usual; nothing raises."""
+    rs = [ro([r], gid="g", agent="X") for r in (1.0, -1.0, -1.0, 0.0)] + [ro([0.5], gid="g", agent="O")]
+    rs += [ro([r], gid="h", agent=a) for a in "XO" for r in (1.0, 0.0, 0.0, 1.0)]
+    a = cls()
+    w = a.compute(rs)
+    assert w[(rs[4].id, 0)] == 0.0
+    assert a.last_stats.singleton_groups == 1 and a.last_stats.num_groups == 4
+    assert all(w[(r.id, 0)] != 0.0 for r in rs[:4])  # X's group has spread
+
+
+@pytest.mark.parametrize("cls", [GroupNormalizedReturn, HybridNormalizedReturn, LeaveOneOutReturn])
 def test_group_errors_are_clear(cls):
     a = cls()
     rs = group([1.0, 0.0], "g") + [ro([1.0], rid="lonely-one"), ro([0.0], rid="lonely-two")]

@@ -61,9 +61,9 @@ class Config:
     """Rank 0 samples from this vLLM server (serving --model) and pushes weights to it."""
     data: str = "shipped"
     """"shipped", "gsm_symbolic", or a GSM8K JSONL file / datasets folder."""
-    train_steps: int = 10
+    train_steps: int = 8
     """Optimizer steps."""
-    questions_per_step: int = 8
+    questions_per_step: int = 6
     """Distinct problems (GRPO groups) per step."""
     group_size: int = 6
     """Answers sampled per problem."""
@@ -73,7 +73,7 @@ class Config:
     """How answers are read: "tags" (<answer>42</answer> only) or "lenient" (else the last number)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
-    lr: float = 3e-4
+    lr: float = 1e-3
     """Learning rate."""
     lora_r: int = 16
     """LoRA rank (0 = train every weight)."""

@@ -12,6 +12,9 @@ Checks (all raise :class:`CreditAssignmentError` with what to do):
 
 *Nominal* size counts every rollout of the group, failed ones included, so one failed
 episode does not make the batch "uneven"; groups made only of failed rollouts are ignored.
+In a multi-agent game a role can sit out a play (X ends the game with an illegal first move,
+so O never acts and has no rollout): a role's nominal size is that of its ``group_id``'s
+best-represented role, i.e. the number of plays sampled, not the plays the role acted in.
 A group left with one *usable* member (its siblings failed or were skipped) gives that
 member advantage 0 and is counted as ``singleton_groups``.
 """
@@ -59,14 +62,17 @@ def collect_groups(
             f"GRPORequestStrategy(group_size=G) (or set RolloutRequest(group_id=...)), or use a per-rollout "
             f"assigner such as EpisodicReturn/MonteCarloReturn."
         )
-    nominal: dict[GroupKey, int] = defaultdict(int)
+    per_role: dict[GroupKey, int] = defaultdict(int)
     for r in rollouts:
         if r.group_id is not None:
-            nominal[(r.group_id, r.agent_id)] += 1
+            per_role[(r.group_id, r.agent_id)] += 1
+    plays: dict[str, int] = defaultdict(int)  # a group_id's plays: its best-represented role's count
+    for (gid, _), n in per_role.items():
+        plays[gid] = max(plays[gid], n)
     members: dict[GroupKey, list[Rollout]] = {}
     for r in usable:
         members.setdefault((r.group_id, r.agent_id), []).append(r)  # type: ignore[arg-type]  # group ids checked above
-    groups = [Group(k, tuple(m), nominal[k]) for k, m in members.items()]
+    groups = [Group(k, tuple(m), plays[k[0]]) for k, m in members.items()]
 
     lonely = [g.key for g in groups if g.nominal_size == 1]
     if lonely:
