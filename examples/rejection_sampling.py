@@ -46,7 +46,6 @@ from ludic_lab.recipes.tic_tac_toe import (
     evaluate_games,
     game_outcome,
     game_request,
-    invalid_move,
     sampling,  # fmt: skip
     short,
     tic_tac_toe_engine,
@@ -62,10 +61,19 @@ from ludic_lab.recipes.training import (
 from ludic_lab.types import Rollout
 
 KEEP = {
-    "win": lambda r: game_outcome(r) == "win" and not invalid_move(r),
-    "win_or_draw": lambda r: game_outcome(r) in ("win", "draw") and not invalid_move(r),
+    "win": lambda r: game_outcome(r) == "win",
+    "win_or_draw": lambda r: game_outcome(r) in ("win", "draw"),
+    # no illegal square and at least one readable move: the game may be lost or unfinished
+    "legal": lambda r: game_outcome(r) in ("win", "draw", "loss", "unfinished") and legal_moves(r) > 0,
     "all": lambda r: True,  # no filter: a plumbing check only (e.g. the tiny random model)
 }
+
+
+def legal_moves(r: Rollout) -> int:
+    """The agent's turns that named a legal square (read and accepted by the env)."""
+    return sum(
+        1 for s in r.steps if s.trace is not None and not s.info.get("parse_error") and not s.info.get("illegal_move")
+    )
 
 
 @dataclass
@@ -80,8 +88,8 @@ class Config:
     """With --backend vllm: use this running server instead of starting one."""
     sample_games: int = 64
     """Games played to collect the dataset."""
-    keep: Literal["win", "win_or_draw", "all"] = "win"
-    """Which games to keep ("win": won with no invalid reply)."""
+    keep: Literal["win", "win_or_draw", "legal", "all"] = "win"
+    """Which games to keep: "win", "win_or_draw", "legal" (no illegal square, at least one legal move)."""
     temperature: float = 1.0
     """Sampling temperature of the collected games."""
     max_tokens: int = 16
@@ -112,6 +120,7 @@ class Config:
 
 async def run(cfg: Config) -> dict[str, Any]:
     from ludic_lab.training import OfflineBatchSource, make_sft, rejection_sample
+    from ludic_lab.training.filters import drop_parse_errors
 
     out = output_dir(cfg.out)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out), max_batch_size=64) as sampler:
@@ -140,8 +149,10 @@ async def run(cfg: Config) -> dict[str, Any]:
 
         # 2) SFT on the kept games: their saved token ids, the model's own moves as targets
         algo = make_sft()
+        # a kept game's unreadable replies (the env asked again) are not imitated
+        readable = None if cfg.keep == "all" else drop_parse_errors
         source = OfflineBatchSource(out / "kept_games.jsonl", algo.credit_assigner, batch_size=cfg.batch_size,
-                                    seed=cfg.seed)  # fmt: skip
+                                    seed=cfg.seed, sample_filter=readable)  # fmt: skip
         trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg), out=out,
                                   console_keys=("loss", "items", "grad_norm", "time/step_s"))  # fmt: skip
         history, train_s = await train_timed(trainer, cfg.sft_steps)
