@@ -356,3 +356,56 @@ def test_redis_weight_bytes_from_cuda_tensors(tiny_model_dir: str) -> None:
     for k, v in sd.items():
         if k not in aliases:
             assert torch.equal(got[k], v.cpu().to(torch.bfloat16)), k
+
+
+# ---------------------------------------------------------------------------------------
+# Shared-prompt prefill and merged turns on the GPU
+# ---------------------------------------------------------------------------------------
+
+
+def test_shared_prompt_prefill_on_cuda_samples_like_the_unshared_path(tiny_model_dir: str) -> None:
+    client = LocalChatClient(tiny_model_dir, device="cuda")
+    reqs = [
+        ChatCompletionRequest(
+            model="local",
+            messages=[{"role": "user", "content": f"Question {g}: " + "word " * (3 + 5 * g)}],
+            sampling=SamplingConfig(temperature=1.0, max_tokens=12, seed=100 * g + k),
+            return_=ReturnSpec.for_training(),
+        )
+        for g in range(3)
+        for k in range(4)
+    ]
+    shared = client.generate_batch(reqs)
+    client.share_prompt_prefill = False
+    plain = client.generate_batch(reqs)
+    same = sum(a.completion_token_ids == b.completion_token_ids for (a, _), (b, _) in zip(shared, plain, strict=True))
+    diffs = [
+        abs(x - y)
+        for (a, _), (b, _) in zip(shared, plain, strict=True)
+        if a.completion_token_ids == b.completion_token_ids
+        for x, y in zip(a.completion_logprobs, b.completion_logprobs, strict=True)
+    ]
+    report("cuda_shared_prefill", identical_completions=f"{same}/{len(reqs)}", max_logprob_diff=max(diffs))
+    assert same >= len(reqs) - 1 and max(diffs) < 1e-3
+
+
+def test_merged_turns_score_like_separate_turns_on_cuda(tiny_model_dir: str) -> None:
+    from test_turn_merge import episode
+
+    from ludic_lab.training.packing import pad_to_longest
+    from ludic_lab.training.turn_merge import merge_turns
+
+    items = episode("a", 4, seed=5, vocab=V) + episode("b", 3, seed=6, vocab=V)
+    merged, stats = merge_turns(items)
+    assert stats.items_out == 2
+    model = load_model(tiny_model_dir).to("cuda")
+    out = {}
+    for name, its in (("separate", items), ("merged", merged)):
+        mb = pad_to_longest(its, micro_token_budget=1 << 16, max_seq_len=512)[0].to("cuda")
+        with torch.no_grad():
+            lp = model_token_logprobs(model, mb, only_at_RT=mb.action_mask).cpu()
+        out[name] = {(it.rollout_id, t): float(lp[r, t]) for r, it in enumerate(its) for t in range(it.num_tokens)
+                     if it.action_mask[t]}  # fmt: skip
+    diff = max(abs(out["separate"][k] - out["merged"][k]) for k in out["separate"])
+    report("cuda_merged_turns", action_tokens=len(out["separate"]), max_logprob_diff=diff)
+    assert out["separate"].keys() == out["merged"].keys() and diff < 1e-4
