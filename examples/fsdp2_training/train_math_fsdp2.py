@@ -5,7 +5,8 @@ One step:
 
 1. Rank 0 samples ``group_size`` answers to each of ``questions_per_step`` problems, from
    the vLLM server at ``--vllm-url`` or, without one, from an in-process copy of the policy.
-   Reward 1 for the right number inside ``<answer></answer>``, 0 otherwise, -1 without tags.
+   Reward 1 for the right answer, 0 otherwise, -1 when none can be read (``--answer-format
+   lenient``, the default: ``<answer>42</answer>``, or else the reply's last number).
 2. ``Rank0BroadcastSource`` sends that batch (JSON, no pickle) to every rank; each rank
    trains a token-balanced share of it. Loss normalisers are summed over ranks and FSDP2
    sums the gradients, so N ranks take the one-process step of the same batch.
@@ -33,9 +34,14 @@ Launch:
         --model /models/Qwen2.5-7B-Instruct --vllm-url http://127.0.0.1:8000 --device cuda \\
         --train-steps 50 --group-size 8 --lora-r 0 --lr 1e-6 --max-tokens 512
 
-Result it got here: only the smoke run (tiny model, 3 steps on 2 ranks); the full run on
-SmolLM2 was not run on the shared 2 cores (examples/README.md). Rank 0 writes
-``<out>/summary.json``.
+Result it got here (SmolLM2-135M, the defaults: 8 steps x 6 problems x 6 answers, 128 new
+tokens, LoRA r=16, lr 1e-3; ``torchrun --nproc_per_node=2`` on gloo, one thread per rank, with
+another example running beside it): 10 min 26 s wall, 38-131 s a step (sampling on rank 0
+44 -> 9-16 s, forward/backward 85 -> 29 s as answers got shorter: 6,045 -> 3,385 tokens a step).
+Mean reward per step 0.03, 0.06, 0.03, 0.33, 0.03, 0.28, 0.08, 0.08 (noisy: 36 answers a step);
+answers cut at the 128-token limit 39-69% (steps 1-3) -> 0-3% (steps 4-8). No held-out
+evaluation here (``train_gsm8k.py`` has one: 0.300 -> 0.550 with the same recipe in one
+process). Rank 0 writes ``<out>/summary.json``.
 """
 
 from __future__ import annotations
