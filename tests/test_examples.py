@@ -100,7 +100,9 @@ def test_self_play_trains_both_roles(tmp_path: Path, tiny_model_dir: str) -> Non
           "--group-size", "2", "--max-tokens", "8", "--eval-games", "2", "--out", str(tmp_path)])  # fmt: skip
     s = _json(tmp_path / "summary.json")
     assert s["trained_roles"] == ["O", "X"] and s["sampler_policy_version"] == 1
-    assert s["items_per_step"][0] >= 8  # 2 games x 2 plays x 2 roles, at least one turn each
+    # 2 games x 2 plays; each role's turns of a play are one item (merge_turns), and a role can
+    # sit a play out (the opener's illegal first move ends it): at least one item per play
+    assert s["items_per_step"][0] >= 4
     assert "self_play/X/illegal_move_rate" in s["after"] and "vs_random/win_rate" in s["after"]
 
 
