@@ -152,6 +152,10 @@ def main(argv: list[str] | None = None) -> None:
             check_bind_security(known.host, known.ludic_control_token or os.environ.get(TOKEN_ENV))
         except ValueError as e:
             sys.exit(f"error: {e}")
+    from ludic_lab.inference.vllm_process import _cuda_available
+
+    if not _cuda_available():  # as start_vllm_server: else vLLM's CPU backend wants 92% of RAM free
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     try:
         warning = check_vllm_version(installed_vllm_version())
         from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
