@@ -19,8 +19,14 @@ Launch: see ``run_actor.py`` (Redis, the vLLM server, one or more actors, this t
     CUDA_VISIBLE_DEVICES=1 python examples/pipeline_rl/run_trainer.py --model /models/Qwen2.5-7B-Instruct \\
         --vllm-url http://gpu0:8000 --redis-url redis://queue-host:6379/0 --device cuda --batch-size 256
 
-Result it got here: only the smoke run (tiny model, 2 steps, Redis + vLLM); the full run on
-SmolLM2 was not run on the shared 2 cores (examples/README.md).
+Result it got here (SmolLM2-135M, the defaults: capitals task, 8 prompts x 6 samples a round,
+one actor, 20 steps of 48 items, LoRA r=16, ``--max-lag 2``; Redis + the bundled server in bf16
++ actor + trainer on 2 cores, one thread each, beside the test suite): 9 min 54 s wall (521 s
+training, 18-55 s a step), server ``/runtime_version`` 0 -> 20 (a push per step). Mean reward
+per step 0.29, 0.21, 0.25, 0.29, 0.17, 0.25, 0.29 (steps 1-7) then 0.54, 0.62, 0.46, 0.48, 0.50,
+0.46, 0.35, 0.73, 0.25, 0.44, 0.56, 0.06, 0.58 (steps 8-20): up, and noisy (48 items a step).
+The actor pushed 2,112 items in 44 rounds; the trainer trained 960, dropped 864 as older than
+``max_lag`` versions (the actor outpaced the trainer), 240 were left in the stream.
 """
 
 from __future__ import annotations
