@@ -11,7 +11,9 @@ per batch of rollouts:
           bf16 autocast, fp32 otherwise
   ludic   ``RolloutBatchSource`` + ``LocalChatClient`` + ``Trainer`` (fp32; ``--ludic-bf16``:
           ``TrainerConfig(autocast="bf16")``, ``--ludic-sampler-bf16``: a bf16 sampler), the new
-          weights published into the sampler after each step
+          weights published into the sampler after each step; a group's shared prompt is
+          prefilled once by the sampler and scored once by the trainer (the library's defaults;
+          ``--ludic-no-share-prefill`` / ``--ludic-no-share-prompts`` turn them off)
 
 Each side runs in its own process, one after the other, so neither competes with the other
 for the cores; run it with nothing else on the machine. It prints seconds per step (median
@@ -20,10 +22,12 @@ forward/backward, optimizer, publish, other), both reward curves, and a roofline
 
   - this CPU's dense matmul throughput at the shapes of the model's linears (fp32 and bf16,
     ``torch.mm``, all threads) and its memory bandwidth (a 1 GiB copy);
-  - each stage's achieved FLOP/s as a fraction of it: sampling at 2 N FLOP per token
-    (prompt + completion, N = the weights of the model's matmuls, LM head included), the
-    forward/backward at 4 N per token with LoRA (forward + activation gradients; the adapters'
-    own gradients are negligible) and 6 N when all weights train;
+  - each stage's achieved FLOP/s as a fraction of it (of the fp32 and of the bf16 peak): sampling
+    at 2 N FLOP per token (every sequence's prompt + completion, N = the weights of the model's
+    matmuls, LM head included; a prompt prefilled once for its group still counts per sequence,
+    as the work done), the forward/backward at 4 N per token computed with LoRA (forward +
+    activation gradients; the adapters' own gradients are negligible; a shared prompt scored
+    once counts once) and 6 N when all weights train;
   - decoding's achieved bytes/s against the bandwidth: every decode step of a batch reads all
     weights once, and a batch takes as many decode steps as its longest completion.
 
@@ -126,7 +130,9 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
 
     torch.manual_seed(a.seed)
     dtype = torch.bfloat16 if a.ludic_sampler_bf16 else torch.float32
-    client = LocalChatClient(a.model, max_batch_size=a.prompts * a.group, dtype=dtype)
+    client = LocalChatClient(
+        a.model, max_batch_size=a.prompts * a.group, dtype=dtype, share_prompt_prefill=not a.ludic_no_share_prefill
+    )
     policy = AutoModelForCausalLM.from_pretrained(str(client.model_path))
     rows, verifier = load_capitals("train"), capital_verifier()
     engine = RolloutEngine(
@@ -164,6 +170,7 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
         scoring_temperature=1.0,
         seed=a.seed,
         autocast="bf16" if a.ludic_bf16 else "off",
+        share_prompts=not a.ludic_no_share_prompts,
     )
     trainer = Trainer(
         policy, algo, source, config=cfg, publisher=ClientPublisher(client), pad_token_id=client.pad_token_id
@@ -184,7 +191,9 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
                 "optimizer_s": float(m.get("time/optimizer_s", float("nan"))),
                 "reward": float(m.get("reward_mean", float("nan"))),
                 "ratio_max_dev": max(float(m.get("loss/ratio_max", 1.0)) - 1, 1 - float(m.get("loss/ratio_min", 1.0))),
-                "sample_tokens": int(m.get("tokens", 0)),
+                # every sequence's prompt + completion, whether or not a shared prompt was
+                # computed once (the same nominal work as TRL's); train_tokens: positions computed
+                "sample_tokens": int(m.get("tokens", 0) + m.get("pack/shared_prompt_tokens", 0)),
                 "train_tokens": int(m.get("tokens", 0)),
                 "completion_tokens": int(m.get("action_tokens", 0)),
                 "longest_completion": longest,
@@ -330,7 +339,7 @@ def summarize(r: dict[str, Any], limits: dict[str, float], a: argparse.Namespace
     tok_s = statistics.median(s["sample_tokens"] for s in body)
     tok_t = statistics.median(s["train_tokens"] for s in body)
     longest = statistics.median(s["longest_completion"] for s in body)
-    peak = limits["fp32_flops"]
+    peak, peak16 = limits["fp32_flops"], limits["bf16_flops"]
     sampling_flops = 2.0 * n * tok_s / med["sampling_s"] if med["sampling_s"] else float("nan")
     train_flops = 4.0 * n * tok_t / med["fwd_bwd_s"] if med["fwd_bwd_s"] else float("nan")
     decode_bytes = longest * n * 4 / med["sampling_s"] if med["sampling_s"] else float("nan")
@@ -341,6 +350,10 @@ def summarize(r: dict[str, Any], limits: dict[str, float], a: argparse.Namespace
         "ratio_max_dev": max((s.get("ratio_max_dev", 0.0) for s in r["steps"]), default=0.0),
         "sampling_frac_of_fp32_peak": round(sampling_flops / peak, 4),
         "fwd_bwd_frac_of_fp32_peak": round(train_flops / peak, 4),
+        "sampling_frac_of_bf16_peak": round(sampling_flops / peak16, 4),
+        "fwd_bwd_frac_of_bf16_peak": round(train_flops / peak16, 4),
+        "sample_tokens": tok_s,
+        "train_tokens": tok_t,
         "decode_frac_of_bandwidth": round(decode_bytes / limits["bandwidth"], 4),
     }
 
@@ -367,6 +380,16 @@ def main() -> None:
         "--ludic-sampler-bf16",
         action="store_true",
         help="ludic's LocalChatClient in bf16 (sampler/trainer mismatch is then real)",
+    )
+    ap.add_argument(
+        "--ludic-no-share-prompts",
+        action="store_true",
+        help="ludic's trainer scores every item whole (TrainerConfig(share_prompts=False))",
+    )
+    ap.add_argument(
+        "--ludic-no-share-prefill",
+        action="store_true",
+        help="ludic's sampler prefills every request (LocalChatClient(share_prompt_prefill=False))",
     )
     ap.add_argument("--json", action="store_true", help="print the summary rows as JSON only")
     ap.add_argument("--worker", choices=("trl", "ludic"), help=argparse.SUPPRESS)
@@ -405,13 +428,18 @@ def main() -> None:
         f"{limits['bandwidth'] / 1e9:.1f} GB/s"
     )
     cols = ("step_s", "sampling_s", "scoring_s", "fwd_bwd_s", "optimizer_s", "publish_s", "other_s")
-    print(f"{'side':6s} " + " ".join(f"{c:>11s}" for c in cols) + "  sampling/peak fwd_bwd/peak decode/bw")
+    print(
+        f"{'side':6s} "
+        + " ".join(f"{c:>11s}" for c in cols)
+        + "  sampling/peak fp32|bf16  fwd_bwd/peak fp32|bf16  decode/bw  tokens sampled|trained"
+    )
     for r in rows:
         print(
             f"{r['side']:6s} "
             + " ".join(f"{r[c]:11.2f}" for c in cols)
-            + f"  {r['sampling_frac_of_fp32_peak']:13.3f} {r['fwd_bwd_frac_of_fp32_peak']:12.3f}"
-            + f" {r['decode_frac_of_bandwidth']:9.3f}"
+            + f"  {r['sampling_frac_of_fp32_peak']:13.3f}|{r['sampling_frac_of_bf16_peak']:.3f}"
+            + f"  {r['fwd_bwd_frac_of_fp32_peak']:12.3f}|{r['fwd_bwd_frac_of_bf16_peak']:.3f}"
+            + f"  {r['decode_frac_of_bandwidth']:9.3f}  {r['sample_tokens']:7.0f}|{r['train_tokens']:.0f}"
         )
     for r in rows:
         print(f"{r['side']} reward per step: {r['rewards']}; importance ratio max |r-1|: {r['ratio_max_dev']:.4f}")

@@ -341,7 +341,9 @@ def test_tutorial_script_runs_under_torchrun(tmp_path: Path, tiny_model_dir: str
     assert [m["step"] for m in lines] == [1, 2]
     for m in lines:
         assert m["dist/world_size"] == 2 and m["items"] == 12 and m["source/num_rollouts"] == 12
-        assert m["tokens"] == m["source/num_tokens"], "the two ranks together trained every token of the batch"
+        # every token of the batch trained; a GRPO group's shared prompt computed once per group
+        assert m["pack/shared_prompt_tokens"] > 0
+        assert m["tokens"] + m["pack/shared_prompt_tokens"] == m["source/num_tokens"], "tokens lost between ranks"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 2 and summary["sampler_policy_version"] == 2
 

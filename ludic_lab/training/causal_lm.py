@@ -67,14 +67,30 @@ def attention_mask_for(
     (no empty softmax row). Other implementations (flash / flex): ``None``; HF then detects the
     packing from ``position_ids`` restarting at 0. Memory: ``R * T * T`` bytes (bool) or
     elements (eager). Sliding-window layers get the same mask (exact below the window size).
+    A batch packed with shared prompts (``batch.prefix_source``) lets each tail see its shared
+    prompt too; it needs sdpa or eager (other implementations raise).
     """
     seq_RT = batch.seq_ids if isinstance(batch, TokenBatch) else batch
+    shared = isinstance(batch, TokenBatch) and batch.prefix_source is not None
     if attn_implementation not in ("sdpa", "eager"):
+        if shared:
+            raise ValueError(
+                f"a batch packed with shared prompts needs a custom attention mask, which "
+                f"attn_implementation={attn_implementation!r} does not take: pack with share_prompts=False "
+                "(TrainerConfig(share_prompts=False)) or load the model with attn_implementation='sdpa'"
+            )
         return None
     R, T = seq_RT.shape
     q, k = seq_RT[:, :, None], seq_RT[:, None, :]
     causal_TT = torch.ones(T, T, dtype=torch.bool, device=seq_RT.device).tril()
     allowed = (q == k) & (q >= 0) & causal_TT
+    if shared:  # a tail also sees the first prefix_length tokens of the sequence holding its prompt
+        assert isinstance(batch, TokenBatch) and batch.prefix_source is not None
+        assert batch.prefix_length is not None
+        src_q = batch.prefix_source.to(seq_RT.device)[:, :, None]
+        len_q = batch.prefix_length.to(seq_RT.device)[:, :, None]
+        pos_k = batch.position_ids.to(seq_RT.device)[:, None, :]
+        allowed |= (src_q >= 0) & (k == src_q) & (pos_k < len_q) & causal_TT
     allowed |= torch.eye(T, dtype=torch.bool, device=seq_RT.device) & (q < 0)
     allowed = allowed[:, None]
     if attn_implementation == "sdpa":

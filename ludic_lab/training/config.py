@@ -64,6 +64,12 @@ class TrainerConfig:
     ratio corrects. ``"off"``: compute in the weights' own dtype."""
     truncation: Literal["truncate", "drop", "error"] = "truncate"
     """What to do with an item longer than ``max_seq_len`` (counted in the metrics)."""
+    share_prompts: bool = True
+    """Items of a step that begin with the same prompt (a GRPO group) share one copy of it in
+    their packed row, so the prompt is computed once per group in forward and backward; every
+    item's logprobs and the gradient are those of scoring it alone (:mod:`.prompt_share`). Needs
+    the model's attention to take a custom mask (sdpa, eager); under flash/flex attention items
+    are packed one by one. ``False``: always one by one."""
     skip_nonfinite: bool = True
     """Skip (and count) an optimizer step whose loss or gradient is NaN/inf instead of raising."""
 

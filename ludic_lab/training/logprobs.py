@@ -314,12 +314,22 @@ def model_token_logprobs(
     hidden_RTH = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     ids, seq = batch.input_ids.to(dev), batch.seq_ids.to(dev)
     R, T = ids.shape
-    # position t (t >= 1) is predicted from hidden t-1 when both belong to the same sequence
-    valid = (seq[:, 1:] == seq[:, :-1]) & (seq[:, 1:] >= 0)
-    if only_at_RT is not None:
-        valid &= only_at_RT.to(dev)[:, 1:] != 0
-    h_NH = hidden_RTH[:, :-1][valid]
-    tgt_N = ids[:, 1:][valid]
+    if batch.predictor is None:
+        # position t (t >= 1) is predicted from hidden t-1 when both belong to the same sequence
+        valid = (seq[:, 1:] == seq[:, :-1]) & (seq[:, 1:] >= 0)
+        if only_at_RT is not None:
+            valid &= only_at_RT.to(dev)[:, 1:] != 0
+        h_NH = hidden_RTH[:, :-1][valid]
+        tgt_N = ids[:, 1:][valid]
+        where_RT = F.pad(valid, (1, 0), value=False)
+    else:  # shared prompts: a tail's first token is predicted from the shared prompt's last column
+        pred = batch.predictor.to(dev)
+        where_RT = pred >= 0
+        if only_at_RT is not None:
+            where_RT &= only_at_RT.to(dev) != 0
+        rows, cols = where_RT.nonzero(as_tuple=True)
+        h_NH = hidden_RTH[rows, pred[rows, cols]]
+        tgt_N = ids[rows, cols]
     scale = logit_scale(config) / float(temperature)
     softcap = getattr(config, "final_logit_softcapping", None)
     if type(head) is torch.nn.Linear and not softcap:  # subclasses (quantised, LoRA) use the fallback
@@ -339,7 +349,6 @@ def model_token_logprobs(
             cap = float(softcap)
             head_fn = lambda h: torch.tanh(head(h) / cap) * cap  # noqa: E731 - typed by the annotation above
         lp_N, ent_N = _module_head_logprobs(h_NH, head_fn, tgt_N, scale=scale, return_entropy=return_entropy)
-    where_RT = F.pad(valid, (1, 0), value=False)
     zeros = torch.zeros((R, T), dtype=lp_N.dtype, device=dev)
     logprobs_RT = zeros.masked_scatter(where_RT, lp_N)
     if not return_entropy:

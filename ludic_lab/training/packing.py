@@ -45,6 +45,7 @@ from typing import Any, Literal
 import torch
 
 from ludic_lab.training.packing_plans import candidate_plans, plan_cost
+from ludic_lab.training.prompt_share import Unit, group_units
 from ludic_lab.training.saw import SAWItem
 from ludic_lab.training.token_batch import TokenBatch
 
@@ -83,6 +84,8 @@ class PackingStats:
     """``sum(R * T**2)``: query-key pairs a dense (masked) attention computes per layer and head."""
     plan: str = ""
     """Which packing plan was chosen (e.g. ``"common width 2048"``, ``"per-batch width >= 486"``)."""
+    shared_prompt_tokens: int = 0
+    """Prompt tokens stored once for several items (``share_prompts``) and so not computed again."""
 
     @property
     def efficiency(self) -> float:
@@ -121,11 +124,14 @@ def pack_items(
     pad_token_id: int = 0,
     truncation: TruncationPolicy = "truncate",
     tolerance: float = DEFAULT_TOLERANCE,
+    share_prompts: bool = False,
 ) -> PackedMicroBatches:
     """Pack items into micro-batches, several sequences per row, ``R * T <= micro_token_budget``.
 
     Every item lands in exactly one micro-batch (or is counted as dropped in ``.stats``);
     output is deterministic for the same input. ``tolerance=0`` minimises padding alone.
+    ``share_prompts``: items with the same prompt (a GRPO group) share one copy of it in their
+    row (:mod:`~ludic_lab.training.prompt_share`; needs sdpa or eager attention).
     """
     _check_args(micro_token_budget, max_seq_len, truncation)
     if not 0.0 <= tolerance < 1.0:
@@ -133,7 +139,8 @@ def pack_items(
     seqs, counts = _prepare(items, max_seq_len, truncation)
     if not seqs:
         return PackedMicroBatches([], _stats(len(items), [], counts))
-    lengths = [s.length for s in seqs]
+    units = group_units(seqs, max_seq_len) if share_prompts else [Unit((s,), 0) for s in seqs]
+    lengths = [u.length for u in units]
     plans = candidate_plans(lengths, micro_token_budget, max_seq_len)
     costs = [plan_cost(groups, lengths) for _, groups in plans]
     least = min(tokens for tokens, _ in costs)
@@ -142,7 +149,8 @@ def pack_items(
         key=lambda k: (costs[k][1], costs[k][0], k),
     )
     name, groups = plans[k]
-    batches = [_build([[seqs[i] for i in row] for row in g], pad_token_id) for g in groups]
+    batches = [_build([[units[i] for i in row] for row in g], pad_token_id) for g in groups]
+    counts["shared_prompt_tokens"] = sum(u.saved_tokens for u in units)
     return PackedMicroBatches(batches, _stats(len(items), batches, counts, plan=name))
 
 
@@ -164,14 +172,14 @@ def pad_to_longest(
     seqs, counts = _prepare(items, max_seq_len, truncation)
     if sort_by_length:
         seqs = sorted(seqs, key=lambda s: (-s.length, s.index))
-    groups: list[list[list[_Seq]]] = []
-    cur: list[list[_Seq]] = []
+    groups: list[list[list[Unit]]] = []
+    cur: list[list[Unit]] = []
     longest = 0
     for s in seqs:
         if cur and (len(cur) + 1) * max(longest, s.length) > micro_token_budget:
             groups.append(cur)
             cur, longest = [], 0
-        cur.append([s])
+        cur.append([Unit((s,), 0)])
         longest = max(longest, s.length)
     if cur:
         groups.append(cur)
@@ -266,31 +274,52 @@ def _prepare(items: Sequence[SAWItem], max_seq_len: int, truncation: str) -> tup
     return seqs, c
 
 
-def _build(rows: list[list[_Seq]], pad_token_id: int) -> TokenBatch:
-    """One micro-batch from rows of sequences (seq ids numbered row by row, left to right)."""
+def _build(rows: list[list[Unit]], pad_token_id: int) -> TokenBatch:
+    """One micro-batch from rows of units (seq ids numbered row by row, left to right).
+
+    A unit's first sequence is stored whole; the others from token ``unit.prefix`` on, with
+    their true positions, ``prefix_source``/``prefix_length`` naming the shared prompt and
+    ``predictor`` the column that predicts each token (:mod:`.prompt_share`).
+    """
     R = len(rows)
-    T = max(sum(s.length for s in row) for row in rows)
+    T = max(sum(u.length for u in row) for row in rows)
     input_ids = torch.full((R, T), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((R, T), dtype=torch.long)
     seq_ids = torch.full((R, T), -1, dtype=torch.long)
     action_mask = torch.zeros((R, T), dtype=torch.float32)
     weights = torch.zeros((R, T), dtype=torch.float32)
     behaviour = torch.zeros((R, T), dtype=torch.float32)
+    shared = any(u.prefix for row in rows for u in row)
+    source = torch.full((R, T), -1, dtype=torch.long) if shared else None
+    plen = torch.zeros((R, T), dtype=torch.long) if shared else None
+    predictor = torch.full((R, T), -1, dtype=torch.long) if shared else None
     indices: list[int] = []
     versions: list[int | None] = []
     for r, row in enumerate(rows):
         t = 0
-        for s in row:
-            it, L, k = s.item, s.length, len(indices)
-            input_ids[r, t : t + L] = torch.tensor(it.input_ids, dtype=torch.long)
-            position_ids[r, t : t + L] = torch.arange(L)
-            seq_ids[r, t : t + L] = k
-            action_mask[r, t : t + L] = torch.tensor(it.action_mask, dtype=torch.float32)
-            weights[r, t : t + L] = torch.tensor(it.weights, dtype=torch.float32)
-            behaviour[r, t : t + L] = torch.tensor(it.behaviour_logprobs, dtype=torch.float32)
-            indices.append(s.index)
-            versions.append(it.policy_version)
-            t += L
+        for u in row:
+            first_col, first_k = t, len(indices)
+            for j, s in enumerate(u.seqs):
+                it, k = s.item, len(indices)
+                lo = u.prefix if j else 0  # tokens of this item stored here: lo..length-1
+                n = s.length - lo
+                cols = slice(t, t + n)
+                input_ids[r, cols] = torch.tensor(it.input_ids[lo : s.length], dtype=torch.long)
+                position_ids[r, cols] = torch.arange(lo, s.length)
+                seq_ids[r, cols] = k
+                action_mask[r, cols] = torch.tensor(it.action_mask[lo : s.length], dtype=torch.float32)
+                weights[r, cols] = torch.tensor(it.weights[lo : s.length], dtype=torch.float32)
+                behaviour[r, cols] = torch.tensor(it.behaviour_logprobs[lo : s.length], dtype=torch.float32)
+                if predictor is not None:
+                    predictor[r, t + 1 : t + n] = torch.arange(t, t + n - 1)
+                    if j:  # the tail's first token follows the shared prompt's last token
+                        assert source is not None and plen is not None
+                        predictor[r, t] = first_col + lo - 1
+                        source[r, cols] = first_k
+                        plen[r, cols] = lo
+                indices.append(s.index)
+                versions.append(it.policy_version)
+                t += n
     return TokenBatch(
         input_ids=input_ids,
         position_ids=position_ids,
@@ -301,6 +330,9 @@ def _build(rows: list[list[_Seq]], pad_token_id: int) -> TokenBatch:
         num_sequences=len(indices),
         item_indices=tuple(indices),
         policy_versions=tuple(versions),
+        prefix_source=source,
+        prefix_length=plen,
+        predictor=predictor,
     )
 
 
@@ -320,4 +352,5 @@ def _stats(num_items: int, batches: Sequence[TokenBatch], c: dict, plan: str = "
         dropped_indices=tuple(c["dropped_indices"]),
         attention_pairs=sum(b.shape[0] * b.shape[1] ** 2 for b in batches),
         plan=plan,
+        shared_prompt_tokens=c.get("shared_prompt_tokens", 0),
     )

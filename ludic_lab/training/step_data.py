@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from ludic_lab.training.causal_lm import find_body_and_head
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.packing import PackedMicroBatches, pack_items
 from ludic_lab.training.parallel import StepTotals
@@ -38,15 +40,29 @@ def filter_batches(
     return items, stale, {f"source/{k}": float(np.mean(v)) for k, v in source.items()}
 
 
-def pack_step(items: list[SAWItem], cfg: TrainerConfig, pad_token_id: int) -> PackedMicroBatches:
-    """``items`` packed into micro-batches as ``cfg`` says (budget, length, truncation)."""
+def pack_step(items: list[SAWItem], cfg: TrainerConfig, pad_token_id: int, model: Any = None) -> PackedMicroBatches:
+    """``items`` packed into micro-batches as ``cfg`` says (budget, length, truncation; shared
+    prompts when ``cfg.share_prompts`` and ``model``'s attention takes a custom mask)."""
     return pack_items(
         items,
         micro_token_budget=cfg.micro_token_budget,
         max_seq_len=cfg.max_seq_len,
         pad_token_id=pad_token_id,
         truncation=cfg.truncation,
+        share_prompts=cfg.share_prompts and takes_custom_mask(model),
     )
+
+
+def takes_custom_mask(model: Any) -> bool:
+    """Whether ``model``'s attention takes the 4-D masks of shared prompts (sdpa, eager)."""
+    if model is None:
+        return False
+    try:
+        lm = find_body_and_head(model)[0]
+    except TypeError:
+        return False
+    impl = getattr(getattr(lm, "config", None), "_attn_implementation", None) or "eager"
+    return impl in ("sdpa", "eager")
 
 
 def local_totals(items: list[SAWItem], stale: int, source: dict[str, float], micro: PackedMicroBatches) -> StepTotals:

@@ -75,6 +75,15 @@ class TokenBatch:
     """Further per-token tensors a loss may read (``"entropy"``, ``"old_logprobs"``)."""
     step: StepNormalisers | None = None
     """Whole-step normalisers (set by the trainer); ``None``: this micro-batch is the step."""
+    prefix_source: torch.Tensor | None = None
+    """``[R, T]`` long, shared prompts (:mod:`~ludic_lab.training.prompt_share`): on the tokens of a
+    sequence stored without its first ``prefix_length`` tokens, the id of the earlier sequence
+    of the row that holds them; -1 elsewhere. ``None``: no sequence shares a prompt."""
+    prefix_length: torch.Tensor | None = None
+    """``[R, T]`` long: with ``prefix_source``, how many of that sequence's tokens are shared."""
+    predictor: torch.Tensor | None = None
+    """``[R, T]`` long: the column whose hidden state predicts this token (-1: none). ``None``:
+    the previous column when it belongs to the same sequence."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -105,4 +114,7 @@ class TokenBatch:
             ref_logprobs=mv(self.ref_logprobs),
             extra={k: mv(v) for k, v in self.extra.items()},
             step=self.step,
+            prefix_source=mv(self.prefix_source),
+            prefix_length=mv(self.prefix_length),
+            predictor=mv(self.predictor),
         )

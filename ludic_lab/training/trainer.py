@@ -229,7 +229,7 @@ class Trainer:
         """filter -> pack -> forward/backward per micro-batch -> optimizer step; the metrics."""
         items, stale, source = filter_batches(batches, self.algo.preprocess, self.policy_version, self.config.max_lag)
         items = self.data_parallel.local_items(items)
-        micro = pack_step(items, self.config, self.pad_token_id)
+        micro = pack_step(items, self.config, self.pad_token_id, self.model)
         totals = self.data_parallel.step_totals(local_totals(items, stale, source, micro))
         metrics, skip = self._count(totals)
         if skip:
