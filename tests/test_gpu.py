@@ -409,3 +409,27 @@ def test_merged_turns_score_like_separate_turns_on_cuda(tiny_model_dir: str) -> 
     diff = max(abs(out["separate"][k] - out["merged"][k]) for k in out["separate"])
     report("cuda_merged_turns", action_tokens=len(out["separate"]), max_logprob_diff=diff)
     assert out["separate"].keys() == out["merged"].keys() and diff < 1e-4
+
+
+@pytest.mark.parametrize("autocast", ["off", "bf16"])
+def test_shared_prompts_score_like_whole_items_on_cuda(tiny_model_dir: str, autocast: str) -> None:
+    """The 4-D shared-prompt mask through CUDA sdpa (fp32, and under bf16 autocast)."""
+    from test_prompt_share import batch_of_groups
+
+    items = batch_of_groups(seed=1)
+    model = load_model(tiny_model_dir, attn_implementation="sdpa").to("cuda")
+    out: dict[str, dict[tuple[int, int], float]] = {}
+    for share in (False, True):
+        lps = {}
+        for mb in pack_items(items, micro_token_budget=256, max_seq_len=128, share_prompts=share):
+            mb = mb.to("cuda")
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast == "bf16"):
+                lp = model_token_logprobs(model, mb, only_at_RT=mb.action_mask).cpu()
+            for j, idx in enumerate(mb.item_indices):
+                at = ((mb.seq_ids == j) & (mb.action_mask > 0)).cpu()
+                for p, v in zip(mb.position_ids.cpu()[at].tolist(), lp[at].tolist(), strict=True):
+                    lps[(idx, p)] = v
+        out[str(share)] = lps
+    diff = max(abs(out["False"][k] - out["True"][k]) for k in out["False"])
+    report(f"cuda_shared_prompts_{autocast}", action_tokens=len(out["False"]), max_logprob_diff=diff)
+    assert out["False"].keys() == out["True"].keys() and diff < (1e-4 if autocast == "off" else 5e-2)
