@@ -852,3 +852,21 @@ def test_smollm2_greedy_answer_ends_with_im_end(smol):
     by_hand = greedy_by_hand(smol.model, resp.prompt_token_ids, 40, smol.chat_template.stop_token_ids)
     assert list(resp.completion_token_ids) == by_hand
     assert_exact(smol, r, resp)
+
+
+def test_attention_implementation_defaults_to_eager_for_bf16_on_cpu(tiny_model_dir):
+    """bf16 on CPU decodes with eager attention (the sdpa kernel's bf16 path is the slower one
+    there); fp32 keeps transformers' default; an explicit choice wins. Greedy decoding with
+    either attention gives the same tokens."""
+    bf16 = LocalChatClient(tiny_model_dir, dtype=torch.bfloat16)
+    fp32 = LocalChatClient(tiny_model_dir)
+    forced = LocalChatClient(tiny_model_dir, dtype="bfloat16", attn_implementation="sdpa")
+    assert bf16.model.config._attn_implementation == "eager"
+    assert fp32.model.config._attn_implementation == "sdpa"
+    assert forced.model.config._attn_implementation == "sdpa"
+    greedy = SamplingConfig(temperature=0.0, max_tokens=12)
+    r = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "Hi"}], sampling=greedy, return_=ReturnSpec.for_training()
+    )
+    a, b = bf16.generate_batch([r])[0][0], forced.generate_batch([r])[0][0]
+    assert a.completion_token_ids == b.completion_token_ids and len(a.completion_token_ids) > 0
