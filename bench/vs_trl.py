@@ -317,7 +317,9 @@ def run_trl(a: argparse.Namespace) -> dict[str, Any]:
             completion_tokens=int(n_compl),
             longest_completion=int(h.get("completions/max_length", 0)),
         )
-    prompt_tokens = len(tok.apply_chat_template(data[0]["prompt"], add_generation_prompt=True)) * a.prompts * a.group
+    rendered = tok.apply_chat_template(data[0]["prompt"], add_generation_prompt=True)
+    ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered  # transformers 5: a BatchEncoding
+    prompt_tokens = len(ids) * a.prompts * a.group
     for s in steps:
         s["sample_tokens"] = s["train_tokens"] = prompt_tokens + s.get("completion_tokens", 0)
         s["other_s"] = s["prepare_s"] - s["sampling_s"] - s["scoring_s"]  # old logprobs, advantages
