@@ -96,6 +96,7 @@ class TorchrunRun(LiveStatus):
         self._handle = None
         self._last_html = ""
         self._done = threading.Event()
+        self._finished = False
         self._tree: dict[int, int] = {}
         log_dir.mkdir(parents=True, exist_ok=True)
         self.console_path = log_dir / "torchrun.log"
@@ -207,8 +208,9 @@ class TorchrunRun(LiveStatus):
 
     def _finish(self) -> None:
         with _RUNS_LOCK:
-            if self._done.is_set() or self.proc.poll() is None:
+            if self._finished or self.proc.poll() is None:
                 return
+            self._finished = True
             self.returncode = self.proc.returncode
             # a worker that ignored torchrun's shutdown must not outlive the run
             leftovers = {p: s for p, s in self._tree.items() if processes.is_alive(p, s)}
@@ -222,14 +224,18 @@ class TorchrunRun(LiveStatus):
             if self.returncode != 0 and not self._stopped:
                 self.error = self._failure()
             _LIVE_RUNS.discard(self)
+        # the final view is drawn before ``wait()`` returns: a cell that ends with ``run.wait()``
+        # shows "succeeded" and the ranks' last lines, not the view of a second before
+        try:
+            self._draw(force=True)
+            close = getattr(self._live, "close", None)
+            if callable(close):
+                try:
+                    close()  # the final state of the plot
+                except Exception:  # noqa: BLE001 - a plot that fails to close must not fail the run
+                    pass
+        finally:
             self._done.set()
-        self._draw(force=True)
-        close = getattr(self._live, "close", None)
-        if callable(close):
-            try:
-                close()  # the final state of the plot
-            except Exception:  # noqa: BLE001 - a plot that fails to close must not fail the run
-                pass
 
     def _poll_metrics(self) -> None:
         if self._metrics is None:
