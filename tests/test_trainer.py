@@ -357,6 +357,10 @@ def test_publishes_every_sync_every_steps_and_logs(tiny_model_dir: str) -> None:
     assert pub.calls == [(n_params, 2), (n_params, 4)]
     assert [s for s, _ in log.rows] == seen == [1, 2, 3, 4, 5]
     assert all(isinstance(v, (int, float, str)) for _, row in log.rows for v in row.values())
+    for _, row in log.rows:  # where a step's time went: its parts are measured inside the step
+        parts = [row[f"time/{k}_s"] for k in ("data", "fwd_bwd", "optimizer")]
+        assert all(p >= 0.0 for p in parts) and row["time/optimizer_s"] > 0.0, row
+        assert sum(parts) <= row["time/step_s"], row
     t.close()
     assert log.closed
 

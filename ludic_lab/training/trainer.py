@@ -103,8 +103,7 @@ class Trainer:
             raise ValueError("the model has no trainable parameters")
         self.optimizer = make_optimizer(params, cfg)
         self.scheduler = make_scheduler(self.optimizer, cfg)
-        self.step = 0
-        self.policy_version = 0
+        self.step, self.policy_version = 0, 0
         self.history: list[dict[str, Any]] = []
         self.counters = {
             "stale_dropped": 0,
@@ -237,17 +236,18 @@ class Trainer:
         norms = StepNormalisers(totals.sequences, totals.action_tokens, *self.data_parallel.weight_stats(items))
         t_fb = time.perf_counter()
         loss, stats, tokens, finite = self._forward_backward(micro, norms, metrics)
-        fb_s = time.perf_counter() - t_fb
+        t_opt = time.perf_counter()
         grad_norm = self._clip_gradients() if finite else math.nan
         if not math.isfinite(grad_norm):
             return self._skip_nonfinite(metrics)
         self._optimizer_step()
-        metrics.update({f"loss/{k}": v for k, v in stats.items()})
-        metrics.update(loss=loss, grad_norm=grad_norm, lr=self.scheduler.get_last_lr()[0], tokens=tokens)
+        opt_s, fb_s = time.perf_counter() - t_opt, t_opt - t_fb
+        metrics.update({f"loss/{k}": v for k, v in stats.items()}, loss=loss, grad_norm=grad_norm, tokens=tokens)
         metrics.update(
-            action_tokens=totals.action_tokens, sequences=totals.sequences, policy_version=self.policy_version
+            lr=self.scheduler.get_last_lr()[0], action_tokens=totals.action_tokens, sequences=totals.sequences
         )
-        metrics.update({"tokens_per_s": tokens / fb_s if fb_s > 0 else float("nan"), "time/fwd_bwd_s": fb_s})
+        metrics.update({"policy_version": self.policy_version, "time/fwd_bwd_s": fb_s, "time/optimizer_s": opt_s})
+        metrics["tokens_per_s"] = tokens / fb_s if fb_s > 0 else math.nan  # optimizer_s: clip + optimizer/schedule
         return metrics
 
     def _forward_backward(
