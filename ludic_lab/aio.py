@@ -17,7 +17,7 @@ import atexit
 import concurrent.futures
 import inspect
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -98,6 +98,19 @@ def _run_in_helper_thread(coro: Coroutine[Any, Any, T], timeout: float | None) -
     return box["result"]
 
 
+async def within(aw: Awaitable[T], timeout_s: float | None) -> T:
+    """``await aw``, bounded by ``timeout_s`` seconds (``TimeoutError`` past it; ``None``: no bound).
+
+    ``aw`` runs in the caller's task (``asyncio.timeout``), so a cancellation of the caller is
+    never lost: Python 3.11's ``asyncio.wait_for`` returns ``aw``'s result instead of raising
+    ``CancelledError`` when the cancellation arrives just as ``aw`` finishes.
+    """
+    if timeout_s is None:
+        return await aw
+    async with asyncio.timeout(timeout_s):
+        return await aw
+
+
 def run_sync(coro: Coroutine[Any, Any, T], *, timeout: float | None = None) -> T:
     """Run ``coro`` to completion and return its result (see module docstring).
 
@@ -108,7 +121,7 @@ def run_sync(coro: Coroutine[Any, Any, T], *, timeout: float | None = None) -> T
     if not asyncio.iscoroutine(coro):
         raise TypeError(f"run_sync expects a coroutine, got {type(coro).__name__}")
     if timeout is not None:
-        coro = asyncio.wait_for(coro, timeout)
+        coro = within(coro, timeout)
     if not in_running_loop():
         return asyncio.run(coro)
     if getattr(_owned, "flag", False):

@@ -1,5 +1,5 @@
 """``ludic_lab.aio.run_sync``: the sync façade, with and without a running loop, nested,
-with errors and timeouts — and the rollout engine's sync façade over a real LocalChatClient
+with errors and timeouts; ``within``, a timeout that never loses a cancellation — and the rollout engine's sync façade over a real LocalChatClient
 driven from two event loops."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ludic_lab.aio import in_running_loop, run_sync
+from ludic_lab.aio import in_running_loop, run_sync, within
 
 
 async def _value(x, delay: float = 0.0):
@@ -21,6 +21,34 @@ async def _value(x, delay: float = 0.0):
 async def _raise(exc: BaseException):
     await asyncio.sleep(0)
     raise exc
+
+
+# -- within ---------------------------------------------------------------------------------
+async def test_within_returns_the_value_or_times_out():
+    assert await within(_value(1), None) == (1, threading.current_thread().name)
+    assert (await within(_value(2), 5.0))[0] == 2
+    with pytest.raises(TimeoutError):
+        await within(asyncio.sleep(10), 0.05)
+
+
+async def test_within_never_loses_a_cancellation_that_arrives_as_the_awaitable_finishes():
+    """The task is cancelled while its awaited reply is returning: the cancellation must land
+    at the task's next suspension point (3.11's ``asyncio.wait_for`` returns the reply and the
+    cancellation is gone: an episode asked to stop would run on)."""
+
+    async def reply() -> str:
+        await asyncio.sleep(0)
+        outer.cancel()
+        return "reply"
+
+    async def body() -> str:
+        r = await within(reply(), 5.0)
+        await asyncio.sleep(0)
+        return r
+
+    outer = asyncio.create_task(body())
+    with pytest.raises(asyncio.CancelledError):
+        await outer
 
 
 # -- no running loop -------------------------------------------------------------------------

@@ -173,6 +173,23 @@ async def test_timeout_is_an_episode_error_not_a_hang(tpl):
     assert ei.value.phase == "timeout" and len(ei.value.rollout.steps) == 1
 
 
+async def test_an_episode_cancelled_as_its_agent_replies_stops(tpl):
+    """With a deadline, cancelling the episode while the agent is returning its reply stops
+    the episode (it must not run on to its end with the cancellation lost)."""
+    proto = single(["guess", "guess", "win"], tpl)
+    act = proto.agent.act
+
+    async def act_then_cancelled(*a, **kw):
+        out = await act(*a, **kw)
+        episode.cancel()
+        return out
+
+    proto.agent.act = act_then_cancelled
+    episode = asyncio.create_task(proto.run(env=CountingEnv(), max_steps=5, timeout_s=30.0))
+    with pytest.raises(asyncio.CancelledError):
+        await episode
+
+
 async def test_bad_arguments_are_rejected(tpl):
     proto = single(["x"], tpl)
     with pytest.raises(ValueError, match="max_steps"):

@@ -26,6 +26,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from ludic_lab.aio import within
+
 ToolScope = Literal["internal", "external"]
 ToolError = Literal[
     "unknown_tool", "invalid_call", "invalid_arguments", "raised", "timeout", "non_serializable", "no_handler"
@@ -244,7 +246,7 @@ async def run_tool_call(
     else:
         coro = _call(tool.fn, args, name, tool.is_async)
     try:
-        value = await asyncio.wait_for(coro, timeout_s) if timeout_s is not None else await coro
+        value = await within(coro, timeout_s)
     except TimeoutError:
         return fail(
             "timeout",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ludic_lab.agents.base_agent import ActResult, Agent
-from ludic_lab.aio import maybe_await
+from ludic_lab.aio import maybe_await, within
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.inference.request import InferenceSpec
 from ludic_lab.interaction.base import InteractionProtocol
@@ -95,7 +95,7 @@ async def act_before(
     remaining = deadline - asyncio.get_running_loop().time()
     if remaining <= 0:
         raise TimeoutError("episode deadline passed before the agent could act")
-    return await asyncio.wait_for(agent.act(inference, **kw), remaining)
+    return await within(agent.act(inference, **kw), remaining)
 
 
 def deadline_from(timeout_s: float | None) -> float | None:

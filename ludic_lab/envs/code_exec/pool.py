@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from ludic_lab.aio import within
 from ludic_lab.envs.code_exec.base import HarnessSandbox
 from ludic_lab.envs.code_exec.bwrap import BubblewrapSandbox, find_bwrap
 from ludic_lab.envs.code_exec.cache import ResultCache
@@ -172,9 +173,7 @@ class SandboxPool:
             raise RuntimeError(
                 "SandboxPool is not started: `await pool.start()` or use `async with SandboxPool() as pool`"
             )
-        if timeout_s is None:
-            return await self._free.get()
-        return await asyncio.wait_for(self._free.get(), timeout_s)
+        return await within(self._free.get(), timeout_s)
 
     def release(self, sandbox: HarnessSandbox) -> None:
         """Give a sandbox back (every execution already starts from a fresh sandbox)."""
