@@ -133,6 +133,11 @@ def test_code_block_parser():
     bad = parse("I think the answer is 42.")
     assert bad.action is None and bad.reward < 0 and "```python" in bad.obs
     assert code_block_parser(allow_bare=False)("def f(): pass").action is None
+    # the opening fence skipped (the model took it as said): code, a lone closing fence, prose
+    closed = "def f(x):\n    return x + 1\n```\nThis adds one."
+    assert parse(closed).action == "def f(x):\n    return x + 1"
+    assert parse("x = 1\n```\nthen:\n```python\nx = 2\n```").action == "x = 2"  # still the last block
+    assert parse("Answer: 42\n```\nprint(42)").action == "print(42)"  # prose first: an unclosed block
     assert extract_code(None) is None and extract_code("```bash\nls\n```") is None
 
 

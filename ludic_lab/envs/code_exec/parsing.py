@@ -2,7 +2,9 @@
 
 Models write prose around code; the last ```` ```python ... ``` ```` (or plain ```` ``` ````)
 block is the answer. ``allow_bare=True`` accepts a completion with no fence when it looks
-like a program (small models often skip the fence). Like every parser here it never raises
+like a program (small models often skip the fence), and one that starts with code and
+closes a fence it never opened (code, then a lone ```` ``` ````: the model took the opening
+fence as said). Like every parser here it never raises
 on model text: a failure is a :class:`~ludic_lab.parsers.ParseResult` whose ``obs`` says
 what format is expected. Nothing is compiled or run here — that happens in the sandbox.
 """
@@ -13,6 +15,7 @@ import re
 
 from ludic_lab.parsers import Parser, ParseResult
 
+_FENCE_LINE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[ \t]*$", re.MULTILINE)
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
 _LANGS = {"", "python", "py", "python3"}
 _LOOKS_LIKE_CODE = re.compile(
@@ -26,12 +29,24 @@ def extract_code(text: object, *, allow_bare: bool = False) -> str | None:
     With ``allow_bare``, an unfenced completion that looks like code is returned whole."""
     if not isinstance(text, str):
         return None
+    if allow_bare and _opens_with_code(text):
+        text = "```python\n" + text
     blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in _LANGS and body.strip()]
     if blocks:
         return blocks[-1].strip("\n")
     if allow_bare and "```" not in text and _LOOKS_LIKE_CODE.search(text):
         return text.strip("\n")
     return None
+
+
+def _opens_with_code(text: str) -> bool:
+    """Code, then a bare fence line closing a block that was never opened (an odd number of
+    fence lines, the first without a language)."""
+    fences = list(_FENCE_LINE.finditer(text))
+    if len(fences) % 2 == 0 or fences[0].group(1):
+        return False
+    head = text[: fences[0].start()]
+    return "```" not in head and bool(_LOOKS_LIKE_CODE.search(head))
 
 
 def code_block_parser(
