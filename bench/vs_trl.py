@@ -13,7 +13,10 @@ per batch of rollouts:
           ``TrainerConfig(autocast="bf16")``, ``--ludic-sampler-bf16``: a bf16 sampler), the new
           weights published into the sampler after each step; a group's shared prompt is
           prefilled once by the sampler and scored once by the trainer (the library's defaults;
-          ``--ludic-no-share-prefill`` / ``--ludic-no-share-prompts`` turn them off)
+          ``--ludic-no-share-prefill`` / ``--ludic-no-share-prompts`` turn them off);
+          ``--ludic-async-level 1``: the next batch is sampled while the step optimises
+          (``TrainerConfig(async_level=1)``, one policy version behind), the sampler and the
+          trainer each on ``--ludic-stage-threads`` torch threads (default: half)
 
 Each side runs in its own process, one after the other, so neither competes with the other
 for the cores; run it with nothing else on the machine. It prints seconds per step (median
@@ -130,8 +133,13 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
 
     torch.manual_seed(a.seed)
     dtype = torch.bfloat16 if a.ludic_sampler_bf16 else torch.float32
+    stage_threads = a.ludic_stage_threads or max(1, (a.threads or torch.get_num_threads()) // 2)
     client = LocalChatClient(
-        a.model, max_batch_size=a.prompts * a.group, dtype=dtype, share_prompt_prefill=not a.ludic_no_share_prefill
+        a.model,
+        max_batch_size=a.prompts * a.group,
+        dtype=dtype,
+        share_prompt_prefill=not a.ludic_no_share_prefill,
+        num_threads=stage_threads if a.ludic_async_level else None,
     )
     policy = AutoModelForCausalLM.from_pretrained(str(client.model_path))
     rows, verifier = load_capitals("train"), capital_verifier()
@@ -171,26 +179,31 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
         seed=a.seed,
         autocast="bf16" if a.ludic_bf16 else "off",
         share_prompts=not a.ludic_no_share_prompts,
+        async_level=a.ludic_async_level,
+        num_threads=stage_threads if a.ludic_async_level else None,
     )
-    trainer = Trainer(
-        policy, algo, source, config=cfg, publisher=ClientPublisher(client), pad_token_id=client.pad_token_id
-    )
-    steps = []
-    for _ in range(a.steps):
-        m = run_sync(trainer.train_step())
-        longest = max((len(s.trace.completion_token_ids) for r in source.last_rollouts for s in r.steps), default=0)
+    steps: list[dict[str, Any]] = []
+    last = [time.perf_counter()]
+
+    def record(step: int, m: dict[str, Any]) -> None:
+        # wall per step between step ends (sampled ahead, a step's batch was generated during
+        # the step before; this counts everything once); the trainer's own time/* split it
+        now, wall = time.perf_counter(), 0.0
+        wall, last[0] = now - last[0], now
+        rollouts = trainer.batch_source.last_rollouts  # the rollouts of the batch this step trained on
+        longest = max((len(s.trace.completion_token_ids) for r in rollouts for s in r.steps), default=0)
         t = {k: float(v) for k, v in m.items() if k.startswith("time/")}
-        data, fb, pub = t.get("time/data_s", 0.0), t.get("time/fwd_bwd_s", 0.0), t.get("time/publish_s", 0.0)
         steps.append(
             {
-                "step_s": t["time/step_s"],
-                "sampling_s": data,
+                "step_s": wall,
+                "sampling_s": t.get("time/data_s", 0.0),  # waiting for the batch (sampled ahead: the rest)
                 "scoring_s": 0.0,
-                "fwd_bwd_s": fb,
-                "publish_s": pub,
-                "optimizer_s": float(m.get("time/optimizer_s", float("nan"))),
+                "fwd_bwd_s": t.get("time/fwd_bwd_s", 0.0),
+                "publish_s": t.get("time/publish_s", 0.0),
+                "optimizer_s": t.get("time/optimizer_s", float("nan")),
                 "reward": float(m.get("reward_mean", float("nan"))),
                 "ratio_max_dev": max(float(m.get("loss/ratio_max", 1.0)) - 1, 1 - float(m.get("loss/ratio_min", 1.0))),
+                "lag": float(m.get("source/policy_lag_max", 0.0)),
                 # every sequence's prompt + completion, whether or not a shared prompt was
                 # computed once (the same nominal work as TRL's); train_tokens: positions computed
                 "sample_tokens": int(m.get("tokens", 0) + m.get("pack/shared_prompt_tokens", 0)),
@@ -199,6 +212,18 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
                 "longest_completion": longest,
             }
         )
+
+    trainer = Trainer(
+        policy,
+        algo,
+        source,
+        config=cfg,
+        publisher=ClientPublisher(client),
+        pad_token_id=client.pad_token_id,
+        callbacks=[record],
+    )
+    last[0] = time.perf_counter()
+    run_sync(trainer.train(a.steps, progress=False))  # one event loop for every step
     trainer.close()
     return {"side": "ludic", "params": matmul_params(policy), "steps": steps}
 
@@ -342,14 +367,16 @@ def summarize(r: dict[str, Any], limits: dict[str, float], a: argparse.Namespace
     tok_t = statistics.median(s["train_tokens"] for s in body)
     longest = statistics.median(s["longest_completion"] for s in body)
     peak, peak16 = limits["fp32_flops"], limits["bf16_flops"]
-    sampling_flops = 2.0 * n * tok_s / med["sampling_s"] if med["sampling_s"] else float("nan")
+    overlapped = any(s.get("lag", 0.0) > 0 for s in body)  # sampled ahead: sampling_s is only the wait
+    sampling_flops = 2.0 * n * tok_s / med["sampling_s"] if med["sampling_s"] and not overlapped else float("nan")
     train_flops = 4.0 * n * tok_t / med["fwd_bwd_s"] if med["fwd_bwd_s"] else float("nan")
-    decode_bytes = longest * n * 4 / med["sampling_s"] if med["sampling_s"] else float("nan")
+    decode_bytes = longest * n * 4 / med["sampling_s"] if med["sampling_s"] and not overlapped else float("nan")
     return {
         "side": r["side"],
         **{k: round(v, 3) for k, v in med.items()},
         "rewards": [round(s.get("reward", float("nan")), 3) for s in r["steps"]],
         "ratio_max_dev": max((s.get("ratio_max_dev", 0.0) for s in r["steps"]), default=0.0),
+        "lag_max": max((s.get("lag", 0.0) for s in r["steps"]), default=0.0),
         "sampling_frac_of_fp32_peak": round(sampling_flops / peak, 4),
         "fwd_bwd_frac_of_fp32_peak": round(train_flops / peak, 4),
         "sampling_frac_of_bf16_peak": round(sampling_flops / peak16, 4),
@@ -392,6 +419,19 @@ def main() -> None:
         "--ludic-no-share-prefill",
         action="store_true",
         help="ludic's sampler prefills every request (LocalChatClient(share_prompt_prefill=False))",
+    )
+    ap.add_argument(
+        "--ludic-async-level",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="1: ludic samples the next batch while the step optimises (TrainerConfig(async_level=1))",
+    )
+    ap.add_argument(
+        "--ludic-stage-threads",
+        type=int,
+        default=0,
+        help="with --ludic-async-level 1: torch threads of the sampler and of the trainer each (0: half the threads)",
     )
     ap.add_argument("--json", action="store_true", help="print the summary rows as JSON only")
     ap.add_argument("--worker", choices=("trl", "ludic"), help=argparse.SUPPRESS)
@@ -444,7 +484,10 @@ def main() -> None:
             + f"  {r['decode_frac_of_bandwidth']:9.3f}  {r['sample_tokens']:7.0f}|{r['train_tokens']:.0f}"
         )
     for r in rows:
-        print(f"{r['side']} reward per step: {r['rewards']}; importance ratio max |r-1|: {r['ratio_max_dev']:.4f}")
+        print(
+            f"{r['side']} reward per step: {r['rewards']}; importance ratio max |r-1|: {r['ratio_max_dev']:.4f}; "
+            f"policy lag max: {r['lag_max']:.0f}"
+        )
     by = {r["side"]: r for r in rows}
     if "trl" in by and "ludic" in by:
         print(f"ludic / trl seconds per step: {by['ludic']['step_s'] / by['trl']['step_s']:.2f}x (target <= 0.5x)")

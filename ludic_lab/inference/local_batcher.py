@@ -3,13 +3,18 @@
 One :class:`LoopBatcher` per event loop gathers the requests that concurrent episodes submit
 and hands them to the client's generation thread as one batch; each request's future gets
 its own result, or its own exception when only that request was bad.
+:func:`shared_prompt_rows` finds a batch's requests with the same prompt (a GRPO group), whose
+prompt the client then prefills once.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from ludic_lab.inference.request import ChatCompletionRequest
 from ludic_lab.types import ChatResponse
@@ -82,3 +87,21 @@ class LoopBatcher:
                 p.future.set_exception(r)  # a bad request fails alone
             else:
                 p.future.set_result(r)
+
+
+def shared_prompt_rows(prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first_rows, row_to_first)`` when some prompts of a batch are identical: the batch
+    rows of each distinct prompt's first occurrence, and for every row the index (into
+    ``first_rows``) of its prompt; ``None`` when all prompts differ."""
+    seen: dict[tuple[int, ...], int] = {}
+    firsts: list[int] = []
+    back: list[int] = []
+    for b, p in enumerate(prompts):
+        key = tuple(p)
+        if key not in seen:
+            seen[key] = len(firsts)
+            firsts.append(b)
+        back.append(seen[key])
+    if len(firsts) == len(prompts):
+        return None
+    return torch.tensor(firsts, dtype=torch.long), torch.tensor(back, dtype=torch.long)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
-from ludic_lab.inference.local_batcher import LoopBatcher
+from ludic_lab.inference.local_batcher import LoopBatcher, shared_prompt_rows
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.sampling import sample_rows
 from ludic_lab.inference.tied_weights import check_tied_values, tied_groups
@@ -37,10 +37,12 @@ class LocalChatClient:
     share its model object with the sampler this way). ``max_batch_size`` caps one batch;
     ``batch_wait_s`` is how long the first request of a batch waits for company.
     ``share_prompt_prefill``: requests of one batch with the same prompt ids (a GRPO group)
-    prefill it once and share its KV rows (:func:`shared_prompt_rows`). ``attn_implementation``
+    prefill it once and share its KV rows (:func:`.local_batcher.shared_prompt_rows`). ``attn_implementation``
     (a model loaded from a path): ``None`` picks ``"eager"`` for bf16/fp16 on CPU (SmolLM2, a
     GRPO batch of 32 x 48 tokens: the CPU sdpa kernel's bf16 path spent 0.85 of 4.0 s on
     one-query attention, eager 0.3 s; 3.3 s in all) and transformers' default otherwise.
+    ``num_threads``: intra-op threads of generation (set on its one thread; None: torch's
+    default); with ``TrainerConfig(async_level=1)`` on a CPU, the cores the trainer leaves.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class LocalChatClient:
         policy_version: int = 0,
         share_prompt_prefill: bool = True,
         attn_implementation: str | None = None,
+        num_threads: int | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -98,7 +101,11 @@ class LocalChatClient:
         # Every batch runs on this one long-lived thread (whichever event loop submits it):
         # torch's OpenMP worker team belongs to the calling thread, so a fresh thread per
         # loop (asyncio.to_thread) would build a new team and leave the old one spinning.
+        if num_threads is not None and (isinstance(num_threads, bool) or int(num_threads) < 1):
+            raise ValueError(f"LocalChatClient(num_threads=...) must be an int >= 1 (or None), got {num_threads!r}")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ludic-generate")
+        if num_threads:  # torch's thread count is per thread: set on the generation thread itself
+            self._executor.submit(torch.set_num_threads, int(num_threads))
         weakref.finalize(self, self._executor.shutdown, wait=False)
 
     # -- ChatClient API ------------------------------------------------------------------
@@ -377,21 +384,3 @@ class LocalChatClient:
         return False
 
     _tool_calls = staticmethod(parse_tool_calls)
-
-
-def shared_prompt_rows(prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(first_rows, row_to_first)`` when some prompts of a batch are identical: the batch
-    rows of each distinct prompt's first occurrence, and for every row the index (into
-    ``first_rows``) of its prompt; ``None`` when all prompts differ."""
-    seen: dict[tuple[int, ...], int] = {}
-    firsts: list[int] = []
-    back: list[int] = []
-    for b, p in enumerate(prompts):
-        key = tuple(p)
-        if key not in seen:
-            seen[key] = len(firsts)
-            firsts.append(b)
-        back.append(seen[key])
-    if len(firsts) == len(prompts):
-        return None
-    return torch.tensor(firsts, dtype=torch.long), torch.tensor(back, dtype=torch.long)

@@ -31,6 +31,16 @@ class TrainerConfig:
     (None = keep all). For sources that do not enforce staleness themselves (a
     ``RolloutBatchSource`` whose sampler lags, offline data); ``PipelineBatchSource`` takes
     its own ``max_lag`` and refills the batch instead (see :mod:`ludic_lab.training.staleness`)."""
+    async_level: Literal[0, 1] = 0
+    """``1``: the next batch is sampled while this step optimises (the source is wrapped in a
+    ``SampleAheadSource``, ``training/batching/sample_ahead.py``): each step trains on
+    rollouts of the policy one version behind, which the loss's importance ratio corrects;
+    ``max_lag`` must then be ``None`` or ``>= 1``. Pays where sampling and the step each leave
+    cores idle (CPU: give each stage its share, ``num_threads`` here and the sampler's).
+    One process only (under torchrun, the Redis pipeline). ``0``: sample, then optimise."""
+    num_threads: int | None = None
+    """Intra-op threads of the trainer's step (set on its worker thread; torch's count is per
+    thread). None: torch's default. With ``async_level=1`` on a CPU, about half the cores."""
 
     grad_accum_steps: int = 1
     """Batches pulled from the source per optimizer step."""
@@ -129,6 +139,11 @@ class TrainerConfig:
             )
         if len(tuple(self.adam_betas)) != 2:
             raise ValueError(f"TrainerConfig.adam_betas must be two numbers (beta1, beta2), got {self.adam_betas!r}")
+        if self.async_level and self.max_lag == 0:
+            raise ValueError(
+                "TrainerConfig.async_level=1 trains on rollouts sampled one policy version behind: "
+                "max_lag must be None or >= 1 (max_lag=0 would drop them all)"
+            )
         if self.lora_r > 0 and not self.lora_target_modules:
             raise ValueError("TrainerConfig.lora_target_modules must name at least one module when lora_r > 0")
         self.adam_betas = tuple(self.adam_betas)
@@ -154,6 +169,7 @@ _RANGES = {
     "micro_token_budget": ">= 2",
     "sync_every_steps": ">= 0",
     "max_lag": ">= 0",
+    "num_threads": ">= 1",
     "grad_accum_steps": ">= 1",
     "max_grad_norm": "> 0",
     "weight_decay": ">= 0",

@@ -24,7 +24,8 @@ def filter_batches(
     """``preprocess`` each batch, then drop items sampled more than ``max_lag`` versions
     before ``policy_version`` (:func:`~ludic_lab.training.staleness.is_stale`; items of
     unknown version stay). Returns ``(items, number dropped as stale, the batches' numeric
-    meta averaged, as "source/<key>")``."""
+    meta averaged, as "source/<key>", with the kept items' lag behind ``policy_version``:
+    "source/policy_lag_mean" and "source/policy_lag_max")``."""
     items: list[SAWItem] = []
     stale = 0
     source: dict[str, list[float]] = {}
@@ -37,7 +38,11 @@ def filter_batches(
         for k, v in b.meta.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 source.setdefault(k, []).append(float(v))
-    return items, stale, {f"source/{k}": float(np.mean(v)) for k, v in source.items()}
+    out = {f"source/{k}": float(np.mean(v)) for k, v in source.items()}
+    lags = [policy_version - it.policy_version for it in items if it.policy_version is not None]
+    if lags:  # 0 on-policy; 1 with async_level=1 (sampled while the step before optimised)
+        out.update({"source/policy_lag_mean": float(np.mean(lags)), "source/policy_lag_max": float(max(lags))})
+    return items, stale, out
 
 
 def pack_step(items: list[SAWItem], cfg: TrainerConfig, pad_token_id: int, model: Any = None) -> PackedMicroBatches:

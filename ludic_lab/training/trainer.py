@@ -40,6 +40,7 @@ from ludic_lab.aio import run_sync
 from ludic_lab.distributed.interfaces import PolicyPublisher
 from ludic_lab.training.algorithm import RLAlgorithm
 from ludic_lab.training.batching.base import BatchSource
+from ludic_lab.training.batching.sample_ahead import pull_ahead, sample_ahead
 from ludic_lab.training.checkpoint import CheckpointInfo, load_checkpoint, save_checkpoint
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.loggers import MetricLogger
@@ -87,10 +88,9 @@ class Trainer:
         self.config = cfg = config or TrainerConfig()
         _seed_everything(cfg.seed)
         self.algo = algo
-        self.batch_source = batch_source
-        self.loggers = list(loggers)
-        self.callbacks = list(callbacks)
+        self.loggers, self.callbacks = list(loggers), list(callbacks)
         self.data_parallel = dp = make_data_parallel(cfg)
+        self.batch_source = sample_ahead(batch_source, cfg.async_level, dp.world_size)  # async_level=1: wrapped
         self.device, self.rank, self.world_size = dp.device, dp.rank, dp.world_size
         self._failed = False
         self.model, self.ref_model = prepare_models(model, ref_model, cfg, algo.loss, dp)
@@ -105,13 +105,8 @@ class Trainer:
         self.scheduler = make_scheduler(self.optimizer, cfg)
         self.step, self.policy_version = 0, 0
         self.history: list[dict[str, Any]] = []
-        self.counters = {
-            "stale_dropped": 0,
-            "truncated": 0,
-            "dropped_too_long": 0,
-            "skipped_steps": 0,
-            "nonfinite_skips": 0,
-        }
+        counted = ("stale_dropped", "truncated", "dropped_too_long", "skipped_steps", "nonfinite_skips")
+        self.counters = dict.fromkeys(counted, 0)
         self.scoring_temperature = algo.scoring_temperature or cfg.scoring_temperature
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         # merged LoRA weights are written into the same CPU tensors at every publish (a fresh
@@ -129,7 +124,8 @@ class Trainer:
         bar = make_progress(steps, progress if self.rank == 0 else False, history=self.history)
         out = []
         try:
-            for _ in range(steps):
+            for i in range(steps):
+                pull_ahead(self.batch_source, i + 1 < steps)  # async_level=1: nothing sampled past the end
                 m = await self.train_step()
                 out.append(m)
                 if bar is not None:
@@ -138,6 +134,7 @@ class Trainer:
             self._failed = True  # other ranks may be inside a collective: close() must not wait for them
             raise
         finally:
+            pull_ahead(self.batch_source, None)  # a pull still in flight (an error) is cancelled
             if bar is not None:
                 bar.close()
         return out
@@ -156,14 +153,16 @@ class Trainer:
         loop = asyncio.get_running_loop()
         metrics = await loop.run_in_executor(self._worker(), self._optimize, batches)  # filter ... optimizer step
         metrics["time/data_s"] = t_data
-        metrics["time/step_s"] = time.perf_counter() - t0
         self._publish_and_checkpoint(metrics)
+        metrics["time/step_s"] = time.perf_counter() - t0  # pull to publish and checkpoint
         self._log(metrics)
         return metrics
 
     def _worker(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ludic-trainer")
+            if self.config.num_threads:  # torch's thread count is per thread: set on the worker itself
+                self._executor.submit(torch.set_num_threads, self.config.num_threads)
         return self._executor
 
     def publish(self) -> None:
@@ -385,6 +384,7 @@ class Trainer:
     def close(self) -> None:
         """Close the loggers and stop the trainer's worker thread; destroy the process group
         if this trainer created it (not after a failed step: other ranks may be mid-collective)."""
+        pull_ahead(self.batch_source, None)
         for lg in self.loggers:
             with contextlib.suppress(Exception):
                 lg.close()
