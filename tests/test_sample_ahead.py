@@ -160,5 +160,11 @@ def test_bad_settings_are_refused() -> None:
     wrapped = sample_ahead(src, 1)
     assert isinstance(wrapped, SampleAheadSource) and sample_ahead(wrapped, 1) is wrapped
     pull_ahead(src, None)  # not a SampleAheadSource: nothing to do
+
+    class Acking(ListBatchSource):
+        commits_on_next_batch = True  # as PipelineBatchSource: next_batch() acknowledges the last step's items
+
+    with pytest.raises(ValueError, match="acknowledge them before that step's update"):
+        sample_ahead(Acking([SAWBatch(())]), 1)
     with pytest.raises(TypeError, match="BatchSource"):
         SampleAheadSource(object())  # type: ignore[arg-type]

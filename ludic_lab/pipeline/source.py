@@ -73,6 +73,8 @@ class PipelineBatchSource:
     partial batch for the next call). ``on_ack(item_ids)`` is called after each commit.
     """
 
+    commits_on_next_batch: ClassVar[bool] = True
+    """``next_batch()`` acknowledges the last step's items, so it is never pulled ahead of that step."""
     state_dict_is_collective: ClassVar[bool] = True
     """The checkpoint state spans every rank: the Trainer calls :meth:`gather_state_dict` (a
     collective under ``torch.distributed``) on every rank; :meth:`local_state_dict` is the

@@ -15,7 +15,10 @@ step, and ``stop()`` (the trainer's ``train()`` on its way out, ``close()``) can
 still in flight; its requests are then not trained on (``cancelled_batches`` counts them).
 A failed pull raises from the ``next_batch()`` that would have returned it, as without
 sampling ahead. A pull left behind by an event loop that has ended (``train_sync`` in a
-script runs each call on its own loop) is discarded and the batch pulled anew.
+script runs each call on its own loop) is discarded and the batch pulled anew. A checkpoint
+records the wrapped source's state, which already counts a batch pulled ahead (a resumed run
+does not train on that one). Sources that acknowledge a step's data when the next batch is
+pulled (``commits_on_next_batch``: the Redis ``PipelineBatchSource``) are refused.
 """
 
 from __future__ import annotations
@@ -113,6 +116,12 @@ def sample_ahead(source: BatchSource, async_level: int, world_size: int = 1) -> 
             "TrainerConfig.async_level=1 samples in the trainer's own process; under torchrun with "
             f"{world_size} ranks the sources' collectives would interleave with the step's. Run the "
             "sampler apart instead (the Redis pipeline: PipelineBatchSource with max_lag)"
+        )
+    if getattr(source, "commits_on_next_batch", False):
+        raise ValueError(
+            f"TrainerConfig.async_level=1 cannot wrap {type(source).__name__}: its next_batch() acknowledges "
+            "the previous step's items, so pulling ahead would acknowledge them before that step's update. "
+            "Its actors already sample apart from the trainer (the queue is the overlap): use async_level=0"
         )
     return source if isinstance(source, SampleAheadSource) else SampleAheadSource(source)
 
