@@ -21,7 +21,8 @@ per batch of rollouts:
 Each side runs in its own process, one after the other, so neither competes with the other
 for the cores; run it with nothing else on the machine. It prints seconds per step (median
 over the steps after the first), each side's split of a step (sampling, scoring,
-forward/backward, optimizer, publish, other), both reward curves, and a roofline:
+forward/backward, optimizer, publish, other; ``wait``: the step waiting for its batch, all of
+sampling unless it was sampled ahead), both reward curves, and a roofline:
 
   - this CPU's dense matmul throughput at the shapes of the model's linears (fp32 and bf16,
     ``torch.mm``, all threads) and its memory bandwidth (a 1 GiB copy);
@@ -196,7 +197,8 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
         steps.append(
             {
                 "step_s": wall,
-                "sampling_s": t.get("time/data_s", 0.0),  # waiting for the batch (sampled ahead: the rest)
+                "sampling_s": float(m.get("source/generation_s", t.get("time/data_s", 0.0))),  # the batch's episodes
+                "wait_s": t.get("time/data_s", 0.0),  # the step waiting for its batch (sampled ahead: a part)
                 "scoring_s": 0.0,
                 "fwd_bwd_s": t.get("time/fwd_bwd_s", 0.0),
                 "publish_s": t.get("time/publish_s", 0.0),
@@ -358,19 +360,20 @@ def summarize(r: dict[str, Any], limits: dict[str, float], a: argparse.Namespace
         k: statistics.median(s.get(k, 0.0) for s in body)
         for k in ("step_s", "sampling_s", "scoring_s", "fwd_bwd_s", "optimizer_s", "publish_s")
     }
-    parts = ("sampling_s", "scoring_s", "fwd_bwd_s", "optimizer_s", "publish_s")
+    overlapped = any(s.get("lag", 0.0) > 0 for s in body)  # sampled ahead: only the wait adds to a step
+    parts = ("wait_s" if overlapped else "sampling_s", "scoring_s", "fwd_bwd_s", "optimizer_s", "publish_s")
     med["other_s"] = statistics.median(  # per step, then the median (medians of parts need not add up)
         s["step_s"] - sum(s.get(k, 0.0) for k in parts if s.get(k, 0.0) == s.get(k, 0.0)) for s in body
     )
+    med["wait_s"] = statistics.median(s.get("wait_s", s["sampling_s"]) for s in body)
     n = r["params"]
     tok_s = statistics.median(s["sample_tokens"] for s in body)
     tok_t = statistics.median(s["train_tokens"] for s in body)
     longest = statistics.median(s["longest_completion"] for s in body)
     peak, peak16 = limits["fp32_flops"], limits["bf16_flops"]
-    overlapped = any(s.get("lag", 0.0) > 0 for s in body)  # sampled ahead: sampling_s is only the wait
-    sampling_flops = 2.0 * n * tok_s / med["sampling_s"] if med["sampling_s"] and not overlapped else float("nan")
+    sampling_flops = 2.0 * n * tok_s / med["sampling_s"] if med["sampling_s"] else float("nan")
     train_flops = 4.0 * n * tok_t / med["fwd_bwd_s"] if med["fwd_bwd_s"] else float("nan")
-    decode_bytes = longest * n * 4 / med["sampling_s"] if med["sampling_s"] and not overlapped else float("nan")
+    decode_bytes = longest * n * 4 / med["sampling_s"] if med["sampling_s"] else float("nan")
     return {
         "side": r["side"],
         **{k: round(v, 3) for k, v in med.items()},
@@ -469,7 +472,7 @@ def main() -> None:
         f"{limits['fp32_flops'] / 1e9:.1f} GFLOP/s, bf16 {limits['bf16_flops'] / 1e9:.1f} GFLOP/s; copy bandwidth "
         f"{limits['bandwidth'] / 1e9:.1f} GB/s"
     )
-    cols = ("step_s", "sampling_s", "scoring_s", "fwd_bwd_s", "optimizer_s", "publish_s", "other_s")
+    cols = ("step_s", "sampling_s", "wait_s", "scoring_s", "fwd_bwd_s", "optimizer_s", "publish_s", "other_s")
     print(
         f"{'side':6s} "
         + " ".join(f"{c:>11s}" for c in cols)
