@@ -16,7 +16,7 @@ per batch of rollouts:
           ``--ludic-no-share-prefill`` / ``--ludic-no-share-prompts`` turn them off);
           ``--ludic-async-level 1``: the next batch is sampled while the step optimises
           (``TrainerConfig(async_level=1)``, one policy version behind), the sampler and the
-          trainer each on ``--ludic-stage-threads`` torch threads (default: half)
+          trainer on ``--ludic-stage-threads S,T`` torch threads (default: half the threads each)
 
 Each side runs in its own process, one after the other, so neither competes with the other
 for the cores; run it with nothing else on the machine. It prints seconds per step (median
@@ -134,13 +134,14 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
 
     torch.manual_seed(a.seed)
     dtype = torch.bfloat16 if a.ludic_sampler_bf16 else torch.float32
-    stage_threads = a.ludic_stage_threads or max(1, (a.threads or torch.get_num_threads()) // 2)
+    half = max(1, (a.threads or torch.get_num_threads()) // 2)
+    sampler_threads, trainer_threads = (int(x) for x in (a.ludic_stage_threads or f"{half},{half}").split(","))
     client = LocalChatClient(
         a.model,
         max_batch_size=a.prompts * a.group,
         dtype=dtype,
         share_prompt_prefill=not a.ludic_no_share_prefill,
-        num_threads=stage_threads if a.ludic_async_level else None,
+        num_threads=sampler_threads if a.ludic_async_level else None,
     )
     policy = AutoModelForCausalLM.from_pretrained(str(client.model_path))
     rows, verifier = load_capitals("train"), capital_verifier()
@@ -181,7 +182,7 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
         autocast="bf16" if a.ludic_bf16 else "off",
         share_prompts=not a.ludic_no_share_prompts,
         async_level=a.ludic_async_level,
-        num_threads=stage_threads if a.ludic_async_level else None,
+        num_threads=trainer_threads if a.ludic_async_level else None,
     )
     steps: list[dict[str, Any]] = []
     last = [time.perf_counter()]
@@ -432,9 +433,8 @@ def main() -> None:
     )
     ap.add_argument(
         "--ludic-stage-threads",
-        type=int,
-        default=0,
-        help="with --ludic-async-level 1: torch threads of the sampler and of the trainer each (0: half the threads)",
+        default="",
+        help="with --ludic-async-level 1: torch threads of the sampler and of the trainer, 'S,T' (default: half each)",
     )
     ap.add_argument("--json", action="store_true", help="print the summary rows as JSON only")
     ap.add_argument("--worker", choices=("trl", "ludic"), help=argparse.SUPPRESS)

@@ -164,6 +164,23 @@ def _publisher(cfg: DemoConfig, client: Any, policy: Any) -> Any:
     return BroadcastPolicyPublisher(client, model=policy)
 
 
+def _split_threads(cfg: DemoConfig, client: Any) -> tuple[TrainerConfig, int | None]:
+    """With ``--async-level 1`` and the in-process sampler, sampling and the trainer's step
+    run at once: each gets half the cores while training (the trainer's ``--num-threads``
+    if given, the sampler the rest). Returns the trainer's config and the sampler's thread
+    count to restore after training (None: nothing was changed)."""
+    if not cfg.trainer.async_level or not isinstance(client, LocalChatClient):
+        return cfg.trainer, None
+    import dataclasses
+
+    import torch
+
+    all_threads = torch.get_num_threads()
+    trainer_threads = cfg.trainer.num_threads or max(1, all_threads // 2)
+    client.set_num_threads(max(1, all_threads - trainer_threads))
+    return dataclasses.replace(cfg.trainer, num_threads=trainer_threads), all_threads
+
+
 async def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the demo; returns the summary (also written to ``<out>/summary.json``)."""
     if cfg.backend not in BACKENDS:
@@ -237,11 +254,12 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
         engine, requests, algo.credit_assigner, request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed)
     )
     keys = ("reward_mean", "loss", "grad_norm", "time/step_s")
+    trainer_cfg, all_threads = _split_threads(cfg, client)
     trainer = Trainer(
         policy,
         algo,
         source,
-        config=cfg.trainer,
+        config=trainer_cfg,
         publisher=publisher,
         loggers=[ConsoleLogger(keys=keys, console=console), JSONLLogger(out / "metrics.jsonl")],
         pad_token_id=client.pad_token_id,
@@ -252,7 +270,8 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     )
     from ludic_lab.training.credit import GroupNormalizedReturn, HybridNormalizedReturn
 
-    if isinstance(algo.credit_assigner, (GroupNormalizedReturn, HybridNormalizedReturn)):
+    group_normalized = isinstance(algo.credit_assigner, (GroupNormalizedReturn, HybridNormalizedReturn))
+    if group_normalized and not trainer_cfg.async_level:  # sampled ahead, the ratio is not 1
         console.print(
             "[dim](the loss column stays near 0: advantages are normalized within each group, so they "
             "average to zero, and on freshly sampled data the importance ratio is 1 -- its gradient is not zero; "
@@ -262,6 +281,8 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     history = await trainer.train(cfg.steps, progress=False)
     train_s = time.perf_counter() - t1
     trainer.close()
+    if all_threads:
+        client.set_num_threads(all_threads)  # evaluation uses every core again
 
     version_after = await client.get_policy_version()
     console.print(f"sampler policy version {version_before} -> {version_after} ({cfg.backend} backend)")

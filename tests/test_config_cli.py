@@ -313,6 +313,35 @@ def test_cli_demo_on_tiny_model(tmp_path, tiny_model_dir):
     assert (out / "reward_curve.png").stat().st_size > 0 and (out / "rollouts.html").stat().st_size > 0
 
 
+@pytest.mark.timeout(180)
+def test_cli_demo_sampling_ahead_on_tiny_model(tmp_path, tiny_model_dir):
+    """``--async-level 1``: steps 2 and 3 train on samples one version behind; the sampler and
+    the trainer each get half the threads while training."""
+    import torch
+
+    from ludic_lab.cli import main
+
+    out = tmp_path / "demo"
+    argv = ["--model", "tiny", "--steps", "3", "--questions-per-step", "2", "--group-size", "2",
+            "--max-tokens", "8", "--eval-k", "0", "--async-level", "1", "--out", str(out)]  # fmt: skip
+    assert main(["demo", *argv]) == 0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [m["source/policy_lag_max"] for m in metrics] == [0, 1, 1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["trainer"]["async_level"] == 1
+
+    from ludic_lab.demo import DemoConfig, _split_threads
+    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.training.config import TrainerConfig
+
+    client, n = LocalChatClient(tiny_model_dir), torch.get_num_threads()
+    cfg, restore = _split_threads(DemoConfig(trainer=TrainerConfig(async_level=1)), client)
+    assert restore == n and cfg.num_threads == max(1, n // 2) and cfg.async_level == 1
+    assert client._executor.submit(torch.get_num_threads).result() == max(1, n - cfg.num_threads)
+    assert _split_threads(DemoConfig(), client) == (DemoConfig().trainer, None)  # sequential: nothing split
+
+
 def test_cli_demo_with_missing_model_dir_fails_clearly(tmp_path):
     from ludic_lab.cli import main
 

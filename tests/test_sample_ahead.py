@@ -142,6 +142,8 @@ def test_thread_counts_are_set_per_stage(tiny_model_dir: str) -> None:
     assert client._executor.submit(torch.get_num_threads).result() == 1
     assert trainer._worker().submit(torch.get_num_threads).result() == 1
     trainer.close()
+    client.set_num_threads(2)  # from the next batch on
+    assert client._executor.submit(torch.get_num_threads).result() == 2
     with pytest.raises(ValueError, match="num_threads"):
         LocalChatClient(tiny_model_dir, num_threads=0)
 

@@ -101,11 +101,9 @@ class LocalChatClient:
         # Every batch runs on this one long-lived thread (whichever event loop submits it):
         # torch's OpenMP worker team belongs to the calling thread, so a fresh thread per
         # loop (asyncio.to_thread) would build a new team and leave the old one spinning.
-        if num_threads is not None and (isinstance(num_threads, bool) or int(num_threads) < 1):
-            raise ValueError(f"LocalChatClient(num_threads=...) must be an int >= 1 (or None), got {num_threads!r}")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ludic-generate")
-        if num_threads:  # torch's thread count is per thread: set on the generation thread itself
-            self._executor.submit(torch.set_num_threads, int(num_threads))
+        if num_threads is not None:
+            self.set_num_threads(num_threads)
         weakref.finalize(self, self._executor.shutdown, wait=False)
 
     # -- ChatClient API ------------------------------------------------------------------
@@ -116,6 +114,13 @@ class LocalChatClient:
         if batcher is None:
             batcher = self._batchers[loop] = LoopBatcher(self)
         return await batcher.submit(request)
+
+    def set_num_threads(self, n: int) -> None:
+        """Generation's intra-op threads from the next batch on (torch's count is per thread:
+        it is set on the generation thread itself)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"LocalChatClient num_threads must be an int >= 1, got {n!r}")
+        self._executor.submit(torch.set_num_threads, n)
 
     def complete_sync(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
         """Blocking single request (no batching across callers)."""
