@@ -35,9 +35,10 @@ class TrainerConfig:
     """``1``: the next batch is sampled while this step optimises (the source is wrapped in a
     ``SampleAheadSource``, ``training/batching/sample_ahead.py``): each step trains on
     rollouts of the policy one version behind, which the loss's importance ratio corrects;
-    ``max_lag`` must then be ``None`` or ``>= 1``. Pays where sampling and the step each leave
-    cores idle (CPU: give each stage its share, ``num_threads`` here and the sampler's).
-    One process only (under torchrun, the Redis pipeline). ``0``: sample, then optimise."""
+    ``max_lag`` must then be ``None`` or ``>= 1``. On a CPU give each stage its share of the
+    cores (``num_threads`` here and the sampler's); it pays when sampling and the step take
+    about as long on their shares (README, "Against TRL"). One process only (under torchrun,
+    the Redis pipeline). ``0``: sample, then optimise."""
     num_threads: int | None = None
     """Intra-op threads of the trainer's step (set on its worker thread; torch's count is per
     thread). None: torch's default. With ``async_level=1`` on a CPU, about half the cores."""
