@@ -315,7 +315,7 @@ def test_cli_demo_on_tiny_model(tmp_path, tiny_model_dir):
 
 @pytest.mark.timeout(180)
 def test_cli_demo_sampling_ahead_on_tiny_model(tmp_path, tiny_model_dir):
-    """``--async-level 1``: steps 2 and 3 train on samples one version behind; the sampler and
+    """``--async-level 1`` through the CLI: samples at most one version behind; the sampler and
     the trainer each get half the threads while training."""
     import torch
 
@@ -327,7 +327,9 @@ def test_cli_demo_sampling_ahead_on_tiny_model(tmp_path, tiny_model_dir):
     assert main(["demo", *argv]) == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
-    assert [m["source/policy_lag_max"] for m in metrics] == [0, 1, 1]
+    # step 1 on-policy; later steps at most one version behind (exactly one unless, on this tiny
+    # model, a step published before the next batch began generating: tests/test_sample_ahead.py)
+    assert metrics[0]["source/policy_lag_max"] == 0 and all(m["source/policy_lag_max"] <= 1 for m in metrics)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["trainer"]["async_level"] == 1
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import Any
 
 import pytest
@@ -36,10 +37,13 @@ class _Recording:
         self.inner, self.fail_at, self.slow_at, self.slow_s = inner, fail_at, slow_at, slow_s
         self.trainer: Trainer | None = None
         self.pull_steps: list[int] = []
+        self.on_pull: Any = None  # called at the start of every pull
 
     async def next_batch(self) -> SAWBatch:
         assert self.trainer is not None
         self.pull_steps.append(self.trainer.step)
+        if self.on_pull is not None:
+            self.on_pull()
         if self.fail_at is not None and len(self.pull_steps) == self.fail_at:
             raise RuntimeError(f"pull {self.fail_at} failed")
         if len(self.pull_steps) == self.slow_at:
@@ -67,6 +71,28 @@ def _online(model_dir: str, *, async_level: int, fail_at: int | None = None, slo
 
 def test_the_next_pull_starts_before_the_step_and_is_one_version_behind(tiny_model_dir: str) -> None:
     trainer, rec, client = _online(tiny_model_dir, async_level=1, num_threads=1)
+    # each step's optimisation waits until the pull ahead has begun generating: on the tiny model
+    # the step could otherwise publish before that pull's first generation starts (lag 0 then)
+    calls, generate, optimize = [0], client._generate_isolated, trainer._optimize
+    at_pull = [0]  # generations begun when the latest pull started
+
+    def mark_pull() -> None:
+        at_pull[0] = calls[0]
+
+    rec.on_pull = mark_pull
+
+    def generate_counted(reqs: Any) -> Any:
+        calls[0] += 1
+        return generate(reqs)
+
+    def optimize_after_generation_began(batches: Any) -> Any:
+        t0 = time.monotonic()
+        while trainer.batch_source.in_flight() and calls[0] <= at_pull[0]:
+            assert time.monotonic() - t0 < 60, "the pull ahead never began generating"
+            time.sleep(0.005)
+        return optimize(batches)
+
+    client._generate_isolated, trainer._optimize = generate_counted, optimize_after_generation_began  # type: ignore[method-assign]
     ms = trainer.train_sync(3, progress=False)
     # sequential: pull k starts after step k-1 (steps 0, 1, 2); ahead: pull k+1 starts when
     # batch k is handed to step k, before that step's update (0, 0, 1) - and none after the last
