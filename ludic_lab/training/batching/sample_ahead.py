@@ -12,7 +12,8 @@ corrects for the lag and ``max_lag`` (``>= 1`` here) bounds it.
 
 Nothing is sampled past the end: ``Trainer.train(steps)`` pulls no batch ahead in its last
 step, and ``stop()`` (the trainer's ``train()`` on its way out, ``close()``) cancels a pull
-still in flight; its requests are then not trained on (``cancelled_batches`` counts them).
+still in flight; its requests are then not trained on (``cancelled_batches`` counts every
+pull discarded so, finished or not).
 A failed pull raises from the ``next_batch()`` that would have returned it, as without
 sampling ahead. A pull left behind by an event loop that has ended (``train_sync`` in a
 script runs each call on its own loop) is discarded and the batch pulled anew. A checkpoint
@@ -80,11 +81,11 @@ class SampleAheadSource:
             self._discard(task)
 
     def _discard(self, task: asyncio.Task[Any]) -> None:
+        self.cancelled_batches += 1  # a pull never trained on, finished or not
         if task.done():
             if not task.cancelled():
                 task.exception()  # retrieved: a discarded pull's error is not reported as unhandled
             return
-        self.cancelled_batches += 1
         loop = task.get_loop()
         with contextlib.suppress(RuntimeError):  # a closed loop: nothing will run the pull again
             if loop.is_running() and loop is not _running_loop():
