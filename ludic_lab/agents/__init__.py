@@ -2,8 +2,9 @@
 
 from ludic_lab.agents.base_agent import ActResult, Agent, derive_seed
 from ludic_lab.agents.react_agent import ReActAgent
-from ludic_lab.agents.tool_agent import ToolAgent, merge_traces
+from ludic_lab.agents.tool_agent import ToolAgent
 from ludic_lab.agents.tools import Tool, ToolResult, run_tool_call
+from ludic_lab.traces import merge_traces
 
 __all__ = [
     "ActResult",

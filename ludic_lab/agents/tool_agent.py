@@ -25,7 +25,6 @@ becomes a tool message saying what went wrong, counted in ``info["tools"]``, wit
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,17 +32,11 @@ from typing import Any
 from ludic_lab.agents.base_agent import ActResult, Agent
 from ludic_lab.agents.tools import ExternalToolHandler, Tool, ToolResult, run_tool_call
 from ludic_lab.inference.request import InferenceSpec
-from ludic_lab.inference.tool_calls import ToolCallScan, scan_tool_calls
+from ludic_lab.inference.tool_calls import TOOL_PROMPT as TOOL_PROMPT  # re-exported
+from ludic_lab.inference.tool_calls import ToolCallScan, scan_tool_calls, tools_system_prompt
 from ludic_lab.parsers import ParseResult
+from ludic_lab.traces import merge_traces
 from ludic_lab.types import ChatResponse, Info, Message, TokenTrace
-
-TOOL_PROMPT = (
-    "# Tools\n\nYou may call one or more functions to help you. Their signatures, one JSON object "
-    "per line:\n<tools>\n{tools}\n</tools>\n\nTo call a function, reply with\n<tool_call>\n"
-    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>\n'
-    "and wait for its result. When you have what you need, give your answer without a tool call."
-)
-"""The tool description added to the system prompt when the chat template renders none."""
 
 
 class ToolAgent(Agent):
@@ -129,7 +122,7 @@ class ToolAgent(Agent):
 
     def tool_prompt(self) -> str:
         """The tool description put in the system prompt when the template has no tool format."""
-        return TOOL_PROMPT.format(tools="\n".join(json.dumps(s, ensure_ascii=False) for s in self.tool_schemas))
+        return tools_system_prompt(self.tool_schemas)
 
     def reset(self, system_prompt: str | None = None) -> None:
         prompt = system_prompt if system_prompt is not None else self._system_prompt
@@ -231,19 +224,26 @@ class ToolAgent(Agent):
 
     # -- tools ---------------------------------------------------------------------------------
     async def _run_calls(self, scan: ToolCallScan, handler: ExternalToolHandler | None) -> list[ToolResult]:
+        """One result per block, in the order of the blocks in the reply (calls run one by one)."""
         results: list[ToolResult] = []
-        for k, (raw, why) in enumerate(scan.errors):
-            results.append(
-                ToolResult(
-                    f"invalid_{k}",
-                    "",
-                    raw,
-                    f"Error: could not read your tool call: {why}. Write "
-                    '<tool_call>{"name": <function-name>, "arguments": {...}}</tool_call>.',
-                    error="invalid_call",
+        n_invalid = n_calls = 0
+        for call, error in scan.in_order():
+            if call is None:
+                assert error is not None
+                raw, why = error
+                results.append(
+                    ToolResult(
+                        f"invalid_{n_invalid}",
+                        "",
+                        raw,
+                        f"Error: could not read your tool call: {why}. Write "
+                        '<tool_call>{"name": <function-name>, "arguments": {...}}</tool_call>.',
+                        error="invalid_call",
+                    )
                 )
-            )
-        for k, call in enumerate(scan.calls):
+                n_invalid += 1
+                continue
+            k, n_calls = n_calls, n_calls + 1
             if k >= self.max_tool_calls_per_turn:
                 fn = call["function"]
                 results.append(
@@ -299,41 +299,3 @@ def tool_summary(records: Sequence[ToolResult], *, model_turns: int, penalty: fl
         "model_turns": model_turns,
         "penalty": penalty,
     }
-
-
-def merge_traces(traces: Sequence[TokenTrace | None]) -> TokenTrace | None:
-    """One trace for a tool step: the first prompt, then each call's completion (mask 1) with
-    the inserted tokens between calls (mask 0). ``None`` if any call has no trace; a call
-    whose prompt does not extend the sequence so far is an error (nothing re-tokenized)."""
-    if not traces or any(t is None for t in traces):
-        return None
-    first = traces[0]
-    assert first is not None
-    if len(traces) == 1:
-        return first
-    seq = list(first.input_ids)
-    ids, mask, lps = list(first.completion_token_ids), [1] * len(first.completion_token_ids), []
-    have_lps = all(t is not None and t.completion_logprobs is not None for t in traces)
-    if have_lps:
-        lps = list(first.completion_logprobs or ())
-    for t in traces[1:]:
-        assert t is not None
-        prompt = list(t.prompt_token_ids)
-        if prompt[: len(seq)] != seq:
-            raise RuntimeError("a tool turn's prompt does not extend the previous turn's ids; cannot merge traces")
-        inserted = prompt[len(seq) :]
-        ids += inserted + list(t.completion_token_ids)
-        mask += [0] * len(inserted) + [1] * len(t.completion_token_ids)
-        if have_lps:
-            lps += [0.0] * len(inserted) + list(t.completion_logprobs or ())
-        seq = prompt + list(t.completion_token_ids)
-    versions = [t.policy_version for t in traces if t is not None and t.policy_version is not None]
-    return TokenTrace(
-        prompt_token_ids=first.prompt_token_ids,
-        completion_token_ids=tuple(ids),
-        completion_logprobs=tuple(lps) if have_lps else None,
-        prompt_source=first.prompt_source,
-        policy_version=min(versions) if versions else None,
-        finish_reason=traces[-1].finish_reason,  # type: ignore[union-attr]  # a step has at least one trace
-        completion_mask=tuple(mask),
-    )

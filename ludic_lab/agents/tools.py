@@ -9,7 +9,9 @@ whose ``content`` is what the model reads next and whose ``error`` names the fai
 ``unknown_tool``, ``invalid_call`` (a ``<tool_call>`` block that is not valid JSON),
 ``invalid_arguments`` (arguments that do not match the schema), ``raised``, ``timeout``,
 ``non_serializable`` (a return value that is not text or JSON), ``no_handler`` (an external
-tool called with nobody to route it to).
+tool called with nobody to route it to), ``tool_error`` (a tool that reported a failure, such
+as an MCP result with ``isError``), ``server_error`` (the server behind a tool is down).
+A tool names its own failure kind by raising :class:`ToolFailure`.
 
 Sync tools run in a daemon thread each, so a tool that never returns costs one parked thread
 (counted in ``ToolResult.abandoned``) but never blocks the event loop or other tools.
@@ -30,7 +32,15 @@ from ludic_lab.aio import within
 
 ToolScope = Literal["internal", "external"]
 ToolError = Literal[
-    "unknown_tool", "invalid_call", "invalid_arguments", "raised", "timeout", "non_serializable", "no_handler"
+    "unknown_tool",
+    "invalid_call",
+    "invalid_arguments",
+    "raised",
+    "timeout",
+    "non_serializable",
+    "no_handler",
+    "tool_error",
+    "server_error",
 ]
 ExternalToolHandler = Callable[[str, dict[str, Any]], Any]
 """``handler(name, arguments)`` -> the result of an external tool call (may be awaitable)."""
@@ -43,7 +53,22 @@ TOOL_ERRORS: tuple[str, ...] = (
     "timeout",
     "non_serializable",
     "no_handler",
+    "tool_error",
+    "server_error",
 )
+
+
+class ToolFailure(Exception):
+    """Raised by a tool to record a failure of its own ``kind`` (one of :data:`TOOL_ERRORS`,
+    e.g. ``"tool_error"``, ``"server_error"``, ``"timeout"``); the model reads
+    ``"Error: " + message`` instead of the ``raised`` kind's exception text."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        if kind not in TOOL_ERRORS:
+            raise ValueError(f"ToolFailure kind must be one of {TOOL_ERRORS}, got {kind!r}")
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -96,6 +121,7 @@ class Tool:
         name = schema["function"].get("name")
         if not isinstance(name, str) or not name:
             raise ValueError(f"tool schema has no function name: {schema}")
+        _check_schema(name, schema["function"].get("parameters"))
         self.schema: dict[str, Any] = schema
         self.name: str = name
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
@@ -118,10 +144,25 @@ class Tool:
         except jsonschema.ValidationError as e:
             where = "/".join(str(p) for p in e.absolute_path)
             return f"{e.message}" + (f" (at '{where}')" if where else "")
+        except RecursionError:
+            return "the arguments are nested too deeply"
         return None
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r}{', async' if self.is_async else ''})"
+
+
+def _check_schema(name: str, parameters: Any) -> None:
+    """``ValueError`` if ``parameters`` is not a valid JSON schema (caught at construction,
+    not when the model first calls the tool)."""
+    if parameters is None:
+        return
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(parameters).check_schema(parameters)
+    except jsonschema.SchemaError as e:
+        raise ValueError(f"tool {name!r} has an invalid parameters schema: {e.message}") from None
 
 
 def _schema_of(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -139,11 +180,35 @@ def _schema_of(fn: Callable[..., Any]) -> dict[str, Any]:
 
 def result_text(value: Any) -> str:
     """A tool's return value as the text the model reads (``TypeError`` if it is not text or
-    JSON-serialisable: numbers, bools, None, lists and dicts of those)."""
+    JSON-serialisable: numbers, bools, None, lists and dicts of those, not nested too deeply)."""
+    return bounded_result_text(value, None)[0]
+
+
+def bounded_result_text(value: Any, max_chars: int | None) -> tuple[str, bool]:
+    """``(text, truncated)``: :func:`result_text` cut at ``max_chars`` with a note. A JSON value
+    is encoded incrementally and encoding stops once past ``max_chars``, so a huge result costs
+    time and memory in proportion to ``max_chars``, not to its size (its unread tail is not
+    checked for serialisability)."""
     if isinstance(value, str):
-        return value
+        return truncate_text(value, max_chars)
+    encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        if max_chars is None:
+            return encoder.encode(value), False
+        parts: list[str] = []
+        n = 0
+        for chunk in encoder.iterencode(value):
+            parts.append(chunk)
+            n += len(chunk)
+            if n > max_chars:
+                text = "".join(parts)[:max_chars]
+                return text + f"\n...[truncated: more than {max_chars} characters]", True
+        return "".join(parts), False
+    except RecursionError:
+        raise TypeError(
+            f"returned a {type(value).__name__} nested too deeply to serialise; "
+            "a tool must return str, numbers, bools, None, or lists/dicts of those"
+        ) from None
     except (TypeError, ValueError) as e:
         raise TypeError(
             f"returned a {type(value).__name__} object, which is not JSON-serialisable ({e}); "
@@ -207,7 +272,8 @@ async def run_tool_call(
 
     Internal tools (``tools``) run here; a call to an ``external`` tool goes to
     ``external_handler(name, arguments)`` (the protocol routes it to the env). The timeout
-    covers the tool (or handler) only.
+    covers the tool (or handler) only. A tool that raises :class:`ToolFailure` is recorded
+    with the failure's kind and message.
     """
     fn_spec = call.get("function", {})
     call_id, name, raw_args = str(call.get("id", "")), str(fn_spec.get("name", "")), fn_spec.get("arguments", "{}")
@@ -225,7 +291,7 @@ async def run_tool_call(
         args = json.loads(raw_args)
         if not isinstance(args, dict):
             raise ValueError("not an object")
-    except ValueError:
+    except (ValueError, RecursionError):
         return fail("invalid_arguments", f"the arguments of {name!r} must be a JSON object, got {raw_args!r}.")
     problem = tool.validate(args)
     if problem is not None:
@@ -247,10 +313,13 @@ async def run_tool_call(
         coro = _call(tool.fn, args, name, tool.is_async)
     try:
         value = await within(coro, timeout_s)
-    except TimeoutError:
+    except ToolFailure as e:
+        return fail(e.kind, e.message, duration_s=time.perf_counter() - t0)
+    except TimeoutError as e:
+        within_s = f" within {timeout_s:g} s" if timeout_s is not None else f" ({e})" if str(e) else ""
         return fail(
             "timeout",
-            f"{name} did not return within {timeout_s:g} s.",
+            f"{name} did not return{within_s}.",
             duration_s=time.perf_counter() - t0,
             abandoned=not tool.is_async and scope == "internal",
         )
@@ -258,8 +327,7 @@ async def run_tool_call(
         return fail("raised", f"{name} raised {type(e).__name__}: {e}", duration_s=time.perf_counter() - t0)
     dt = time.perf_counter() - t0
     try:
-        text = result_text(value)
+        text, cut = bounded_result_text(value, max_result_chars)
     except TypeError as e:
         return fail("non_serializable", f"{name} {e}", duration_s=dt)
-    text, cut = truncate_text(text, max_result_chars)
     return ToolResult(call_id, name, raw_args, text, scope=scope, truncated=cut, duration_s=dt)

@@ -9,12 +9,56 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ludic_lab.inference.request import ChatCompletionRequest
 
-__all__ = ["ToolCallScan", "parse_tool_calls", "scan_tool_calls", "tool_schemas"]
+__all__ = [
+    "TOOL_PROMPT",
+    "ToolCallScan",
+    "format_tool_calls",
+    "parse_tool_calls",
+    "scan_tool_calls",
+    "tool_schemas",
+    "tools_system_prompt",
+]
+
+TOOL_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to help you. Their signatures, one JSON object "
+    "per line:\n<tools>\n{tools}\n</tools>\n\nTo call a function, reply with\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>\n'
+    "and wait for its result. When you have what you need, give your answer without a tool call."
+)
+"""The tool description added to the system prompt when the chat template renders none."""
+
+
+def tools_system_prompt(schemas: Sequence[dict[str, Any]]) -> str:
+    """:data:`TOOL_PROMPT` listing ``schemas`` (for chat templates that render no tools)."""
+    return TOOL_PROMPT.format(tools="\n".join(json.dumps(s, ensure_ascii=False) for s in schemas))
+
+
+def format_tool_calls(calls: Sequence[dict[str, Any]]) -> str:
+    """OpenAI tool calls as the Hermes blocks a model writes (the inverse of
+    :func:`scan_tool_calls`): one ``<tool_call>`` block per call, arguments as a JSON object
+    (a string that is not JSON is kept as a string)."""
+    blocks = []
+    for c in calls:
+        fn = c.get("function", c)
+        args: Any = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                pass
+        blocks.append(
+            "<tool_call>\n"
+            + json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
+            + "\n</tool_call>"
+        )
+    return "\n".join(blocks)
+
 
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _OPEN = "<tool_call>"
@@ -27,11 +71,25 @@ class ToolCallScan:
 
     calls: tuple[dict[str, Any], ...] = ()
     errors: tuple[tuple[str, str], ...] = field(default=())
+    call_starts: tuple[int, ...] = ()
+    """Where each call's block starts in the reply (character offset); empty if unknown."""
+    error_starts: tuple[int, ...] = ()
+    """Where each malformed block starts in the reply; empty if unknown."""
 
     @property
     def found(self) -> bool:
         """True when the reply tried to call a tool at all (well-formed or not)."""
         return bool(self.calls or self.errors)
+
+    def in_order(self) -> list[tuple[dict[str, Any] | None, tuple[str, str] | None]]:
+        """Every block as ``(call, None)`` or ``(None, (raw, why))`` in the order of the reply.
+        Without positions for every block (a parser that gives none): errors first, then calls."""
+        calls = [(c, None) for c in self.calls]
+        errors = [(None, e) for e in self.errors]
+        if len(self.call_starts) != len(self.calls) or len(self.error_starts) != len(self.errors):
+            return [*errors, *calls]
+        keyed = [*zip(self.call_starts, calls, strict=True), *zip(self.error_starts, errors, strict=True)]
+        return [block for _, block in sorted(keyed, key=lambda x: x[0])]
 
 
 def _decode_block(body: str) -> tuple[str, dict[str, Any]]:
@@ -40,6 +98,8 @@ def _decode_block(body: str) -> tuple[str, dict[str, Any]]:
         obj = json.loads(body)
     except ValueError as e:
         raise ValueError(f"the tool call is not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError("the tool call is nested too deeply to read") from None
     if not isinstance(obj, dict):
         raise ValueError("the tool call must be a JSON object with 'name' and 'arguments'")
     name = obj.get("name")
@@ -51,6 +111,8 @@ def _decode_block(body: str) -> tuple[str, dict[str, Any]]:
             args = json.loads(args)
         except ValueError as e:
             raise ValueError(f"'arguments' is a string that is not valid JSON ({e})") from None
+        except RecursionError:
+            raise ValueError("'arguments' is nested too deeply to read") from None
     if not isinstance(args, dict):
         raise ValueError(f"'arguments' must be a JSON object, got {type(args).__name__}")
     return name, args
@@ -60,10 +122,13 @@ def scan_tool_calls(text: str) -> ToolCallScan:
     """All Hermes ``<tool_call>{json}</tool_call>`` blocks of ``text``, valid or not.
 
     An opening tag without its closing tag (a reply cut at ``max_tokens``) is an error too.
-    Call ids are ``call_<k>`` in order of appearance.
+    Call ids are ``call_<k>`` in order of appearance; each block's offset is recorded so an
+    agent answers the blocks in the reply's order (:meth:`ToolCallScan.in_order`).
     """
     calls: list[dict[str, Any]] = []
     errors: list[tuple[str, str]] = []
+    call_starts: list[int] = []
+    error_starts: list[int] = []
     end = 0
     for m in _TOOL_CALL_RE.finditer(text):
         end = m.end()
@@ -71,7 +136,9 @@ def scan_tool_calls(text: str) -> ToolCallScan:
             name, args = _decode_block(m.group(1))
         except ValueError as e:
             errors.append((m.group(0), str(e)))
+            error_starts.append(m.start())
             continue
+        call_starts.append(m.start())
         calls.append(
             {
                 "id": f"call_{len(calls)}",
@@ -82,7 +149,8 @@ def scan_tool_calls(text: str) -> ToolCallScan:
     tail = text.find(_OPEN, end)
     if tail >= 0:
         errors.append((text[tail:], "the <tool_call> block is not closed with </tool_call>"))
-    return ToolCallScan(tuple(calls), tuple(errors))
+        error_starts.append(tail)
+    return ToolCallScan(tuple(calls), tuple(errors), tuple(call_starts), tuple(error_starts))
 
 
 def parse_tool_calls(text: str) -> tuple[tuple[dict[str, Any], ...] | None, str]:

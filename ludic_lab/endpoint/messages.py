@@ -1,0 +1,131 @@
+"""OpenAI chat messages <-> the messages ludic_lab renders, and when one conversation extends another.
+
+An agent program sends OpenAI-format messages: content as a string or a list of text parts,
+assistant turns with structured ``tool_calls``, ``tool`` results with a ``tool_call_id``,
+``developer`` for ``system``. :func:`to_render_messages` turns them into the plain
+``{"role", "content"}`` messages the chat template renders (an assistant's tool calls as the
+Hermes blocks the model writes). :func:`comparable` is the form two conversations are compared
+in when the endpoint decides whether a call continues the previous one: roles, text and tool
+calls by name and parsed arguments (whitespace, ``None`` vs ``""`` and the SDKs' re-serialised
+argument JSON do not count as a change).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ludic_lab.inference.tool_calls import format_tool_calls
+from ludic_lab.types import Message
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+class MessageError(ValueError):
+    """A message the endpoint cannot render; ``param`` names it (``messages[3].content``)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def content_text(content: Any, param: str) -> str:
+    """The text of an OpenAI ``content`` field: a string, ``None``, or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for k, part in enumerate(content):
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise MessageError("a text part needs a string 'text'", f"{param}[{k}].text")
+                out.append(text)
+            elif isinstance(part, dict) and part.get("type") == "refusal":
+                out.append(str(part.get("refusal", "")))
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise MessageError(
+                    f"content parts of type {kind!r} are not supported (text only: this endpoint serves a text model)",
+                    f"{param}[{k}]",
+                )
+        return "".join(out)
+    raise MessageError(f"content must be a string, null or a list of text parts, got {type(content).__name__}", param)
+
+
+def _tool_calls(msg: dict[str, Any], param: str) -> list[dict[str, Any]]:
+    calls = msg.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise MessageError("tool_calls must be a list", f"{param}.tool_calls")
+    out = []
+    for k, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise MessageError("each tool call needs a function with a string name", f"{param}.tool_calls[{k}]")
+        out.append(c)
+    return out
+
+
+def _args(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def check_messages(messages: Any) -> list[dict[str, Any]]:
+    """``messages`` if they are a non-empty list of OpenAI chat messages, else ``MessageError``."""
+    if not isinstance(messages, list) or not messages:
+        raise MessageError("messages must be a non-empty list", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise MessageError(f"each message must be an object, got {type(m).__name__}", f"messages[{i}]")
+        role = m.get("role")
+        if role not in ROLES:
+            raise MessageError(f"unknown role {role!r} (one of {', '.join(ROLES)})", f"messages[{i}].role")
+        content_text(m.get("content"), f"messages[{i}].content")
+        if role == "assistant":
+            _tool_calls(m, f"messages[{i}]")
+    return messages
+
+
+def to_render_messages(messages: Sequence[dict[str, Any]]) -> list[Message]:
+    """The messages the chat template renders: ``developer`` as ``system``, text content, an
+    assistant's tool calls appended to its text as Hermes ``<tool_call>`` blocks, ``function``
+    results as ``tool`` results."""
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        role = m["role"]
+        text = content_text(m.get("content"), f"messages[{i}].content")
+        if role == "developer":
+            role = "system"
+        elif role == "function":
+            role = "tool"
+        elif role == "assistant":
+            calls = _tool_calls(m, f"messages[{i}]")
+            if calls:
+                blocks = format_tool_calls(calls)
+                text = f"{text}\n{blocks}" if text else blocks
+        out.append({"role": role, "content": text})
+    return out
+
+
+def comparable(message: dict[str, Any]) -> tuple[Any, ...]:
+    """A message reduced to what decides whether a conversation was kept as sent: role, text
+    (stripped) and tool calls as ``(name, parsed arguments)``."""
+    role = message.get("role")
+    role = "system" if role == "developer" else "tool" if role == "function" else role
+    text = content_text(message.get("content"), "content").strip()
+    calls = tuple(
+        (c["function"]["name"], json.dumps(_args(c["function"].get("arguments")), sort_keys=True))
+        for c in (message.get("tool_calls") or [])
+        if isinstance(c, dict) and isinstance(c.get("function"), dict)
+    )
+    return (role, text, calls)

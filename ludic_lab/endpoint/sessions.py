@@ -1,0 +1,300 @@
+"""Sessions of the OpenAI-compatible endpoint: one per episode, each call recorded token-exactly.
+
+A session is what an episode's agent program talks to (its API key selects it). For every
+call it decides the prompt ids:
+
+- the call's messages **extend** an earlier call of the session (that call's messages, then
+  its reply as returned, then new messages: tool results, a user turn): the prompt is that
+  call's prompt ids + its completion ids + the ids of the new messages only, as the chat
+  template glues them on (``prompt_source="extended"``). Nothing sampled is tokenised again;
+- they do not (the first call, or the program rewrote, trimmed or summarised its history,
+  or changed its tools): the messages are rendered afresh and the call **starts a new
+  segment** (``"fresh"`` for the first call, ``"retokenized"`` after it), counted and kept
+  with the reason. Its ids are still exactly what the model was conditioned on.
+
+Budgets (calls, completion tokens, wall time) refuse the calls past them; the refusal is
+recorded, so the runner can fail the episode instead of training a cut-off program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ludic_lab.endpoint.messages import comparable, to_render_messages
+from ludic_lab.inference.chat_template import ChatTemplate
+from ludic_lab.inference.request import SamplingConfig
+from ludic_lab.inference.tool_calls import tools_system_prompt
+from ludic_lab.types import Message, PromptSource, TokenTrace
+
+_CLOSED_KEYS_KEPT = 10_000
+
+
+class SessionError(Exception):
+    """A call the session refuses: ``status`` and ``code`` are the HTTP status and OpenAI code."""
+
+    def __init__(self, message: str, *, status: int, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One model call of a session, as sampled.
+
+    ``trace`` holds the exact prompt and completion ids, behaviour logprobs and policy
+    version; ``parent`` is the index of the call whose ids this prompt extends (``None``:
+    the call started a segment, ``break_reason`` says why). ``delivered`` is False for a
+    streamed reply the client stopped reading (the program never saw it).
+    """
+
+    index: int
+    trace: TokenTrace
+    parent: int | None
+    messages: tuple[dict[str, Any], ...]
+    text: str
+    content: str | None
+    tool_calls: tuple[dict[str, Any], ...]
+    choice: int = 0
+    break_reason: str | None = None
+    delivered: bool = True
+    wall_s: float = 0.0
+    render_messages: tuple[Message, ...] = field(default=(), repr=False)
+    tools_key: str = field(default="", repr=False)
+
+    @property
+    def reply_message(self) -> dict[str, Any]:
+        """The assistant message the endpoint returned for this call (OpenAI format)."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = list(self.tool_calls)
+        return msg
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """The prompt of a call about to be sampled: ids, how they were made, what they extend."""
+
+    ids: list[int]
+    source: PromptSource
+    parent: int | None
+    render_messages: list[Message]
+    tools_key: str
+    break_reason: str | None
+
+
+def tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
+    """A stable digest of a call's tool schemas (a change of tools breaks the prefix)."""
+    import json
+
+    return hashlib.sha1(json.dumps(list(tools or ()), sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Session:
+    """One episode's view of the endpoint: its key, sampling defaults, budgets and records.
+
+    ``sampling`` fills what a call leaves out (and ``seed`` makes a call without its own seed
+    reproducible: each call derives one from it and its index). ``max_calls``,
+    ``max_completion_tokens`` and ``timeout_s`` bound the episode; a call's ``max_tokens``
+    is cut to the tokens left.
+    """
+
+    def __init__(
+        self,
+        *,
+        sampling: SamplingConfig | None = None,
+        seed: int | None = None,
+        max_calls: int | None = None,
+        max_completion_tokens: int | None = None,
+        timeout_s: float | None = None,
+        label: str | None = None,
+    ) -> None:
+        for name, v in (("max_calls", max_calls), ("max_completion_tokens", max_completion_tokens)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"Session {name} must be an int >= 1 or None, got {v!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"Session timeout_s must be > 0 or None, got {timeout_s!r}")
+        self.key = "sk-ludic-" + secrets.token_urlsafe(18)
+        self.id = self.key[-12:]
+        self.label = label
+        self.sampling = sampling or SamplingConfig()
+        self.seed = seed
+        self.max_calls = max_calls
+        self.max_completion_tokens = max_completion_tokens
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.calls: list[RecordedCall] = []
+        self.refused: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+        self.closed = False
+        self._started = 0
+        self._tokens = 0
+        self._lock = threading.Lock()
+
+    # -- budgets -------------------------------------------------------------------------------
+    def reserve(self, n: int) -> int:
+        """Claim ``n`` calls (the choices of one request); returns the first call's index.
+        Raises :class:`SessionError` when the session is closed or a budget is spent."""
+        with self._lock:
+            if self.closed:
+                raise SessionError("this session is closed (its episode ended)", status=401, code="session_closed")
+            why = None
+            if self.max_calls is not None and self._started + n > self.max_calls:
+                why = f"the episode's budget of {self.max_calls} model calls is spent"
+            elif self.max_completion_tokens is not None and self._tokens >= self.max_completion_tokens:
+                why = f"the episode's budget of {self.max_completion_tokens} completion tokens is spent"
+            elif self.deadline is not None and time.monotonic() > self.deadline:
+                why = "the episode's wall-time budget is spent"
+            if why is not None:
+                self.refused.append({"reason": why, "at_call": self._started})
+                raise SessionError(why, status=400, code="episode_budget_exceeded")
+            first = self._started
+            self._started += n
+            return first
+
+    def tokens_left(self) -> int | None:
+        """Completion tokens left in the budget (``None``: no budget)."""
+        if self.max_completion_tokens is None:
+            return None
+        return max(1, self.max_completion_tokens - self._tokens)
+
+    def call_seed(self, index: int, choice: int = 0) -> int | None:
+        """The seed of call ``index`` when the program gives none (``None`` without a session seed)."""
+        if self.seed is None:
+            return None
+        h = hashlib.blake2b(repr((int(self.seed), index, choice)).encode(), digest_size=8)
+        return int.from_bytes(h.digest(), "little") & 0x7FFFFFFF
+
+    # -- prompts ---------------------------------------------------------------------------------
+    def plan(
+        self,
+        template: ChatTemplate,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None,
+        *,
+        template_renders_tools: bool,
+    ) -> PromptPlan:
+        """The prompt ids for ``messages`` (see the module docstring)."""
+        key = tools_key(tools)
+        render_tools = list(tools) if tools and template_renders_tools else None
+        cmp = [comparable(m) for m in messages]
+        parent = self._extended_call(cmp, key)
+        if parent is not None:
+            n = len(parent.messages)
+            new = to_render_messages(messages[n + 1 :])
+            history = list(parent.render_messages)
+            ended = bool(parent.trace.completion_token_ids) and (
+                parent.trace.completion_token_ids[-1] in template.stop_token_ids
+            )
+            cont = template.continuation_ids(history, new, completion_ended_with_stop=ended, tools=render_tools)
+            ids = [*parent.trace.prompt_token_ids, *parent.trace.completion_token_ids, *cont]
+            rendered = [*history, {"role": "assistant", "content": parent.text}, *new]
+            return PromptPlan(ids, "extended", parent.index, rendered, key, None)
+        rendered = to_render_messages(messages)
+        if tools and not template_renders_tools:
+            rendered = with_tool_prompt(rendered, tools)
+        ids = template.render_ids(rendered, tools=render_tools)
+        reason = None
+        if self.calls:
+            last = self.calls[-1]
+            reason = "tools changed" if last.tools_key != key else "the messages do not continue an earlier call"
+        return PromptPlan(ids, "retokenized" if self.calls else "fresh", None, rendered, key, reason)
+
+    def _extended_call(self, cmp: list[tuple[Any, ...]], key: str) -> RecordedCall | None:
+        for call in reversed(self.calls):
+            n = len(call.messages)
+            if call.tools_key != key or len(cmp) < n + 2 or not call.delivered:
+                continue
+            if cmp[n] == comparable(call.reply_message) and cmp[:n] == [comparable(m) for m in call.messages]:
+                return call
+        return None
+
+    # -- records ---------------------------------------------------------------------------------
+    def record(self, call: RecordedCall) -> None:
+        with self._lock:
+            self.calls.append(call)
+            self.calls.sort(key=lambda c: (c.index, c.choice))
+            self._tokens += len(call.trace.completion_token_ids)
+
+    def mark_delivered(self, index: int, choice: int) -> None:
+        """A streamed reply reached its end: the program saw it."""
+        import dataclasses
+
+        with self._lock:
+            for k, c in enumerate(self.calls):
+                if c.index == index and c.choice == choice:
+                    self.calls[k] = dataclasses.replace(c, delivered=True)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for the rollout's meta: calls, segments, prefix breaks, refusals, errors."""
+        return {
+            "calls": len(self.calls),
+            "segments": sum(c.parent is None for c in self.calls),
+            "prefix_breaks": sum(c.parent is None and c.break_reason is not None for c in self.calls),
+            "undelivered": sum(not c.delivered for c in self.calls),
+            "completion_tokens": self._tokens,
+            "refused": len(self.refused),
+            "errors": len(self.errors),
+        }
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return f"Session(id={self.id!r}, calls={s['calls']}, segments={s['segments']}, closed={self.closed})"
+
+
+def with_tool_prompt(messages: list[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
+    """``messages`` with the tool description in the system prompt (for templates that render
+    no tools), as ``ToolAgent`` writes it."""
+    prompt = tools_system_prompt(list(tools))
+    if messages and messages[0].get("role") == "system":
+        first = messages[0]
+        text = first.get("content") or ""
+        return [{**first, "content": f"{text}\n\n{prompt}" if text else prompt}, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+class SessionStore:
+    """The endpoint's sessions by key; closed keys are remembered (a clear error, not 'unknown')."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Session] = {}
+        self._closed: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def open(self, **kw: Any) -> Session:
+        s = Session(**kw)
+        with self._lock:
+            self._open[s.key] = s
+        return s
+
+    def get(self, key: str | None) -> Session:
+        if not key:
+            raise SessionError(
+                "no API key: each episode's client carries its session's key (Authorization: Bearer <key>)",
+                status=401,
+                code="invalid_api_key",
+            )
+        with self._lock:
+            s = self._open.get(key)
+            if s is not None:
+                return s
+            if key in self._closed:
+                raise SessionError("this session is closed (its episode ended)", status=401, code="session_closed")
+        raise SessionError("unknown API key: not a session of this endpoint", status=401, code="invalid_api_key")
+
+    def close(self, session: Session) -> None:
+        with self._lock:
+            session.closed = True
+            self._open.pop(session.key, None)
+            self._closed[session.key] = session.id
+            while len(self._closed) > _CLOSED_KEYS_KEPT:
+                self._closed.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._open)

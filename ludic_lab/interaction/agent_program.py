@@ -1,0 +1,228 @@
+"""``AgentProgramProtocol``: an agent program written against the OpenAI API, run as an episode.
+
+The program is any ``async def program(client, task) -> answer`` whose model calls go through
+``client`` (an ``openai.AsyncOpenAI``): a loop over ``client.chat.completions.create(...,
+tools=...)``, an OpenAI Agents SDK agent, a LangGraph graph over ``langchain-openai``. Per
+episode the protocol resets the env (its first observation is the ``task``), opens a session
+of the :class:`~ludic_lab.endpoint.OpenAIEndpoint` and hands the program a client bound to it,
+awaits the answer, and gives the answer to ``env.step`` for the reward.
+
+The rollout is built from the session's recorded calls, never from the program's messages:
+each **segment** (a chain of calls where each prompt extends the previous prompt +
+completion) is one :class:`~ludic_lab.types.Step` whose trace is the chain folded into one
+sequence: every sampled token with mask 1, every token the program or its tools added (tool
+results, user turns, the template's glue) with mask 0. A call that did not extend an earlier
+one (the program rewrote its history) starts a new segment: counted in
+``rollout.meta["agent_program"]``, never re-tokenised. The env's reward lands on the last step.
+
+Failures are failed rollouts with the calls so far (the engine records them): the program
+raised, ran past ``timeout_s``, spent its call or token budget, or never called the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+from ludic_lab.aio import maybe_await, within
+from ludic_lab.envs.env import LudicEnv
+from ludic_lab.inference.request import InferenceSpec
+from ludic_lab.interaction.base import InteractionProtocol
+from ludic_lab.interaction.single_agent import EpisodeError, merge_info, oldest_policy_version
+from ludic_lab.traces import merge_traces
+from ludic_lab.types import Rollout, Step
+
+AgentProgram = Callable[[Any, Any], Awaitable[Any]]
+"""``async def program(client: openai.AsyncOpenAI, task) -> answer``."""
+
+
+class AgentProgramProtocol(InteractionProtocol):
+    """Run ``program`` per episode against ``endpoint`` (an :class:`~ludic_lab.endpoint.OpenAIEndpoint`).
+
+    ``max_calls`` / ``max_completion_tokens`` / ``timeout_s`` bound each episode (a call past
+    a budget is refused with a 400 the program sees; the episode is then a failed rollout).
+    ``task_from(obs, info)`` picks what the program gets (default: the env's first
+    observation). ``answer_to_text`` turns the program's return value into the env's action
+    (default: strings as they are, anything else as JSON). The request's
+    ``InferenceSpec.sampling`` fills what the program's calls leave out, and the episode's
+    sampling seed seeds each call that brings none (GRPO groups differ, replays repeat).
+    """
+
+    def __init__(
+        self,
+        program: AgentProgram,
+        endpoint: Any,
+        *,
+        max_calls: int | None = 16,
+        max_completion_tokens: int | None = None,
+        timeout_s: float | None = 300.0,
+        task_from: Callable[[Any, dict[str, Any]], Any] | None = None,
+        answer_to_text: Callable[[Any], str] | None = None,
+    ) -> None:
+        if not callable(program):
+            raise TypeError("program must be an async function (client, task) -> answer")
+        if not hasattr(endpoint, "open_session"):
+            raise TypeError(f"endpoint must be an OpenAIEndpoint, got {type(endpoint).__name__}")
+        self.program = program
+        self.endpoint = endpoint
+        self.max_calls = max_calls
+        self.max_completion_tokens = max_completion_tokens
+        self.timeout_s = timeout_s
+        self.task_from = task_from
+        self.answer_to_text = answer_to_text or _answer_text
+
+    async def run(
+        self,
+        *,
+        env: LudicEnv,
+        max_steps: int,
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+        inference: InferenceSpec | None = None,
+        timeout_s: float | None = None,
+    ) -> list[Rollout]:
+        """One episode: reset, run the program on a fresh session, step the env with its answer."""
+        ids = list(env.agent_ids)
+        if len(ids) != 1:
+            raise ValueError(
+                f"AgentProgramProtocol needs an env with exactly one agent, {type(env).__name__} has {ids}"
+            )
+        agent_id = ids[0]
+        meta: dict[str, Any] = {
+            "episode_id": uuid.uuid4().hex,
+            "env": type(env).__name__,
+            "protocol": type(self).__name__,
+            "agent_name": getattr(self.program, "__name__", type(self.program).__name__),
+        }
+        obs, info = (await maybe_await(env.reset(seed=env_seed)))[agent_id]
+        task = obs if self.task_from is None else self.task_from(obs, info)
+        bounds = [t for t in (self.timeout_s, timeout_s) if t is not None]
+        session = self.endpoint.open_session(
+            sampling=inference.sampling if inference is not None else None,
+            seed=sampling_seed,
+            max_calls=self.max_calls,
+            max_completion_tokens=self.max_completion_tokens,
+            timeout_s=min(bounds) if bounds else None,
+            label=meta["episode_id"],
+        )
+        client = self.endpoint.client(session)
+        t0 = time.monotonic()
+        answer: Any = None
+        error: tuple[str, str] | None = None
+        try:
+            answer = await within(self.program(client, task), min(bounds) if bounds else None)
+        except TimeoutError:
+            error = ("timeout", f"the agent program ran past its {min(bounds):g} s budget")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the program's failure is the episode's, recorded
+            error = ("agent_program", f"{type(e).__name__}: {e}")
+        finally:
+            self.endpoint.close_session(session)
+            await _close(client)
+        stats: dict[str, Any] = {**session.stats(), "wall_s": round(time.monotonic() - t0, 3)}
+        meta["agent_program"] = stats
+        steps = segment_steps(session.calls, str(obs))
+        if session.refused:  # the program may have raised on the refusal: the budget is the cause
+            error = ("budget", session.refused[0]["reason"])
+        if error is None and not steps:
+            error = ("agent_program", "the program never called the model through its client")
+        if error is not None:
+            phase, why = error
+            partial = _rollout(steps, agent_id, env_seed, sampling_seed, {**meta, "end": "error", "error_cause": phase})
+            raise EpisodeError(
+                f"agent program episode (env_seed={env_seed}) failed ({phase}) after {stats['calls']} call(s): {why}",
+                rollouts=[replace(partial, error=f"{phase}: {why}")],
+                phase=phase,
+            )
+        text = self.answer_to_text(answer)
+        outcome = (await maybe_await(env.step({agent_id: text})))[agent_id]
+        last = steps[-1]
+        steps[-1] = replace(
+            last,
+            parsed_action=text,
+            next_obs=None if outcome.terminated or outcome.truncated else outcome.obs,
+            reward=float(outcome.reward),
+            env_reward=float(outcome.reward),
+            terminated=bool(outcome.terminated),
+            truncated=bool(outcome.truncated) or not outcome.terminated,
+            info=merge_info(dict(outcome.info or {}), **last.info),
+        )
+        meta["end"] = "terminated" if outcome.terminated else "answered"
+        return [_rollout(steps, agent_id, env_seed, sampling_seed, meta)]
+
+
+def segment_steps(calls: Any, obs: str) -> list[Step]:
+    """One step per segment of ``calls`` (delivered calls only), in the order segments began."""
+    segments: list[list[Any]] = []
+    tail_of: dict[int, int] = {}  # call index -> segment whose last call it is
+    for c in sorted((c for c in calls if c.delivered), key=lambda c: (c.index, c.choice)):
+        seg = tail_of.pop(c.parent, None) if c.parent is not None else None
+        if seg is None:
+            segments.append([c])
+            seg = len(segments) - 1
+        else:
+            segments[seg].append(c)
+        tail_of[c.index] = seg
+    steps = []
+    for k, chain in enumerate(segments):
+        trace = merge_traces([c.trace for c in chain])
+        head = chain[0]
+        steps.append(
+            Step(
+                index=k,
+                prev_obs=obs,
+                action=chain[-1].text,
+                parsed_action=None,
+                next_obs=None,
+                reward=0.0,
+                info={
+                    "parse_error": False,
+                    "incomplete_completion": chain[-1].trace.finish_reason == "length",
+                    "agent_program": {
+                        "calls": [c.index for c in chain],
+                        "prompt_source": head.trace.prompt_source,
+                        "break_reason": head.break_reason,
+                        "tool_calls": sum(len(c.tool_calls) for c in chain),
+                    },
+                },
+                trace=trace,
+            )
+        )
+    return steps
+
+
+def _rollout(steps: list[Step], agent_id: Any, env_seed: int | None, sampling_seed: int | None, meta: dict) -> Rollout:
+    return Rollout(
+        steps=tuple(steps),
+        agent_id=str(agent_id),
+        env_seed=env_seed,
+        sampling_seed=sampling_seed,
+        policy_version=oldest_policy_version(steps),
+        meta=meta,
+    )
+
+
+def _answer_text(answer: Any) -> str:
+    if isinstance(answer, str):
+        return answer
+    if answer is None:
+        return ""
+    final = getattr(answer, "final_output", None)  # an Agents SDK RunResult
+    if isinstance(final, str):
+        return final
+    try:
+        return json.dumps(answer, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(answer)
+
+
+async def _close(client: Any) -> None:
+    close = getattr(client, "close", None)
+    if close is not None:
+        await maybe_await(close())
