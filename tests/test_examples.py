@@ -30,6 +30,7 @@ SCRIPTS = {
     "pipeline_rl/run_actor.py": "--vllm-url",
     "pipeline_rl/run_trainer.py": "--monitor-every-s",
     "rejection_sampling.py": "--sample-games",
+    "bring_your_agent/train_openai_agent.py": "--questions-per-step",
 }
 SMOKE_TIMEOUT_S = 600
 
@@ -104,6 +105,18 @@ def test_self_play_trains_both_roles(tmp_path: Path, tiny_model_dir: str) -> Non
     # sit a play out (the opener's illegal first move ends it): at least one item per play
     assert s["items_per_step"][0] >= 4
     assert "self_play/X/illegal_move_rate" in s["after"] and "vs_random/win_rate" in s["after"]
+
+
+@pytest.mark.slow
+def test_openai_sdk_agent_trains_through_the_endpoint(tmp_path: Path, tiny_model_dir: str) -> None:
+    _run([PY, str(EX / "bring_your_agent/train_openai_agent.py"), "--model", tiny_model_dir, "--steps", "2",
+          "--questions-per-step", "2", "--group-size", "2", "--max-tokens", "8", "--eval-questions", "2",
+          "--out", str(tmp_path)])  # fmt: skip
+    s = _json(tmp_path / "summary.json")
+    assert len(s["reward_per_step"]) == 2 and s["before"]["greedy_failed"] == 0 and s["after"]["sampled_failed"] == 0
+    assert s["last_step_sessions"]["calls"] >= 4 and s["last_step_sessions"]["refused"] == 0  # 4 episodes, >= 1 call
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["action_tokens"] > 0 for r in rows)
 
 
 @pytest.mark.slow
