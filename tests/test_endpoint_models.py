@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 pytest.importorskip("openai", reason="the openai extra: pip install -e '.[openai]'")
-import torch  # noqa: E402
-from endpoint_helpers import MULTIPLY, program_engine, requests  # noqa: E402
+import torch
+from endpoint_helpers import MULTIPLY, program_engine, requests
 
-from ludic_lab.distributed import ClientPublisher  # noqa: E402
-from ludic_lab.endpoint import OpenAIEndpoint  # noqa: E402
-from ludic_lab.inference.local_client import LocalChatClient  # noqa: E402
-from ludic_lab.training import GRPORequestStrategy, RolloutBatchSource, Trainer, TrainerConfig, make_grpo  # noqa: E402
-from ludic_lab.training.saw import SAWItem  # noqa: E402
+from ludic_lab.distributed import ClientPublisher
+from ludic_lab.endpoint import OpenAIEndpoint
+from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.training import GRPORequestStrategy, RolloutBatchSource, Trainer, TrainerConfig, make_grpo
+from ludic_lab.training.saw import SAWItem
 
 LOGPROB_ATOL = 1e-4
 
@@ -30,7 +30,10 @@ LOGPROB_ATOL = 1e-4
 async def three_calls(client: Any, task: str) -> str:
     """Call, send a tool result, call, add a user turn, call: every later prompt extends the last."""
     msgs: list[dict[str, Any]] = [{"role": "user", "content": task}]
-    for follow_up in ({"role": "tool", "tool_call_id": "call_x", "content": "33"}, {"role": "user", "content": "Sure?"}):
+    for follow_up in (
+        {"role": "tool", "tool_call_id": "call_x", "content": "33"},
+        {"role": "user", "content": "Sure?"},
+    ):
         r = await client.chat.completions.create(model="policy", messages=msgs, tools=[MULTIPLY], max_tokens=10)
         msgs += [r.choices[0].message.model_dump(exclude_none=True), follow_up]
     r = await client.chat.completions.create(model="policy", messages=msgs, tools=[MULTIPLY], max_tokens=10)
@@ -101,7 +104,9 @@ async def test_one_grpo_step_on_an_openai_sdk_program_publishes_into_the_endpoin
         assert m["action_tokens"] == sum(r.num_completion_tokens for r in rollouts) > 0
         assert await client.get_policy_version() == 1
         m2 = await trainer.train_step()  # the second batch is sampled by version 1, through the same endpoint
-        assert all(r.policy_version == 1 for r in source.last_rollouts), [r.policy_version for r in source.last_rollouts]
+        assert all(r.policy_version == 1 for r in source.last_rollouts), [
+            r.policy_version for r in source.last_rollouts
+        ]
         assert torch.isfinite(torch.tensor(float(m2["loss"])))
         trainer.close()
 
