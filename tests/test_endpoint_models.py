@@ -129,3 +129,27 @@ async def test_a_weight_update_between_calls_is_recorded_per_call(tiny_client) -
 
     (step,) = segment_steps(s.calls, "hi")
     assert step.trace.policy_version == v0  # the oldest version decides staleness
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+async def test_the_same_program_through_the_bundled_vllm_server_records_exact_traces(tiny_model_dir) -> None:
+    """The endpoint over ``VLLMChatClient`` (fp32 server on the tiny model): one segment of three
+    calls, and the trainer's logprobs of it equal the server's (< 1e-4, as the tool-episode tests)."""
+    from transformers import AutoModelForCausalLM
+    from vllm_helpers import restore_original_weights, shared_vllm_server
+
+    from ludic_lab.inference.vllm_client import VLLMChatClient
+
+    server = shared_vllm_server(tiny_model_dir)
+    restore_original_weights(server)
+    client = VLLMChatClient(tiny_model_dir, api_base=server.api_base, request_timeout_s=300)
+    with OpenAIEndpoint(client) as ep:
+        (r,) = await program_engine(three_calls, ep).generate_rollouts(requests(1, seed0=5), max_steps=1)
+    assert r.error is None, r.error
+    assert r.meta["agent_program"]["calls"] == 3 and r.meta["agent_program"]["segments"] == 1
+    (step,) = r.steps
+    assert len(step.trace.model_turns()) == 3
+    scorer = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    diff = trainer_vs_behaviour(scorer, SAWItem.from_step(r, step, 1.0))
+    assert diff.numel() == step.trace.num_sampled_tokens > 0 and float(diff.max()) < LOGPROB_ATOL, float(diff.max())
