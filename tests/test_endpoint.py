@@ -88,6 +88,30 @@ async def test_a_program_that_rewrites_its_history_starts_a_counted_segment_neve
     assert s0.reward == 0.0 and s1.reward == 1.0 and s1.parsed_action == "33"
 
 
+async def test_n_choices_then_continuing_the_second_is_two_segments_and_no_break() -> None:
+    async def best_of_two(client: Any, task: str) -> str:
+        msgs = [{"role": "user", "content": task}]
+        r = await client.chat.completions.create(model="policy", messages=msgs, n=2)
+        msgs += [r.choices[1].message.model_dump(exclude_none=True), {"role": "user", "content": "Final answer?"}]
+        r = await client.chat.completions.create(model="policy", messages=msgs)
+        return r.choices[0].message.content
+
+    client, ep = scripted([Reply("first", per_char=True), Reply("second", per_char=True), Reply("33")])
+    try:
+        (r,) = await program_engine(best_of_two, ep).generate_rollouts(requests(1), max_steps=1)
+    finally:
+        ep.stop()
+    assert r.error is None and r.total_reward == 1.0
+    meta = r.meta["agent_program"]
+    assert meta["calls"] == 3 and meta["segments"] == 2 and meta["prefix_breaks"] == 0
+    tpl = chatml_template()
+    lone, chain = r.steps
+    assert tpl.decode(lone.trace.completion_token_ids) == "first" and lone.trace.completion_mask is None
+    turns = chain.trace.model_turns()
+    assert [tpl.decode(t.completion_token_ids) for t in turns] == ["second", "33"]
+    assert client.requests[2].prompt_token_ids[: len(chain.trace.prompt_token_ids)] == chain.trace.prompt_token_ids
+
+
 async def test_64_concurrent_episodes_each_get_only_their_own_records() -> None:
     def echo(request: Any) -> Reply:  # replies with the episode's own question
         return Reply(f"echo {request.messages[-1]['content']}")

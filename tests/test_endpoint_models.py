@@ -127,7 +127,7 @@ async def test_a_weight_update_between_calls_is_recorded_per_call(tiny_client) -
     assert r.system_fingerprint == f"policy-{v0}" and r2.system_fingerprint == f"policy-{v0 + 1}"
     from ludic_lab.interaction.agent_program import segment_steps
 
-    (step,) = segment_steps(s.calls, "hi")
+    (step,) = segment_steps(s, "hi")
     assert step.trace.policy_version == v0  # the oldest version decides staleness
 
 

@@ -231,12 +231,29 @@ class Session:
                 if c.index == index and c.choice == choice:
                     self.calls[k] = dataclasses.replace(c, delivered=True)
 
+    def segments(self) -> list[list[RecordedCall]]:
+        """The delivered calls as chains, in the order the chains began: a call joins the chain
+        whose last call it extends; a call that extends none, or extends a call another call
+        already continued (a second choice, a branch), begins a chain of its own."""
+        chains: list[list[RecordedCall]] = []
+        tail_of: dict[int, int] = {}  # call index -> chain it ends
+        for c in sorted((c for c in self.calls if c.delivered), key=lambda c: (c.index, c.choice)):
+            k = tail_of.pop(c.parent, None) if c.parent is not None else None
+            if k is None:
+                chains.append([c])
+                k = len(chains) - 1
+            else:
+                chains[k].append(c)
+            tail_of[c.index] = k
+        return chains
+
     def stats(self) -> dict[str, Any]:
-        """Counts for the rollout's meta: calls, segments, prefix breaks, refusals, errors."""
+        """Counts for the rollout's meta: calls, segments, prefix breaks (calls whose messages
+        continued no earlier call, the first excepted), refusals, errors."""
         return {
             "calls": len(self.calls),
-            "segments": sum(c.parent is None for c in self.calls),
-            "prefix_breaks": sum(c.parent is None and c.break_reason is not None for c in self.calls),
+            "segments": len(self.segments()),
+            "prefix_breaks": sum(c.break_reason is not None for c in self.calls),
             "undelivered": sum(not c.delivered for c in self.calls),
             "completion_tokens": self._tokens,
             "refused": len(self.refused),

@@ -127,7 +127,7 @@ class AgentProgramProtocol(InteractionProtocol):
             await _close(client)
         stats: dict[str, Any] = {**session.stats(), "wall_s": round(time.monotonic() - t0, 3)}
         meta["agent_program"] = stats
-        steps = segment_steps(session.calls, str(obs))
+        steps = segment_steps(session, str(obs))
         if session.refused:  # the program may have raised on the refusal: the budget is the cause
             error = ("budget", session.refused[0]["reason"])
         if error is None and not steps:
@@ -157,20 +157,10 @@ class AgentProgramProtocol(InteractionProtocol):
         return [_rollout(steps, agent_id, env_seed, sampling_seed, meta)]
 
 
-def segment_steps(calls: Any, obs: str) -> list[Step]:
-    """One step per segment of ``calls`` (delivered calls only), in the order segments began."""
-    segments: list[list[Any]] = []
-    tail_of: dict[int, int] = {}  # call index -> segment whose last call it is
-    for c in sorted((c for c in calls if c.delivered), key=lambda c: (c.index, c.choice)):
-        seg = tail_of.pop(c.parent, None) if c.parent is not None else None
-        if seg is None:
-            segments.append([c])
-            seg = len(segments) - 1
-        else:
-            segments[seg].append(c)
-        tail_of[c.index] = seg
+def segment_steps(session: Any, obs: str) -> list[Step]:
+    """One step per segment of ``session``'s delivered calls (:meth:`Session.segments`)."""
     steps = []
-    for k, chain in enumerate(segments):
+    for k, chain in enumerate(session.segments()):
         trace = merge_traces([c.trace for c in chain])
         head = chain[0]
         steps.append(
