@@ -1,4 +1,4 @@
-"""README's code runs as written: the tour and "Write your own env and train it" (SmolLM2).
+"""README's code runs as written: the tour, "Train the agent you already have" and "Write your own env and train it" (SmolLM2).
 
 Each ```python block under those headings is executed in order in one namespace, as a
 notebook would (top-level ``await`` allowed); then the results are checked.
@@ -56,3 +56,15 @@ def test_write_your_own_env_and_train_it_runs() -> None:
     assert len(history) == 2
     assert all(math.isfinite(float(h["loss"])) for h in history)
     assert ns["client"].policy_version == 2  # the trainer pushed its weights after each step
+
+
+@pytest.mark.slow
+def test_train_the_agent_you_already_have_runs() -> None:
+    pytest.importorskip("openai", reason="the openai extra")
+    (code,) = blocks_under("Train the agent you already have")
+    ns: dict = {}
+    run_notebook_code(code, ns)
+    rollouts = ns["rollouts"]
+    assert len(rollouts) == 8 and not any(r.failed for r in rollouts)
+    assert all(r.meta["agent_program"]["calls"] == 1 and r.steps[0].trace is not None for r in rollouts)
+    assert not ns["endpoint"].running

@@ -182,3 +182,11 @@ async def test_an_invalid_schema_is_refused_at_construction() -> None:
     deep_arg = json.dumps({"a": nested(400)})
     r = await run_tool_call({"id": "c", "function": {"name": "add", "arguments": deep_arg}}, {"add": tool})
     assert r.error in ("invalid_arguments", "raised")  # never an exception out of run_tool_call
+
+
+def test_parse_tool_calls_of_the_clients_leaves_a_100000_deep_block_as_text() -> None:
+    from ludic_lab.inference.tool_calls import parse_tool_calls
+
+    deep = "<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>"
+    calls, text = parse_tool_calls(deep + '<tool_call>{"name": "f", "arguments": {}}</tool_call>')
+    assert calls is not None and [c["function"]["name"] for c in calls] == ["f"] and text == deep

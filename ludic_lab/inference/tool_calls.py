@@ -172,7 +172,7 @@ def parse_tool_calls(text: str) -> tuple[tuple[dict[str, Any], ...] | None, str]
                 args = json.loads(args)  # arguments given as a JSON string
             if not isinstance(args, dict):
                 raise TypeError("arguments")
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # RecursionError: [[[[...]]]]
             continue
         kept.append(text[last : m.start()])
         last = m.end()
