@@ -19,6 +19,8 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "lora": ("peft",),
     "tasks": ("reasoning_gym",),
     "wandb": ("wandb",),
+    "openai": ("fastapi", "uvicorn", "openai"),
+    "mcp": ("mcp",),
 }
 """Top-level modules each extra provides (the ones the library imports)."""
 

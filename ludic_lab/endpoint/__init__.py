@@ -7,7 +7,11 @@ their exact token traces, ready to become a :class:`~ludic_lab.types.Rollout`
 (``pip install -e '.[openai]'``: fastapi, uvicorn, openai).
 """
 
-from ludic_lab.endpoint.server import DEFAULT_MODEL_NAME, OpenAIEndpoint
-from ludic_lab.endpoint.sessions import RecordedCall, Session, SessionError
+from ludic_lab.extras import require_extra
+
+require_extra("openai", what="ludic_lab.endpoint")  # fastapi, uvicorn, openai: one line naming the install
+
+from ludic_lab.endpoint.server import DEFAULT_MODEL_NAME, OpenAIEndpoint  # noqa: E402
+from ludic_lab.endpoint.sessions import RecordedCall, Session, SessionError  # noqa: E402
 
 __all__ = ["DEFAULT_MODEL_NAME", "OpenAIEndpoint", "RecordedCall", "Session", "SessionError"]
