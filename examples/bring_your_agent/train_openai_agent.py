@@ -152,8 +152,10 @@ def engine_for(endpoint: OpenAIEndpoint, rows: list[dict[str, Any]], max_tokens:
 
     return RolloutEngine(
         {"multiplication": lambda: DatasetQAEnv(rows, verifier=final_number_match, system_prompt=None)},
-        {"openai_agent": lambda: AgentProgramProtocol(program, endpoint, max_calls=4)},
+        # a program's budget: 4 calls; its time is bounded by the engine (CPU batches are slow)
+        {"openai_agent": lambda: AgentProgramProtocol(program, endpoint, max_calls=4, timeout_s=None)},
         max_concurrency=64,
+        episode_timeout_s=1800,
     )
 
 
@@ -171,6 +173,9 @@ async def held_out(engine: RolloutEngine, n: int, cfg: Config) -> dict[str, floa
         rs = await engine.generate_rollouts(reqs)
         out[kind] = round(sum(r.total_reward for r in rs) / max(1, n), 4)
         out[f"{kind}_failed"] = sum(r.failed for r in rs)
+        for r in rs:
+            if r.failed:
+                print(f"  held-out {kind} episode {r.env_seed} failed: {r.error}", flush=True)
         out[f"{kind}_tool_calls_per_episode"] = round(
             sum(s.info.get("agent_program", {}).get("tool_calls", 0) for r in rs for s in r.steps) / max(1, n), 3
         )
