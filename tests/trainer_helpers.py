@@ -164,3 +164,17 @@ def assert_params_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     assert a.keys() == b.keys(), sorted(set(a) ^ set(b))[:5]
     diff = [k for k in a if not torch.equal(a[k], b[k])]
     assert not diff, f"{len(diff)} tensors differ, e.g. {diff[:3]} (max |diff| {max_abs_diff(a, b):.3g})"
+
+
+def trainer_vs_behaviour(model: Any, item: SAWItem) -> torch.Tensor:
+    """|trainer logprob - behaviour logprob| at every action position of ``item``: the item
+    packed and scored by ``model_token_logprobs`` exactly as ``Trainer`` does (actions only)."""
+    from ludic_lab.training.logprobs import model_token_logprobs
+    from ludic_lab.training.packing import pack_items
+
+    (mb,) = pack_items([item], micro_token_budget=4096, max_seq_len=4096)
+    with torch.no_grad():
+        lp_RT = model_token_logprobs(model, mb, only_at_RT=mb.action_mask)
+    act = mb.action_mask.bool()
+    assert int(act.sum()) == item.num_action_tokens and bool((lp_RT[~act] == 0).all())
+    return (lp_RT[act] - mb.behaviour_logprobs[act]).abs()
