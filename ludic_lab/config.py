@@ -9,6 +9,10 @@ A config composes another with :func:`sub_config` (the demo's and the pipeline t
 ``trainer: TrainerConfig``): the sub-config's fields are flags of the enclosing config under
 their own names (``--lr`` sets ``trainer.lr``), and :func:`pass_down` hands it the values
 the enclosing config owns itself.
+
+A ``str`` field whose values come from a registry (the demo's ``algo``: the names of
+``ludic_lab.training.PRESETS``) lists them with :func:`choices_field`; its flag then accepts
+exactly those names, and ``--help`` shows them.
 """
 
 from __future__ import annotations
@@ -16,15 +20,31 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 C = TypeVar("C")
 
 _SUB = "ludic_lab.sub_config"
 """Metadata key of a :func:`sub_config` field; its value names the derived fields."""
+_CHOICES = "ludic_lab.choices"
+"""Metadata key of a :func:`choices_field`; its value returns the allowed values."""
+
+
+def choices_field(default: Any, choices: Callable[[], Iterable[Any]], **kw: Any) -> Any:
+    """A dataclass field whose flag accepts only ``choices()`` (called when the parser is
+    built, so a registry such as ``PRESETS`` is read then, not copied into a hand-written
+    list). The class's ``__post_init__`` checks the value itself for instances built in Python."""
+    return dataclasses.field(default=default, metadata={_CHOICES: choices, **kw.pop("metadata", {})}, **kw)
+
+
+def field_choices(cls: type, name: str) -> list[Any] | None:
+    """The values a :func:`choices_field` of ``cls`` allows now (None for any other field)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}.get(name)
+    return list(f.metadata[_CHOICES]()) if f is not None and _CHOICES in f.metadata else None
 
 
 def sub_config(cls: type, *, derived: Sequence[str] = (), **defaults: Any) -> Any:
@@ -116,7 +136,10 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, *, prefix: st
         else:
             kw["default"] = default
             kw["help"] = f"{help_text} (default: {default!r})".strip()
-        if get_origin(tp) is Literal:
+        if _CHOICES in f.metadata:
+            kw["choices"] = list(f.metadata[_CHOICES]())
+            kw["type"] = tp if tp in (int, float, str) else str
+        elif get_origin(tp) is Literal:
             kw["choices"] = list(get_args(tp))
             kw["type"] = type(get_args(tp)[0])
         elif tp is bool:
@@ -164,14 +187,49 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, description
     return config_or_usage_error(p, cls, p.parse_args(argv))
 
 
-def config_or_usage_error(parser: argparse.ArgumentParser, cls: type[C], ns: argparse.Namespace) -> C:
-    """:func:`dataclass_from_args`, with a value the config refuses (its ``__post_init__``
-    raising ``ValueError``) reported as a usage error of ``parser`` (one line, exit status 2)."""
+def config_or_usage_error(
+    parser: argparse.ArgumentParser,
+    cls: type[C],
+    ns: argparse.Namespace,
+    *,
+    check: Callable[[C], object] | None = None,
+    reraise: bool = False,
+) -> C:
+    """:func:`dataclass_from_args`, then ``check(config)`` (checks that need more than the
+    values, e.g. that a model folder exists); a ``ValueError`` of either is reported as a usage
+    error of ``parser`` (exit status 2) whose fields are named by their flags
+    (:func:`flag_message`). ``reraise``: raise it instead (the caller asked for tracebacks)."""
     try:
-        return dataclass_from_args(cls, ns)
+        config = dataclass_from_args(cls, ns)
+        if check is not None:
+            check(config)
+        return config
     except ValueError as e:
-        parser.error(str(e))
+        if reraise:
+            raise
+        parser.error(flag_message(cls, str(e)))
         raise  # unreachable: parser.error exits
+
+
+def flag_message(cls: type, message: str) -> str:
+    """``message`` with the fields of ``cls`` (and of its sub-configs) written as the flags that
+    set them: ``TrainerConfig.lr must be > 0`` -> ``--lr must be > 0``, and a bare
+    ``max_seq_len`` -> ``--max-seq-len``. Words in quotes (values) are left alone."""
+    flags = {dest: "--" + dest.replace("_", "-") for dest, *_ in _flags(cls)}
+    owners = {cls.__name__} | {
+        type(f.default_factory()).__name__  # type: ignore[operator]  # sub_config always sets a default_factory
+        for f in dataclasses.fields(cls)
+        if _SUB in f.metadata
+    }
+
+    def qualified(m: re.Match[str]) -> str:
+        return flags[m.group(2)] if m.group(1) in owners and m.group(2) in flags else m.group(0)
+
+    def bare(m: re.Match[str]) -> str:
+        return flags.get(m.group(1), m.group(0))
+
+    message = re.sub(r"\b([A-Z]\w*)\.([a-z_]\w*)\b", qualified, message)
+    return re.sub(r"(?<![\w.'\"-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b(?!['\"])", bare, message)
 
 
 def field_docs(cls: type) -> dict[str, str]:

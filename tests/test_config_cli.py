@@ -344,9 +344,12 @@ def test_cli_demo_sampling_ahead_on_tiny_model(tmp_path, tiny_model_dir):
     assert _split_threads(DemoConfig(), client) == (DemoConfig().trainer, None)  # sequential: nothing split
 
 
-def test_cli_demo_with_missing_model_dir_fails_clearly(tmp_path):
+def test_cli_demo_with_missing_model_dir_fails_clearly(tmp_path, capsys):
+    """One line, before anything loads (tests/test_demo_validation.py checks every option)."""
     from ludic_lab.cli import main
 
-    with pytest.raises(Exception) as e:
+    with pytest.raises(SystemExit) as e:
         main(["demo", "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out")])
-    assert "no-such-model" in str(e.value) and "cannot resolve model" in str(e.value)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "--model: cannot resolve model" in err and "no-such-model" in err

@@ -225,4 +225,4 @@ def test_cli_reports_a_refused_value_as_a_usage_error(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit) as e:
         main(["demo", "--lr", "nan"])
     assert e.value.code == 2
-    assert "ludic-lab demo: error: TrainerConfig.lr must be a finite number > 0, got nan" in capsys.readouterr().err
+    assert "ludic-lab demo: error: --lr must be a finite number > 0, got nan" in capsys.readouterr().err

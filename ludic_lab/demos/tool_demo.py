@@ -93,12 +93,11 @@ async def _train(
     row gets the batch's :func:`~ludic_lab.demos.tool_task.tool_stats` under ``tools/``."""
     from transformers import AutoModelForCausalLM
 
-    from ludic_lab.training import PRESETS, RolloutBatchSource, Trainer
+    from ludic_lab.demo import build_algorithm
+    from ludic_lab.training import RolloutBatchSource, Trainer
     from ludic_lab.training.loggers import JSONLLogger
 
-    if cfg.algo not in PRESETS:
-        raise ValueError(f"unknown --algo {cfg.algo!r}; choose one of {sorted(PRESETS)}")
-    algo = PRESETS[cfg.algo](max_tokens=cfg.max_tokens) if cfg.algo == "dr_grpo" else PRESETS[cfg.algo]()
+    algo = build_algorithm(cfg.algo, max_tokens=cfg.max_tokens)  # DemoConfig checked the name and group size
     engine, env, protocol = tool_task_engine(client, rows, use_tool=use_tool)
     inference = InferenceSpec(
         SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training()
@@ -155,7 +154,7 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     from ludic_lab.demo import _publisher, _start_backend
     from ludic_lab.reports import plot_metrics, write_rollouts_html
 
-    cfg = tool_demo_config(cfg)
+    cfg = tool_demo_config(cfg)  # run_demo has run cfg.preflight() (these defaults included)
     console = Console()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
