@@ -27,9 +27,10 @@ $(VENV)/.ludic-test-installed: $(VENV)/.ludic-installed scripts/install_system_d
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
 
-# The notebooks and tutorials: the notebook extra (JupyterLab, widgets, kernel) and LoRA, the
-# same install line as README.md, notebooks/README.md, tutorials/README.md and binder/postBuild.
-NOTEBOOK_EXTRAS := .[notebook,lora]
+# The notebooks and tutorials: the notebook extra (JupyterLab, widgets, kernel), LoRA and openai
+# (the OpenAI-compatible endpoint of tutorials/10_bring_your_agent), the same install line as
+# README.md, notebooks/README.md, tutorials/README.md and binder/postBuild.
+NOTEBOOK_EXTRAS := .[notebook,lora,openai]
 setup-lab: $(VENV)/.ludic-lab-installed
 
 $(VENV)/.ludic-lab-installed: $(VENV)/.ludic-installed

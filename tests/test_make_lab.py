@@ -2,10 +2,12 @@
 binder/postBuild and ``make lab`` all say the same), and ``make lab`` really starts JupyterLab
 on the repository, bound to 127.0.0.1 unless told otherwise.
 
-The line is ``.[notebook,lora]``: the notebook extra (JupyterLab, widgets, kernel, nbclient)
-and LoRA (every tutorial trains a LoRA adapter); the capitals task ships with the package, so
-no ``tasks`` extra. CI proves the line is enough: ``scripts/check_binder.sh`` (run by .ci/run)
-builds binder's environment in a fresh venv and runs the quickstart in it.
+The line is ``.[notebook,lora,openai]``: the notebook extra (JupyterLab, widgets, kernel,
+nbclient), LoRA (every tutorial trains a LoRA adapter) and openai (fastapi, uvicorn, the
+``openai`` SDK: ``tutorials/10_bring_your_agent.ipynb`` serves the policy behind the
+OpenAI-compatible endpoint); the capitals task ships with the package, so no ``tasks`` extra.
+CI proves the line is enough: ``scripts/check_binder.sh`` (run by .ci/run) builds binder's
+environment in a fresh venv and runs the quickstart in it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 from ludic_lab.net import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-LINE = ".[notebook,lora]"
+LINE = ".[notebook,lora,openai]"
 DOCS = ("README.md", "notebooks/README.md", "tutorials/README.md", "binder/postBuild")
 _EXTRAS = re.compile(r"\.\[(notebook[a-z0-9_,-]*)\]")
 
