@@ -141,3 +141,24 @@ async def test_the_same_program_through_the_bundled_vllm_server_records_exact_tr
     scorer = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     diff = trainer_vs_behaviour(scorer, SAWItem.from_step(r, step, 1.0))
     assert diff.numel() == step.trace.num_sampled_tokens > 0 and float(diff.max()) < LOGPROB_ATOL, float(diff.max())
+
+
+async def test_a_prompt_past_the_models_context_is_a_400_and_max_tokens_is_cut_to_the_room_left(tiny_client) -> None:
+    import openai
+
+    limit = tiny_client.model.config.max_position_embeddings
+    with OpenAIEndpoint(tiny_client) as ep:
+        s = ep.open_session()
+        c = ep.client(s)
+        with pytest.raises(openai.BadRequestError) as e:
+            await c.chat.completions.create(model="policy", messages=[{"role": "user", "content": "a " * limit}])
+        assert e.value.code == "context_length_exceeded" and s.calls == []
+        tpl = tiny_client.chat_template
+        msgs = [{"role": "user", "content": "a " * (limit // 2)}]
+        n = len(tpl.render_ids(msgs))
+        while n < limit - 3:  # a prompt 1-3 tokens short of the context
+            msgs[0]["content"] += "a "
+            n = len(tpl.render_ids(msgs))
+        r = await c.chat.completions.create(model="policy", messages=msgs, max_tokens=100, temperature=0)
+        await c.close()
+    assert r.usage.prompt_tokens == n and r.usage.completion_tokens <= limit - n

@@ -62,6 +62,15 @@ def template_renders_tools(template: ChatTemplate) -> bool:
         return False
 
 
+def context_limit(client: Any) -> int | None:
+    """The backend's context length in tokens, where it says: ``max_model_len`` (a vLLM
+    client), else its model config's ``max_position_embeddings`` (an in-process model)."""
+    limit = getattr(client, "max_model_len", None)
+    if limit is None:
+        limit = getattr(getattr(getattr(client, "model", None), "config", None), "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
 def build_app(
     client: Any,
     store: SessionStore,
@@ -77,6 +86,7 @@ def build_app(
             "needs a client that tokenizes (LocalChatClient, VLLMChatClient)"
         )
     renders_tools = template_renders_tools(template)
+    context = context_limit(client)
     names = list(model_names)
     app = FastAPI(title="ludic_lab OpenAI-compatible endpoint", docs_url=None, redoc_url=None)
     app.state.store = store
@@ -128,8 +138,15 @@ def build_app(
             plan = session.plan(template, messages, tools, template_renders_tools=renders_tools)
         except MessageError as e:
             raise _HTTPError(400, str(e), param=e.param) from None
+        if context is not None and len(plan.ids) >= context:
+            raise _HTTPError(
+                400,
+                f"the prompt is {len(plan.ids)} tokens; this model's context is {context} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
         first = session.reserve(req.n)
-        calls = await _sample(client, session, req, plan, first)
+        calls = await _sample(client, session, req, plan, first, None if context is None else context - len(plan.ids))
         parse = tools is not None and req.tool_choice != "none"
         top = [c[1] for c in calls]
         recorded = [
@@ -176,13 +193,13 @@ async def _read_json(request: Request, limit: int) -> Any:
 
 
 async def _sample(
-    client: Any, session: Session, req: ChatCompletionBody, plan: Any, first: int
+    client: Any, session: Session, req: ChatCompletionBody, plan: Any, first: int, room: int | None
 ) -> list[tuple[Any, Any]]:
     d = session.sampling
     max_tokens = req.max_completion_tokens or req.max_tokens or d.max_tokens
-    left = session.tokens_left()
-    if left is not None:
-        max_tokens = min(max_tokens, left)
+    for cap in (session.tokens_left(), room):  # the episode's token budget; the model's context
+        if cap is not None:
+            max_tokens = min(max_tokens, cap)
     out = []
     requests = []
     for k in range(req.n):
