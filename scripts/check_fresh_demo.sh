@@ -33,7 +33,7 @@ else
   "$VENV/bin/ludic-lab" actor --max-rounds 1 >"$work/actor.out" 2>&1
   rc=$?
   set -e
-  if [ "$rc" -ne 1 ] || grep -q Traceback "$work/actor.out" || ! grep -q "pip install 'ludic_lab\[pipeline\]'" "$work/actor.out"; then
+  if [ "$rc" -ne 1 ] || grep -q Traceback "$work/actor.out" || ! grep -Eq "pip install (-e )?'[^']*\[pipeline\]'" "$work/actor.out"; then
     echo "ludic-lab actor without the pipeline extra (exit $rc) should print one line naming the pip install:" >&2
     cat "$work/actor.out" >&2
     exit 1
