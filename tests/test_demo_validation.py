@@ -21,7 +21,8 @@ import pytest
 
 from ludic_lab.cli import main
 from ludic_lab.config import field_choices, flag_message
-from ludic_lab.demo import GROUP_PRESETS, PER_SAMPLE_PRESETS, DemoConfig, needs_groups
+from ludic_lab.demo import DemoConfig
+from ludic_lab.demos.preflight import GROUP_PRESETS, PER_SAMPLE_PRESETS, needs_groups
 from ludic_lab.extras import MissingExtraError, install_hint, source_checkout
 from ludic_lab.training.algorithm import PRESETS
 
@@ -177,7 +178,7 @@ def test_the_algo_choices_are_the_presets(capsys: pytest.CaptureFixture[str]) ->
 def test_the_presets_needing_groups_are_those_with_group_relative_credit() -> None:
     """GROUP_PRESETS (checked without building a loss, so without torch) against the credit
     assigner each preset really builds."""
-    from ludic_lab.demo import build_algorithm
+    from ludic_lab.demos.preflight import build_algorithm
     from ludic_lab.training.credit import GroupNormalizedReturn, HybridNormalizedReturn, LeaveOneOutReturn
 
     assert GROUP_PRESETS | PER_SAMPLE_PRESETS == set(PRESETS) and not GROUP_PRESETS & PER_SAMPLE_PRESETS

@@ -93,7 +93,7 @@ async def _train(
     row gets the batch's :func:`~ludic_lab.demos.tool_task.tool_stats` under ``tools/``."""
     from transformers import AutoModelForCausalLM
 
-    from ludic_lab.demo import build_algorithm
+    from ludic_lab.demos.preflight import build_algorithm
     from ludic_lab.training import RolloutBatchSource, Trainer
     from ludic_lab.training.loggers import JSONLLogger
 
