@@ -40,4 +40,5 @@ def test_a_gym_five_tuple_is_told_to_return_a_step_outcome(env: SingleAgentEnv) 
     msg = str(e.value)
     assert "expected StepOutcome" in msg or "expected {agent_id: StepOutcome}" in msg
     assert "5-tuple, as Gymnasium's step returns: return StepOutcome(obs=..., reward=..." in msg
+    assert "positional order is (obs, reward, truncated, terminated, info)" in msg
     assert "penalised" not in msg

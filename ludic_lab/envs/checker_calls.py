@@ -49,7 +49,8 @@ def gym_hint(out: Any) -> str:
     if isinstance(out, tuple) and len(out) in (4, 5):
         return (
             f" (a {len(out)}-tuple, as Gymnasium's step returns: return StepOutcome(obs=..., reward=..., "
-            "truncated=..., terminated=..., info=...) instead)"
+            "truncated=..., terminated=..., info=...) instead, by keyword: StepOutcome's positional order is "
+            "(obs, reward, truncated, terminated, info), truncated before terminated, unlike Gymnasium's tuple)"
         )
     return ""
 
