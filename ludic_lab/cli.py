@@ -83,12 +83,13 @@ def _cmd_export(ns: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from ludic_lab.demo import DemoConfig
+    from ludic_lab.demos.cli_help import add_demo_args, demo_parser_kwargs
 
     p = _Parser(prog="ludic-lab", description="ludic_lab: RL for LLM agents, notebook-first.")
     p.add_argument("--traceback", action="store_true", help=_TRACEBACK_HELP)
     sub = p.add_subparsers(dest="command", required=True)  # subparsers are _Parser too
-    d = sub.add_parser("demo", help=(DemoConfig.__doc__ or "").strip().splitlines()[0])
-    add_dataclass_args(d, DemoConfig)
+    d = sub.add_parser("demo", help=(DemoConfig.__doc__ or "").strip().splitlines()[0], **demo_parser_kwargs())
+    add_demo_args(d)  # the flags of DemoConfig in groups, a newcomer's first (ludic_lab/demos/cli_help.py)
     d.set_defaults(func=_cmd_demo, parser=d)
     m = sub.add_parser("model-path", help="materialise a model (default: SmolLM2) and print its local path")
     m.add_argument("name", nargs="?", default="default", help='"default", "tiny" or a local directory')

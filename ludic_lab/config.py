@@ -13,6 +13,10 @@ the enclosing config owns itself.
 A ``str`` field whose values come from a registry (the demo's ``algo``: the names of
 ``ludic_lab.training.PRESETS``) lists them with :func:`choices_field`; its flag then accepts
 exactly those names, and ``--help`` shows them.
+
+``--help`` shows each field's docstring as plain text (:func:`plain_text`); ``groups`` of
+:func:`add_dataclass_args` orders the flags into titled sections (``ludic-lab demo``'s:
+:mod:`ludic_lab.demos.cli_help`).
 """
 
 from __future__ import annotations
@@ -115,45 +119,88 @@ def _parse_bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {s!r}")
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, *, prefix: str = "") -> None:
-    """Add one ``--flag`` per field of dataclass ``cls`` (defaults and help from the class).
+def add_dataclass_args(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    prefix: str = "",
+    groups: Sequence[tuple[str, str, Sequence[str]]] = (),
+) -> None:
+    """Add one ``--flag`` per field of dataclass ``cls`` (defaults and help from the class, the
+    help as plain text: :func:`plain_text`). A field without a default becomes a required flag.
 
-    A field without a default becomes a required flag.
+    ``groups``: ``(title, description, field names)`` of argparse argument groups, shown in
+    this order, each listing its flags in the order named; a flag no group names goes into the
+    last group (a new field is never hidden). A name that is no flag of ``cls`` is a ``ValueError``.
     """
     docs: dict[str, str] = {}
     for f in dataclasses.fields(cls):  # the help of a sub-config's fields comes from its class
         if _SUB in f.metadata and f.default_factory is not dataclasses.MISSING:
             docs.update(_class_docs(type(f.default_factory())))
     docs.update(_class_docs(cls))
-    for dest, f, hint, default, _ in _flags(cls):
-        tp, optional = _unwrap_optional(hint)
-        flag = "--" + prefix + dest.replace("_", "-")
-        kw: dict[str, Any] = {"dest": prefix.replace("-", "_") + dest}
-        help_text = docs.get(f.name, "").replace("%", "%%")  # argparse formats help with %
-        if default is dataclasses.MISSING:
-            kw["required"] = True  # a field without a default is a required flag, never a silent None
-            kw["help"] = f"{help_text} (required)".strip()
-        else:
-            kw["default"] = default
-            kw["help"] = f"{help_text} (default: {default!r})".strip()
-        if _CHOICES in f.metadata:
-            kw["choices"] = list(f.metadata[_CHOICES]())
-            kw["type"] = tp if tp in (int, float, str) else str
-        elif get_origin(tp) is Literal:
-            kw["choices"] = list(get_args(tp))
-            kw["type"] = type(get_args(tp)[0])
-        elif tp is bool:
-            kw["type"] = _parse_bool
-            kw["metavar"] = "BOOL"
-        elif get_origin(tp) in (tuple, list):
-            inner = get_args(tp)[0] if get_args(tp) else str
-            kw["type"] = inner
-            kw["nargs"] = "*"
-        elif tp in (int, float):
-            kw["type"] = _none_or(tp) if optional else tp
-        else:
-            kw["type"] = str
-        parser.add_argument(flag, **kw)
+    flags = {flag[0]: flag for flag in _flags(cls)}
+    placed: list[tuple[Any, list[str]]] = [(parser, list(flags))]
+    if groups:
+        unknown = [name for *_, names in groups for name in names if name not in flags]
+        if unknown:
+            raise ValueError(f"groups of {cls.__name__} name fields that are no flags: {', '.join(unknown)}")
+        placed = [
+            (parser.add_argument_group(title, description or None), list(names)) for title, description, names in groups
+        ]
+        named = {name for _, names in placed for name in names}
+        placed[-1][1].extend(dest for dest in flags if dest not in named)
+    for target, dests in placed:
+        for dest in dests:
+            _add_flag(target, flags[dest], docs, prefix)
+
+
+def _add_flag(
+    target: Any, flag: tuple[str, dataclasses.Field[Any], Any, Any, str], docs: dict[str, str], prefix: str
+) -> None:
+    """Add the ``--flag`` of one :func:`_flags` entry to ``target`` (a parser or an argument group)."""
+    dest, f, hint, default, _ = flag
+    tp, optional = _unwrap_optional(hint)
+    kw: dict[str, Any] = {"dest": prefix.replace("-", "_") + dest}
+    help_text = plain_text(docs.get(f.name, "")).replace("%", "%%")  # argparse formats help with %
+    if default is dataclasses.MISSING:
+        kw["required"] = True  # a field without a default is a required flag, never a silent None
+        kw["help"] = f"{help_text} (required)".strip()
+    else:
+        kw["default"] = default
+        kw["help"] = f"{help_text} (default: {default!r})".strip()
+    if _CHOICES in f.metadata:
+        kw["choices"] = list(f.metadata[_CHOICES]())
+        kw["type"] = tp if tp in (int, float, str) else str
+    elif get_origin(tp) is Literal:
+        kw["choices"] = list(get_args(tp))
+        kw["type"] = type(get_args(tp)[0])
+    elif tp is bool:
+        kw["type"] = _parse_bool
+        kw["metavar"] = "BOOL"
+    elif get_origin(tp) in (tuple, list):
+        inner = get_args(tp)[0] if get_args(tp) else str
+        kw["type"] = inner
+        kw["nargs"] = "*"
+    elif tp in (int, float):
+        kw["type"] = _none_or(tp) if optional else tp
+    else:
+        kw["type"] = str
+    target.add_argument("--" + prefix + dest.replace("_", "-"), **kw)
+
+
+def plain_text(text: str) -> str:
+    """``text`` (a docstring) without its reStructuredText markup, for ``--help``: a literal in
+    double backquotes loses them, and a Sphinx role (class, mod, meth, ...) becomes its target
+    as a reader would write it ("~a.b.C" -> C, ".x" -> x, "words <target>" -> words)."""
+
+    def role(m: re.Match[str]) -> str:
+        t = m.group(1)
+        if t.endswith(">") and "<" in t:
+            return t[: t.index("<")].strip()
+        return t[1:].rsplit(".", 1)[-1] if t.startswith("~") else t.lstrip(".")
+
+    text = re.sub(r":[a-z]+(?::[a-z]+)?:`([^`]+)`", role, text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
 
 
 def _class_docs(cls: type) -> dict[str, str]:
