@@ -10,6 +10,7 @@ from typing import Any
 
 from ludic_lab.training.batching.batch_stats import item_stats
 from ludic_lab.training.saw import SAWItem
+from ludic_lab.training.signal_check import signal_stats
 
 
 def batch_meta(
@@ -28,6 +29,7 @@ def batch_meta(
     rewards = [it.reward for it in items]
     meta: dict[str, Any] = {
         **item_stats(items),
+        **signal_stats((), items),
         "source": "pipeline",
         "reward_mean": math.fsum(rewards) / len(rewards) if rewards else float("nan"),
         "wait_s": wait_s,

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ludic_lab.training.signal_check import NoSignalNotice
 from ludic_lab.types import Rollout
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,10 +89,13 @@ class ConsoleLogger:
         self.width = int(width)
         self.max_columns = int(max_columns)
         self._rows = 0
+        self.no_signal = NoSignalNotice()
 
     def log(self, step: int, metrics: Metrics) -> None:
-        """Print ``metrics`` of ``step`` as one row (when ``step % every == 0``)."""
-        if step % self.every:
+        """Print ``metrics`` of ``step`` as one row (when ``step % every == 0``), and a yellow
+        line under it when the step had nothing to learn (:class:`NoSignalNotice`)."""
+        warning = self.no_signal(step, metrics)
+        if step % self.every and warning is None:
             return
         if self.keys is None:
             self.keys = [k for k in metrics if not k.startswith("_")][: self.max_columns]
@@ -108,6 +112,8 @@ class ConsoleLogger:
         table.add_row(str(step), *(Text(format_value(metrics[k])) if k in metrics else "-" for k in self.keys))
         self.console.print(table)
         self._rows += 1
+        if warning is not None:
+            self.console.print(Text(warning, style="yellow"))
 
     def print(self, renderable: Any) -> None:
         """Print anything rich can render (e.g. a :func:`completion_table`) to this logger's console."""

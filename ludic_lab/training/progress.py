@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ludic_lab.jupyter import in_kernel, ipython_shell
+from ludic_lab.training.signal_check import NoSignalNotice
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -65,6 +66,7 @@ class TqdmProgress:
     def __init__(self, total: int | None = None, desc: str = "train") -> None:
         self.desc = desc
         self._bar: Any = None
+        self.no_signal = NoSignalNotice()
         if total is not None:
             self.start(total)
 
@@ -81,6 +83,9 @@ class TqdmProgress:
         self._bar.set_postfix(
             {k: f"{metrics[k]:.3g}" for k in ("loss", "reward_mean") if isinstance(metrics.get(k), float)}
         )
+        warning = self.no_signal(metrics.get("step", self._bar.n), metrics)
+        if warning is not None:
+            self._bar.write(f"warning: {warning}")
 
     def close(self) -> None:
         if self._bar is not None:
@@ -144,6 +149,8 @@ class LivePlot:
         self._next_draw = -math.inf
         self._dirty = False
         self._handle: Any = None
+        self.no_signal = NoSignalNotice()
+        self.warning: str | None = None
 
     # -- feeding -----------------------------------------------------------------------------
     def start(self, total: int | None) -> None:
@@ -157,8 +164,13 @@ class LivePlot:
         self.log(metrics.get("step", self.done), metrics)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Record ``metrics`` at ``step`` (a MetricLogger); redraws if ``min_interval_s`` passed."""
+        """Record ``metrics`` at ``step`` (a MetricLogger); redraws if ``min_interval_s`` passed.
+        A step with nothing to learn sets :attr:`warning` (shown above the curves until a
+        step with signal clears it; :class:`~ludic_lab.training.signal_check.NoSignalNotice`)."""
         self._record(step, metrics)
+        warning = self.no_signal(step, metrics)
+        if warning is not None or any(str(k).endswith("signal/no_gradient") for k in metrics):
+            self.warning = warning
         self._dirty = True
         if time.monotonic() >= self._next_draw:
             self._draw()
@@ -265,12 +277,20 @@ class LivePlot:
             f"<progress value='{self.done}' max='{self.total or max(1, self.done)}' style='width:16em'></progress>"
             f"<span class='ll-live-text'>{html.escape(text)}</span></div>"
         )
+        warn = ""
+        if self.warning:
+            warn = (
+                "<div class='ll-live-warn' style='margin:4px 0;padding:4px 8px;border-left:4px solid #d97706;"
+                f"background:#fef3c7;color:#78350f;font-family:system-ui,sans-serif;font-size:12.5px'>"
+                f"&#9888; {html.escape(self.warning)}</div>"
+            )
+            text = f"{text}\nwarning: {self.warning}"
         img = ""
         if self.history:
             b64 = base64.b64encode(self.png()).decode("ascii")
             img = f"<img alt='{html.escape(self.title)} metrics' src='data:image/png;base64,{b64}'/>"
         return {
-            "text/html": f"<div class='ll-live' data-done='{self.done}' data-frac='{frac:.4f}'>{bar}{img}</div>",
+            "text/html": f"<div class='ll-live' data-done='{self.done}' data-frac='{frac:.4f}'>{bar}{warn}{img}</div>",
             "text/plain": text,
         }
 

@@ -13,13 +13,12 @@ One step, top to bottom (:meth:`Trainer.train_step`):
     log       the step's metrics to the loggers and callbacks
 
 Everything else lives in its own module: the models' preparation (:mod:`.model_setup`), the
-optimizer and schedule (:mod:`.optim`), the loss formulas (:mod:`.losses`), packing,
-publishing, checkpoints. Whatever one process and ``torchrun`` with FSDP2 do differently is a
-method of the :class:`~ludic_lab.training.parallel.DataParallel` strategy (see
-:mod:`.parallel`: each rank trains a share of the same global batch, normalisers and
-gradients summed over ranks, so N ranks compute the one-process gradient; rank 0 alone
-publishes and logs). A rank that raises exits; torchrun then stops the others (the
-process-group timeout, ``dist_timeout_s``, bounds any collective that would wait for it).
+optimizer and schedule (:mod:`.optim`), the loss formulas (:mod:`.losses`), packing, publishing,
+checkpoints, steps with nothing to learn (:mod:`.signal_check`). What one process and ``torchrun``
+with FSDP2 do differently is a method of the ``DataParallel`` strategy (:mod:`.parallel`: each rank
+trains a share of the same global batch, normalisers and gradients summed over ranks, so N ranks
+compute the one-process gradient; rank 0 alone publishes and logs). A rank that raises exits;
+torchrun stops the others (``dist_timeout_s`` bounds any collective that would wait for it).
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ from ludic_lab.training.padding import padding_batch
 from ludic_lab.training.parallel import StepTotals, make_data_parallel
 from ludic_lab.training.progress import ProgressView, make_progress
 from ludic_lab.training.saw import SAWBatch
+from ludic_lab.training.signal_check import count_steps_without_signal
 from ludic_lab.training.step_data import filter_batches, local_totals, pack_step
 from ludic_lab.training.step_stats import StepStats
 from ludic_lab.training.token_batch import StepNormalisers, TokenBatch
@@ -323,8 +323,8 @@ class Trainer:
         self.counters["stale_dropped"] += totals.stale
         if "source/reward_mean" in metrics:
             metrics["reward_mean"] = metrics["source/reward_mean"]
-        metrics["items"] = totals.items
-        metrics["stale_dropped"] = totals.stale
+        metrics.update(items=totals.items, stale_dropped=totals.stale)
+        count_steps_without_signal(self.counters, metrics)  # total/no_gradient_steps, .../no_tool_calls_steps
         if not totals.items:
             return metrics, "no items (empty batch or all stale)"
         self.counters["truncated"] += int(totals.pack["pack/truncated_items"])

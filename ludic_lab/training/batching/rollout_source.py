@@ -42,6 +42,7 @@ from ludic_lab.training.filters import FilterSpec, as_filter, filter_items, with
 from ludic_lab.training.request_strategies import IdentityStrategy, RequestStrategy
 from ludic_lab.training.rollout_engine import RolloutEngine
 from ludic_lab.training.saw import SAWBatch, SAWItem, saw_items_from_rollouts
+from ludic_lab.training.signal_check import signal_stats
 from ludic_lab.training.turn_merge import merge_turns
 from ludic_lab.training.types import RolloutRequest
 from ludic_lab.types import Rollout
@@ -174,6 +175,7 @@ class RolloutBatchSource:
             **prefixed("skipped", {k: skipped.get(k, 0) for k in _SKIP_KEYS} | dict(skipped)),
             **prefixed("credit", dict(credit)),
             **prefixed("merge", dict(merged)),
+            **signal_stats(rollouts, items, credit),
             "attempts": attempts,
             "generation_s": gen_s,
             "credit_s": credit_s,
