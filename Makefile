@@ -43,10 +43,13 @@ $(VENV)/.ludic-lab-installed: $(VENV)/.ludic-installed
 # JupyterLab on the repository (notebooks/ and tutorials/), bound to this machine only.
 # LAB_IP=0.0.0.0 to reach it from elsewhere (it keeps Jupyter's token); LAB_ARGS: more flags.
 # As root (a container), Jupyter refuses to start without --allow-root: passed then.
+# Tutorial 09 runs model-written code in a bubblewrap sandbox: a Debian package (root), so
+# `make lab` only says how to install it when `bwrap` is missing.
 LAB_IP ?= 127.0.0.1
 LAB_PORT ?= 8888
 LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 lab: setup-lab
+	@command -v bwrap >/dev/null 2>&1 || echo "note: bubblewrap (bwrap) is missing; tutorial 09 (code execution) needs it to sandbox model-written code: sudo apt-get install bubblewrap"
 	$(VENV)/bin/jupyter lab --ip=$(LAB_IP) --port=$(LAB_PORT) --ServerApp.root_dir='$(CURDIR)' \
 		--LabApp.default_url=/lab/tree/tutorials $(LAB_ROOT_FLAG) $(LAB_ARGS)
 

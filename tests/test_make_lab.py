@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -49,6 +50,34 @@ def test_make_lab_installs_that_line_and_binds_localhost() -> None:
     assert "--ip=127.0.0.1" in launch, launch
     assert "0.0.0.0" in subprocess.run(["make", "-n", "lab", "LAB_IP=0.0.0.0"], cwd=ROOT, capture_output=True,
                                        text=True, check=True).stdout  # fmt: skip
+
+
+def test_make_lab_says_how_to_install_bubblewrap_when_bwrap_is_missing(tmp_path: Path) -> None:
+    """Tutorial 09 needs bubblewrap, a Debian package (root): ``make lab`` cannot install it, so
+    without ``bwrap`` on PATH it prints the line to run before starting JupyterLab (here a
+    missing venv's jupyter, so make stops right after)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    skip_setup = ["-o", f"{tmp_path}/.ludic-installed", "-o", f"{tmp_path}/.ludic-lab-installed"]
+    cmd = [str(shutil.which("make")), "--no-print-directory", *skip_setup, "lab", f"VENV={tmp_path}"]
+    res = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": "/nonexistent"}
+    )
+    assert "bubblewrap (bwrap) is missing" in res.stdout and "sudo apt-get install bubblewrap" in res.stdout, res
+    if shutil.which("bwrap"):
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert "bubblewrap" not in res.stdout, res
+
+
+def test_tutorial_09_says_first_when_bwrap_is_missing() -> None:
+    """The first cell that runs code (after the parameters cell) stops with what/why/fix in one line."""
+    nb = json.loads((ROOT / "tutorials" / "09_code_exec.ipynb").read_text())
+    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    res = subprocess.run([sys.executable, "-c", code[0] + "\n" + code[1]], env={"PATH": "/nonexistent"},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode != 0 and "bubblewrap (bwrap) is not installed" in last, res.stderr
+    assert "sandbox" in last and "sudo apt-get install bubblewrap" in last
 
 
 def _lan_address() -> str | None:
