@@ -258,20 +258,27 @@ def test_micro_batch_contributions_sum_to_full_batch(loss_fn):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_reinforce_value_and_gradient(mode):
+    # per token -sg(c) * w * lp with c = pi / mu (the batch is off-policy: ratios ~0.7-1.4)
     b, lp = make_batch()
     fn = ReinforceLoss(aggregation=mode, max_tokens=12)
     loss, stats = fn.compute(lp, b)
-    w, x = b.weights.tolist(), lp.tolist()
-    per = [[-w[r][t] * x[r][t] if b.action_mask[r, t] else 0.0 for t in range(T)] for r in range(R)]
+    w, x, mu = b.weights.tolist(), lp.tolist(), b.behaviour_logprobs.tolist()
+    c = [[math.exp(x[r][t] - mu[r][t]) if b.action_mask[r, t] else 0.0 for t in range(T)] for r in range(R)]
+    per = [[-c[r][t] * w[r][t] * x[r][t] if b.action_mask[r, t] else 0.0 for t in range(T)] for r in range(R)]
     assert loss.item() == pytest.approx(reference_aggregate(per, mode, max_tokens=12), rel=1e-12)
-    gradcheck_loss(fn, lp, b)
-    # closed form for GRPO normalisation: d/dlp_t = -w_t / (S * n_i)
+    # the ratio is detached: d/dlp_t = -c_t * w_t / normaliser (GRPO's: S * n_i)
+    g = grad_of(fn, lp, b)
     if mode == "seq_mean_token_mean":
-        g = grad_of(fn, lp, b)
         for toks, wt in seq_tokens():
             for r, t in toks:
-                assert g[r, t].item() == pytest.approx(-wt / (3 * len(toks)))
-        assert g[b.action_mask == 0].abs().max().item() == 0.0
+                assert g[r, t].item() == pytest.approx(-c[r][t] * wt / (3 * len(toks)))
+    ones = [[1.0 if b.action_mask[r, t] else 0.0 for t in range(T)] for r in range(R)]
+    dper = [[-c[r][t] * w[r][t] * ones[r][t] if ones[r][t] else 0.0 for t in range(T)] for r in range(R)]
+    for toks, _ in seq_tokens():
+        for r, t in toks:
+            only = [[dper[i][j] if (i, j) == (r, t) else 0.0 for j in range(T)] for i in range(R)]
+            assert g[r, t].item() == pytest.approx(reference_aggregate(only, mode, max_tokens=12), rel=1e-12)
+    assert g[b.action_mask == 0].abs().max().item() == 0.0
     assert stats["adv_mean"] == pytest.approx((3 * 1.0 + 1 * -0.5 + 3 * 2.0) / 7)
 
 
@@ -302,12 +309,17 @@ def test_reinforce_baseline_definition_and_override():
     loss, stats = fn.compute(lp, b)
     base = (1.0 - 0.5 + 2.0) / 3  # mean over sequences of each sequence's weight
     assert stats["baseline"] == pytest.approx(base)
-    x = lp.tolist()
+    x, mu = lp.tolist(), b.behaviour_logprobs.tolist()
+    c = [[math.exp(x[r][t] - mu[r][t]) if b.action_mask[r, t] else 0.0 for t in range(T)] for r in range(R)]
     per = [
-        [-(b.weights[r, t].item() - base) * x[r][t] if b.action_mask[r, t] else 0.0 for t in range(T)] for r in range(R)
+        [-c[r][t] * (b.weights[r, t].item() - base) * x[r][t] if b.action_mask[r, t] else 0.0 for t in range(T)]
+        for r in range(R)
     ]
     assert loss.item() == pytest.approx(reference_aggregate(per, "seq_mean_token_mean"), rel=1e-12)
-    gradcheck_loss(fn, lp, b)
+    g = grad_of(fn, lp, b)  # the ratio is detached: -c_t * A_t / (S * n_i)
+    for toks, wt in seq_tokens():
+        for r, t in toks:
+            assert g[r, t].item() == pytest.approx(-c[r][t] * (wt - base) / (3 * len(toks)), rel=1e-12)
     b2 = replace(b, step=StepNormalisers(b.num_sequences, b.num_action_tokens, weight_mean=0.25))
     assert fn.compute(lp, b2)[1]["baseline"] == 0.25
     # normalised: (w - b) / std over sequence weights

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ludic_lab.training.saw import SAWBatch
+
+if TYPE_CHECKING:
+    from ludic_lab.training.losses.reinforce import ImportanceRatio
 
 PreprocessFn = Callable[[SAWBatch], SAWBatch]
 
@@ -33,6 +36,10 @@ class RLAlgorithm:
 # -- presets ---------------------------------------------------------------------------------
 # Each preset composes a credit assigner and a loss; ``kl_coeff`` adds a k3 KL penalty to the
 # frozen reference policy and ``entropy_coeff`` an entropy bonus (both off by default).
+# Every policy-gradient preset's loss takes the importance ratio pi / mu against the sampler's
+# logprobs (REINFORCE / RLOO: stop-gradient weight; GRPO family: the clipped ratio; CISPO: the
+# clipped stop-gradient weight), so off-policy batches (async_level=1, a lagging pipeline,
+# bf16 autocast) are corrected; items without behaviour logprobs get ratio 1. SFT has no ratio.
 
 
 def _with_regularisers(loss: Any, kl_coeff: float, entropy_coeff: float, aggregation: str) -> Any:
@@ -48,42 +55,65 @@ def _with_regularisers(loss: Any, kl_coeff: float, entropy_coeff: float, aggrega
     return CompositeLoss(terms)
 
 
-def make_reinforce(*, gamma: float = 1.0, kl_coeff: float = 0.0, entropy_coeff: float = 0.0) -> RLAlgorithm:
-    """REINFORCE: Monte-Carlo returns as weights, ``-Σ G_t log π`` per sequence, mean over sequences."""
+def make_reinforce(
+    *,
+    gamma: float = 1.0,
+    kl_coeff: float = 0.0,
+    entropy_coeff: float = 0.0,
+    tis_cap: float | None = None,
+    importance_ratio: ImportanceRatio = "token",
+) -> RLAlgorithm:
+    """REINFORCE: Monte-Carlo returns as weights, ``-Σ sg(π/μ) G_t log π`` per sequence, mean
+    over sequences (the ratio corrects off-policy data; ``tis_cap`` caps it)."""
     from ludic_lab.training.credit import MonteCarloReturn
     from ludic_lab.training.losses import ReinforceLoss
 
     agg = "seq_mean_token_sum"
+    loss = ReinforceLoss(aggregation=agg, tis_cap=tis_cap, importance_ratio=importance_ratio)
     return RLAlgorithm(
-        "reinforce",
-        MonteCarloReturn(gamma=gamma),
-        _with_regularisers(ReinforceLoss(aggregation=agg), kl_coeff, entropy_coeff, agg),
+        "reinforce", MonteCarloReturn(gamma=gamma), _with_regularisers(loss, kl_coeff, entropy_coeff, agg)
     )
 
 
 def make_reinforce_baseline(
-    *, gamma: float = 1.0, normalize: bool = False, kl_coeff: float = 0.0, entropy_coeff: float = 0.0
+    *,
+    gamma: float = 1.0,
+    normalize: bool = False,
+    kl_coeff: float = 0.0,
+    entropy_coeff: float = 0.0,
+    tis_cap: float | None = None,
+    importance_ratio: ImportanceRatio = "token",
 ) -> RLAlgorithm:
-    """REINFORCE with the batch-mean return as baseline (optionally std-normalised)."""
+    """REINFORCE with the batch-mean return as baseline (optionally std-normalised), ratio-corrected."""
     from ludic_lab.training.credit import MonteCarloReturn
     from ludic_lab.training.losses import ReinforceBaselineLoss
 
     agg = "seq_mean_token_sum"
-    loss = ReinforceBaselineLoss(aggregation=agg, normalize=normalize)
+    loss = ReinforceBaselineLoss(
+        aggregation=agg,
+        normalize=normalize,
+        tis_cap=tis_cap,
+        importance_ratio=importance_ratio,
+    )
     return RLAlgorithm(
         "reinforce_baseline", MonteCarloReturn(gamma=gamma), _with_regularisers(loss, kl_coeff, entropy_coeff, agg)
     )
 
 
-def make_rloo(*, kl_coeff: float = 0.0, entropy_coeff: float = 0.0) -> RLAlgorithm:
-    """RLOO: leave-one-out group baseline, REINFORCE loss (needs GRPO-style groups)."""
+def make_rloo(
+    *,
+    kl_coeff: float = 0.0,
+    entropy_coeff: float = 0.0,
+    tis_cap: float | None = None,
+    importance_ratio: ImportanceRatio = "token",
+) -> RLAlgorithm:
+    """RLOO: leave-one-out group baseline, ratio-corrected REINFORCE loss (needs GRPO-style groups)."""
     from ludic_lab.training.credit import LeaveOneOutReturn
     from ludic_lab.training.losses import ReinforceLoss
 
     agg = "seq_mean_token_sum"
-    return RLAlgorithm(
-        "rloo", LeaveOneOutReturn(), _with_regularisers(ReinforceLoss(aggregation=agg), kl_coeff, entropy_coeff, agg)
-    )
+    loss = ReinforceLoss(aggregation=agg, tis_cap=tis_cap, importance_ratio=importance_ratio)
+    return RLAlgorithm("rloo", LeaveOneOutReturn(), _with_regularisers(loss, kl_coeff, entropy_coeff, agg))
 
 
 def make_grpo(

@@ -34,8 +34,10 @@ class TrainerConfig:
     async_level: Literal[0, 1] = 0
     """``1``: the next batch is sampled while this step optimises (the source is wrapped in a
     ``SampleAheadSource``, ``training/batching/sample_ahead.py``): each step trains on
-    rollouts of the policy one version behind, which the loss's importance ratio corrects;
-    ``max_lag`` must then be ``None`` or ``>= 1``. On a CPU give each stage its share of the
+    rollouts of the policy one version behind, which the loss's importance ratio ``pi / mu``
+    corrects (every built-in policy-gradient preset takes it, REINFORCE and RLOO included; a
+    loss of your own must too: read ``LossInputs.behaviour_anchor``); ``max_lag`` must then be
+    ``None`` or ``>= 1``. On a CPU give each stage its share of the
     cores (``num_threads`` here and the sampler's); it pays when sampling and the step take
     about as long on their shares (README, "Against TRL"). One process only (under torchrun,
     the Redis pipeline). ``0``: sample, then optimise."""
@@ -72,7 +74,7 @@ class TrainerConfig:
     weights, gradients and optimizer state stay fp32. On a CPU with AVX512-BF16 or AMX the
     model's matmuls run 2-3x faster (``bench/vs_trl.py`` measures this machine's); the
     trainer's logprobs then differ from an fp32 sampler's (~1e-2), which the loss's importance
-    ratio corrects. ``"off"``: compute in the weights' own dtype."""
+    ratio corrects (every built-in policy-gradient preset's). ``"off"``: compute in the weights' own dtype."""
     truncation: Literal["truncate", "drop", "error"] = "truncate"
     """What to do with an item longer than ``max_seq_len`` (counted in the metrics)."""
     share_prompts: bool = True

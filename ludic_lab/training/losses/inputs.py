@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
+import torch
 from torch import Tensor
 
 from ludic_lab.training.losses.aggregation import (
@@ -75,6 +76,27 @@ class LossInputs:
         return b.to(self.raw_logprobs.dtype)
 
     @cached_property
+    def behaviour_recorded(self) -> Tensor:
+        """``[R, T]`` bool: action tokens of sequences that carry behaviour logprobs (any
+        non-zero one on their actions). Offline / SFT items carry 0 everywhere: their tokens
+        read ``False`` and :attr:`behaviour_anchor` treats them as on-policy."""
+        raw = self.batch.behaviour_logprobs.to(self.mask.device)
+        nonzero = (self.mask & (raw != 0)).to(self.raw_logprobs.dtype)  # NaN != 0: recorded, then refused
+        recorded_S = self.per_sequence_sum(nonzero)[0] > 0
+        return self.mask & (self.broadcast(recorded_S.to(nonzero.dtype)) > 0)
+
+    @cached_property
+    def behaviour_anchor(self) -> Tensor:
+        """``log mu``: the behaviour logprobs where recorded, else the current policy's
+        logprobs detached, so a ratio ``pi / mu`` reads exactly 1 (data without behaviour
+        logprobs is treated as on-policy). Raises on a NaN behaviour logprob at an action."""
+        rec = self.behaviour_recorded
+        current = self.logprobs.detach()
+        if not bool(rec.any()):
+            return current
+        return self.on_actions(torch.where(rec, self.behaviour_logprobs, current))
+
+    @cached_property
     def recorded_behaviour_logprobs(self) -> Tensor | None:
         """The sampler's logprobs when every action token has a finite one and not all are
         exactly 0 (i.e. they were recorded); ``None`` otherwise, never an error."""
@@ -122,7 +144,7 @@ class LossInputs:
         return ratio_anchor(
             self.batch,
             self.mask,
-            self.behaviour_logprobs,
+            self.behaviour_anchor,
             tis_cap,
             loss_name,
             old_RT=self.old_logprobs,
