@@ -143,6 +143,26 @@ CAPITALS = [
     ("Papua New Guinea", "Port Moresby"),
 ]
 
+ALIASES = {
+    "Kyiv": ["Kiev"],
+    "Beijing": ["Peking"],
+    "Bern": ["Berne"],
+    "Chisinau": ["Kishinev"],
+    "Tallinn": ["Tallin"],
+    "Astana": ["Nur-Sultan"],
+    "Ashgabat": ["Ashkhabad"],
+    "Kathmandu": ["Katmandu"],
+    "Dhaka": ["Dacca"],
+    "Ulaanbaatar": ["Ulan Bator"],
+    "Hanoi": ["Ha Noi"],
+    "Tehran": ["Teheran"],
+    "Sanaa": ["Sana'a"],
+    "N'Djamena": ["Ndjamena"],
+}
+"""Other spellings of a capital that a reply may use: transliterations (Kiev, Peking, Ulan
+Bator) and a former name (Nur-Sultan). Accents, case and punctuation inside a name need no
+entry (the verifier ignores them); an entry must not be another capital's or a country's name."""
+
 OUT = Path(__file__).resolve().parents[1] / "ludic_lab" / "data" / "capitals.jsonl"
 
 
@@ -153,6 +173,7 @@ def rows() -> list[dict]:
             "country": country,
             "question": f"What is the capital of {country}?",
             "answer": capital,
+            "aliases": ALIASES.get(capital, []),
             "split": "test" if i % 5 == 4 else "train",
         }
         for i, (country, capital) in enumerate(CAPITALS)
@@ -160,6 +181,8 @@ def rows() -> list[dict]:
 
 
 def main() -> None:
+    unknown = set(ALIASES) - {capital for _, capital in CAPITALS}
+    assert not unknown, f"ALIASES names capitals the data set does not have: {sorted(unknown)}"
     with OUT.open("w", encoding="utf-8") as f:
         for r in rows():
             f.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -44,7 +44,8 @@ CAPITALS_PATH = DATA_DIR / "capitals.jsonl"
 
 def load_capitals(split: Split = "train") -> list[dict[str, Any]]:
     """Country/capital questions of ``split`` (105 train / 26 test) as dicts with ``id``,
-    ``country``, ``question`` ("What is the capital of X?"), ``answer`` and ``split``."""
+    ``country``, ``question`` ("What is the capital of X?"), ``answer``, ``aliases`` (other
+    spellings of the answer :func:`capital_verifier` accepts, e.g. ``["Kiev"]``) and ``split``."""
     if split not in ("train", "test", "all"):
         raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
     with CAPITALS_PATH.open(encoding="utf-8") as f:
@@ -56,7 +57,8 @@ def capital_verifier(capitals: Any = None) -> Callable[[str, str], bool]:
     """``(reply, capital) -> bool``: the reply names the right capital and no other capital.
 
     Naming several cities (a way to game a plain "contains" check) is wrong. Matching is
-    case-, accent- and punctuation-insensitive on whole words.
+    case-, accent- and punctuation-insensitive on whole words. A capital's ``aliases`` in the
+    data (other transliterations or a former name: Kiev for Kyiv, Peking for Beijing) name it too.
     """
     import re
     import unicodedata
@@ -65,13 +67,17 @@ def capital_verifier(capitals: Any = None) -> Callable[[str, str], bool]:
         t = unicodedata.normalize("NFKD", t).encode("ascii", "ignore").decode().lower()
         return " " + re.sub(r"[^a-z]+", " ", t).strip() + " "
 
-    names = {norm(r["answer"]) for r in (capitals if capitals is not None else load_capitals("all"))}
+    spellings: dict[str, set[str]] = {}  # a capital (normalised) -> its name and its aliases (normalised)
+    for r in capitals if capitals is not None else load_capitals("all"):
+        spellings.setdefault(norm(r["answer"]), {norm(r["answer"])}).update(norm(a) for a in r.get("aliases", ()))
+    groups = {n: forms for forms in spellings.values() for n in forms}  # any spelling -> all of them
 
     def verify(reply: str, target: str) -> bool:
         text, want = norm(reply), norm(target)
-        if want not in text:
+        forms = groups.get(want, {want})
+        if not any(f in text for f in forms):
             return False
-        return not any(other != want and other not in want and other in text for other in names)
+        return not any(other in text and not any(other in f for f in forms) for other in groups)
 
     return verify
 
