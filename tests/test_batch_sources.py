@@ -81,7 +81,11 @@ SPEC = InferenceSpec(sampling=SamplingConfig(temperature=1.0, max_tokens=8), ret
 def make_engine(client, score: Score, fail_seeds=()) -> RolloutEngine:
     return RolloutEngine(
         {"score": lambda: ScoreEnv(score, frozenset(fail_seeds))},
-        {"agent": lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), identity_parser))},
+        {
+            "agent": lambda: SingleAgentSyncProtocol(
+                Agent(client, FullDialog(), identity_parser, reject_incomplete_completions=False)
+            )
+        },
     )
 
 

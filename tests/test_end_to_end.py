@@ -125,11 +125,16 @@ def make_engine(client: LocalChatClient, **kw: Any) -> RolloutEngine:
     data = load_math_word_problems("train")
 
     def single(parser=identity_parser, **pkw):
-        return lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), parser), **pkw)
+        return lambda: SingleAgentSyncProtocol(
+            Agent(client, FullDialog(), parser, reject_incomplete_completions=False), **pkw
+        )
 
     def two_players():
         return MultiAgentProtocol(
-            {m: Agent(client, FullDialog(), identity_parser, name=f"player_{m}") for m in ("X", "O")}
+            {
+                m: Agent(client, FullDialog(), identity_parser, reject_incomplete_completions=False, name=f"player_{m}")
+                for m in ("X", "O")
+            }
         )
 
     return RolloutEngine(
@@ -479,7 +484,10 @@ def test_garbage_completions_become_parse_error_steps(tiny_client, tiny_ref):
 def test_completion_cut_at_max_tokens(tiny_client, tiny_ref):
     engine = make_engine(tiny_client)
     engine.register_protocol(
-        "qa_identity", lambda: SingleAgentSyncProtocol(Agent(tiny_client, FullDialog(), identity_parser))
+        "qa_identity",
+        lambda: SingleAgentSyncProtocol(
+            Agent(tiny_client, FullDialog(), identity_parser, reject_incomplete_completions=False)
+        ),
     )
     reqs = [
         # graded as is: the cut answer is simply wrong, the episode terminates
@@ -529,7 +537,7 @@ def test_unknown_env_kind_fails_before_anything_runs(tiny_client):
     built: list[str] = []
     engine = make_engine(tiny_client)
     engine.register_protocol("counted", lambda: built.append("protocol") or SingleAgentSyncProtocol(
-        Agent(tiny_client, FullDialog(), identity_parser)))  # fmt: skip
+        Agent(tiny_client, FullDialog(), identity_parser, reject_incomplete_completions=False)))  # fmt: skip
     engine.register_env("counted_qa", lambda: built.append("env") or DatasetQAEnv(load_math_word_problems("test")))
     good = RolloutRequest(EnvSpec("counted_qa"), ProtocolSpec("counted"), env_seed=0, inference=inference(2))
     bad = RolloutRequest(EnvSpec("chess"), ProtocolSpec("counted"), env_seed=0)

@@ -322,6 +322,7 @@ def test_accept_all_verifier_gives_accuracy_and_pass_at_k_one(tiny_client):
             k=2,
             max_tokens=8,
             parser=identity_parser,  # every completion parses, so the verifier sees every one
+            reject_incomplete_completions=False,  # ... even one cut at max_tokens=8
             verifier=lambda prediction, target: True,
         )
     s = res.summary()

@@ -88,7 +88,7 @@ SPEC = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=7))
 
 
 async def protocol_rollout(client: Any, sampling_seed: int) -> Rollout:
-    agent = Agent(client, FullDialog(), even_parser)
+    agent = Agent(client, FullDialog(), even_parser, reject_incomplete_completions=False)  # 7-token replies: most cut
     [r] = await SingleAgentSyncProtocol(agent).run(
         env=ReplayableEnv(), max_steps=4, env_seed=3, sampling_seed=sampling_seed, inference=SPEC
     )
@@ -106,7 +106,7 @@ async def test_stepped_rollout_equals_the_protocols_token_for_token(tiny_client)
 
     st = RolloutStepper(
         ReplayableEnv(),
-        Agent(tiny_client, FullDialog(), even_parser),
+        Agent(tiny_client, FullDialog(), even_parser, reject_incomplete_completions=False),
         env_seed=3,
         sampling_seed=seed,
         inference=SPEC,

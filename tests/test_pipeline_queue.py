@@ -354,7 +354,12 @@ def _engine(client: ScriptedChatClient) -> RolloutEngine:
             return "ok"
 
     return RolloutEngine(
-        {"echo": Echo}, {"agent": lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), identity_parser))}
+        {"echo": Echo},
+        {
+            "agent": lambda: SingleAgentSyncProtocol(
+                Agent(client, FullDialog(), identity_parser, reject_incomplete_completions=False)
+            )
+        },
     )
 
 

@@ -75,7 +75,11 @@ def digits_source(
     expanded into a GRPO group of ``group_size`` (reproducible sampling seeds from ``seed``)."""
     engine = RolloutEngine(
         {"digits": lambda: DigitsEnv(reward_fn)},
-        {"agent": lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), identity_parser))},
+        {
+            "agent": lambda: SingleAgentSyncProtocol(
+                Agent(client, FullDialog(), identity_parser, reject_incomplete_completions=False)
+            )
+        },
     )
     spec = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=max_tokens), ReturnSpec.for_training())
     calls = [0]

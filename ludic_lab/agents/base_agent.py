@@ -85,6 +85,11 @@ class Agent:
     ``tools`` are OpenAI-format tool schemas sent with every request (and to the template).
     ``system_prompt`` is the agent's own prompt; protocols prefer it (or the context's
     default) over the environment's suggestion. One Agent runs one episode at a time.
+
+    A reply cut at ``max_tokens`` (``finish_reason == "length"``) is rejected by default, as
+    in Ludic (``reject_incomplete_completions=True``): like a parse failure, the env is not
+    stepped, the step gets ``incomplete_completion_penalty`` (-0.1) as its reward and
+    ``incomplete_completion_feedback`` is fed back. ``False`` hands the cut reply to the parser.
     """
 
     def __init__(
@@ -98,7 +103,7 @@ class Agent:
         tools: Sequence[dict[str, Any]] | ToolRequest | None = None,
         system_prompt: str | None = None,
         name: str | None = None,
-        reject_incomplete_completions: bool = False,
+        reject_incomplete_completions: bool = True,
         incomplete_completion_penalty: float = -0.1,
         incomplete_completion_feedback: str = INCOMPLETE_FEEDBACK,
     ) -> None:

@@ -38,11 +38,14 @@ def qa_engine(
     env_kwargs: Mapping[str, Any] | None = None,
     concurrency: int = 32,
     episode_timeout_s: float | None = None,
+    reject_incomplete_completions: bool = True,
 ) -> tuple[RolloutEngine, EnvSpec, ProtocolSpec, int]:
     """``(engine, env_spec, protocol_spec, num_items)`` for evaluating ``client`` on ``data``.
 
     ``data``: list of dicts, a JSONL path or a ``datasets.Dataset`` (loaded once, shared by
     every episode); ``env_kwargs`` go to :class:`DatasetQAEnv` (``verifier``, keys, ...).
+    ``reject_incomplete_completions``: a reply cut at ``max_tokens`` fails without reaching
+    the verifier (the Agent's default); ``False`` lets the verifier judge it.
     """
     rows = load_jsonl(data) if isinstance(data, (str, os.PathLike)) else data
     kwargs = dict(env_kwargs or {})
@@ -53,7 +56,8 @@ def qa_engine(
         return DatasetQAEnv(rows, **kwargs)
 
     def make_protocol() -> SingleAgentSyncProtocol:
-        return SingleAgentSyncProtocol(Agent(client, FullDialog(), parse))
+        agent = Agent(client, FullDialog(), parse, reject_incomplete_completions=reject_incomplete_completions)
+        return SingleAgentSyncProtocol(agent)
 
     engine = RolloutEngine(
         {QA_ENV_KIND: make_env},
@@ -82,16 +86,25 @@ async def evaluate_qa(
     sampling_seed: int = 0,
     progress: bool = False,
     name: str = "eval",
+    reject_incomplete_completions: bool = True,
 ) -> EvalResult:
     """Evaluate ``client`` on every item of ``data`` (or ``seeds``, or the first ``limit``), ``k`` samples each.
 
     Greedy when ``k == 1`` and no ``temperature`` is given. ``verifier`` overrides the env's
     (default :func:`~ludic_lab.envs.numeric_match`); ``success`` defaults to ``info["correct"]``.
+    A reply cut at ``max_tokens`` counts as a failure unless ``reject_incomplete_completions=False``.
     """
     kw = dict(env_kwargs or {})
     if verifier is not None:
         kw["verifier"] = verifier
-    engine, env, protocol, n = qa_engine(client, data, parser=parser, env_kwargs=kw, concurrency=concurrency)
+    engine, env, protocol, n = qa_engine(
+        client,
+        data,
+        parser=parser,
+        env_kwargs=kw,
+        concurrency=concurrency,
+        reject_incomplete_completions=reject_incomplete_completions,
+    )
     if seeds is None:
         seeds = range(n if limit is None else min(int(limit), n))
     elif limit is not None:
