@@ -4,10 +4,12 @@ and ``sample_filter=`` on ``RolloutBatchSource`` with every drop counted in ``ba
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
 from ludic_lab.agents import Agent
+from ludic_lab.agents.base_agent import INCOMPLETE_FEEDBACK
 from ludic_lab.context import FullDialog
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
@@ -50,10 +52,28 @@ def item(**meta) -> SAWItem:
 
 async def test_cut_completion_is_flagged_on_its_step():
     client = ScriptedChatClient([Reply("gue", finish_reason="length"), "win"], chat_template=chatml_template())
-    [r] = await SingleAgentSyncProtocol(Agent(client, FullDialog(), strict_parser)).run(env=CountingEnv(), max_steps=4)
+    agent = Agent(client, FullDialog(), strict_parser, reject_incomplete_completions=False)
+    env = CountingEnv()
+    [r] = await SingleAgentSyncProtocol(agent).run(env=env, max_steps=4)
     cut, done = r.steps
+    assert env.actions == ["gue", "win"]  # the parser accepted the cut reply: the env saw it
     assert cut.info["incomplete_completion"] is True and cut.info["agent"]["finish_reason"] == "length"
     assert done.info["incomplete_completion"] is False and done.terminated
+
+
+async def test_cut_completion_is_rejected_by_default_like_a_parse_error():
+    # Ludic's default: the env never sees a reply cut at max_tokens; the step is a parse-error
+    # step with the -0.1 penalty and the cut-off feedback, which the agent reads next turn
+    client = ScriptedChatClient([Reply("win", finish_reason="length"), "win"], chat_template=chatml_template())
+    agent = Agent(client, FullDialog(), strict_parser)
+    env = CountingEnv()
+    [r] = await SingleAgentSyncProtocol(agent).run(env=env, max_steps=4)
+    cut, done = r.steps
+    assert env.actions == ["win"] and done.terminated
+    assert cut.info["parse_error"] and cut.info["incomplete_completion"] is True
+    assert cut.reward == pytest.approx(-0.1) and cut.env_reward == 0.0 and cut.format_reward == pytest.approx(-0.1)
+    assert cut.next_obs == INCOMPLETE_FEEDBACK and cut.parsed_action is None
+    assert any(m["content"] == INCOMPLETE_FEEDBACK for m in client.requests[1].messages)
 
 
 async def test_cut_completion_is_flagged_on_a_rejected_step_too():
@@ -78,8 +98,10 @@ async def test_an_agent_rejecting_cut_completions_gives_a_flagged_penalised_step
 
 async def test_multi_agent_steps_carry_the_flag():
     tpl = chatml_template()
-    agents = {
-        a: Agent(ScriptedChatClient(s, chat_template=tpl), FullDialog(), strict_parser)
+    agents = {  # the cut reply must reach the env here: reject_incomplete_completions=False
+        a: Agent(
+            ScriptedChatClient(s, chat_template=tpl), FullDialog(), strict_parser, reject_incomplete_completions=False
+        )
         for a, s in {"A": [Reply("a1", finish_reason="length"), "win"], "B": ["b1"]}.items()
     }
     ra, rb = await MultiAgentProtocol(agents).run(env=TurnGameEnv(), max_steps=5)
@@ -166,18 +188,28 @@ def test_sample_meta_reads_the_step_and_its_episode():
     )
     r = Rollout(steps=(s0, s1))
     m0, m1 = sample_meta(r, s0), sample_meta(r, s1)
+    # Ludic's keys: "truncated" is the step's own flag, the episode's is "episode_truncated"
     assert m0 == {
-        "truncated": True,
+        "truncated": False,
+        "terminated": False,
+        "episode_truncated": True,
+        "truncation_reason": "env",
         "step_truncated": False,
         "parse_error": True,
         "incomplete_completion": True,
         "finish_reason": "length",
     }
-    assert m1["truncated"] and m1["step_truncated"] and not m1["parse_error"] and not m1["incomplete_completion"]
+    assert m1["truncated"] and m1["step_truncated"] and m1["episode_truncated"]
+    assert not m1["parse_error"] and not m1["incomplete_completion"]
+    # drop_truncated drops the truncated step only; the episode's first step stays
+    assert drop_truncated(item(**m0)) and not drop_truncated(item(**m1))
+    by_limit = Rollout(steps=(s0, replace(s1, info={**s1.info, "truncation_reason": "max_steps"})))
+    assert sample_meta(by_limit, s0)["truncation_reason"] == "max_steps"
     ended = Rollout(
         steps=(s0, Step(index=1, prev_obs="", action="", parsed_action="", next_obs="", reward=1.0, terminated=True))
     )
-    assert sample_meta(ended, s0)["truncated"] is False
+    assert sample_meta(ended, s0)["episode_truncated"] is False and sample_meta(ended, s0)["truncation_reason"] is None
+    assert sample_meta(ended, ended.steps[1])["terminated"] is True
 
 
 # -- RolloutBatchSource(sample_filter=...) ------------------------------------------------------
@@ -185,8 +217,8 @@ def test_sample_meta_reads_the_step_and_its_episode():
 SCRIPTS = {  # env seed -> the agent's replies, turn by turn
     0: ["win"],  # clean, terminated
     1: ["bad", "win"],  # a parse error, then done
-    2: [Reply("wi", finish_reason="length"), "win"],  # a cut completion, then done
-    3: ["guess", "guess"],  # truncated at max_steps=2
+    2: [Reply("wi", finish_reason="length"), "win"],  # a cut completion (rejected: a parse error), then done
+    3: ["guess", "guess"],  # truncated at max_steps=2: the second step is the truncated one
 }
 
 
@@ -218,24 +250,25 @@ async def test_items_carry_step_flags_without_a_filter():
     flags = sorted(
         (it.meta["truncated"], it.meta["parse_error"], it.meta["incomplete_completion"]) for it in batch.items
     )
-    assert flags.count((True, False, False)) == 2 and flags.count((False, True, False)) == 1
-    assert flags.count((False, False, True)) == 1 and flags.count((False, False, False)) == 3
+    assert flags.count((True, False, False)) == 1 and flags.count((False, True, False)) == 1
+    assert flags.count((False, True, True)) == 1 and flags.count((False, False, False)) == 4
+    assert sum(it.meta["episode_truncated"] for it in batch.items) == 2
 
 
 async def test_rollout_batch_source_drops_and_counts_by_filter():
     src = _source(sample_filter=[drop_truncated, drop_parse_errors, drop_incomplete_completions])
     batch = await src.next_batch()
     m = batch.meta
-    assert len(batch) == 3 and m["num_items"] == 3
-    assert m["skipped/filtered_samples"] == 4
-    assert m["skipped/filtered_samples/drop_truncated"] == 2
-    assert m["skipped/filtered_samples/drop_parse_errors"] == 1
-    assert m["skipped/filtered_samples/drop_incomplete_completions"] == 1
+    assert len(batch) == 4 and m["num_items"] == 4
+    assert m["skipped/filtered_samples"] == 3
+    assert m["skipped/filtered_samples/drop_truncated"] == 1  # the truncated step, not its whole episode
+    assert m["skipped/filtered_samples/drop_parse_errors"] == 2  # the cut reply was rejected: a parse error
+    assert m.get("skipped/filtered_samples/drop_incomplete_completions", 0) == 0
     assert not any(
         it.meta["truncated"] or it.meta["parse_error"] or it.meta["incomplete_completion"] for it in batch.items
     )
     assert len(src.last_rollouts) == 4  # the rollouts are all still there to look at
-    assert m["parse_error_rate"] == pytest.approx(1 / 7) and m["incomplete_completion_rate"] == pytest.approx(1 / 7)
+    assert m["parse_error_rate"] == pytest.approx(2 / 7) and m["incomplete_completion_rate"] == pytest.approx(1 / 7)
 
 
 async def test_a_filter_that_drops_everything_is_an_empty_batch_error_with_reasons():
@@ -265,8 +298,8 @@ async def test_offline_source_filters_saved_rollouts_once_and_reports_it(tmp_pat
         sample_filter=drop_truncated & drop_parse_errors & drop_incomplete_completions,
     )
     batch = offline.next_batch_sync()
-    assert len(offline) == 3 and len(batch) == 3
-    assert batch.meta["skipped/filtered_samples"] == 4 and batch.meta["skipped/filtered_samples/drop_truncated"] == 2
+    assert len(offline) == 4 and len(batch) == 4
+    assert batch.meta["skipped/filtered_samples"] == 3 and batch.meta["skipped/filtered_samples/drop_truncated"] == 1
     assert all(not it.meta["truncated"] and not it.meta["parse_error"] for it in batch.items)
     with pytest.raises(EmptyBatchError, match="filtered_samples"):
         OfflineBatchSource(path, batch_size=2, sample_filter=lambda it: False)

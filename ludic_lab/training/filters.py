@@ -3,8 +3,10 @@
 A filter is any callable ``item -> bool`` that returns ``True`` to **keep** the item. The
 shipped ones read flags a rollout source writes into ``item.meta`` (:func:`sample_meta`):
 
-- :data:`drop_truncated`: the episode ended by truncation (``max_steps``, an env time
-  limit), not by the task, so its credit never saw the outcome;
+- :data:`drop_truncated`: the step that was truncated (``max_steps``, an env time limit):
+  the episode ended there by a limit, not by the task, so that step never saw an outcome.
+  Only that step goes, as in Ludic; the episode's other steps stay (to drop a truncated
+  episode whole, filter on ``item.meta["episode_truncated"]``);
 - :data:`drop_parse_errors`: the step's reply was rejected by the parser (env not called);
 - :data:`drop_incomplete_completions`: the completion was cut at ``max_tokens``
   (``finish_reason == "length"``).
@@ -158,11 +160,13 @@ def apply_filter(items: Sequence[SAWItem], sample_filter: SampleFilter) -> list[
 
 
 def sample_meta(rollout: Rollout, step: Step) -> dict[str, Any]:
-    """Flags of one step that the shipped filters read, for ``item.meta``.
+    """Flags of one step that the shipped filters read, for ``item.meta`` (Ludic's keys).
 
-    ``truncated``: the episode ended truncated (its last step is truncated and not
-    terminated); ``step_truncated``: this step itself is; ``parse_error``: the reply was
-    rejected; ``incomplete_completion`` / ``finish_reason``: cut at ``max_tokens``.
+    ``truncated`` / ``terminated``: this step's own flags; ``episode_truncated``: the episode
+    ended truncated (its last step is truncated and not terminated) and ``truncation_reason``
+    why (``"max_steps"``, ``"agent_inactive"``, ... from the step's info, else ``"env"``;
+    ``None`` when it did not); ``step_truncated``: an alias of ``truncated``; ``parse_error``:
+    the reply was rejected; ``incomplete_completion`` / ``finish_reason``: cut at ``max_tokens``.
     """
     last = rollout.steps[-1] if rollout.steps else step
     finish = step.trace.finish_reason if step.trace is not None else None
@@ -170,8 +174,13 @@ def sample_meta(rollout: Rollout, step: Step) -> dict[str, Any]:
     agent = info.get("agent")
     agent_info = agent if isinstance(agent, Mapping) else {}
     finish = finish or agent_info.get("finish_reason")
+    episode_truncated = bool(last.truncated and not last.terminated)
+    reason = (last.info or {}).get("truncation_reason", "env") if episode_truncated else None
     return {
-        "truncated": bool(last.truncated and not last.terminated),
+        "truncated": bool(step.truncated),
+        "terminated": bool(step.terminated),
+        "episode_truncated": episode_truncated,
+        "truncation_reason": reason,
         "step_truncated": bool(step.truncated),
         "parse_error": bool(info.get("parse_error", False)),
         "incomplete_completion": bool(info.get("incomplete_completion", False)) or finish == "length",
@@ -209,7 +218,8 @@ def _drop_incomplete_completions(item: SAWItem) -> bool:
 keep_all = ItemFilter(_keep_all, "keep_all")
 """Keeps every item."""
 drop_truncated = ItemFilter(_drop_truncated, "drop_truncated")
-"""Drops items of episodes that ended by truncation (``item.meta["truncated"]``)."""
+"""Drops the items of truncated steps (``item.meta["truncated"]``: the step's own flag); the
+episode's earlier steps stay. Whole truncated episodes: ``item.meta["episode_truncated"]``."""
 drop_parse_errors = ItemFilter(_drop_parse_errors, "drop_parse_errors")
 """Drops items whose reply the parser rejected (``item.meta["parse_error"]``)."""
 drop_incomplete_completions = ItemFilter(_drop_incomplete_completions, "drop_incomplete_completions")
