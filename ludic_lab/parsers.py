@@ -76,7 +76,7 @@ def xml_parser(
     *,
     exact: bool = False,
     kind: Literal["inner", "remainder_after_prefix"] = "inner",
-    success_reward: float = 0.0,
+    success_reward: float = 0.1,
     error_reward: float = -1.0,
 ) -> Parser:
     """Make a parser for the ``<tag>...</tag>`` contract (tag names match case-insensitively).
@@ -134,7 +134,7 @@ def xml_tag_parser(
     tag: str,
     *,
     exact: bool = False,
-    success_reward: float = 0.0,
+    success_reward: float = 0.1,
     error_reward: float = -1.0,
 ) -> Parser:
     """Make a parser returning the stripped text inside the last ``<tag>...</tag>`` block.
@@ -168,11 +168,11 @@ def _prefix_parser(tag: str, *, success_reward: float, error_reward: float) -> P
 
 
 @overload
-def think_prefix_parser(raw: str, *, success_reward: float = 0.0, error_reward: float = -1.0) -> ParseResult: ...
+def think_prefix_parser(raw: str, *, success_reward: float = 0.1, error_reward: float = -1.0) -> ParseResult: ...
 @overload
-def think_prefix_parser(raw: None = None, *, success_reward: float = 0.0, error_reward: float = -1.0) -> Parser: ...
+def think_prefix_parser(raw: None = None, *, success_reward: float = 0.1, error_reward: float = -1.0) -> Parser: ...
 def think_prefix_parser(
-    raw: str | None = None, *, success_reward: float = 0.0, error_reward: float = -1.0
+    raw: str | None = None, *, success_reward: float = 0.1, error_reward: float = -1.0
 ) -> ParseResult | Parser:
     """Require a ``<think>...</think>`` prefix; the action is the non-empty text after it.
 
@@ -232,11 +232,11 @@ def _boxed(raw: object, success_reward: float, error_reward: float) -> ParseResu
 
 
 @overload
-def boxed_parser(raw: str, *, success_reward: float = 0.0, error_reward: float = -1.0) -> ParseResult: ...
+def boxed_parser(raw: str, *, success_reward: float = 0.1, error_reward: float = -1.0) -> ParseResult: ...
 @overload
-def boxed_parser(raw: None = None, *, success_reward: float = 0.0, error_reward: float = -1.0) -> Parser: ...
+def boxed_parser(raw: None = None, *, success_reward: float = 0.1, error_reward: float = -1.0) -> Parser: ...
 def boxed_parser(
-    raw: str | None = None, *, success_reward: float = 0.0, error_reward: float = -1.0
+    raw: str | None = None, *, success_reward: float = 0.1, error_reward: float = -1.0
 ) -> ParseResult | Parser:
     """Require a final answer in ``\\boxed{...}``; the action is the last box's stripped content.
 
