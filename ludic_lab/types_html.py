@@ -80,6 +80,8 @@ def _step_html(r: Rollout, s: Step, weights: Weights | None, tok: Any, scale: fl
     tail = f"<div class='ll-head'>parsed: {parsed}"
     if s.next_obs is not None:
         tail += f" · next obs: <span class='ll-msg' style='display:inline'>{html.escape(s.next_obs)}</span>"
+    elif isinstance(s.info.get("final_obs"), str):  # the episode ended here: next_obs is None
+        tail += f" · final obs: <span class='ll-msg' style='display:inline'>{html.escape(s.info['final_obs'])}</span>"
     return head + body + tail + "</div>"
 
 

@@ -120,6 +120,15 @@ async def test_max_steps_truncates_last_step(tpl):
     assert not r.steps[-1].terminated
     assert r.steps[-1].info["max_steps_reached"] is True and r.steps[-1].info["truncation_reason"] == "max_steps"
     assert "max_steps_reached" not in r.steps[0].info and r.meta["end"] == "max_steps"
+    # as in Ludic: the step that ends the episode has no next observation (kept in info)
+    assert r.steps[-1].next_obs is None and r.steps[-1].info["final_obs"] == "try again (3)"
+    assert r.steps[0].next_obs == "try again (1)" and "final_obs" not in r.steps[0].info
+
+
+async def test_terminal_step_has_no_next_obs(tpl):
+    [r] = await single(["guess", "win"], tpl).run(env=CountingEnv(), max_steps=5)
+    assert r.steps[0].next_obs == "try again (1)" and r.steps[-1].terminated
+    assert r.steps[-1].next_obs is None and isinstance(r.steps[-1].info["final_obs"], str)
 
 
 async def test_max_steps_on_a_parse_error_step(tpl):
@@ -284,7 +293,7 @@ async def test_turn_game_terminal_reward_reaches_the_non_mover(tpl):
     assert [s.index for s in ra.steps] == [0, 1] and [s.index for s in rb.steps] == [0]
     assert ra.steps[-1].terminated and ra.steps[-1].reward == pytest.approx(1.1)
     lost = rb.steps[-1]
-    assert lost.terminated and lost.next_obs == "you lost"
+    assert lost.terminated and lost.next_obs is None and lost.info["final_obs"] == "you lost"
     assert lost.env_reward == pytest.approx(-1.0) and lost.reward == pytest.approx(-0.9)
     assert lost.info["delivered"][-1]["reward"] == -1.0 and lost.info["delivered"][-1]["info"] == {"winner": "A"}
     assert ra.meta["episode_id"] == rb.meta["episode_id"] and ra.env_seed == rb.env_seed == 4
@@ -400,7 +409,8 @@ def test_trace_collector_indexes_delivers_and_extracts():
     assert c.add("A", s).index == 0 and c.add("A", s).index == 1
     assert c.deliver("A", StepOutcome(obs="end", reward=2.0, truncated=False, terminated=True))
     last = c.last("A")
-    assert last.reward == 2.5 and last.env_reward == 2.0 and last.terminated and last.next_obs == "end"
+    assert last.reward == 2.5 and last.env_reward == 2.0 and last.terminated and last.next_obs is None
+    assert last.info["final_obs"] == "end"  # the episode ended: Ludic's next_obs None, the obs kept in info
     assert not c.deliver("B", StepOutcome(obs="end", reward=-1.0, truncated=False, terminated=True))
     [ra] = c.rollouts(env_seed=3)
     assert ra.agent_id == "A" and ra.meta["episode_id"] == "e" and ra.meta["unattached_rewards"] == {"B": -1.0}

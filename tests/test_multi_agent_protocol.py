@@ -105,7 +105,8 @@ async def test_rejected_reply_keeps_its_feedback_and_the_rounds_outcome_follows_
     # A's context got the feedback, then the round's news, before its second reply
     msgs = agents["A"].client.requests[1].messages
     assert [m["content"] for m in msgs[-3:]] == ["bad", FEEDBACK, "round 1: B=b1"]
-    assert [s.next_obs for s in rb.steps] == ["round 1: B=b1", "you lost"]
+    assert [s.next_obs for s in rb.steps] == ["round 1: B=b1", None]  # the episode ended: no next obs
+    assert rb.steps[-1].info["final_obs"] == "you lost"
     json.dumps(ra.to_dict())
 
 
@@ -114,7 +115,8 @@ async def test_a_terminal_outcome_after_a_rejected_reply_is_its_own_step():
     ra, rb = await MultiAgentProtocol(agents).run(env=DuelEnv(), max_steps=4)
     rejected, lost = ra.steps
     assert rejected.next_obs == FEEDBACK and rejected.reward == -0.5 and not rejected.done
-    assert lost.info["observation_only"] and lost.terminated and lost.next_obs == "you lost"
+    assert lost.info["observation_only"] and lost.terminated and lost.next_obs is None
+    assert lost.info["final_obs"] == "you lost"
     assert lost.reward == lost.env_reward == -1.0 and lost.format_reward == 0.0
     assert ra.total_reward == -1.5  # the loss still counts for A's credit
     assert rb.steps[-1].terminated and rb.total_reward == 1.0
@@ -167,7 +169,8 @@ async def test_simultaneous_env_gets_only_the_agents_actions_and_moves_its_bot_i
     env = DuelEnv(bots={"B": lambda r: "win" if r == 2 else f"bot{r}"})
     [ra] = await MultiAgentProtocol({"A": agent(["a0", "a1", "a2"])}).run(env=env, max_steps=5)
     assert env.received == [{"A": "a0"}, {"A": "a1"}, {"A": "a2"}]
-    assert [s.next_obs for s in ra.steps] == ["round 1: A=a0, B=bot0", "round 2: A=a1, B=bot1", "you lost"]
+    assert [s.next_obs for s in ra.steps] == ["round 1: A=a0, B=bot0", "round 2: A=a1, B=bot1", None]
+    assert ra.steps[-1].info["final_obs"] == "you lost"
 
 
 async def test_a_rejected_reply_against_a_bot_does_not_step_the_env():
@@ -250,7 +253,8 @@ def test_trace_collector_never_folds_into_a_rejected_step():
     rejected, seen = c.steps("A")
     assert rejected.next_obs == FEEDBACK and rejected.reward == -0.5 and not rejected.done
     # a second outcome folds into the observation step, as into any step the agent did not act in since
-    assert seen.index == 1 and seen.prev_obs == FEEDBACK and seen.next_obs == "you lost" and seen.terminated
+    assert seen.index == 1 and seen.prev_obs == FEEDBACK and seen.next_obs is None and seen.terminated
+    assert seen.info["final_obs"] == "you lost"
     assert seen.reward == -1.0 and [d["obs"] for d in seen.info["delivered"]] == ["B moved", "you lost"]
 
 
@@ -272,4 +276,4 @@ async def test_env_driven_agents_may_be_a_plain_attribute():
             self.env_driven_agents = ["B"]
 
     [ra] = await MultiAgentProtocol({"A": agent(["a0"])}).run(env=Plain(), max_steps=2)
-    assert ra.steps[-1].next_obs == "you lost"
+    assert ra.steps[-1].next_obs is None and ra.steps[-1].info["final_obs"] == "you lost"

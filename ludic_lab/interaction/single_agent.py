@@ -7,7 +7,10 @@ agent's context; otherwise ``env.step({agent_id: action})`` runs and the step's 
 env reward + parser (format) reward. A reply cut at ``max_tokens`` (``finish_reason ==
 "length"``) is marked ``info["incomplete_completion"] = True`` on its step (else False).
 Hitting ``max_steps`` without a terminal outcome marks the last step ``truncated`` with
-``info["max_steps_reached"] = True``.
+``info["max_steps_reached"] = True``. As in Ludic, a step that ends the episode (terminated,
+truncated by the env or at ``max_steps``) has ``next_obs = None``: nothing follows it. The
+env's last observation stays readable in ``info["final_obs"]``; a parse-error step keeps its
+feedback as ``next_obs``.
 
 Failures are never swallowed: any exception from the env, the agent or its client is
 re-raised as :class:`EpisodeError`, which carries the partial rollout(s) — the steps so far,
@@ -33,7 +36,14 @@ from ludic_lab.types import Info, Rollout, Step, StepOutcome
 PARSE_ERROR_FEEDBACK = "Invalid action: your reply could not be parsed. Answer in the required format."
 """Observation fed back after a parse failure when the parser gives no feedback of its own."""
 
-RESERVED_INFO_KEYS = ("parse_error", "incomplete_completion", "agent", "max_steps_reached", "truncation_reason")
+RESERVED_INFO_KEYS = (
+    "parse_error",
+    "incomplete_completion",
+    "agent",
+    "max_steps_reached",
+    "truncation_reason",
+    "final_obs",
+)
 """Step-info keys the protocols own; an env's own value for one is kept as ``env_<key>``."""
 
 
@@ -150,14 +160,17 @@ def parse_error_step(index: int, prev_obs: str, act: ActResult, *, terminated: b
 
 
 def env_step(index: int, prev_obs: str, act: ActResult, outcome: StepOutcome) -> Step:
-    """The step of a parsed action the env answered: reward = env reward + parser reward."""
+    """The step of a parsed action the env answered: reward = env reward + parser reward;
+    ``next_obs`` is ``None`` when the outcome ends the episode (the obs is in ``info["final_obs"]``)."""
     pr = act.parse_result
+    done = bool(outcome.terminated or outcome.truncated)
+    final = {"final_obs": outcome.obs} if done else {}
     return Step(
         index=index,
         prev_obs=prev_obs,
         action=act.text,
         parsed_action=pr.action,
-        next_obs=outcome.obs,
+        next_obs=None if done else outcome.obs,
         reward=float(outcome.reward) + float(pr.reward),
         truncated=bool(outcome.truncated),
         terminated=bool(outcome.terminated),
@@ -166,6 +179,7 @@ def env_step(index: int, prev_obs: str, act: ActResult, outcome: StepOutcome) ->
             parse_error=False,
             incomplete_completion=incomplete_completion(act),
             agent=act.info,
+            **final,
         ),
         trace=act.trace,
         env_reward=float(outcome.reward),
@@ -174,11 +188,15 @@ def env_step(index: int, prev_obs: str, act: ActResult, outcome: StepOutcome) ->
 
 
 def mark_truncated(step: Step, reason: str) -> Step:
-    """``step`` with ``truncated=True`` and the reason in its info."""
+    """``step`` with ``truncated=True`` and the reason in its info; the episode ends there, so
+    ``next_obs`` becomes ``None`` (kept in ``info["final_obs"]``), except on a parse-error
+    step, which keeps its feedback (as in Ludic)."""
     info = {**step.info, "truncation_reason": reason}
     if reason == "max_steps":
         info["max_steps_reached"] = True
-    return replace(step, truncated=True, info=info)
+    if step.info.get("parse_error") or step.next_obs is None:
+        return replace(step, truncated=True, info=info)
+    return replace(step, truncated=True, next_obs=None, info={**info, "final_obs": step.next_obs})
 
 
 def error_text(phase: str, exc: BaseException) -> str:

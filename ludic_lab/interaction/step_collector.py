@@ -19,18 +19,21 @@ def observation_step(after: Step, outcome: StepOutcome, record: Mapping[str, Any
     """The step recording an env outcome an agent received right after a rejected reply.
 
     No action, no token trace (nothing to train on); ``prev_obs`` is what the agent saw last
-    (the parser's feedback), the rest is the env's outcome (all of its reward is env reward).
+    (the parser's feedback), the rest is the env's outcome (all of its reward is env reward);
+    ``next_obs`` is ``None`` when the outcome ends the episode (``info["final_obs"]`` keeps it).
     """
+    done = bool(outcome.terminated or outcome.truncated)
+    final = {"final_obs": outcome.obs} if done else {}
     return Step(
         index=after.index + 1,
         prev_obs=after.next_obs if after.next_obs is not None else after.prev_obs,
         action="",
         parsed_action=None,
-        next_obs=outcome.obs,
+        next_obs=None if done else outcome.obs,
         reward=float(outcome.reward),
         truncated=bool(outcome.truncated),
         terminated=bool(outcome.terminated),
-        info={"observation_only": True, "parse_error": False, "delivered": [dict(record)]},
+        info={"observation_only": True, "parse_error": False, "delivered": [dict(record)], **final},
         trace=None,
         env_reward=float(outcome.reward),
         format_reward=0.0,
@@ -97,6 +100,8 @@ class TraceCollector:
         if last.info.get("parse_error"):
             self.add(agent_id, observation_step(last, outcome, record))
             return True
+        done = bool(outcome.terminated or outcome.truncated)
+        final = {"final_obs": outcome.obs} if done else {}
         self.replace_last(
             agent_id,
             replace(
@@ -105,8 +110,8 @@ class TraceCollector:
                 env_reward=last.env_reward + float(outcome.reward),
                 terminated=last.terminated or bool(outcome.terminated),
                 truncated=last.truncated or bool(outcome.truncated),
-                next_obs=outcome.obs,
-                info={**last.info, "delivered": [*last.info.get("delivered", []), record]},
+                next_obs=None if done else outcome.obs,
+                info={**last.info, "delivered": [*last.info.get("delivered", []), record], **final},
             ),
         )
         return True
