@@ -64,7 +64,8 @@ class RolloutBatchSource:
     ``max_steps`` is the turn limit for requests without their own; ``concurrency``
     overrides the engine's. ``filter_fn`` drops whole rollouts, ``sample_filter`` single
     items (see :mod:`ludic_lab.training.filters`). After each call ``last_rollouts`` holds every rollout generated
-    for that batch (failed ones included) and ``last_stats`` its ``meta``.
+    for that batch (failed ones included), ``last_weights`` the credit assigner's weights of their steps
+    (``{(rollout_id, step_index): weight}``) and ``last_stats`` its ``meta``.
     """
 
     def __init__(
@@ -109,6 +110,7 @@ class RolloutBatchSource:
         self.merge_turns = merge_turns
         self.progress = progress
         self.last_rollouts: list[Rollout] = []
+        self.last_weights: dict[tuple[str, int], float] = {}
         self.last_stats: dict[str, Any] = {}
         self.batches_served = 0
 
@@ -132,6 +134,7 @@ class RolloutBatchSource:
         Raises :class:`EmptyBatchError` (with ``reasons`` and ``stats``) when still short.
         """
         rollouts: list[Rollout] = []
+        all_weights: dict[tuple[str, int], float] = {}
         items: list[SAWItem] = []
         skipped: Counter[str] = Counter()
         credit: Counter[str] = Counter()
@@ -149,6 +152,7 @@ class RolloutBatchSource:
             gen_s += t1 - t0
             rollouts.extend(new)
             weights = self.credit_assigner.compute(new)
+            all_weights.update(weights)
             stats = getattr(self.credit_assigner, "last_stats", None)
             if stats is not None and hasattr(stats, "as_dict"):
                 credit.update({k: v for k, v in stats.as_dict().items() if isinstance(v, int)})
@@ -182,6 +186,7 @@ class RolloutBatchSource:
             "source": "rollouts",
         }
         self.last_rollouts = rollouts
+        self.last_weights = all_weights
         self.last_stats = meta
         if len(items) < self.min_items:
             reasons = {k: v for k, v in skipped.items() if v}

@@ -31,6 +31,9 @@ from typing import Any
 from ludic_lab.training.batching.base import BatchSource
 from ludic_lab.training.saw import SAWBatch
 
+_PER_BATCH = ("last_rollouts", "last_weights", "last_stats")
+"""Attributes a source records per batch (read through as of the batch last returned)."""
+
 
 class SampleAheadSource:
     """Wraps ``source``: ``next_batch()`` returns the batch pulled ahead and pulls the next.
@@ -67,7 +70,7 @@ class SampleAheadSource:
     async def _pull(self) -> tuple[SAWBatch, dict[str, Any]]:
         batch = await self.source.next_batch()
         # what the source recorded about this batch, read before the next pull replaces it
-        seen = {k: getattr(self.source, k) for k in ("last_rollouts", "last_stats") if hasattr(self.source, k)}
+        seen = {k: getattr(self.source, k) for k in _PER_BATCH if hasattr(self.source, k)}
         return batch, seen
 
     def in_flight(self) -> bool:
