@@ -2,6 +2,8 @@
 
 Plain functions over :class:`~ludic_lab.types.Rollout` and metric dicts; matplotlib is
 imported inside the plotting function, so importing this module costs nothing.
+:func:`format_number` and :func:`format_metrics` give the short forms of numbers and metric
+dicts that the reports and the demos' terminal lines print.
 """
 
 from __future__ import annotations
@@ -12,7 +14,19 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ludic_lab.types import Rollout
+from ludic_lab.types import Rollout, Step
+
+Weights = Mapping[tuple[str, int], float]
+
+POS_RGB = (46, 160, 67)
+"""Colour of the largest positive weight (green: the step was made more likely)."""
+NEG_RGB = (214, 39, 40)
+"""Colour of the largest negative weight (red: the step was made less likely)."""
+ZERO_RGB = (200, 200, 200)
+"""Colour of a zero weight (grey: no learning signal from that step)."""
+MIN_TINT, MAX_TINT, ROW_TINT = 0.2, 0.75, 0.3
+"""Tint of a weight's colour over white: from ``MIN_TINT`` (the smallest non-zero ``|w|``
+stays visible) to ``MAX_TINT`` (the batch's largest); a row gets ``ROW_TINT`` of its cell's."""
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:1.5em;color:#222}
@@ -20,74 +34,260 @@ table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{border:1px solid #ddd;padding:4px 6px;vertical-align:top;text-align:left}
 th{background:#f4f4f4;position:sticky;top:0}
 td.txt{white-space:pre-wrap;font-family:ui-monospace,Menlo,monospace;max-width:48em}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.grp td{border-top:2px solid #888}
-.pos{background:#e6f4e6}.neg{background:#fbe9e9}.err{color:#b00}
+.err{color:#b00}.dim{color:#777;font-style:italic}
+.ctx{color:#888;font-style:italic}
+.meta{color:#444;margin:.2em 0 .8em 0}
+.legend{margin:.4em 0 1em 0;font-size:12.5px}
+.legend span.sw{display:inline-block;padding:1px 7px;margin-right:2px;border-radius:2px;
+  font-family:ui-monospace,monospace}
+table.summary{width:auto;margin-bottom:1em}
+ul.kv{margin:0;padding-left:1.1em}
 """
 
 
-def _fmt(x: Any) -> str:
-    if isinstance(x, float):
-        return "nan" if math.isnan(x) else f"{x:+.3f}"
-    return html.escape(str(x))
+# -- numbers and dicts ---------------------------------------------------------------------
+def format_number(x: Any, digits: int = 3) -> str:
+    """``x`` short: floats to ``digits`` significant digits (``0.123``, ``12.3``, ``1235``),
+    ints and everything else as ``str``; ``nan`` / ``inf`` spelt out."""
+    if isinstance(x, bool) or not isinstance(x, float):
+        return str(x)
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    if abs(x) < 10**-(digits):
+        return f"{x:.{max(0, digits - 1)}e}"
+    s = f"{x:.{digits}g}"
+    return f"{x:.0f}" if "e" in s else s
+
+
+def _key(k: Any) -> str:
+    return str(k).replace("_", " ")
+
+
+def format_metrics(d: Mapping[str, Any] | Any, digits: int = 3) -> str:
+    """A metric dict as one readable line: ``greedy accuracy 0.15, pass@4 0.312``; nested
+    dicts as ``greedy: accuracy 0.25, tool call rate 0.5; sampled: ...``; numbers by
+    :func:`format_number`."""
+    if isinstance(d, Mapping):
+        nested = any(isinstance(v, Mapping) for v in d.values())
+        sep = "; " if nested else ", "
+        return sep.join(
+            f"{_key(k)}{':' if isinstance(v, Mapping) else ''} {format_metrics(v, digits)}" for k, v in d.items()
+        )
+    if isinstance(d, (list, tuple)):
+        return ", ".join(format_metrics(v, digits) for v in d)
+    return format_number(d, digits)
+
+
+def _value_html(v: Any) -> str:
+    """A summary value: nested dicts as ``key value`` lists, numbers short, text escaped."""
+    if isinstance(v, Mapping):
+        items = "".join(
+            f"<li>{html.escape(_key(k))} "
+            + (_value_html(x) if isinstance(x, Mapping) else f"<b>{html.escape(format_metrics(x))}</b>")
+            + "</li>"
+            for k, x in v.items()
+        )
+        return f"<ul class='kv'>{items}</ul>"
+    return html.escape(format_metrics(v))
+
+
+# -- weight colours ------------------------------------------------------------------------
+def weight_rgb(w: float, scale: float, strength: float = 1.0) -> tuple[int, int, int]:
+    """Background of a step with weight ``w`` when the batch's largest ``|w|`` is ``scale``:
+    green (``w > 0``), red (``w < 0``), grey (``w == 0``), deeper the larger ``|w|``;
+    ``strength`` < 1 lightens it (rows)."""
+    if w == 0 or not math.isfinite(w):
+        rgb, t = ZERO_RGB, MAX_TINT
+    else:
+        rgb = POS_RGB if w > 0 else NEG_RGB
+        t = MIN_TINT + (MAX_TINT - MIN_TINT) * min(1.0, abs(w) / scale if scale > 0 else 1.0)
+    t *= strength
+    r, g, b = (round(255 + (c - 255) * t) for c in rgb)
+    return r, g, b
+
+
+def _bg(w: float, scale: float, strength: float = 1.0) -> str:
+    return "background:rgb({}, {}, {})".format(*weight_rgb(w, scale, strength))
+
+
+def _sign(w: float) -> str:
+    return "pos" if w > 0 else "neg" if w < 0 else "zero"
+
+
+def legend_html(scale: float) -> str:
+    """The colour key of the weights, for a batch whose largest ``|w|`` is ``scale``."""
+    marks = [-scale, -scale / 2, 0.0, scale / 2, scale] if scale > 0 else [0.0]
+    sw = "".join(f"<span class='sw' style='{_bg(w, scale)}'>{_signed(w)}</span>" for w in marks)
+    if scale == 0:
+        sw += " <b>every weight of this batch is 0</b>: each group's samples scored alike, so this step changed nothing"
+    return (
+        f"<div class='legend'><b>weight</b> (the credit the loss gave each step; every token the model "
+        f"sampled in it gets this weight) {sw}<br>"
+        "<b style='color:rgb(46,160,67)'>green</b>: made more likely · "
+        "<b style='color:rgb(214,39,40)'>red</b>: made less likely · <b style='color:#888'>grey</b>: zero, "
+        "no signal (e.g. every sample of the question scored the same) · deeper colour = larger |weight| · "
+        "<span class='ctx'>grey italic text</span> in a completion: tool results and template tokens the model "
+        "did not write (context, not trained)</div>"
+    )
+
+
+def _signed(w: float | None) -> str:
+    if w is None:
+        return ""
+    s = format_number(float(w))
+    return s if s.startswith("-") or s in ("0", "nan") else "+" + s
+
+
+# -- the table -----------------------------------------------------------------------------
+def _completion_html(s: Step, w: float | None, scale: float, tok: Any) -> str:
+    """The step's completion: with a tokenizer and a token trace, every token the trainer
+    sees (sampled runs tinted by ``w``, inserted tool results grey italic); else the text."""
+    style = "" if w is None else f" style='{_bg(w, scale)}'"
+    tr = s.trace
+    if tok is None or tr is None or not tr.completion_token_ids:
+        text = f"<span class='act'{style}>{html.escape(s.action)}</span>"
+    else:
+        runs: list[tuple[int, list[int]]] = []
+        for tid, m in zip(tr.completion_token_ids, tr.sampled_mask, strict=False):
+            if runs and runs[-1][0] == m:
+                runs[-1][1].append(tid)
+            else:
+                runs.append((m, [tid]))
+        parts = []
+        for m, ids in runs:
+            piece = html.escape(_decode(tok, ids))
+            if m:
+                parts.append(f"<span class='act'{style}>{piece}</span>")
+            else:
+                parts.append(f"<span class='ctx' title='context the model did not write: not trained'>{piece}</span>")
+        text = "".join(parts)
+    agent = s.info.get("agent")
+    tools = agent.get("tools") if isinstance(agent, dict) else None
+    if isinstance(tools, dict) and tools.get("calls"):
+        failed = f", {tools.get('failed', 0)} failed" if tools.get("failed") else ""
+        text += f"<div class='dim'>{tools['calls']} tool call(s){failed}</div>"
+    return text
+
+
+def _decode(tok: Any, ids: list[int]) -> str:
+    """``ids`` as text, special tokens (the chat template's glue around tool results) kept."""
+    inner = getattr(tok, "tokenizer", None)  # a ChatTemplate's decode skips special tokens
+    tok = inner if callable(getattr(inner, "decode", None)) else tok
+    try:
+        return str(tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+    except TypeError:  # tokenizers without these keywords
+        return str(tok.decode(ids))
+
+
+def _parsed_html(s: Step) -> str:
+    """What the parser sent to the env (not the completion again), or why it sent nothing."""
+    if s.info.get("observation_only"):
+        return "<span class='dim'>(no action)</span>"
+    if s.parsed_action is None:
+        why = (s.next_obs or "")[:200]
+        return "<span class='err'>parse error</span>" + (f": {html.escape(why)}" if why else "")
+    parsed = str(s.parsed_action)
+    if parsed in (s.action, s.action.strip()):
+        return (
+            "<span class='dim' title='the parser sent the whole reply, stripped, to the env'>(the whole reply)</span>"
+        )
+    return html.escape(parsed) if parsed.strip() else "<span class='dim'>(empty)</span>"
+
+
+def _num(x: Any) -> str:
+    return f"<td class='num'>{html.escape(format_number(x))}</td>"
 
 
 def rollouts_html(
     rollouts: Sequence[Rollout],
     *,
     title: str = "rollouts",
-    weights: Mapping[tuple[str, int], float] | None = None,
+    weights: Weights | None = None,
     summary: Mapping[str, Any] | None = None,
+    training_step: int | None = None,
+    tokenizer: Any = None,
 ) -> str:
     """A self-contained HTML page: one row per step, grouped by ``group_id``, with the
-    observation, the completion, parse/env/format rewards and (if given) the step's weight."""
-    rows = []
+    observation, the completion, the parsed action (or the parse error), the target, the
+    rewards and, given ``weights`` (a credit assigner's ``{(rollout_id, step_index): weight}``),
+    each step's weight, rows and sampled tokens coloured by it (legend on the page).
+
+    ``training_step`` goes in the header; the turn column shows only when some episode has
+    more than one step. ``tokenizer`` (or a model path / client) shows the completion's tokens
+    as the trainer sees them, tool results included; ``summary`` values (dicts too) are
+    formatted short."""
+    tok = None
+    if tokenizer is not None:
+        from ludic_lab.token_html import resolve_tokenizer
+
+        tok = resolve_tokenizer(tokenizer)
     ordered = sorted(rollouts, key=lambda r: (str(r.group_id), r.sampling_seed or 0))
-    last_group = object()
+    multi_turn = any(len(r.steps or ()) > 1 for r in ordered)
+    ws = [float(w) for w in (weights or {}).values() if math.isfinite(float(w))]
+    scale = max((abs(w) for w in ws), default=0.0)
+    ncol = 9 + multi_turn
+    rows = []
+    last_group: Any = object()
     for r in ordered:
         for s in r.steps or ():
-            w = weights.get((r.id, s.index)) if weights else None
-            cls = "grp" if r.group_id != last_group else ""
+            w = None if weights is None else weights.get((r.id, s.index))
+            w = None if w is None else float(w)
+            cls = ["grp"] if r.group_id != last_group else []
             last_group = r.group_id
-            shade = "" if w is None or w == 0 else (" pos" if w > 0 else " neg")
+            attrs = ""
+            if w is not None:
+                cls.append(f"w-{_sign(w)}")
+                attrs = f" data-weight='{w!r}' style='{_bg(w, scale, ROW_TINT)}'"
+            wcell = (
+                "<td class='num'>-</td>"
+                if w is None
+                else f"<td class='num' style='{_bg(w, scale)}'><b>{_signed(w)}</b></td>"
+            )
             rows.append(
-                f"<tr class='{cls}'><td>{_fmt((r.group_id or '')[:8])}</td><td>{s.index}</td>"
-                f"<td class='txt'>{html.escape(s.prev_obs)}</td><td class='txt'>{html.escape(s.action)}</td>"
-                f"<td>{_fmt(s.parsed_action) if s.parsed_action is not None else '<i>parse error</i>'}</td>"
-                f"<td>{_fmt(s.env_reward)}</td><td>{_fmt(s.format_reward)}</td><td>{_fmt(s.reward)}</td>"
-                f"<td class='{shade.strip()}'>{'' if w is None else _fmt(float(w))}</td>"
-                f"<td>{_fmt(s.info.get('target', ''))}</td></tr>"
+                f"<tr class='{' '.join(cls)}'{attrs}><td>{html.escape(str(r.group_id or '')[:8])}</td>"
+                + (f"<td class='num'>{s.index}</td>" if multi_turn else "")
+                + f"<td class='txt'>{html.escape(s.prev_obs)}</td>"
+                f"<td class='txt'>{_completion_html(s, w, scale, tok)}</td>"
+                f"<td class='txt parsed'>{_parsed_html(s)}</td>"
+                f"<td>{html.escape(str(s.info.get('target', '')))}</td>"
+                f"{_num(s.env_reward)}{_num(s.format_reward)}{_num(s.reward)}{wcell}</tr>"
             )
         if r.error:
-            rows.append(
-                f"<tr><td colspan='10' class='err'>rollout {html.escape(r.id)} failed: {html.escape(r.error)}</td></tr>"
-            )
-    summ = ""
-    if summary:
-        summ = (
-            "<table style='width:auto;margin-bottom:1em'>"
-            + "".join(f"<tr><th>{html.escape(str(k))}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
-            + "</table>"
-        )
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in (
-            "group",
-            "step",
-            "observation",
-            "completion",
-            "parsed",
-            "env r",
-            "format r",
-            "reward",
-            "weight",
-            "target",
-        )
-    )
+            err = f"rollout {html.escape(r.id)} failed: {html.escape(r.error)}"
+            rows.append(f"<tr><td colspan='{ncol}' class='err'>{err}</td></tr>")
+    cols = ["group", *(["turn"] if multi_turn else []), "observation", "completion", "parsed action", "target",
+            "env r", "format r", "reward", "weight"]  # fmt: skip
+    head = "".join(f"<th>{h}</th>" for h in cols)
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{_CSS}</style></head><body><h2>{html.escape(title)}</h2>{summ}"
+        f"<style>{_CSS}</style></head><body><h2>{html.escape(title)}</h2>"
+        f"{_meta_html(ordered, training_step)}{'' if weights is None else legend_html(scale)}{_summary_html(summary)}"
         f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></body></html>"
     )
+
+
+def _meta_html(rollouts: Sequence[Rollout], training_step: int | None) -> str:
+    groups = {r.group_id if r.group_id is not None else r.id for r in rollouts}
+    rewards = [r.total_reward for r in rollouts if not r.failed]
+    versions = sorted({r.policy_version for r in rollouts if r.policy_version is not None})
+    parts = [] if training_step is None else [f"<b>training step {training_step}</b>"]
+    parts.append(f"{len(rollouts)} rollout(s) in {len(groups)} group(s)")
+    if rewards:
+        parts.append(f"mean reward {format_number(sum(rewards) / len(rewards))}")
+    if versions:
+        parts.append("sampled by policy version " + ", ".join(str(v) for v in versions))
+    return f"<div class='meta'>{' · '.join(parts)}</div>"
+
+
+def _summary_html(summary: Mapping[str, Any] | None) -> str:
+    if not summary:
+        return ""
+    body = "".join(f"<tr><th>{html.escape(_key(k))}</th><td>{_value_html(v)}</td></tr>" for k, v in summary.items())
+    return f"<table class='summary'>{body}</table>"
 
 
 def write_rollouts_html(path: str | os.PathLike, rollouts: Sequence[Rollout], **kw: Any) -> str:
