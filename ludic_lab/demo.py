@@ -26,10 +26,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ludic_lab.agents import Agent
 from ludic_lab.config import choices_field, pass_down, sub_config
-from ludic_lab.context import FullDialog
 from ludic_lab.data import capital_verifier, load_capitals
+from ludic_lab.demos.capitals import capital_parser, capitals_engine
 from ludic_lab.demos.preflight import (
     VLLM_MAX_MODEL_LEN,
     build_algorithm,
@@ -41,11 +40,8 @@ from ludic_lab.demos.preflight import (
     check_packages,
     needs_groups,
 )
-from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.interaction import SingleAgentSyncProtocol
-from ludic_lab.parsers import identity_parser
-from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutRequest
 from ludic_lab.training.algorithm import PRESETS
 from ludic_lab.training.config import TrainerConfig
 
@@ -163,21 +159,11 @@ class DemoConfig:
         check_lora_targets(cfg)
 
 
-def _engine(client: Any, rows: list[dict[str, Any]], verifier: Any) -> RolloutEngine:
-    def make_env() -> DatasetQAEnv:
-        return DatasetQAEnv(rows, verifier=verifier, system_prompt=SYSTEM_PROMPT)
-
-    def make_protocol() -> SingleAgentSyncProtocol:
-        return SingleAgentSyncProtocol(Agent(client, FullDialog(), identity_parser))
-
-    return RolloutEngine({"capitals": make_env}, {"single_agent": make_protocol}, max_concurrency=64)
-
-
 async def _evaluate(client: Any, rows: list[dict[str, Any]], cfg: DemoConfig, verifier: Any) -> dict[str, float]:
     from ludic_lab.eval import evaluate_qa
 
     kw: dict[str, Any] = dict(
-        parser=identity_parser,
+        parser=capital_parser(),
         verifier=verifier,
         env_kwargs={"system_prompt": SYSTEM_PROMPT},
         max_tokens=cfg.max_tokens,
@@ -278,7 +264,7 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     from rich.console import Console
     from transformers import AutoModelForCausalLM
 
-    from ludic_lab.reports import plot_metrics, write_rollouts_html
+    from ludic_lab.reports import format_metrics, plot_metrics, write_rollouts_html
     from ludic_lab.training import RolloutBatchSource, Trainer
     from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger
 
@@ -299,9 +285,9 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     verifier = capital_verifier()
     with console.status(f"evaluating on {len(test_rows)} held-out countries (before training)..."):
         before = await _evaluate(client, test_rows, cfg, verifier)
-    console.print(f"[bold]before[/bold]: {before}")
+    console.print(f"[bold]before[/bold]: {format_metrics(before)}")
 
-    engine = _engine(client, train_rows, verifier)
+    engine = capitals_engine(client, train_rows, verifier, SYSTEM_PROMPT)
     inference = InferenceSpec(
         SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training()
     )
@@ -359,7 +345,7 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
 
     with console.status("evaluating after training..."):
         after = await _evaluate(client, test_rows, cfg, verifier)
-    console.print(f"[bold]after[/bold]:  {after}")
+    console.print(f"[bold]after[/bold]:  {format_metrics(after)}")
 
     rewards = [h["reward_mean"] for h in history if isinstance(h.get("reward_mean"), float)]
     k = max(1, min(5, len(rewards) // 3))
@@ -385,12 +371,11 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
             f"eval after ({kind})": after[f"{kind}_accuracy"],
         },
     )
-    write_rollouts_html(
-        out / "rollouts.html",
-        source.last_rollouts,
-        title=f"last training batch (step {trainer.step})",
-        summary={"before": json.dumps(before), "after": json.dumps(after)},
-    )
+    write_rollouts_html(  # the rollouts and credit weights of the batch the last step trained on
+        out / "rollouts.html", source.last_rollouts, weights=source.last_weights, training_step=trainer.step,
+        tokenizer=model_path, title=f"{cfg.algo}: the last training batch",
+        summary={"held-out before": before, "held-out after": after},
+    )  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(
         f"reward (mean of first {k} steps -> last {k}): {summary['reward_first_steps']:.3f} -> "

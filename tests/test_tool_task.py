@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -149,6 +150,12 @@ def test_tool_demo_runs_on_tiny_model(tiny_model_dir: str, tmp_path: Path) -> No
     assert all("tools/tool_call_rate" in r and "tools/valid_call_rate" in r and "reward_mean" in r for r in rows)
     assert len((out / "control_metrics.jsonl").read_text().splitlines()) == 2
     assert summary["train_seconds"] > 0 and summary["control_train_seconds"] > 0
+    # rollouts.html: the tool run's last batch with the weights the trainer used, numbers short
+    page = (out / "rollouts.html").read_text(encoding="utf-8")
+    assert "<b>training step 2</b>" in page and "class='legend'" in page and page.count("data-weight=") == 4
+    summary_table = page[page.index("<table class='summary'>") : page.index("<table><thead>")]
+    assert "greedy:" not in summary_table and "{" not in summary_table and "accuracy <b>" in summary_table
+    assert not re.search(r"\d\.\d{7,}", re.sub(r"<[^>]*>", "", page))
 
 
 def test_the_old_import_path_re_exports_the_task() -> None:

@@ -74,8 +74,10 @@ async def _evaluate(
 
 
 def _line(d: dict[str, Any]) -> str:
-    return ", ".join(f"{kind}: acc {v['accuracy']:.2f} calls {v['tool_call_rate']:.2f} valid {v['valid_call_rate']:.2f}"
-                     for kind, v in d.items())  # fmt: skip
+    """``greedy: accuracy 0.25, tool call rate 0.5, ...; sampled: ...`` (numbers to 3 digits)."""
+    from ludic_lab.reports import format_metrics
+
+    return format_metrics(d)
 
 
 async def _train(
@@ -176,8 +178,11 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     with console.status("evaluating after training..."):
         after = await _evaluate(client, test_rows, cfg, use_tool=True, tag="after")
     console.print(f"[bold]after, with the tool[/bold]: {_line(after)}")
-    write_rollouts_html(out / "rollouts.html", source.last_rollouts, title="tool run: last training batch",
-                        summary={"before": json.dumps(before), "after": json.dumps(after)})  # fmt: skip
+    write_rollouts_html(  # the rollouts and credit weights of the batch the last step trained on
+        out / "rollouts.html", source.last_rollouts, weights=source.last_weights, tokenizer=model_path,
+        training_step=history[-1].get("step") if history else None, title=f"tool run ({cfg.algo}): last training batch",
+        summary={"held-out before, with the tool": before, "held-out after, with the tool": after},
+    )  # fmt: skip
 
     # the control: the untrained weights back into the sampler, then the same run without the tool
     base = AutoModelForCausalLM.from_pretrained(model_path)

@@ -29,7 +29,7 @@ from ludic_lab.context import FullDialog
 from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.envs.calculator import calculator
 from ludic_lab.interaction import SingleAgentSyncProtocol
-from ludic_lab.parsers import identity_parser
+from ludic_lab.parsers import ParseResult
 from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine
 from ludic_lab.types import Message, Rollout
 
@@ -40,6 +40,7 @@ __all__ = [
     "TOOL_SYSTEM_PROMPT",
     "evaluate_tool_task",
     "final_number_match",
+    "final_number_parser",
     "tool_stats",
     "tool_stats_callback",
     "tool_task_agent",
@@ -92,6 +93,14 @@ def final_number_match(reply: str, target: str) -> bool:
     return bool(found) and found[-1].replace(",", "").strip() == str(target).strip()
 
 
+def final_number_parser(reply: str) -> ParseResult:
+    """The parser of the task: the action is the last number of the final reply (what
+    :func:`final_number_match` judges, so rewards are those of the whole reply), or the whole
+    reply, stripped, when it holds no number."""
+    found = _NUMBER.findall(reply if isinstance(reply, str) else str(reply))
+    return ParseResult(action=found[-1] if found else str(reply).strip(), reward=0.0, obs=None)
+
+
 def tool_task_agent(
     client: Any, *, use_tool: bool = True, max_tool_turns: int = 2, tool_timeout_s: float = 5.0
 ) -> Agent:
@@ -99,12 +108,12 @@ def tool_task_agent(
     :class:`Agent` (the control), each with its system prompt and examples."""
     if not use_tool:
         return Agent(
-            client, FullDialog(examples=NO_TOOL_EXAMPLES), identity_parser, system_prompt=NO_TOOL_SYSTEM_PROMPT
+            client, FullDialog(examples=NO_TOOL_EXAMPLES), final_number_parser, system_prompt=NO_TOOL_SYSTEM_PROMPT
         )
     return ToolAgent(
         client,
         FullDialog(examples=TOOL_EXAMPLES),
-        identity_parser,
+        final_number_parser,
         tools=[calculator],
         max_tool_turns=max_tool_turns,
         tool_timeout_s=tool_timeout_s,
