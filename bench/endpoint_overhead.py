@@ -149,15 +149,19 @@ def build_backend(name: str, max_batch: int, batch_wait_s: float, threads: int) 
     client = LocalChatClient(
         model, max_batch_size=max_batch, batch_wait_s=batch_wait_s, num_threads=threads if threads > 0 else None
     )
-    # count the batches the client generates (how the requests were grouped), on the instance only
+    # count how the requests were grouped, on the instance only: the static batches, or the
+    # arrivals the continuous batch admitted together (one prefill each)
     client.batch_sizes = []
-    generate = client._generate_isolated
+    owner, attr = (
+        (client._continuous, "_prefill") if client.scheduling == "continuous" else (client, "_generate_isolated")
+    )
+    generate = getattr(owner, attr)
 
-    def counted(requests: list[ChatCompletionRequest]) -> Any:
-        client.batch_sizes.append(len(requests))
-        return generate(requests)
+    def counted(rows: list[Any]) -> Any:
+        client.batch_sizes.append(len(rows))
+        return generate(rows)
 
-    client._generate_isolated = counted
+    setattr(owner, attr, counted)
     return client
 
 

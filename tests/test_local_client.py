@@ -19,6 +19,7 @@ import torch
 from ludic_lab.aio import run_sync
 from ludic_lab.inference.local_client import LocalChatClient
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig, ToolRequest
+from ludic_lab.inference.tool_calls import parse_tool_calls
 from ludic_lab.types import ChatResponse
 
 NEG_INF = float("-inf")
@@ -236,25 +237,57 @@ async def test_concurrent_calls_share_one_batch(client):
     assert results[0][1]["batch_completion_tokens"] == sum(len(resp.completion_token_ids) for resp, _ in results)
 
 
-async def test_calls_arriving_during_a_batch_go_to_the_next_batch(own_client):
+async def _late_arrivals(client: LocalChatClient) -> tuple[int, list, list, list[int]]:
+    """3 long requests, then 2 short ones submitted once the first batch is decoding.
+    Returns (forwards when the late ones were submitted, first results, late results, and
+    the forward count at which each late one was answered)."""
     forwards: list[int] = []
-    handle = own_client.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    handle = client.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
     try:
-        first = [asyncio.create_task(own_client.complete(req(f"long {i}", max_tokens=60, seed=i))) for i in range(3)]
+        first = [asyncio.create_task(client.complete(req(f"long {i}", max_tokens=60, seed=i))) for i in range(3)]
         for _ in range(5000):
             if forwards:
                 break
             await asyncio.sleep(0.001)
-        forwards_at_submit = len(forwards)
-        second = [asyncio.create_task(own_client.complete(req(f"late {i}", max_tokens=2, seed=i))) for i in range(2)]
+        at_submit = len(forwards)
+        answered: list[int] = []
+
+        async def late(i: int) -> Any:
+            out = await client.complete(req(f"late {i}", max_tokens=2, seed=i))
+            answered.append(len(forwards))
+            return out
+
+        r2 = await asyncio.gather(*(late(i) for i in range(2)))
         r1 = await asyncio.gather(*first)
-        r2 = await asyncio.gather(*second)
     finally:
         handle.remove()
+    return at_submit, r1, list(r2), answered
+
+
+async def test_calls_arriving_during_a_static_batch_go_to_the_next_batch(tiny_model_dir):
+    static = LocalChatClient(tiny_model_dir, scheduling="static")
+    at_submit, r1, r2, answered = await _late_arrivals(static)
     first_batch_forwards = max(len(resp.completion_token_ids) for resp, _ in r1)
-    assert 1 <= forwards_at_submit < first_batch_forwards  # the late calls arrived mid-batch
+    assert 1 <= at_submit < first_batch_forwards  # the late calls arrived mid-batch
     assert [info["batch_size"] for _, info in r1] == [3, 3, 3]
     assert [info["batch_size"] for _, info in r2] == [2, 2]
+    assert min(answered) > first_batch_forwards  # they waited for the whole first batch
+
+
+async def test_calls_arriving_during_a_continuous_batch_join_it_and_leave_first(own_client):
+    """The default scheduler: late requests join the running decode at a token boundary
+    (one prefill, then the same decode steps as the long ones) and are answered while the
+    long requests are still decoding."""
+    at_submit, r1, r2, answered = await _late_arrivals(own_client)
+    first_batch_forwards = max(len(resp.completion_token_ids) for resp, _ in r1)
+    assert first_batch_forwards == 60 and 1 <= at_submit < 30
+    assert [info["batch_size"] for _, info in r1] == [3, 3, 3]
+    assert [info["batch_size"] for _, info in r2] == [5, 5]  # joined the 3 running rows
+    assert max(answered) <= at_submit + 5 < first_batch_forwards  # a prefill + a decode step or two later
+    assert {info["scheduler"] for _, info in r1 + r2} == {"continuous"}
+    for (resp, _), i in zip(r2, range(2), strict=True):  # the same tokens as alone, by seed
+        alone, _ = own_client.complete_sync(req(f"late {i}", max_tokens=2, seed=i))
+        assert resp.completion_token_ids == alone.completion_token_ids
 
 
 async def test_max_batch_size_is_respected(client):
@@ -763,7 +796,7 @@ def test_generated_tool_call_is_parsed_into_openai_format(own_client):
 def test_tool_call_parsing(text, calls, rest):
     import json
 
-    parsed, text_out = LocalChatClient._tool_calls(text)
+    parsed, text_out = parse_tool_calls(text)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed] == calls
     assert [c["id"] for c in parsed] == [f"call_{i}" for i in range(len(calls))]
     assert all(c["type"] == "function" and isinstance(c["function"]["arguments"], str) for c in parsed)
@@ -782,10 +815,10 @@ def test_tool_call_parsing(text, calls, rest):
     ],
 )
 def test_invalid_tool_calls_are_left_in_the_text(bad):
-    parsed, text_out = LocalChatClient._tool_calls(bad)
+    parsed, text_out = parse_tool_calls(bad)
     assert parsed is None and text_out == bad
     good = '<tool_call>{"name": "ok", "arguments": {}}</tool_call>'
-    parsed, text_out = LocalChatClient._tool_calls(f"{bad}\n{good}")
+    parsed, text_out = parse_tool_calls(f"{bad}\n{good}")
     assert [c["function"]["name"] for c in parsed] == ["ok"]
     assert text_out == bad  # only the valid block is removed
 

@@ -73,7 +73,7 @@ def test_the_next_pull_starts_before_the_step_and_is_one_version_behind(tiny_mod
     trainer, rec, client = _online(tiny_model_dir, async_level=1, num_threads=1)
     # each step's optimisation waits until the pull ahead has begun generating: on the tiny model
     # the step could otherwise publish before that pull's first generation starts (lag 0 then)
-    calls, generate, optimize = [0], client._generate_isolated, trainer._optimize
+    calls, optimize = [0], trainer._optimize
     at_pull = [0]  # generations begun when the latest pull started
 
     def mark_pull() -> None:
@@ -81,9 +81,8 @@ def test_the_next_pull_starts_before_the_step_and_is_one_version_behind(tiny_mod
 
     rec.on_pull = mark_pull
 
-    def generate_counted(reqs: Any) -> Any:
+    def generate_counted(module: Any, args: Any) -> None:  # a forward pass of the sampler
         calls[0] += 1
-        return generate(reqs)
 
     def optimize_after_generation_began(batches: Any) -> Any:
         t0 = time.monotonic()
@@ -92,7 +91,8 @@ def test_the_next_pull_starts_before_the_step_and_is_one_version_behind(tiny_mod
             time.sleep(0.005)
         return optimize(batches)
 
-    client._generate_isolated, trainer._optimize = generate_counted, optimize_after_generation_began  # type: ignore[method-assign]
+    client.model.register_forward_pre_hook(generate_counted)
+    trainer._optimize = optimize_after_generation_began  # type: ignore[method-assign]
     ms = trainer.train_sync(3, progress=False)
     # sequential: pull k starts after step k-1 (steps 0, 1, 2); ahead: pull k+1 starts when
     # batch k is handed to step k, before that step's update (0, 0, 1) - and none after the last

@@ -1,8 +1,9 @@
 """Request batching for :class:`~ludic_lab.inference.local_client.LocalChatClient`.
 
 One :class:`LoopBatcher` per event loop gathers the requests that concurrent episodes submit
-and hands them to the client's generation thread as one batch; each request's future gets
-its own result, or its own exception when only that request was bad.
+and hands them to the client's generation thread: to the running continuous batch
+(:mod:`ludic_lab.inference.continuous`, the default), or as one static batch; each request's
+future gets its own result, or its own exception when only that request was bad.
 :func:`shared_prompt_rows` finds a batch's requests with the same prompt (a GRPO group), whose
 prompt the client then prefills once.
 """
@@ -10,6 +11,7 @@ prompt the client then prefills once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -65,6 +67,10 @@ class LoopBatcher:
             await asyncio.sleep(0)
         if self.client.batch_wait_s > 0:
             await asyncio.sleep(self.client.batch_wait_s)
+        if self.client.scheduling == "continuous":  # the running batch admits them as rows free up
+            batch, self.pending = [p for p in self.pending if not p.future.done()], []
+            self.client._continuous.submit([_job(p.request, p.future) for p in batch])
+            return
         batch = [p for p in self.pending[: self.client.max_batch_size] if not p.future.done()]
         del self.pending[: self.client.max_batch_size]
         if not batch:
@@ -87,6 +93,27 @@ class LoopBatcher:
                 p.future.set_exception(r)  # a bad request fails alone
             else:
                 p.future.set_result(r)
+
+
+def _job(request: ChatCompletionRequest, future: asyncio.Future) -> Any:
+    """A continuous-batching job whose reply (or exception) resolves ``future`` on its loop."""
+    from ludic_lab.inference.continuous import Job
+
+    loop = future.get_loop()
+
+    def resolve(result: Any) -> None:
+        if future.done():
+            return
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+    def deliver(result: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting any more
+            loop.call_soon_threadsafe(resolve, result)
+
+    return Job(request, deliver, future.done)
 
 
 def shared_prompt_rows(prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -1,11 +1,14 @@
 """``LocalChatClient``: an in-process transformers model behind the async ``ChatClient`` API.
 
 This is the embedded default backend. Requests from many concurrent episodes are gathered
-(:mod:`ludic_lab.inference.local_batcher`) and generated as one left-padded batch with a KV
-cache (that is what makes CPU rollouts usable); finished rows leave the batch early. Each
-response carries the prompt ids, the sampled ids and the behaviour logprob of every sampled
-token (see :mod:`ludic_lab.inference.sampling`). ``sync_weights`` copies new weights in place
-between batches (never mid-forward) and bumps the policy version.
+(:mod:`ludic_lab.inference.local_batcher`) and decoded together with a KV cache (that is what
+makes CPU rollouts usable): by default continuously (:mod:`ludic_lab.inference.continuous`:
+requests join the running batch at a token boundary and leave when done, prompts reuse the
+KV of prefixes already run, :mod:`ludic_lab.inference.prefix_cache`), or as static batches.
+Each response carries the prompt ids, the sampled ids and the behaviour logprob of every
+sampled token (see :mod:`ludic_lab.inference.sampling`). ``sync_weights`` copies new weights
+in place between completions (never mid-forward, never mid-completion), bumps the policy
+version and clears the prefix cache.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ from typing import Any
 import torch
 
 from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
+from ludic_lab.inference.continuous import ContinuousBatcher
 from ludic_lab.inference.local_batcher import LoopBatcher, shared_prompt_rows
+from ludic_lab.inference.local_response import RowState, build_response
+from ludic_lab.inference.prefix_cache import PrefixCache
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.sampling import sample_rows
 from ludic_lab.inference.tied_weights import check_tied_values, tied_groups
-from ludic_lab.inference.tool_calls import parse_tool_calls, tool_schemas
+from ludic_lab.inference.tool_calls import tool_schemas
 from ludic_lab.types import ChatResponse
 
 
@@ -43,6 +49,10 @@ class LocalChatClient:
     one-query attention, eager 0.3 s; 3.3 s in all) and transformers' default otherwise.
     ``num_threads``: intra-op threads of generation (set on its one thread; None: torch's
     default); with ``TrainerConfig(async_level=1)`` on a CPU, the cores the trainer leaves.
+    ``scheduling``: ``"continuous"`` (requests join and leave the running decode) or
+    ``"static"`` (a gathered batch runs to its longest member; the next batch waits).
+    ``prefix_cache_mb``: memory for the KV of finished sequences that later prompts extend
+    (continuous scheduling; 0 turns it off); see ``prefix_cache.stats()``.
     """
 
     def __init__(
@@ -60,9 +70,15 @@ class LocalChatClient:
         share_prompt_prefill: bool = True,
         attn_implementation: str | None = None,
         num_threads: int | None = None,
+        scheduling: str = "continuous",
+        prefix_cache_mb: float = 256.0,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if scheduling not in ("continuous", "static"):
+            raise ValueError(f"LocalChatClient scheduling must be 'continuous' or 'static', got {scheduling!r}")
+        if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, (int, float)) or prefix_cache_mb < 0:
+            raise ValueError(f"LocalChatClient prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         if model is None or isinstance(model, str) or hasattr(model, "__fspath__"):
@@ -91,6 +107,11 @@ class LocalChatClient:
         self.gather_ticks = int(gather_ticks)
         self.policy_version = int(policy_version)
         self.share_prompt_prefill = bool(share_prompt_prefill)
+        self.scheduling = scheduling
+        self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
+        self._continuous = ContinuousBatcher(self)
+        self._updates_waiting = 0  # weight updates waiting for the running rows to finish
+        self._updates_lock = threading.Lock()
         self._lock = threading.RLock()  # held while generating and while loading weights
         # one batcher per event loop, dropped with its loop (ids of dead loops get reused)
         self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopBatcher] = weakref.WeakKeyDictionary()
@@ -166,16 +187,29 @@ class LocalChatClient:
         if bad:
             raise ValueError(f"sync_weights: shape mismatch for {bad[:3]} (got, expected); nothing was loaded")
         check_tied_values(tensors, tied_groups(own), who="sync_weights")  # the rule vLLM's client applies too
-        if not self._lock.acquire(timeout=timeout_s):
-            raise TimeoutError(f"sync_weights: generation did not yield within {timeout_s}s; nothing was loaded")
+        with self._updates_lock:
+            self._updates_waiting += 1  # the continuous batch admits nothing new until this has loaded
         try:
-            with torch.no_grad():
-                for k, v in tensors.items():
-                    own[k].copy_(v.detach().to(device=own[k].device, dtype=own[k].dtype))
-            self.policy_version = new_version if new_version is not None else self.policy_version + 1
+            if not self._lock.acquire(timeout=timeout_s):
+                raise TimeoutError(f"sync_weights: generation did not yield within {timeout_s}s; nothing was loaded")
+            try:
+                with torch.no_grad():
+                    for k, v in tensors.items():
+                        own[k].copy_(v.detach().to(device=own[k].device, dtype=own[k].dtype))
+                self.policy_version = new_version if new_version is not None else self.policy_version + 1
+                self.prefix_cache.clear()  # every stored KV was computed with the old weights
+            finally:
+                self._lock.release()
         finally:
-            self._lock.release()
+            with self._updates_lock:
+                self._updates_waiting -= 1
         return str(self.policy_version)
+
+    def kv_version(self) -> tuple[int, int]:
+        """What a stored KV must have been computed under to be reused: the policy version and
+        the parameters' in-place-update counters (a model shared with a trainer that steps it
+        without ``sync_weights`` changes the second)."""
+        return self.policy_version, sum(p._version for p in self.model.parameters())
 
     # -- generation ------------------------------------------------------------------------
     def prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
@@ -243,7 +277,6 @@ class LocalChatClient:
             gens = [self._generator(c) for c in cfgs]
             top_ks = [min(r.return_.top_logprobs_k, self.vocab_size) for r in requests]
             k_top = max(top_ks, default=0)
-            stop_ids = self.chat_template.stop_token_ids
             B = len(requests)
             L = max(len(p) for p in prompts)
             input_ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
@@ -257,12 +290,7 @@ class LocalChatClient:
             V = self.model.get_output_embeddings().weight.shape[0]
             counts = torch.zeros((B, V), dtype=torch.float32) if need_counts else None
 
-            out_ids: list[list[int]] = [[] for _ in range(B)]
-            out_lps: list[list[float]] = [[] for _ in range(B)]
-            out_top: list[list[dict[int, float]]] = [[] for _ in range(B)]
-            finish: list[str | None] = [None] * B
-            stop_cut: list[int | None] = [None] * B  # text cut position for stop strings
-            text_len = [0] * B  # decoded length before the last token (stop-string search start)
+            states = [RowState(c, k) for c, k in zip(cfgs, top_ks, strict=True)]
             alive = list(range(B))  # original row index of each current batch row
             alive_t = torch.arange(B)
             done = [False] * B  # per current batch row: finished, output ignored
@@ -301,22 +329,10 @@ class LocalChatClient:
                 toks_l, lps_l = toks.tolist(), lps.tolist()
                 top_ids_l, top_lps_l = (top[0].tolist(), top[1].tolist()) if top is not None else (None, None)
                 for j, i in enumerate(alive):
-                    if done[j]:
-                        continue
-                    tok = toks_l[j]
-                    out_ids[i].append(tok)
-                    out_lps[i].append(lps_l[j])
-                    if top_ks[i] > 0 and top_ids_l is not None and top_lps_l is not None:
-                        kk = top_ks[i]
-                        out_top[i].append(dict(zip(top_ids_l[j][:kk], top_lps_l[j][:kk], strict=True)))
-                    if tok in stop_ids:
-                        finish[i] = "stop"
-                    elif cfgs[i].stop and self._hit_stop_string(out_ids[i], cfgs[i].stop, i, stop_cut, text_len):
-                        finish[i] = "stop"
-                    elif len(out_ids[i]) >= cfgs[i].max_tokens:
-                        finish[i] = "length"
-                    if finish[i] is not None:
-                        done[j] = True
+                    if not done[j]:
+                        ti = top_ids_l[j] if top_ids_l is not None else None
+                        tl = top_lps_l[j] if top_lps_l is not None else None
+                        done[j] = states[i].add(toks_l[j], lps_l[j], ti, tl, self.chat_template)
                 n_done = sum(done)
                 if n_done == len(alive):
                     break
@@ -341,51 +357,9 @@ class LocalChatClient:
                 step_pos = step_pos[:, -1:] + 1
             gen_s = time.perf_counter() - t0
 
-        results = []
-        total_new = sum(len(x) for x in out_ids)
-        for i, r in enumerate(requests):
-            ids = out_ids[i]
-            text = self.chat_template.decode(ids[:-1] if ids and ids[-1] in stop_ids else ids)
-            if stop_cut[i] is not None:
-                text = text[: stop_cut[i]]
-            tool_calls, text_out = self._tool_calls(text) if r.tools is not None else (None, text)
-            want_ids = r.return_.return_token_ids or r.return_.return_chosen_logprobs
-            resp = ChatResponse(
-                text=text_out,
-                completion_token_ids=tuple(ids) if want_ids else None,
-                prompt_token_ids=tuple(prompts[i]) if want_ids else None,
-                completion_logprobs=tuple(out_lps[i]) if r.return_.return_chosen_logprobs else None,
-                top_logprobs=tuple(out_top[i]) if top_ks[i] > 0 else None,
-                finish_reason=finish[i] or "length",
-                policy_version=version,
-                tool_calls=tool_calls,
-            )
-            info = {
-                "batch_size": B,
-                "generate_s": gen_s,
-                "prompt_tokens": len(prompts[i]),
-                "completion_tokens": len(ids),
-                "batch_completion_tokens": total_new,
-                "policy_version": version,
-            }
-            results.append((resp, info))
-        return results
-
-    def _hit_stop_string(
-        self, ids: list[int], stops: Sequence[str], i: int, cut: list[int | None], text_len: list[int]
-    ) -> bool:
-        """True when a stop string ends in the text of the newest token; records the cut.
-
-        The search starts where a stop string could first overlap the new text, and the
-        earliest occurrence over all stop strings wins.
-        """
-        text = self.chat_template.decode(ids)
-        start = max(0, min(text_len[i], len(text)) - max(len(s) for s in stops))
-        text_len[i] = len(text.rstrip("\ufffd"))  # an incomplete UTF-8 tail may still change
-        hits = [k for k in (text.find(s, start) for s in stops if s) if k >= 0]
-        if hits:
-            cut[i] = min(hits)
-            return True
-        return False
-
-    _tool_calls = staticmethod(parse_tool_calls)
+        total_new = sum(len(st.ids) for st in states)
+        info = {"batch_size": B, "generate_s": gen_s, "batch_completion_tokens": total_new, "scheduler": "static"}
+        return [
+            build_response(r, prompts[i], states[i], self.chat_template, version=version, info=info)
+            for i, r in enumerate(requests)
+        ]

@@ -1,0 +1,344 @@
+"""Continuous batching for :class:`~ludic_lab.inference.local_client.LocalChatClient`.
+
+Requests join the running decode at a token boundary and leave it when they finish: a
+request that arrives while others decode is prefilled (its prompt run once, batched with
+the other arrivals) and merged into the batch's KV cache at the next step instead of
+waiting for the batch's longest member; a finished request's reply is delivered at once.
+Each row keeps its own attention mask, so rows of different lengths (and the holes left
+where a reused prefix meets a new suffix) need no re-padding; columns no live row uses
+are trimmed. Prompts reuse the longest prefix that a finished row already ran through the
+model (:class:`~ludic_lab.inference.prefix_cache.PrefixCache`): an agent's next turn
+prefills only its new messages.
+
+Everything here runs on the client's one generation thread. A weight update
+(``sync_weights``) stops new admissions, lets the running rows finish, then loads: every
+completion is sampled with one policy version, and the prefix cache is cleared with it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from ludic_lab.inference.local_batcher import shared_prompt_rows
+from ludic_lab.inference.local_response import RowState, build_response
+from ludic_lab.inference.request import ChatCompletionRequest
+from ludic_lab.inference.sampling import sample_rows
+
+if TYPE_CHECKING:
+    from ludic_lab.inference.local_client import LocalChatClient
+
+__all__ = ["ContinuousBatcher", "Job"]
+
+
+@dataclass
+class Job:
+    """A request handed to the generation thread: ``deliver`` gets the ``(response, info)``
+    or the exception; ``cancelled()`` says the caller stopped waiting (its row is dropped)."""
+
+    request: ChatCompletionRequest
+    deliver: Callable[[Any], None]
+    cancelled: Callable[[], bool]
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Row:
+    job: Job
+    prompt: list[int]
+    state: RowState
+    gen: torch.Generator
+    counts: torch.Tensor | None  # generated-token counts (frequency/presence penalties)
+    admitted_at: float
+    tokens_at_admission: int
+    batch_size: int = 0
+    reused: int = 0
+    done: bool = False
+
+
+class ContinuousBatcher:
+    """The running batch of one client: ``submit(jobs)`` from any thread; the rows decode
+    on the client's generation thread until none is left."""
+
+    def __init__(self, client: LocalChatClient) -> None:
+        self.client = client
+        self._inbox: deque[Job] = deque()
+        self._inbox_lock = threading.Lock()
+        self._serving = False
+        self.rows: list[_Row] = []
+        self.cache: Any = None  # transformers DynamicCache of the live rows
+        self.mask: torch.Tensor | None = None  # (B, T) 1 where a cache column holds a token of that row
+        self.pos: torch.Tensor | None = None  # (B,) position id of each row's next fed token
+        self.next_tok: torch.Tensor | None = None  # (B,) the token each row feeds next
+        self.tokens_generated = 0
+        self.steps = 0
+
+    # -- any thread ----------------------------------------------------------------------------
+    def submit(self, jobs: Sequence[Job]) -> None:
+        """Queue ``jobs``; they join the running batch at its next token boundary."""
+        with self._inbox_lock:
+            self._inbox.extend(jobs)
+            if self._serving:
+                return
+            self._serving = True
+        self.client._executor.submit(self._serve)
+
+    # -- the generation thread -------------------------------------------------------------------
+    def _serve(self) -> None:
+        client = self.client
+        while True:
+            while client._updates_waiting:  # a weight update goes first (it waits for the drain)
+                time.sleep(0.0005)
+            with client._lock:
+                try:
+                    self._run()
+                except BaseException as e:
+                    self._fail_all(e)
+                    if not isinstance(e, Exception):
+                        raise
+            with self._inbox_lock:
+                if not self._inbox and not self.rows:
+                    self._serving = False
+                    return
+
+    def _run(self) -> None:
+        """Admit and decode until no row is live, or a weight update waits and the rows drained."""
+        with torch.no_grad():
+            while True:
+                if not self.client._updates_waiting:
+                    self._admit()
+                self._drop_cancelled()
+                if not any(not r.done for r in self.rows):
+                    self._reset()
+                    return
+                self._decode_step()
+
+    def _admit(self) -> None:
+        live = sum(not r.done for r in self.rows)
+        free = self.client.max_batch_size - live
+        with self._inbox_lock:
+            jobs = [self._inbox.popleft() for _ in range(min(free, len(self._inbox)))]
+        jobs = [j for j in jobs if not j.cancelled()]
+        if not jobs:
+            return
+        rows: list[_Row] = []
+        for job in jobs:
+            try:
+                rows.append(self._new_row(job))
+            except Exception as e:  # noqa: BLE001 - a bad request fails alone
+                job.deliver(e)
+        if not rows:
+            return
+        try:
+            self._prune(force=True)
+            cache, mask, logits = self._prefill(rows)
+            for r in rows:
+                r.batch_size = len(self.rows) + len(rows)
+            self._merge(rows, cache, mask)
+            self._sample(rows, logits, list(range(len(self.rows) - len(rows), len(self.rows))))
+        except BaseException as e:  # the arrivals are not all in self.rows yet: fail them here
+            err = e if isinstance(e, Exception) else RuntimeError(repr(e))
+            for r in rows:
+                if not r.done:
+                    r.done = True
+                    r.job.deliver(err)
+            raise
+
+    def _new_row(self, job: Job) -> _Row:
+        c = self.client
+        cfg = job.request.sampling
+        prompt = c._checked_prompt(job.request)
+        top_k = min(job.request.return_.top_logprobs_k, c.vocab_size)
+        counts = (
+            torch.zeros(c.vocab_size, dtype=torch.float32) if cfg.frequency_penalty or cfg.presence_penalty else None
+        )
+        state = RowState(cfg, top_k)
+        return _Row(job, prompt, state, c._generator(cfg), counts, time.perf_counter(), self.tokens_generated)
+
+    def _prefill(self, rows: list[_Row]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """Run the arrivals' prompts (each distinct prompt once, after its reused prefix)."""
+        from transformers import DynamicCache
+
+        c, dev = self.client, self.client.device
+        prompts = [r.prompt for r in rows]
+        shared = shared_prompt_rows(prompts) if c.share_prompt_prefill else None
+        firsts = shared[0].tolist() if shared is not None else list(range(len(rows)))
+        distinct = [prompts[i] for i in firsts]
+        version = c.kv_version()
+        hits = [c.prefix_cache.lookup(p, version) for p in distinct]
+        reuse = [h.length if h is not None else 0 for h in hits]
+        P = max(reuse)
+        S = max(len(p) - n for p, n in zip(distinct, reuse, strict=True))
+        n = len(distinct)
+        ids = torch.full((n, S), c.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, P + S), dtype=torch.long)
+        pos = torch.zeros((n, S), dtype=torch.long)
+        for d, (p, r) in enumerate(zip(distinct, reuse, strict=True)):
+            s = len(p) - r
+            ids[d, S - s :] = torch.tensor(p[r:], dtype=torch.long)
+            mask[d, P - r : P] = 1
+            mask[d, P + S - s :] = 1
+            pos[d, S - s :] = torch.arange(r, len(p))
+        past = []
+        if P:
+            template = next(h for h in hits if h is not None).kv
+            for layer, (k0, v0) in enumerate(template):
+                k = k0.new_zeros((n, k0.shape[0], P, k0.shape[-1]))
+                v = v0.new_zeros((n, v0.shape[0], P, v0.shape[-1]))
+                for d, h in enumerate(hits):
+                    if h is not None:
+                        k[d, :, P - h.length :] = h.kv[layer][0]
+                        v[d, :, P - h.length :] = h.kv[layer][1]
+                past.append((k.to(dev), v.to(dev)))
+        cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
+        out = c.model(
+            input_ids=ids.to(dev),
+            attention_mask=mask.to(dev),
+            position_ids=pos.to(dev),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :].float().cpu()
+        back = shared[1].tolist() if shared is not None else range(len(rows))
+        for row, i in zip(rows, back, strict=True):
+            row.reused = reuse[i]
+        if shared is not None:
+            cache.batch_select_indices(shared[1].to(dev))
+            mask, logits = mask[shared[1]], logits[shared[1]]
+        return cache, mask.to(dev), logits
+
+    def _merge(self, rows: list[_Row], cache: Any, mask: torch.Tensor) -> None:
+        """Append the prefilled ``rows`` to the running batch (the shorter side left-padded)."""
+        pos = torch.tensor([len(r.prompt) for r in rows], dtype=torch.long, device=mask.device)
+        if self.cache is None or self.mask is None or self.pos is None:
+            self.rows, self.cache, self.mask, self.pos = list(rows), cache, mask, pos
+            self.next_tok = torch.zeros(len(rows), dtype=torch.long, device=mask.device)
+            return
+        T, Ta = self.mask.shape[1], mask.shape[1]
+        n = max(T, Ta)
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            mine.keys = torch.cat([F.pad(mine.keys, (0, 0, n - T, 0)), F.pad(theirs.keys, (0, 0, n - Ta, 0))])
+            mine.values = torch.cat([F.pad(mine.values, (0, 0, n - T, 0)), F.pad(theirs.values, (0, 0, n - Ta, 0))])
+        self.mask = torch.cat([F.pad(self.mask, (n - T, 0)), F.pad(mask, (n - Ta, 0))])
+        self.pos = torch.cat([self.pos, pos])
+        assert self.next_tok is not None
+        self.next_tok = torch.cat([self.next_tok, torch.zeros(len(rows), dtype=torch.long, device=mask.device)])
+        self.rows.extend(rows)
+
+    def _decode_step(self) -> None:
+        assert self.mask is not None and self.pos is not None and self.next_tok is not None
+        B = len(self.rows)
+        self.mask = torch.cat([self.mask, torch.ones((B, 1), dtype=self.mask.dtype, device=self.mask.device)], dim=1)
+        out = self.client.model(
+            input_ids=self.next_tok[:, None],
+            attention_mask=self.mask,
+            position_ids=self.pos[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.cache = out.past_key_values
+        self.pos = self.pos + 1
+        live = [j for j, r in enumerate(self.rows) if not r.done]
+        logits = out.logits[:, -1, :].float().cpu()
+        self._sample([self.rows[j] for j in live], logits[live] if len(live) < B else logits, live)
+        self.steps += 1
+        self._prune()
+
+    def _sample(self, rows: list[_Row], logits: torch.Tensor, batch_idx: list[int]) -> None:
+        """Sample one token for each of ``rows`` (batch rows ``batch_idx``); finish those done."""
+        c = self.client
+        k_top = max(r.state.top_k for r in rows)
+        counts = None
+        if any(r.counts is not None for r in rows):
+            counts = torch.stack([r.counts if r.counts is not None else torch.zeros(c.vocab_size) for r in rows])
+        toks, lps, top = sample_rows(logits, [r.state.cfg for r in rows], [r.gen for r in rows], counts, k_top)
+        toks_l, lps_l = toks.tolist(), lps.tolist()
+        top_ids, top_lps = (top[0].tolist(), top[1].tolist()) if top is not None else (None, None)
+        assert self.next_tok is not None
+        self.next_tok[torch.tensor(batch_idx, dtype=torch.long, device=self.next_tok.device)] = toks.to(
+            self.next_tok.device
+        )
+        self.tokens_generated += len(rows)
+        for j, (r, b) in enumerate(zip(rows, batch_idx, strict=True)):
+            if r.counts is not None:
+                r.counts[toks_l[j]] += 1
+            ti = top_ids[j] if top_ids is not None else None
+            tl = top_lps[j] if top_lps is not None else None
+            if r.state.add(toks_l[j], lps_l[j], ti, tl, c.chat_template):
+                self._finish(r, b)
+
+    def _finish(self, row: _Row, b: int) -> None:
+        """Deliver ``row``'s reply and keep its KV (everything it fed) in the prefix cache."""
+        c = self.client
+        row.done = True
+        assert self.mask is not None and self.cache is not None
+        fed = row.prompt + row.state.ids[:-1]
+        if c.prefix_cache.max_bytes:
+            cols = self.mask[b].nonzero().squeeze(-1)
+            if len(cols) == len(fed):
+                kv = [(layer.keys[b][:, cols], layer.values[b][:, cols]) for layer in self.cache.layers]
+                c.prefix_cache.add(fed, kv, c.kv_version())
+        now = time.perf_counter()
+        info = {
+            "batch_size": row.batch_size,
+            "generate_s": now - row.admitted_at,
+            "queue_s": row.admitted_at - row.job.queued_at,
+            "batch_completion_tokens": self.tokens_generated - row.tokens_at_admission,
+            "prefix_reused_tokens": row.reused,
+            "scheduler": "continuous",
+        }
+        try:
+            result: Any = build_response(
+                row.job.request, row.prompt, row.state, c.chat_template, version=c.policy_version, info=info
+            )
+        except Exception as e:  # noqa: BLE001 - e.g. a detokenisation error: that request's alone
+            result = e
+        row.job.deliver(result)
+
+    def _drop_cancelled(self) -> None:
+        for r in self.rows:
+            if not r.done and r.job.cancelled():
+                r.done = True
+
+    def _prune(self, force: bool = False) -> None:
+        """Drop finished rows from the batch (once a quarter is finished, or ``force``), then
+        the leading cache columns no remaining row uses."""
+        n_done = sum(r.done for r in self.rows)
+        if not n_done or not (force or 4 * n_done >= len(self.rows)):
+            return
+        keep = [j for j, r in enumerate(self.rows) if not r.done]
+        if not keep:
+            self._reset()
+            return
+        assert self.mask is not None and self.pos is not None and self.next_tok is not None
+        idx = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        self.cache.batch_select_indices(idx)
+        self.rows = [self.rows[j] for j in keep]
+        self.mask, self.pos, self.next_tok = self.mask[idx], self.pos[idx], self.next_tok[idx]
+        used = self.mask.any(dim=0)
+        first = int(used.to(torch.uint8).argmax())
+        if first > 0:
+            self.mask = self.mask[:, first:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+
+    def _reset(self) -> None:
+        self.rows, self.cache, self.mask, self.pos, self.next_tok = [], None, None, None, None
+
+    def _fail_all(self, e: BaseException) -> None:
+        err = e if isinstance(e, Exception) else RuntimeError(repr(e))
+        for r in self.rows:
+            if not r.done:
+                r.done = True
+                r.job.deliver(err)
+        self._reset()

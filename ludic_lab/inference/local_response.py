@@ -1,0 +1,99 @@
+"""One generated sequence of :class:`~ludic_lab.inference.local_client.LocalChatClient` as the
+``ChatClient`` reply: its running state while it decodes (:class:`RowState`: sampled ids,
+behaviour logprobs, top logprobs, stop strings) and the ``(ChatResponse, info)`` it ends as
+(:func:`build_response`). Shared by the static and the continuous batch schedulers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ludic_lab.inference.chat_template import ChatTemplate
+from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
+from ludic_lab.inference.tool_calls import parse_tool_calls
+from ludic_lab.types import ChatResponse
+
+__all__ = ["RowState", "build_response"]
+
+
+@dataclass
+class RowState:
+    """What one request has produced so far; :meth:`add` records a sampled token and says
+    whether the sequence just finished (``finish`` is then ``"stop"`` or ``"length"``)."""
+
+    cfg: SamplingConfig
+    top_k: int
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[dict[int, float]] = field(default_factory=list)
+    finish: str | None = None
+    stop_cut: int | None = None  # text cut position of a stop string
+    text_len: int = 0  # decoded length before the last token (stop-string search start)
+
+    def add(
+        self,
+        tok: int,
+        logprob: float,
+        top_ids: Sequence[int] | None,
+        top_lps: Sequence[float] | None,
+        template: ChatTemplate,
+    ) -> bool:
+        self.ids.append(tok)
+        self.logprobs.append(logprob)
+        if self.top_k > 0 and top_ids is not None and top_lps is not None:
+            self.top.append(dict(zip(top_ids[: self.top_k], top_lps[: self.top_k], strict=True)))
+        if tok in template.stop_token_ids:
+            self.finish = "stop"
+        elif self.cfg.stop and self._hit_stop_string(self.cfg.stop, template):
+            self.finish = "stop"
+        elif len(self.ids) >= self.cfg.max_tokens:
+            self.finish = "length"
+        return self.finish is not None
+
+    def _hit_stop_string(self, stops: Sequence[str], template: ChatTemplate) -> bool:
+        """True when a stop string ends in the text of the newest token; records the cut.
+
+        The search starts where a stop string could first overlap the new text, and the
+        earliest occurrence over all stop strings wins.
+        """
+        text = template.decode(self.ids)
+        start = max(0, min(self.text_len, len(text)) - max(len(s) for s in stops))
+        self.text_len = len(text.rstrip("\ufffd"))  # an incomplete UTF-8 tail may still change
+        hits = [k for k in (text.find(s, start) for s in stops if s) if k >= 0]
+        if hits:
+            self.stop_cut = min(hits)
+            return True
+        return False
+
+
+def build_response(
+    request: ChatCompletionRequest,
+    prompt: Sequence[int],
+    row: RowState,
+    template: ChatTemplate,
+    *,
+    version: int,
+    info: dict[str, Any],
+) -> tuple[ChatResponse, dict[str, Any]]:
+    """The reply to ``request`` from its finished ``row``: text (stop token dropped, cut at a
+    stop string), tool calls when the request offered tools, ids and logprobs as asked."""
+    ids = row.ids
+    stop_ids = template.stop_token_ids
+    text = template.decode(ids[:-1] if ids and ids[-1] in stop_ids else ids)
+    if row.stop_cut is not None:
+        text = text[: row.stop_cut]
+    tool_calls, text_out = parse_tool_calls(text) if request.tools is not None else (None, text)
+    want_ids = request.return_.return_token_ids or request.return_.return_chosen_logprobs
+    resp = ChatResponse(
+        text=text_out,
+        completion_token_ids=tuple(ids) if want_ids else None,
+        prompt_token_ids=tuple(prompt) if want_ids else None,
+        completion_logprobs=tuple(row.logprobs) if request.return_.return_chosen_logprobs else None,
+        top_logprobs=tuple(row.top) if row.top_k > 0 else None,
+        finish_reason=row.finish or "length",
+        policy_version=version,
+        tool_calls=tool_calls,
+    )
+    base = {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "policy_version": version}
+    return resp, {**info, **base}
