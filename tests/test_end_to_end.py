@@ -446,7 +446,9 @@ def test_garbage_completions_become_parse_error_steps(tiny_client, tiny_ref):
     parser = TicTacToeEnv.recommended_parser(error_reward=-0.7)
     engine = make_engine(tiny_client)
     engine.register_env("counted", env_factory)
-    engine.register_protocol("strict", lambda: SingleAgentSyncProtocol(Agent(tiny_client, FullDialog(), parser)))
+    # cut replies reach the parser here (the default rejects them before it, with -0.1)
+    agent = lambda: Agent(tiny_client, FullDialog(), parser, reject_incomplete_completions=False)  # noqa: E731
+    engine.register_protocol("strict", lambda: SingleAgentSyncProtocol(agent()))
     reqs = [
         RolloutRequest(
             EnvSpec("counted"),
