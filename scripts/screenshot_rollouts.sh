@@ -4,7 +4,8 @@
 # Usage: scripts/screenshot_rollouts.sh [HTML] [PNG]
 #   HTML  an existing rollouts.html (default: run the demo into a temporary folder)
 #   PNG   where the screenshot goes (default: /tmp/rollouts.png)
-# Environment: DEMO_ARGS (default: one step of 4 questions x 4 samples on SmolLM2, so that the
+# Environment: DEMO_ARGS (default: one step of 4 questions x 4 samples on SmolLM2, the demo's 20-token
+# replies (shorter ones are often cut, and a cut reply is a parse error), so that the
 # weights differ: rows green, red and grey), VENV (default: .venv), CHROMIUM (default: chromium),
 # WINDOW (default: 1400,1000).
 set -euo pipefail
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 CHROMIUM="${CHROMIUM:-chromium}"
 WINDOW="${WINDOW:-1400,1000}"
-DEMO_ARGS="${DEMO_ARGS:---steps 1 --questions-per-step 4 --group-size 4 --max-tokens 12 --eval-k 0}"
+DEMO_ARGS="${DEMO_ARGS:---steps 1 --questions-per-step 4 --group-size 4 --eval-k 0}"
 html="${1:-}"
 png="${2:-/tmp/rollouts.png}"
 
