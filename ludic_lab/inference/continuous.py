@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ContinuousBatcher", "Job"]
 
+ADMIT_WAIT_STEPS = 8
+"""Decode steps a waiting request may wait for company before it is admitted anyway."""
+
 
 @dataclass
 class Job:
@@ -79,6 +82,7 @@ class ContinuousBatcher:
         self.next_tok: torch.Tensor | None = None  # (B,) the token each row feeds next
         self.tokens_generated = 0
         self.steps = 0
+        self._since_admit = 0
 
     # -- any thread ----------------------------------------------------------------------------
     def submit(self, jobs: Sequence[Job]) -> None:
@@ -112,13 +116,25 @@ class ContinuousBatcher:
         """Admit and decode until no row is live, or a weight update waits and the rows drained."""
         with torch.no_grad():
             while True:
-                if not self.client._updates_waiting:
+                if not self.client._updates_waiting and self._should_admit():
                     self._admit()
+                    self._since_admit = 0
                 self._drop_cancelled()
                 if not any(not r.done for r in self.rows):
                     self._reset()
                     return
                 self._decode_step()
+                self._since_admit += 1
+
+    def _should_admit(self) -> bool:
+        """Admit waiting requests now, or let them gather a few steps so their prompts prefill
+        in one forward pass: at once when nothing decodes, when the waiting are a quarter of the
+        live rows, or when the first has waited ``ADMIT_WAIT_STEPS`` decode steps."""
+        waiting = len(self._inbox)
+        if not waiting:
+            return False
+        live = sum(not r.done for r in self.rows)
+        return live == 0 or 4 * waiting >= live or self._since_admit >= ADMIT_WAIT_STEPS
 
     def _admit(self) -> None:
         live = sum(not r.done for r in self.rows)

@@ -71,7 +71,7 @@ class LocalChatClient:
         attn_implementation: str | None = None,
         num_threads: int | None = None,
         scheduling: str = "continuous",
-        prefix_cache_mb: float = 256.0,
+        prefix_cache_mb: float = 1024.0,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
