@@ -433,3 +433,70 @@ def test_shared_prompts_score_like_whole_items_on_cuda(tiny_model_dir: str, auto
     diff = max(abs(out["False"][k] - out["True"][k]) for k in out["False"])
     report(f"cuda_shared_prompts_{autocast}", action_tokens=len(out["False"]), max_logprob_diff=diff)
     assert out["False"].keys() == out["True"].keys() and diff < (1e-4 if autocast == "off" else 5e-2)
+
+
+# ---------------------------------------------------------------------------------------
+# Continuous batching and the KV prefix cache on the GPU
+# ---------------------------------------------------------------------------------------
+
+
+def _ids_req(ids: list[int], seed: int, max_tokens: int, temperature: float = 1.0) -> ChatCompletionRequest:
+    return ChatCompletionRequest(
+        model="local",
+        messages=[{"role": "user", "content": "ignored"}],
+        sampling=SamplingConfig(temperature=temperature, max_tokens=max_tokens, seed=seed),
+        return_=ReturnSpec.for_training(),
+        prompt_token_ids=tuple(ids),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_continuous_batching_on_cuda_samples_like_static_and_reuses_turns(tiny_model_dir: str, dtype: Any) -> None:
+    """Staggered seeded requests: the continuous scheduler samples what the static one does
+    (fp32: identical; bf16: at most one completion differs on rounding); an agent's next
+    turn reuses the previous turn's KV on the GPU and scores like a plain forward pass."""
+    import asyncio
+    import random
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(5, 2000) for _ in range(10 + 9 * k)] for k in range(8)]
+    reqs = [_ids_req(p, seed=k, max_tokens=6 + 3 * k) for k, p in enumerate(prompts)]
+
+    async def staggered(client: LocalChatClient) -> list[Any]:
+        tasks = []
+        for r in reqs:
+            tasks.append(asyncio.create_task(client.complete(r)))
+            await asyncio.sleep(0.002)
+        return await asyncio.gather(*tasks)
+
+    static = LocalChatClient(tiny_model_dir, device="cuda", dtype=dtype, scheduling="static")
+    cont = LocalChatClient(tiny_model_dir, device="cuda", dtype=dtype)
+    a, b = run_sync(staggered(static)), run_sync(staggered(cont))
+    same = sum(x.completion_token_ids == y.completion_token_ids for (x, _), (y, _) in zip(a, b, strict=True))
+    diffs = [
+        abs(u - v)
+        for (x, _), (y, _) in zip(a, b, strict=True)
+        if x.completion_token_ids == y.completion_token_ids
+        for u, v in zip(x.completion_logprobs, y.completion_logprobs, strict=True)
+    ]
+    # an agent's next turn: the previous prompt + reply + new ids, prefilled after the reused KV
+    first, _ = run_sync(cont.complete(_ids_req(prompts[-1], seed=50, max_tokens=12)))
+    nxt = [*prompts[-1], *first.completion_token_ids, *[rng.randrange(5, 2000) for _ in range(11)]]
+    second, info = run_sync(cont.complete(_ids_req(nxt, seed=51, max_tokens=12)))
+    ids = torch.tensor([[*nxt, *second.completion_token_ids]], device="cuda")
+    with torch.no_grad():
+        logits = cont.model(input_ids=ids).logits[0].float()
+    ref = torch.log_softmax(logits[len(nxt) - 1 : -1], -1).gather(-1, ids[0, len(nxt) :, None]).squeeze(-1)
+    turn_diff = (ref.cpu().double() - torch.tensor(second.completion_logprobs, dtype=torch.float64)).abs().max().item()
+    report(
+        f"cuda_continuous_batching_{str(dtype).split('.')[-1]}",
+        identical_completions=f"{same}/{len(reqs)}",
+        max_logprob_diff=max(diffs),
+        reused_tokens=info["prefix_reused_tokens"],
+        next_turn_vs_forward=turn_diff,
+    )
+    assert info["prefix_reused_tokens"] == len(prompts[-1]) + len(first.completion_token_ids) - 1
+    if dtype == torch.float32:
+        assert same == len(reqs) and max(diffs) < 1e-4 and turn_diff < 1e-4
+    else:
+        assert same >= len(reqs) - 1 and max(diffs) < 0.1 and turn_diff < 0.1
