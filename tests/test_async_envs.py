@@ -162,14 +162,17 @@ async def test_single_agent_protocol_runs_an_async_env(tpl):
 async def test_multi_agent_protocol_runs_an_async_single_agent_env(tpl):
     env = SleepyCountdown()
     [r] = await MultiAgentProtocol({"agent_0": _agent(["a", "b"], tpl)}).run(env=env, max_steps=5, env_seed=1)
-    assert [s.next_obs for s in r.steps] == ["n=1", "n=0"] and r.steps[-1].terminated
+    # the step that ends the episode has no next observation (Ludic's rule); the env's last is in info
+    assert [s.next_obs for s in r.steps] == ["n=1", None] and r.steps[-1].terminated
+    assert r.steps[-1].info["final_obs"] == "n=0"
 
 
 async def test_protocol_against_a_local_asyncio_server(tpl):
     server, port = await _secret_server()
     async with server:
         [r] = await SingleAgentSyncProtocol(_agent(["3", "7"], tpl)).run(env=ServerEnv(port), max_steps=4, env_seed=17)
-    assert [s.next_obs for s in r.steps] == ["wrong", "right"] and r.steps[-1].terminated
+    assert [s.next_obs for s in r.steps] == ["wrong", None] and r.steps[-1].terminated
+    assert r.steps[-1].info["final_obs"] == "right"
 
 
 async def test_parse_errors_do_not_touch_an_async_env(tpl):
@@ -266,4 +269,5 @@ async def test_notebook_stepper_steps_an_async_env(tpl):
     await st.step()
     await st.step()
     r = st.to_rollout()
-    assert [s.next_obs for s in r.steps] == ["n=1", "n=0"] and r.steps[-1].terminated
+    assert [s.next_obs for s in r.steps] == ["n=1", None] and r.steps[-1].terminated
+    assert r.steps[-1].info["final_obs"] == "n=0"

@@ -298,5 +298,7 @@ def test_capitals_demo_writes_weights_parsed_actions_and_short_numbers(tmp_path:
         assert re.search(r"background:rgb", row["attrs"]["style"])  # ... and is coloured by it
         assert row["cells"][3].strip() != row["cells"][2].strip()
     assert "<b>training step 1</b>" in page and "class='legend'" in page
-    assert not LONG_FLOAT.search(visible(page)) and "greedy accuracy" in page and "sampled accuracy" in page
+    numbers = [*re.findall(r"<td class='num'[^>]*>(.*?)</td>", page), page[: page.index("<table><thead>")]]
+    assert not any(LONG_FLOAT.search(visible(n)) for n in numbers)  # the tiny model's replies may hold any digits
+    assert "greedy accuracy" in page and "sampled accuracy" in page
     assert json.loads((out / "summary.json").read_text())["config"]["steps"] == 1

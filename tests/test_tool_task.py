@@ -155,7 +155,9 @@ def test_tool_demo_runs_on_tiny_model(tiny_model_dir: str, tmp_path: Path) -> No
     assert "<b>training step 2</b>" in page and "class='legend'" in page and page.count("data-weight=") == 4
     summary_table = page[page.index("<table class='summary'>") : page.index("<table><thead>")]
     assert "greedy:" not in summary_table and "{" not in summary_table and "accuracy <b>" in summary_table
-    assert not re.search(r"\d\.\d{7,}", re.sub(r"<[^>]*>", "", page))
+    # every number the page prints is short (the tiny model's replies may hold any digits: not checked)
+    numbers = [*re.findall(r"<td class='num'[^>]*>(.*?)</td>", page), re.sub(r"<[^>]*>", "", summary_table)]
+    assert numbers and not any(re.search(r"\d\.\d{7,}", re.sub(r"<[^>]*>", "", n)) for n in numbers)
 
 
 def test_the_old_import_path_re_exports_the_task() -> None:

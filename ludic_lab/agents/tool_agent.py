@@ -143,6 +143,8 @@ class ToolAgent(Agent):
         ``external_tool_handler(name, arguments)`` answers calls to ``external_tools`` (the
         protocols pass the env's ``handle_tool_call``). ``info["tools"]`` counts the calls,
         failures by kind and model turns; ``info["tool_calls"]`` lists every call's record.
+        The protocols keep this info under the step's ``"agent"`` key: on a rollout it is
+        ``step.info["agent"]["tools"]``.
         """
         messages = self.ctx.on_before_act()
         if not messages:

@@ -93,11 +93,13 @@ async def _train(
 ) -> tuple[list[dict[str, Any]], Any, float]:
     """One GRPO run on ``rows``; returns ``(history, source, seconds)``. Each step's history
     row gets the batch's :func:`~ludic_lab.demos.tool_task.tool_stats` under ``tools/``."""
+    from rich.markup import escape
     from transformers import AutoModelForCausalLM
 
     from ludic_lab.demos.preflight import build_algorithm
     from ludic_lab.training import RolloutBatchSource, Trainer
     from ludic_lab.training.loggers import JSONLLogger
+    from ludic_lab.training.signal_check import NoSignalNotice
 
     algo = build_algorithm(cfg.algo, max_tokens=cfg.max_tokens)  # DemoConfig checked the name and group size
     engine, env, protocol = tool_task_engine(client, rows, use_tool=use_tool)
@@ -125,6 +127,7 @@ async def _train(
     policy = AutoModelForCausalLM.from_pretrained(model_path)
     jsonl = JSONLLogger(metrics_path)
     add_tool_stats = tool_stats_callback(source, jsonl)
+    no_signal = NoSignalNotice()  # a step with nothing to learn says so, with the likely causes
 
     def on_step(step: int, m: dict[str, Any]) -> None:
         add_tool_stats(step, m)
@@ -134,6 +137,9 @@ async def _train(
                f"calls/episode {m['tools/calls_per_episode']:.2f}  " if use_tool else "")
             + f"({m.get('time/step_s', float('nan')):.1f}s)"
         )  # fmt: skip
+        warning = no_signal(step, m)
+        if warning is not None:
+            console.print(f"[yellow]{escape(warning)}[/yellow]")
 
     trainer = Trainer(policy, algo, source, config=cfg.trainer, publisher=publisher_for(policy), callbacks=[on_step],
                       pad_token_id=client.pad_token_id)  # fmt: skip

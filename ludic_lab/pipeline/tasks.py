@@ -77,8 +77,13 @@ def make_task(
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {TASKS}")
 
+    # digits scores the whole reply however long (a reply cut at max_tokens is the usual case,
+    # not a failure); capitals rejects cut replies as Ludic does (a -0.1 parse-error step)
+    reject_cut = name != "digits"
+
     def protocol() -> SingleAgentSyncProtocol:
-        return SingleAgentSyncProtocol(Agent(client, FullDialog(), identity_parser))
+        agent = Agent(client, FullDialog(), identity_parser, reject_incomplete_completions=reject_cut)
+        return SingleAgentSyncProtocol(agent)
 
     if name == "digits":
         envs: dict[str, Callable[[], Any]] = {"digits": DigitsEnv}
