@@ -14,8 +14,9 @@ Backends, each measured in the same run on the same model:
   continuous  ``LocalChatClient()``: continuous batching + the KV prefix cache (the default)
   static      ``LocalChatClient(scheduling="static", prefix_cache_mb=0)``: a gathered batch runs
               to its longest member, every turn prefills its whole prompt (the previous default)
-  vllm        the bundled vLLM server on CPU (prefix caching on), when vLLM is installed
-              (``--vllm off`` skips it)
+  vllm        the bundled vLLM server on CPU (bfloat16, prefix caching on), when vLLM is
+              installed (``--vllm off`` skips it); ``--local-dtype bfloat16`` puts the in-process
+              sampler on the same footing
 
 Prints, per workload and backend: wall time, episodes/s, model calls, generated tokens/s and
 the prompt tokens the prefix cache saved; then the ratios continuous/static and
@@ -110,13 +111,15 @@ async def run_workload(name: str, client: Any, args: argparse.Namespace, seed0: 
     return dt, rs
 
 
-def local_client(model: str, scheduling: str, n: int) -> Any:
+def local_client(model: str, scheduling: str, n: int, dtype: str = "float32") -> Any:
     from ludic_lab.inference import LocalChatClient
     from ludic_lab.inference.models import resolve_model, tiny_model_path
 
     path = tiny_model_path() if model == "tiny" else resolve_model(model)
     cache_mb = 1024.0 if scheduling == "continuous" else 0.0
-    return LocalChatClient(path, max_batch_size=max(64, n), scheduling=scheduling, prefix_cache_mb=cache_mb)
+    return LocalChatClient(
+        path, max_batch_size=max(64, n), scheduling=scheduling, prefix_cache_mb=cache_mb, dtype=dtype
+    )
 
 
 async def measure(client: Any, backend: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -153,6 +156,7 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--backends", default="continuous,static,vllm")
     ap.add_argument("--vllm", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--local-dtype", default="float32", help="the in-process sampler's dtype (vLLM runs bfloat16)")
     ap.add_argument("--json-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.workloads = [w for w in args.workloads.split(",") if w]
@@ -170,7 +174,8 @@ def main() -> None:
         if backend == "vllm":
             cells = run_vllm(args)
         else:
-            cells = {backend: asyncio.run(measure(local_client(args.model, backend, args.episodes), backend, args))}
+            client = local_client(args.model, backend, args.episodes, args.local_dtype)
+            cells = {backend: asyncio.run(measure(client, backend, args))}
         with open(args.json_out, "w") as f:
             json.dump(cells, f)
         return
