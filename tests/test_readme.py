@@ -42,10 +42,12 @@ def test_the_tour_runs_and_shows_a_group_with_signal_or_not() -> None:
     rollouts = ns["rollouts"]
     assert len(rollouts) == 16 and all(not r.failed for r in rollouts)
     rewards = [r.total_reward for r in rollouts]
-    assert set(rewards) <= {0.0, 1.0}
+    assert set(rewards) <= {-0.1, 0.0, 1.0}  # right, wrong, or cut at the 20-token budget (not judged)
     # the point of the tour: the untrained model gets some right and some wrong
-    assert 0 < sum(rewards) < 16, rewards
-    assert all(not r.steps[0].info.get("parse_error") for r in rollouts)
+    assert 0 < rewards.count(1.0) < 16, rewards
+    for r in rollouts:  # the only parse errors are replies cut at max_tokens, rejected before the env
+        info = r.steps[0].info
+        assert not info.get("parse_error") or (info.get("incomplete_completion") and r.total_reward == -0.1)
 
 
 @pytest.mark.slow
