@@ -105,10 +105,20 @@ def tool_task_agent(
     client: Any, *, use_tool: bool = True, max_tool_turns: int = 2, tool_timeout_s: float = 5.0
 ) -> Agent:
     """The agent of one episode: a calculator :class:`ToolAgent` (``use_tool``) or a plain
-    :class:`Agent` (the control), each with its system prompt and examples."""
+    :class:`Agent` (the control), each with its system prompt and examples.
+
+    A reply cut at ``max_tokens`` still reaches the env here (``reject_incomplete_completions=False``,
+    unlike the library's default): with the default's -0.1 for a cut turn, SmolLM2's long first
+    tool turns made calling the tool the losing move, and one GRPO step took the demo from 0.83
+    of episodes calling the tool to none (held-out greedy accuracy 1.00 -> 0.00); without it,
+    train reward 0.21 -> 1.00 at step 2 (2026-11-26, seed 0)."""
     if not use_tool:
         return Agent(
-            client, FullDialog(examples=NO_TOOL_EXAMPLES), final_number_parser, system_prompt=NO_TOOL_SYSTEM_PROMPT
+            client,
+            FullDialog(examples=NO_TOOL_EXAMPLES),
+            final_number_parser,
+            system_prompt=NO_TOOL_SYSTEM_PROMPT,
+            reject_incomplete_completions=False,
         )
     return ToolAgent(
         client,
@@ -118,6 +128,7 @@ def tool_task_agent(
         max_tool_turns=max_tool_turns,
         tool_timeout_s=tool_timeout_s,
         system_prompt=TOOL_SYSTEM_PROMPT,
+        reject_incomplete_completions=False,
     )
 
 
