@@ -25,6 +25,12 @@ fresh requests, up to ``max_attempts`` generations in total, accumulating items;
 short it raises :class:`EmptyBatchError` with the reasons. A batch whose weights are all
 zero (e.g. every group had equal rewards) is returned, flagged ``all_zero_weight=True``:
 the trainer decides whether to skip the step.
+
+``rewards=[...]`` (:class:`~ludic_lab.rewards.RolloutReward` / :class:`~ludic_lab.rewards.GroupReward`,
+e.g. judges from :mod:`ludic_lab.judges`) are applied by :func:`~ludic_lab.rewards.apply_rewards`
+right after generation, before credit: scores land on each rollout's last step, a judge failure
+marks its rollout failed (excluded from group statistics and the batch), and ``rewards/...``
+stats join ``batch.meta``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ludic_lab.aio import run_sync
+from ludic_lab.rewards import GroupReward, RolloutReward, apply_rewards, check_rewards
 from ludic_lab.training.batching.base import EmptyBatchError
 from ludic_lab.training.batching.batch_stats import item_stats, prefixed, rollout_stats
 from ludic_lab.training.credit.base import CreditAssigner
@@ -83,6 +90,7 @@ class RolloutBatchSource:
         max_attempts: int = 1,
         merge_turns: bool = False,
         progress: bool = False,
+        rewards: Sequence[RolloutReward | GroupReward] | None = None,
     ) -> None:
         if not callable(getattr(engine, "generate_rollouts", None)):
             raise TypeError(f"engine must be a RolloutEngine (has generate_rollouts), got {type(engine).__name__}")
@@ -109,6 +117,7 @@ class RolloutBatchSource:
             raise TypeError(f"RolloutBatchSource.merge_turns must be a bool, got {merge_turns!r}")
         self.merge_turns = merge_turns
         self.progress = progress
+        self.rewards: list[RolloutReward | GroupReward] = _check_rewards(rewards)
         self.last_rollouts: list[Rollout] = []
         self.last_weights: dict[tuple[str, int], float] = {}
         self.last_stats: dict[str, Any] = {}
@@ -140,6 +149,7 @@ class RolloutBatchSource:
         credit: Counter[str] = Counter()
         merged: Counter[str] = Counter()
         gen_s = credit_s = 0.0
+        reward_stats: dict[str, Any] = {}
         attempts = 0
         while attempts < self.max_attempts and len(items) < self.min_items:
             attempts += 1
@@ -150,6 +160,10 @@ class RolloutBatchSource:
             )
             t1 = time.perf_counter()
             gen_s += t1 - t0
+            if self.rewards:
+                new, new_reward_stats = await apply_rewards(new, self.rewards)
+                reward_stats = _merge_reward_stats(reward_stats, new_reward_stats)
+                t1 = time.perf_counter()
             rollouts.extend(new)
             weights = self.credit_assigner.compute(new)
             all_weights.update(weights)
@@ -180,6 +194,7 @@ class RolloutBatchSource:
             **prefixed("credit", dict(credit)),
             **prefixed("merge", dict(merged)),
             **signal_stats(rollouts, items, credit),
+            **reward_stats,
             "attempts": attempts,
             "generation_s": gen_s,
             "credit_s": credit_s,
@@ -204,6 +219,35 @@ class RolloutBatchSource:
     def next_batch_sync(self) -> SAWBatch:
         """Blocking :meth:`next_batch` (scripts and Jupyter cells alike, via ``run_sync``)."""
         return run_sync(self.next_batch())
+
+
+def _check_rewards(rewards: Any) -> list[RolloutReward | GroupReward]:
+    if rewards is None:
+        return []
+    if isinstance(rewards, (RolloutReward, GroupReward)) or not isinstance(rewards, (list, tuple)):
+        raise TypeError(
+            f"RolloutBatchSource.rewards must be a list of RolloutReward / GroupReward, got {type(rewards).__name__}"
+        )
+    check_rewards(rewards)
+    return list(rewards)
+
+
+def _merge_reward_stats(acc: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Sum counts and seconds over attempts; a ``/mean`` is weighted by its ``/scored``."""
+    if not acc:
+        return dict(new)
+    out = dict(acc)
+    for k, v in new.items():
+        if k not in out:
+            out[k] = v
+        elif k.endswith("/mean"):
+            base = k[: -len("/mean")]
+            n_old, n_new = acc.get(f"{base}/scored", 0), new.get(f"{base}/scored", 0)
+            if n_old + n_new:
+                out[k] = ((out[k] * n_old if n_old else 0.0) + (v * n_new if n_new else 0.0)) / (n_old + n_new)
+        else:
+            out[k] = out[k] + v
+    return out
 
 
 _SKIP_KEYS = (
