@@ -23,6 +23,7 @@ from ludic_lab.training.credit import (
     LeaveOneOutReturn,
     MonteCarloReturn,
 )
+from ludic_lab.training.group_signal import drop_zero_variance_groups
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.losses import (
     CISPOLoss,
@@ -63,7 +64,7 @@ def test_preset_composition(name: str) -> None:
     credit, loss, agg = EXPECTED[name]
     assert isinstance(algo, RLAlgorithm) and algo.name == name
     assert type(algo.credit_assigner) is credit and type(algo.loss) is loss and algo.loss.aggregation == agg
-    assert (algo.preprocess is drop_zero_weight_items) == (name == "dapo")
+    assert (algo.preprocess is drop_zero_variance_groups) == (name == "dapo")  # DAPO drops groups, not items
     with pytest.raises(dataclasses.FrozenInstanceError):
         algo.name = "other"  # type: ignore[misc]
 

@@ -136,7 +136,8 @@ def test_all_zero_advantages_give_zero_loss_and_are_counted(tiny_model_dir: str)
     src2 = OfflineBatchSource(items, batch_size=6, shuffle=False)
     dapo = Trainer(load_model(tiny_model_dir), make_dapo(), src2, config=TrainerConfig(lr=1e-2, max_seq_len=64))
     m = dapo.train_sync(1, progress=False)[0]
-    assert m["skipped"] == 1.0 and m["source/zero_weight_dropped"] == 6 and m["total/skipped_steps"] == 1
+    assert m["skipped"] == 1.0 and m["source/zero_variance_items_dropped"] == 6 and m["total/skipped_steps"] == 1
+    assert m["source/zero_variance_groups_dropped"] == 2  # random_items: groups of 4
 
 
 def _nan_reward(text: str) -> float:

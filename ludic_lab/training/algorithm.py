@@ -153,7 +153,13 @@ def make_dr_grpo(
 
 
 def drop_zero_weight_items(batch: SAWBatch) -> SAWBatch:
-    """Preprocess: drop items whose action weights are all zero (groups with no signal)."""
+    """Preprocess: drop single *items* whose action weights are all zero (``zero_weight_dropped``
+    counts them).
+
+    Not DAPO's filter: in a group whose rewards differ, a member scoring exactly the group
+    mean has advantage 0 and is dropped too, so a token-mean loss divides by fewer tokens.
+    :func:`~ludic_lab.training.group_signal.drop_zero_variance_groups` drops whole groups
+    without signal and keeps such members (what :func:`make_dapo` uses)."""
     kept = tuple(
         it for it in batch.items if any(w != 0.0 for w, m in zip(it.weights, it.action_mask, strict=True) if m)
     )
@@ -161,8 +167,19 @@ def drop_zero_weight_items(batch: SAWBatch) -> SAWBatch:
 
 
 def make_dapo(*, clip_eps_low: float = 0.2, clip_eps_high: float = 0.28, kl_coeff: float = 0.0) -> RLAlgorithm:
-    """DAPO-style: clip-higher, token-mean aggregation, groups without signal filtered out."""
+    """DAPO: clip-higher, token-mean over all tokens of the batch, zero-variance *groups* dropped.
+
+    The preprocess (:func:`~ludic_lab.training.group_signal.drop_zero_variance_groups`)
+    drops every item of a group whose rewards were all equal and keeps every member of the
+    other groups, zero-advantage ones included (their tokens count in the mean). DAPO then
+    samples more groups to refill the batch: pair this preset with
+    ``RolloutBatchSource(..., dynamic_sampling=DynamicSampling(min_groups=N))``
+    (:mod:`ludic_lab.training.batching.dynamic_sampling`); without it a batch shrinks by
+    the groups dropped. DAPO's soft overlong penalty is a reward:
+    ``rewards=[SoftOverlongPenalty(max_tokens=..., buffer_tokens=...)]``
+    (:mod:`ludic_lab.rewards.overlong`)."""
     from ludic_lab.training.credit import GroupNormalizedReturn
+    from ludic_lab.training.group_signal import drop_zero_variance_groups
     from ludic_lab.training.losses import TokenClippedSurrogateLoss
 
     agg = "token_mean"
@@ -171,7 +188,7 @@ def make_dapo(*, clip_eps_low: float = 0.2, clip_eps_high: float = 0.28, kl_coef
         "dapo",
         GroupNormalizedReturn(normalize_adv=True),
         _with_regularisers(loss, kl_coeff, 0.0, agg),
-        drop_zero_weight_items,
+        drop_zero_variance_groups,
     )
 
 

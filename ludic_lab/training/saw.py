@@ -140,7 +140,12 @@ class SAWItem:
             rollout_id=rollout.id,
             step_index=step.index,
             group_id=rollout.group_id,
-            meta={"finish_reason": tr.finish_reason, "prompt_source": tr.prompt_source, **(meta or {})},
+            meta={
+                "finish_reason": tr.finish_reason,
+                "prompt_source": tr.prompt_source,
+                "agent_id": rollout.agent_id,  # groups are (group_id, agent_id), as in credit assignment
+                **(meta or {}),
+            },
         )
 
 
