@@ -4,7 +4,8 @@
 :class:`RolloutReward` / :class:`GroupReward` objects; a :class:`RewardResult` with
 ``failure`` set marks its rollout failed (``meta["failure_cause"] == "judge_failure"``),
 so credit assigners leave it out instead of counting a 0. ``RolloutBatchSource(...,
-rewards=[...])`` applies them to every batch. Model judges live in :mod:`ludic_lab.judges`.
+rewards=[...])`` applies them to every batch. Model judges live in :mod:`ludic_lab.judges`;
+:class:`MajorityVoteReward` and :class:`DiversityBonus` are group rewards without a model.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from ludic_lab.rewards.base import (
     RewardResult,
     RolloutReward,
 )
+from ludic_lab.rewards.group import DiversityBonus, MajorityVoteReward, normalise_answer
+from ludic_lab.rewards.text import rollout_answer, rollout_parsed_answer, rollout_prompt
 
 __all__ = [
     "FAILURE_CAUSE",
+    "DiversityBonus",
+    "MajorityVoteReward",
     "GroupReward",
     "ReportsStats",
     "Reward",
@@ -29,4 +34,8 @@ __all__ = [
     "RolloutReward",
     "apply_rewards",
     "check_rewards",
+    "normalise_answer",
+    "rollout_answer",
+    "rollout_parsed_answer",
+    "rollout_prompt",
 ]

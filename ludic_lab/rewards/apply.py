@@ -19,8 +19,10 @@ Contract:
   rewards' verdicts are still kept in the last step's info). Credit assigners leave failed
   rollouts out of group statistics and out of the batch;
 - a reward that returns the wrong number of results or something other than
-  :class:`~ludic_lab.rewards.base.RewardResult` is a bug in that reward:
-  :class:`~ludic_lab.rewards.base.RewardContractError` is raised.
+  :class:`~ludic_lab.rewards.base.RewardResult`, or raises
+  :class:`~ludic_lab.rewards.base.RewardContractError` itself (a misconfiguration), is a
+  bug, not a failure of its rollouts: :class:`~ludic_lab.rewards.base.RewardContractError`
+  propagates.
 
 Stats (flat, loggable): ``rewards/<name>/mean`` (mean score of the rollouts it scored, nan if
 none), ``/calls``, ``/scored``, ``/failures`` (rollouts it failed), ``/seconds`` (wall time
@@ -112,6 +114,8 @@ async def _call(reward: Any, kind: str, batch: Sequence[Rollout]) -> tuple[list[
     t0 = time.perf_counter()
     try:
         results = await (reward.score_group(batch) if kind == "group" else reward.score(batch))
+    except RewardContractError:
+        raise  # a misconfigured reward: loud, not a recorded failure of every rollout
     except Exception as exc:  # noqa: BLE001 - any error of a reward is recorded as a failure of its rollouts
         failure = f"raised {_exc_text(exc)}"[:_FAILURE_TEXT_CHARS]
         return [RewardResult.fail(failure) for _ in batch], t0, time.perf_counter()

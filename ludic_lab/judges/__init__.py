@@ -1,0 +1,31 @@
+"""Model judges as rewards: a rubric judge per answer, a group judge per group (RULER-style).
+
+Any :class:`~ludic_lab.inference.ChatClient` serves as the judge. Calls go through a
+:class:`JudgeCaller`: cached by content, retried once on an unreadable reply, bounded by a
+timeout and counted; a verdict that cannot be had is a recorded judge failure (the rollout
+is excluded from training), never a 0. Pass judges to ``RolloutBatchSource(rewards=[...])``
+or to :func:`ludic_lab.rewards.apply_rewards`. See ``docs/judges.md``.
+"""
+
+from __future__ import annotations
+
+from ludic_lab.judges.caller import DEFAULT_JUDGE_SAMPLING, JudgeCaller, JudgeReply
+from ludic_lab.judges.group_judge import GroupJudge, linear_rank_rewards, parse_ranking, parse_scores
+from ludic_lab.judges.rubric import Criterion, Rubric, RubricJudge, rubric_messages
+from ludic_lab.judges.verdicts import VerdictParseError, extract_json_object
+
+__all__ = [
+    "DEFAULT_JUDGE_SAMPLING",
+    "Criterion",
+    "GroupJudge",
+    "JudgeCaller",
+    "JudgeReply",
+    "Rubric",
+    "RubricJudge",
+    "VerdictParseError",
+    "extract_json_object",
+    "linear_rank_rewards",
+    "parse_ranking",
+    "parse_scores",
+    "rubric_messages",
+]

@@ -1,0 +1,238 @@
+"""Pointwise rubric judge: a model grades each answer against weighted criteria.
+
+A :class:`Rubric` is a tuple of :class:`Criterion` s, each judged **yes/no** (``scale=None``)
+or on an integer **scale 1..N**. Each verdict ``v_i`` is normalised to ``s_i`` in [0, 1]:
+
+- yes/no: ``s_i = 1`` for yes, ``0`` for no;
+- scale 1..N: ``s_i = (v_i - 1) / (N - 1)``;
+
+and the rubric's score is the weighted mean ``score = sum_i w_i * s_i / sum_i w_i`` (in
+[0, 1]). E.g. criteria ``clear`` (yes/no, w=1) and ``correct`` (1..5, w=3) with verdicts
+yes and 4 give ``(1 * 1 + 3 * 0.75) / 4 = 0.8125``.
+
+:class:`RubricJudge` is a :class:`~ludic_lab.rewards.RolloutReward`: it asks the judge
+about every rollout of a batch at once (one prompt each: the task, the answer, the
+criteria), through a :class:`~ludic_lab.judges.caller.JudgeCaller` (cache, one retry on an
+unreadable reply, timeout, counters). ``step.info["reward_info"][name]`` keeps the judge's
+``reasoning``, its ``verdicts``, the normalised ``criterion_scores`` and its raw reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ludic_lab.inference.client import ChatClient
+from ludic_lab.inference.request import SamplingConfig
+from ludic_lab.judges.caller import JudgeCaller
+from ludic_lab.judges.verdicts import (
+    VerdictParseError,
+    as_number,
+    as_reasoning,
+    as_yes_no,
+    extract_json_object,
+)
+from ludic_lab.rewards.base import RewardContractError, RewardResult
+from ludic_lab.rewards.text import rollout_answer, rollout_prompt
+from ludic_lab.types import Message, Rollout
+
+RUBRIC_SYSTEM_PROMPT = (
+    "You are a careful, strict grader. You judge an answer against a list of criteria and end your reply "
+    "with a single JSON object holding your verdicts."
+)
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One thing the judge checks. ``scale=None``: yes/no; ``scale=N`` (>= 2): a whole number 1..N, N best."""
+
+    name: str
+    """Key of the verdict in the judge's JSON (letters, digits, ``_``, ``-``)."""
+    description: str
+    """What the judge checks, phrased so that yes / a high number is good."""
+    weight: float = 1.0
+    """Relative importance (> 0) in the weighted mean."""
+    scale: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or not all(c.isalnum() or c in "_-" for c in self.name):
+            raise ValueError(f"Criterion.name must be a non-empty word (letters, digits, _ or -), got {self.name!r}")
+        if not isinstance(self.description, str) or not self.description.strip():
+            raise ValueError(f"Criterion {self.name!r} needs a description of what the judge checks")
+        w = self.weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0):
+            raise ValueError(
+                f"Criterion {self.name!r}: weight must be a finite number > 0, got {w!r} "
+                "(phrase a criterion so that 'yes' is good instead of weighting it negatively)"
+            )
+        sc = self.scale
+        if sc is not None and (isinstance(sc, bool) or not isinstance(sc, int) or sc < 2):
+            raise ValueError(f"Criterion {self.name!r}: scale must be None (yes/no) or an int >= 2, got {self.scale!r}")
+
+    def normalise(self, verdict: bool | float) -> float:
+        """The verdict as a number in [0, 1] (see the module docstring)."""
+        if self.scale is None:
+            return 1.0 if verdict else 0.0
+        return (float(verdict) - 1.0) / (self.scale - 1)
+
+    def read(self, value: Any) -> bool | float:
+        """The verdict of this criterion from the judge's JSON value (raises :class:`VerdictParseError`)."""
+        where = f'verdict "{self.name}"'
+        if self.scale is None:
+            return as_yes_no(value, where)
+        return as_number(value, where, 1, self.scale, integer=True)
+
+    def line(self) -> str:
+        """How the criterion is shown to the judge."""
+        kind = "yes or no" if self.scale is None else f"a whole number from 1 to {self.scale}, {self.scale} best"
+        return f'- "{self.name}" ({kind}): {self.description.strip()}'
+
+
+@dataclass(frozen=True)
+class Rubric:
+    """Weighted criteria and optional ``instructions`` (what a good answer is, for the judge)."""
+
+    criteria: tuple[Criterion, ...]
+    instructions: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.criteria, tuple):
+            object.__setattr__(self, "criteria", tuple(self.criteria))
+        if not self.criteria:
+            raise ValueError("Rubric needs at least one Criterion")
+        for c in self.criteria:
+            if not isinstance(c, Criterion):
+                raise TypeError(f"Rubric.criteria must hold Criterion objects, got {type(c).__name__}")
+        names = [c.name for c in self.criteria]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Rubric: criterion names must be unique, got {names}")
+
+    def score(self, verdicts: Mapping[str, bool | float]) -> float:
+        """``sum_i w_i * s_i / sum_i w_i`` over the criteria (every criterion needs a verdict)."""
+        missing = [c.name for c in self.criteria if c.name not in verdicts]
+        if missing:
+            raise KeyError(f"Rubric.score: no verdict for {missing}")
+        total = math.fsum(c.weight for c in self.criteria)
+        return math.fsum(c.weight * c.normalise(verdicts[c.name]) for c in self.criteria) / total
+
+    def example_json(self) -> str:
+        """The verdict format shown to the judge, with example values."""
+        parts = ", ".join(f'"{c.name}": ' + ('"yes"' if c.scale is None else str(c.scale)) for c in self.criteria)
+        return '{"reasoning": "<one or two sentences>", "verdicts": {' + parts + "}}"
+
+    def parse(self, text: str) -> dict[str, Any]:
+        """``{"reasoning", "verdicts"}`` from a judge reply; :class:`VerdictParseError` says what is wrong.
+
+        The verdicts sit under ``"verdicts"``; a reply that puts every criterion at the top
+        level is accepted too.
+        """
+        obj = extract_json_object(text)
+        raw = obj.get("verdicts")
+        if raw is None and all(c.name in obj for c in self.criteria):
+            raw = obj
+        if not isinstance(raw, dict):
+            raise VerdictParseError(
+                'the JSON object needs a "verdicts" object with one entry per criterion, e.g. ' + self.example_json()
+            )
+        missing = [c.name for c in self.criteria if c.name not in raw]
+        if missing:
+            raise VerdictParseError(f'"verdicts" has no entry for {missing}; give one for every criterion')
+        return {"reasoning": as_reasoning(obj), "verdicts": {c.name: c.read(raw[c.name]) for c in self.criteria}}
+
+
+def rubric_messages(rubric: Rubric, prompt: str, answer: str, *, system_prompt: str | None) -> list[Message]:
+    """The judge prompt for one answer: the task, the answer, the criteria and the JSON to end with."""
+    parts = [
+        "Judge the ANSWER to the TASK against each criterion below.",
+        *([rubric.instructions.strip()] if rubric.instructions.strip() else []),
+        f"TASK:\n<<<\n{prompt}\n>>>",
+        f"ANSWER:\n<<<\n{answer}\n>>>",
+        "CRITERIA:\n" + "\n".join(c.line() for c in rubric.criteria),
+        "Think briefly, then end your reply with one JSON object of this form (with your own verdicts):\n"
+        + rubric.example_json(),
+    ]
+    user: Message = {"role": "user", "content": "\n\n".join(parts)}
+    return [{"role": "system", "content": system_prompt}, user] if system_prompt else [user]
+
+
+class RubricJudge:
+    """A :class:`~ludic_lab.rewards.RolloutReward` that grades each rollout with a :class:`Rubric`.
+
+    ``client`` is any :class:`~ludic_lab.inference.ChatClient` (the policy's own
+    ``LocalChatClient``, a second model, a ``VLLMChatClient``); ``model``, ``sampling``,
+    ``timeout_s``, ``parse_retries`` and ``cache_size`` go to its
+    :class:`~ludic_lab.judges.caller.JudgeCaller`. ``prompt_fn`` / ``answer_fn`` pick the
+    task and the answer out of a rollout (default: first observation, last raw reply).
+    """
+
+    def __init__(
+        self,
+        client: ChatClient,
+        rubric: Rubric,
+        *,
+        name: str = "rubric",
+        weight: float = 1.0,
+        model: str = "judge",
+        sampling: SamplingConfig | None = None,
+        timeout_s: float | None = 120.0,
+        parse_retries: int = 1,
+        cache_size: int = 4096,
+        system_prompt: str | None = RUBRIC_SYSTEM_PROMPT,
+        prompt_fn: Callable[[Rollout], str] = rollout_prompt,
+        answer_fn: Callable[[Rollout], str] = rollout_answer,
+    ) -> None:
+        if not isinstance(rubric, Rubric):
+            raise TypeError(f"RubricJudge needs a Rubric, got {type(rubric).__name__}")
+        self.rubric = rubric
+        self.name = name
+        self.weight = weight
+        self.system_prompt = system_prompt
+        self.prompt_fn = prompt_fn
+        self.answer_fn = answer_fn
+        self.caller = JudgeCaller(
+            client,
+            model=model,
+            sampling=sampling,
+            timeout_s=timeout_s,
+            parse_retries=parse_retries,
+            cache_size=cache_size,
+        )
+
+    def __repr__(self) -> str:
+        names = [c.name for c in self.rubric.criteria]
+        return f"RubricJudge(name={self.name!r}, weight={self.weight}, criteria={names}, caller={self.caller!r})"
+
+    def messages(self, rollout: Rollout) -> list[Message]:
+        """The judge prompt for ``rollout`` (what :meth:`score` sends)."""
+        prompt, answer = self.prompt_fn(rollout), self.answer_fn(rollout)
+        if not isinstance(prompt, str) or not isinstance(answer, str):
+            raise RewardContractError(
+                f"RubricJudge {self.name!r}: prompt_fn and answer_fn must return str, got "
+                f"{type(prompt).__name__} and {type(answer).__name__}"
+            )
+        return rubric_messages(self.rubric, prompt, answer, system_prompt=self.system_prompt)
+
+    async def score(self, rollouts: Sequence[Rollout]) -> list[RewardResult]:
+        """One judge call per rollout, all at once; a failure is a :class:`RewardResult` failure."""
+        replies = await asyncio.gather(*(self.caller.ask(self.messages(r), self.rubric.parse) for r in rollouts))
+        out: list[RewardResult] = []
+        for reply in replies:
+            info = reply.info()
+            if reply.failure is not None or reply.value is None:
+                out.append(RewardResult(None, info=info, failure=reply.failure or "no verdict"))
+                continue
+            verdicts = reply.value["verdicts"]
+            info.update(
+                reasoning=reply.value["reasoning"],
+                verdicts={k: ("yes" if v is True else "no" if v is False else int(v)) for k, v in verdicts.items()},
+                criterion_scores={c.name: c.normalise(verdicts[c.name]) for c in self.rubric.criteria},
+            )
+            out.append(RewardResult(self.rubric.score(verdicts), info=info))
+        return out
+
+    def take_stats(self) -> dict[str, float]:
+        """The judge's counters since the last call (``judge_calls``, ``cache_hits``, ...)."""
+        return self.caller.take_stats()
