@@ -27,6 +27,7 @@ from ludic_lab.training.algorithm import (
 from ludic_lab.training.batching import (
     BatchSource,
     DataExhaustedError,
+    DynamicSampling,
     EmptyBatchError,
     OfflineBatchSource,
     Rank0BroadcastSource,
@@ -35,7 +36,9 @@ from ludic_lab.training.batching import (
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.credit import *  # noqa: F403 - re-exports credit's __all__
 from ludic_lab.training.credit import __all__ as _credit_all
+from ludic_lab.training.difficulty_filter import DifficultyFilter
 from ludic_lab.training.filters import drop_incomplete_completions, drop_parse_errors, drop_truncated
+from ludic_lab.training.group_signal import drop_zero_variance_groups
 from ludic_lab.training.rejection_sampling import RejectionSamplingFilter, rejection_sample
 from ludic_lab.training.request_strategies import GRPORequestStrategy, IdentityStrategy, RequestStrategy
 from ludic_lab.training.rollout_engine import RolloutEngine, UnknownKindError
@@ -88,6 +91,8 @@ __all__ = [
     "make_sft",
     "BatchSource",
     "DataExhaustedError",
+    "DifficultyFilter",
+    "DynamicSampling",
     "EmptyBatchError",
     "OfflineBatchSource",
     "Rank0BroadcastSource",
@@ -98,6 +103,7 @@ __all__ = [
     "drop_truncated",
     "drop_parse_errors",
     "drop_incomplete_completions",
+    "drop_zero_variance_groups",
     "GRPORequestStrategy",
     "IdentityStrategy",
     "RequestStrategy",

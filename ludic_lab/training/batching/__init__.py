@@ -7,6 +7,7 @@ under the reference's path.
 """
 
 from ludic_lab.training.batching.base import BatchSource, DataExhaustedError, EmptyBatchError
+from ludic_lab.training.batching.dynamic_sampling import DynamicSampling
 from ludic_lab.training.batching.offline_source import OfflineBatchSource
 from ludic_lab.training.batching.rank0_source import Rank0BroadcastSource
 from ludic_lab.training.batching.rollout_source import RolloutBatchSource
@@ -16,6 +17,7 @@ from ludic_lab.training.rollout_engine import RolloutEngine, UnknownKindError
 __all__ = [
     "BatchSource",
     "DataExhaustedError",
+    "DynamicSampling",
     "EmptyBatchError",
     "GRPORequestStrategy",
     "IdentityStrategy",

@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ludic_lab.failures import failure_counts
 from ludic_lab.training.saw import SAWItem
 from ludic_lab.types import Rollout
 
@@ -33,7 +34,8 @@ def _rate(steps: Sequence[Any], flag: str) -> float:
 def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     """Counts, total-reward summary (non-failed rollouts, finite totals; std with ddof=0)
     and, over the agent turns of every rollout (observation-only steps left out), the rates
-    of parse errors and of completions cut at ``max_tokens``."""
+    of parse errors and of completions cut at ``max_tokens``; ``failed/<cause>`` counts the
+    failed rollouts by ``meta["failure_cause"]`` (:func:`ludic_lab.failures.failure_counts`)."""
     ok = [r.total_reward for r in rollouts if not r.failed]
     finite = [x for x in ok if math.isfinite(x)]
     steps = [s for r in rollouts for s in r.steps]
@@ -49,18 +51,24 @@ def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
         "reward_max": max(finite) if finite else _NAN,
         "parse_error_rate": _rate(turns, "parse_error"),
         "incomplete_completion_rate": _rate(turns, "incomplete_completion"),
+        **failure_counts(rollouts),
     }
 
 
 def item_stats(items: Sequence[SAWItem]) -> dict[str, Any]:
-    """Token counts, completion length, weight summary and the zero-weight fraction of ``items``."""
+    """Token counts, completion length, weight summary, the zero-weight fraction of ``items``
+    and ``signal_token_frac``: the share of action tokens whose weight is non-zero (the
+    tokens that move the policy; tokens of groups with equal rewards carry 0)."""
     weights = [it.weight for it in items]
+    action_tokens = sum(it.num_action_tokens for it in items)
+    signal_tokens = sum(1 for it in items for w, m in zip(it.weights, it.action_mask, strict=True) if m and w != 0.0)
     versions = [it.policy_version for it in items if it.policy_version is not None]
     zero = sum(w == 0.0 for w in weights)
     return {
         "num_items": len(items),
         "num_tokens": sum(it.num_tokens for it in items),
-        "num_action_tokens": sum(it.num_action_tokens for it in items),
+        "num_action_tokens": action_tokens,
+        "signal_token_frac": signal_tokens / action_tokens if action_tokens else _NAN,
         "completion_len_mean": _mean([float(it.num_action_tokens) for it in items]),
         "weight_mean": _mean(weights),
         "weight_abs_mean": _mean([abs(w) for w in weights]),

@@ -26,6 +26,15 @@ short it raises :class:`EmptyBatchError` with the reasons. A batch whose weights
 zero (e.g. every group had equal rewards) is returned, flagged ``all_zero_weight=True``:
 the trainer decides whether to skip the step.
 
+``dynamic_sampling=DynamicSampling(min_groups=N, max_rounds=K)`` (DAPO,
+:mod:`ludic_lab.training.batching.dynamic_sampling`) replaces that loop: groups whose members
+all scored the same reward are dropped and fresh requests are generated until ``N`` groups
+with signal are in the batch or ``K`` rounds have run (``dynamic/...`` in ``batch.meta``; a
+short batch goes out as it is and the first one warns). A ``requests_fn`` with an
+``observe(rollouts)`` method (e.g. :class:`~ludic_lab.training.difficulty_filter.DifficultyFilter`)
+is handed every round's rollouts after rewards are applied, and its ``take_stats()`` join
+``batch.meta`` (``difficulty/...``).
+
 ``rewards=[...]`` (:class:`~ludic_lab.rewards.RolloutReward` / :class:`~ludic_lab.rewards.GroupReward`,
 e.g. judges from :mod:`ludic_lab.judges`) are applied by :func:`~ludic_lab.rewards.apply_rewards`
 right after generation, before credit: scores land on each rollout's last step, a judge failure
@@ -44,7 +53,9 @@ from ludic_lab.aio import run_sync
 from ludic_lab.rewards import GroupReward, RolloutReward, apply_rewards, check_rewards
 from ludic_lab.training.batching.base import EmptyBatchError
 from ludic_lab.training.batching.batch_stats import item_stats, prefixed, rollout_stats
+from ludic_lab.training.batching.dynamic_sampling import DynamicSampler, DynamicSampling
 from ludic_lab.training.credit.base import CreditAssigner
+from ludic_lab.training.difficulty_filter import observe_rollouts, take_stream_stats
 from ludic_lab.training.filters import FilterSpec, as_filter, filter_items, with_sample_meta
 from ludic_lab.training.request_strategies import IdentityStrategy, RequestStrategy
 from ludic_lab.training.rollout_engine import RolloutEngine
@@ -91,6 +102,7 @@ class RolloutBatchSource:
         merge_turns: bool = False,
         progress: bool = False,
         rewards: Sequence[RolloutReward | GroupReward] | None = None,
+        dynamic_sampling: DynamicSampling | None = None,
     ) -> None:
         if not callable(getattr(engine, "generate_rollouts", None)):
             raise TypeError(f"engine must be a RolloutEngine (has generate_rollouts), got {type(engine).__name__}")
@@ -118,6 +130,14 @@ class RolloutBatchSource:
         self.merge_turns = merge_turns
         self.progress = progress
         self.rewards: list[RolloutReward | GroupReward] = _check_rewards(rewards)
+        self.dynamic_sampling = dynamic_sampling
+        self._dynamic = None if dynamic_sampling is None else DynamicSampler(dynamic_sampling)
+        if self._dynamic is not None and (min_items, max_attempts) != (1, 1):
+            raise ValueError(
+                "RolloutBatchSource: with dynamic_sampling, DynamicSampling.min_groups / max_rounds take the "
+                f"place of min_items / max_attempts; leave those at 1 (got min_items={min_items}, "
+                f"max_attempts={max_attempts})"
+            )
         self.last_rollouts: list[Rollout] = []
         self.last_weights: dict[tuple[str, int], float] = {}
         self.last_stats: dict[str, Any] = {}
@@ -151,7 +171,8 @@ class RolloutBatchSource:
         gen_s = credit_s = 0.0
         reward_stats: dict[str, Any] = {}
         attempts = 0
-        while attempts < self.max_attempts and len(items) < self.min_items:
+        dyn = self._dynamic.start() if self._dynamic is not None else None
+        while dyn.wants_more() if dyn is not None else attempts < self.max_attempts and len(items) < self.min_items:
             attempts += 1
             requests = self._requests()
             t0 = time.perf_counter()
@@ -165,6 +186,7 @@ class RolloutBatchSource:
                 reward_stats = _merge_reward_stats(reward_stats, new_reward_stats)
                 t1 = time.perf_counter()
             rollouts.extend(new)
+            observe_rollouts(self.requests_fn, new)  # e.g. a DifficultyFilter's pass rates
             weights = self.credit_assigner.compute(new)
             all_weights.update(weights)
             stats = getattr(self.credit_assigner, "last_stats", None)
@@ -183,9 +205,14 @@ class RolloutBatchSource:
             if self.merge_turns:
                 new_items, merge_stats = merge_turns(new_items)
                 merged.update(merge_stats.as_dict())
+            if dyn is not None:  # keep only the groups with signal
+                new_items = dyn.add(new_items, kept)
             credit_s += time.perf_counter() - t1
             skipped.update(counts)
             items.extend(new_items)
+        dyn_meta: dict[str, Any] = {}
+        if dyn is not None:
+            items, dyn_meta = dyn.finish()
 
         meta: dict[str, Any] = {
             **rollout_stats(rollouts),
@@ -195,6 +222,8 @@ class RolloutBatchSource:
             **prefixed("merge", dict(merged)),
             **signal_stats(rollouts, items, credit),
             **reward_stats,
+            **dyn_meta,
+            **take_stream_stats(self.requests_fn),
             "attempts": attempts,
             "generation_s": gen_s,
             "credit_s": credit_s,
@@ -203,7 +232,9 @@ class RolloutBatchSource:
         self.last_rollouts = rollouts
         self.last_weights = all_weights
         self.last_stats = meta
-        if len(items) < self.min_items:
+        if self._dynamic is not None:
+            self._dynamic.note(meta)  # a short batch goes out as it is (warned once)
+        elif len(items) < self.min_items:
             reasons = {k: v for k, v in skipped.items() if v}
             raise EmptyBatchError(
                 f"RolloutBatchSource: {len(items)} item(s) after {attempts} attempt(s), need min_items="
