@@ -5,7 +5,8 @@
 ``failure`` set marks its rollout failed (``meta["failure_cause"] == "judge_failure"``),
 so credit assigners leave it out instead of counting a 0. ``RolloutBatchSource(...,
 rewards=[...])`` applies them to every batch. Model judges live in :mod:`ludic_lab.judges`;
-:class:`MajorityVoteReward` and :class:`DiversityBonus` are group rewards without a model.
+:class:`MajorityVoteReward` and :class:`DiversityBonus` are group rewards without a model;
+:class:`SoftOverlongPenalty` is DAPO's soft overlong punishment.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ludic_lab.rewards.base import (
     RolloutReward,
 )
 from ludic_lab.rewards.group import DiversityBonus, MajorityVoteReward, normalise_answer
+from ludic_lab.rewards.overlong import SoftOverlongPenalty, soft_overlong_penalty
 from ludic_lab.rewards.text import rollout_answer, rollout_parsed_answer, rollout_prompt
 
 __all__ = [
@@ -32,10 +34,12 @@ __all__ = [
     "RewardContractError",
     "RewardResult",
     "RolloutReward",
+    "SoftOverlongPenalty",
     "apply_rewards",
     "check_rewards",
     "normalise_answer",
     "rollout_answer",
     "rollout_parsed_answer",
     "rollout_prompt",
+    "soft_overlong_penalty",
 ]
