@@ -323,7 +323,9 @@ async def run_tool_call(
             duration_s=time.perf_counter() - t0,
             abandoned=not tool.is_async and scope == "internal",
         )
-    except Exception as e:  # noqa: BLE001 - a failing tool is the model's observation, not a crash
+    except Exception as e:  # a failing tool is the model's observation, not a crash (unless infrastructure)
+        if isinstance(getattr(e, "failure_cause", None), str):
+            raise  # an infrastructure failure (e.g. SandboxCrashError) fails the episode, never the model's turn
         return fail("raised", f"{name} raised {type(e).__name__}: {e}", duration_s=time.perf_counter() - t0)
     dt = time.perf_counter() - t0
     try:

@@ -13,7 +13,10 @@ protocol: every request comes back as a rollout unless the batch itself is being
 error says which call was waiting and for how long.
 A carried rollout that already has its own ``error`` (the protocol's, e.g. naming the phase)
 keeps it; ``meta["error_type"]``, ``meta["error_traceback"]`` and, when the exception has a
-``phase`` attribute, ``meta["error_phase"]`` describe the failure in any case.
+``phase`` attribute, ``meta["error_phase"]`` describe the failure in any case, and
+``meta["failure_cause"]`` names its kind (``timeout``, ``client_error``, ``env_error``,
+``sandbox_error``, ``agent_error``, ``protocol_error``: :mod:`ludic_lab.failures`), which
+batch sources count as ``failed/<cause>``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 from ludic_lab.aio import maybe_await, run_sync
 from ludic_lab.envs.env import LudicEnv
+from ludic_lab.failures import classify_failure
 from ludic_lab.interaction.base import InteractionProtocol
 from ludic_lab.jsonl import json_line
 from ludic_lab.training.types import RolloutRequest
@@ -298,13 +302,18 @@ class RolloutEngine:
         }
         if close_error is not None:
             meta["env_close_error"] = close_error
+        if error is not None:
+            phase_of = getattr(cause, "phase", None)
+            meta["failure_cause"] = classify_failure(
+                cause, phase_of if isinstance(phase_of, str) else None, timed_out=deadline.expired()
+            )
         if error is not None and cause is not None:
             meta["error_type"] = type(error).__name__
             meta["error_traceback"] = "".join(traceback.format_exception(cause))[-_TRACEBACK_CHARS:]
             phase = getattr(cause, "phase", None)
             if isinstance(phase, str):
                 meta["error_phase"] = phase
-        return [
+        out = [
             replace(
                 r,
                 group_id=req.group_id if req.group_id is not None else r.group_id,
@@ -315,6 +324,8 @@ class RolloutEngine:
             )
             for r in rollouts
         ]
+        # a rollout the protocol returned as failed without raising keeps its own cause, else "other"
+        return [r if not r.failed or "failure_cause" in r.meta else r.with_meta(failure_cause="other") for r in out]
 
     def _append_jsonl(self, rollouts: Sequence[Rollout]) -> None:
         assert self.jsonl_path is not None

@@ -23,13 +23,20 @@ from ludic_lab.envs.code_exec.local import UnsafeLocalSandbox
 from ludic_lab.envs.code_exec.parsing import code_block_parser, extract_code
 from ludic_lab.envs.code_exec.pool import SandboxPool
 from ludic_lab.envs.code_exec.runners import RunConfig, outputs_match, run_tests
-from ludic_lab.envs.code_exec.sandbox import Interpreter, Sandbox, SandboxLimits, SandboxUnavailableError
+from ludic_lab.envs.code_exec.sandbox import (
+    Interpreter,
+    Sandbox,
+    SandboxCrashError,
+    SandboxLimits,
+    SandboxUnavailableError,
+)
 from ludic_lab.envs.code_exec.tool import run_python_tool
 from ludic_lab.envs.code_exec.types import BatchTestResult, ExecutionResult, TestCase, TestResult
 
 __all__ = [
     "Sandbox",
     "SandboxLimits",
+    "SandboxCrashError",
     "SandboxUnavailableError",
     "Interpreter",
     "BubblewrapSandbox",

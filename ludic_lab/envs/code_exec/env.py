@@ -24,6 +24,7 @@ from ludic_lab.envs.code_exec.adapters import TestAdapter, auto_adapter, load_pr
 from ludic_lab.envs.code_exec.parsing import code_block_parser
 from ludic_lab.envs.code_exec.pool import SandboxPool
 from ludic_lab.envs.code_exec.runners import RunConfig, run_tests
+from ludic_lab.envs.code_exec.sandbox import SandboxCrashError
 from ludic_lab.envs.code_exec.types import BatchTestResult, TestCase
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.parsers import Parser
@@ -151,6 +152,15 @@ class CodeExecEnv(SingleAgentEnv):
             raise RuntimeError("CodeExecEnv.env_step called before env_reset(); reset the env first")
         self._attempt += 1
         result = await run_tests(self.pool, action, self._tests, self.config.run, use_cache=self.config.use_cache)
+        if any(r.status == "sandbox_error" for r in result.results):
+            # the sandbox failed, not the program: no reward can be given (a 0 would teach the model)
+            ex = result.execution
+            detail = (ex.stderr.strip()[-300:] if ex is not None else "") or "no output"
+            raise SandboxCrashError(
+                f"the sandbox failed while testing problem {self._problem_id} (attempt {self._attempt}): {detail}; "
+                "the episode is recorded as failed (failure_cause 'sandbox_error'), not scored. Check the pool "
+                "(SandboxPool.stats(), scripts/install_system_deps.sh) if this repeats"
+            )
         reward = self.reward(result)
         done = result.all_passed or self._attempt >= self.config.max_attempts
         self._obs = self.feedback(result, retry=not done)

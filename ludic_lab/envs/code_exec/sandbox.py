@@ -30,6 +30,21 @@ INSTALL_HINT = (
 class SandboxUnavailableError(RuntimeError):
     """No sandbox can run here (bubblewrap missing or refused); the message says what to do."""
 
+    failure_cause = "sandbox_error"
+    """An episode that raises it is a failed rollout counted as ``failed/sandbox_error``."""
+
+
+class SandboxCrashError(RuntimeError):
+    """The sandbox itself failed while running a program (not the program's fault).
+
+    Raised by :class:`~ludic_lab.envs.code_exec.env.CodeExecEnv` and ``run_python_tool``
+    instead of scoring the crash: the episode becomes a failed rollout
+    (``meta["failure_cause"] == "sandbox_error"``), left out of its group's statistics and of
+    the batch, never a reward of 0.
+    """
+
+    failure_cause = "sandbox_error"
+
 
 @dataclass(frozen=True)
 class SandboxLimits:

@@ -5,7 +5,9 @@
 The tool is an ``async def`` with a Google-style docstring (its JSON schema comes from it);
 every call is one :meth:`SandboxPool.execute`, so the same isolation, limits and timeout
 apply as for graded programs. What the model reads back is the program's stdout, and, when
-it failed, why (the stderr tail, a timeout, a limit) — never an unsandboxed fallback.
+it failed, why (the stderr tail, a timeout, a limit) — never an unsandboxed fallback. A
+failure of the sandbox itself raises :class:`SandboxCrashError`, which fails the episode
+(``failure_cause`` ``sandbox_error``) instead of being shown to the model.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ludic_lab.envs.code_exec.pool import SandboxPool
+from ludic_lab.envs.code_exec.sandbox import SandboxCrashError
 
 
 def run_python_tool(
@@ -27,6 +30,11 @@ def run_python_tool(
             code: The complete Python program to run; print the values you want to see.
         """
         result = await pool.execute(code, timeout_s=timeout_s)
+        if result.stop_reason == "sandbox_error":  # not the model's doing: fail the episode, do not score it
+            raise SandboxCrashError(
+                f"the sandbox failed running a tool call: {result.stderr.strip()[-300:] or 'no output'}; "
+                "the episode is recorded as failed (failure_cause 'sandbox_error')"
+            )
         out = result.stdout[:max_chars] + ("\n[output truncated]" if len(result.stdout) > max_chars else "")
         if result.ok:
             return out if out.strip() else "(the program printed nothing)"
@@ -36,7 +44,6 @@ def run_python_tool(
             "memory_limit": "it ran out of memory",
             "output_limit": "it printed too much and was stopped",
             "file_size_limit": "it wrote too large a file",
-            "sandbox_error": "the sandbox failed (not your code)",
         }
         reason = why.get(result.stop_reason, f"it exited with status {result.exit_code}")
         tail = result.stderr.strip()[-max_chars // 2 :]
