@@ -70,6 +70,7 @@ async def run_pipeline_actor(
     filter_fn: Callable[[Any], bool] | None = None,
     sample_filter: Any = None,
     merge_turns: bool = False,
+    rewards: Sequence[Any] | None = None,
     client: Any = None,
     weights_key: str | None = None,
     max_rounds: int | None = None,
@@ -89,7 +90,9 @@ async def run_pipeline_actor(
     by a :class:`~ludic_lab.pipeline.weights.RedisWeightsPublisher` before each round.
     ``on_push(item_ids)`` is called after each successful push. ``filter_fn`` / ``sample_filter``
     drop rollouts / items before they are pushed, and ``merge_turns`` folds a multi-turn
-    episode's turns into one item, as in ``RolloutBatchSource``.
+    episode's turns into one item, as in ``RolloutBatchSource``. ``rewards`` (judges, group
+    rewards: :mod:`ludic_lab.rewards`) are applied to each round's rollouts before credit, as
+    in ``RolloutBatchSource(rewards=...)``; a judge failure fails its rollout, which is not pushed.
     """
     if max_queue_items < 1:
         raise ValueError(f"max_queue_items must be >= 1, got {max_queue_items}")
@@ -105,6 +108,7 @@ async def run_pipeline_actor(
         filter_fn=filter_fn,
         sample_filter=sample_filter,
         merge_turns=merge_turns,
+        rewards=rewards,
     )
     keys = QueueKeys(queue_key)
     actor_id = actor_id or default_actor_id()
