@@ -189,6 +189,10 @@ async def test_cached_judge_calls_are_not_repeated() -> None:
     # a different task is a different prompt
     await apply_rewards([ro("same", question="Why is grass green?")], [judge])
     assert len(client.requests) == 3
+    # a judge whose weights changed (the policy's own client after a step) is asked again
+    client.sync_weights({}, version=7)
+    await apply_rewards([ro("same")], [judge])
+    assert len(client.requests) == 4
 
 
 async def test_failures_are_not_cached() -> None:

@@ -3,9 +3,10 @@
 One :meth:`JudgeCaller.ask` sends the judge prompt and parses the reply. What it adds to a
 bare ``client.complete``:
 
-- **cache by content**: a prompt asked before (same messages, model name and sampling) is
-  answered from the cache, and the same prompt asked twice at once waits for the one call in
-  flight. Only readable verdicts are cached; a failure is asked again next time;
+- **cache by content**: a prompt asked before (same messages, model name, sampling and the
+  client's ``policy_version``) is answered from the cache, and the same prompt asked twice
+  at once waits for the one call in flight. Only readable verdicts are cached; a failure is
+  asked again next time;
 - **one retry on an unreadable reply**: the judge sees its reply and the parser's error and
   is asked again; a second unreadable reply is a failure;
 - **a timeout** per call (``timeout_s``); a call that times out or raises (dead server,
@@ -131,9 +132,11 @@ class JudgeCaller:
         self._cache.clear()
 
     def cache_key(self, messages: Sequence[Message]) -> str:
-        """The content key of a prompt: messages, model name and sampling."""
+        """The content key of a prompt: messages, model name, sampling and the client's
+        ``policy_version`` when it has one (a judge whose weights changed is asked again)."""
+        version = getattr(self.client, "policy_version", None)
         blob = json.dumps(
-            {"model": self.model, "messages": list(messages), "sampling": asdict(self.sampling)},
+            {"model": self.model, "messages": list(messages), "sampling": asdict(self.sampling), "version": version},
             sort_keys=True,
             ensure_ascii=False,
             default=str,
