@@ -181,3 +181,30 @@ async def test_batch_meta_counts_failures_per_cause_and_grpo_ignores_them() -> N
     win, lose = by_action["win"], by_action["lose"]
     # CountingEnv: win = 1, anything else -0.1; the judge said "no" (0) to both
     assert source.last_weights == {(win.id, 0): pytest.approx(0.55), (lose.id, 0): pytest.approx(-0.55)}
+
+
+@needs_bwrap
+async def test_sandbox_crash_in_a_tool_fails_the_call_instead_of_informing_the_model(tmp_path) -> None:
+    import json
+
+    from ludic_lab.agents.tools import Tool, run_tool_call
+    from ludic_lab.envs.code_exec import SandboxCrashError, SandboxPool
+    from ludic_lab.envs.code_exec.tool import run_python_tool
+
+    broken = tmp_path / "bwrap"
+    broken.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
+    async with SandboxPool(1) as pool:
+        tool = Tool.from_callable(run_python_tool(pool, timeout_s=2))
+        call = {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "run_python", "arguments": json.dumps({"code": "print(1)"})},
+        }
+        ok = await run_tool_call(call, {"run_python": tool})
+        assert ok.error is None and ok.content.strip() == "1"
+        for sb in pool._sandboxes:
+            sb.bwrap = str(broken)
+        with pytest.raises(SandboxCrashError, match="No permissions to create new namespace") as ei:
+            await run_tool_call(call, {"run_python": tool})
+    assert classify_failure(ei.value, "agent.act") == "sandbox_error"

@@ -268,12 +268,14 @@ async def run_tool_call(
     timeout_s: float | None = None,
     max_result_chars: int | None = None,
 ) -> ToolResult:
-    """Execute one OpenAI-format tool call; every failure becomes an error :class:`ToolResult`.
+    """Execute one OpenAI-format tool call; a failure becomes an error :class:`ToolResult`.
 
     Internal tools (``tools``) run here; a call to an ``external`` tool goes to
     ``external_handler(name, arguments)`` (the protocol routes it to the env). The timeout
     covers the tool (or handler) only. A tool that raises :class:`ToolFailure` is recorded
-    with the failure's kind and message.
+    with the failure's kind and message. An exception with a ``failure_cause`` attribute
+    (an infrastructure failure, e.g. ``SandboxCrashError``) is re-raised: it fails the
+    episode (:mod:`ludic_lab.failures`) instead of becoming the model's observation.
     """
     fn_spec = call.get("function", {})
     call_id, name, raw_args = str(call.get("id", "")), str(fn_spec.get("name", "")), fn_spec.get("arguments", "{}")
