@@ -1,0 +1,80 @@
+"""The parse every client, agent and endpoint goes through: a reply -> content and tool calls.
+
+:func:`renderer_of` resolves (once per chat template) the family's renderer;
+:func:`split_reply` gives a client's ``(tool_calls, text)`` and :func:`scan_reply` an
+agent's :class:`~ludic_lab.rendering.hermes.ToolCallScan`. The ChatML/Hermes family parses
+the reply's text exactly as before (blocks that are not valid calls stay in the text); other
+families parse the sampled ids with their own format.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from ludic_lab.inference.chat_template import ChatTemplate
+from ludic_lab.rendering.base import Renderer
+from ludic_lab.rendering.families import FAMILIES, detect_family, renderer_for
+from ludic_lab.rendering.hermes import ToolCallScan, parse_tool_calls, scan_tool_calls
+from ludic_lab.rendering.template import TemplateRenderer
+
+_RENDERERS: weakref.WeakKeyDictionary[Any, Renderer] = weakref.WeakKeyDictionary()
+
+
+def renderer_of(template: ChatTemplate | Any, family: str | None = None) -> Renderer:
+    """The renderer of a chat template's (or tokenizer's) family, built once per object.
+
+    ``family`` overrides the detection (also readable from ``template.family``). Without the
+    ``renderers`` package, families it serves fall back to the template with a warning.
+    """
+    family = family or getattr(template, "family", None)
+    if family is None:
+        cached = _RENDERERS.get(template)
+        if cached is not None:
+            return cached
+    tokenizer = template.tokenizer if isinstance(template, ChatTemplate) else template
+    name = family or detect_family(tokenizer)
+    if FAMILIES.get(name) is not None and FAMILIES[name].backend == "template":
+        renderer: Renderer = TemplateRenderer(template, family=name)
+    else:
+        try:
+            renderer = renderer_for(tokenizer, name)
+        except ImportError as e:
+            warnings.warn(f"{e}; parsing {name} replies as Hermes text meanwhile", stacklevel=2)
+            renderer = TemplateRenderer(template, family="template")
+    if family is None:
+        _RENDERERS[template] = renderer
+    return renderer
+
+
+def _is_hermes(renderer: Renderer) -> bool:
+    return isinstance(renderer, TemplateRenderer)
+
+
+def split_reply(
+    template: ChatTemplate | Any, completion_ids: Sequence[int] | None, text: str
+) -> tuple[tuple[dict[str, Any], ...] | None, str]:
+    """``(OpenAI tool calls or None, the text to return)`` of a reply offered tools.
+
+    Hermes/template families: :func:`~ludic_lab.rendering.hermes.parse_tool_calls` of ``text``.
+    Others: the ids parsed by the family; with calls, the text is the content (reasoning and
+    call blocks removed), else ``text`` unchanged.
+    """
+    renderer = renderer_of(template)
+    if _is_hermes(renderer):
+        return parse_tool_calls(text)
+    parsed = renderer.parse(completion_ids) if completion_ids is not None else renderer.parse_text(text)
+    if not parsed.scan.calls:
+        return None, text
+    return parsed.scan.calls, parsed.content
+
+
+def scan_reply(template: ChatTemplate | Any, completion_ids: Sequence[int] | None, text: str) -> ToolCallScan:
+    """Every tool-call attempt of a reply (valid and malformed), in the family's format."""
+    renderer = renderer_of(template)
+    if _is_hermes(renderer):
+        return scan_tool_calls(text)
+    parsed = renderer.parse(completion_ids) if completion_ids is not None else renderer.parse_text(text)
+    return parsed.scan
