@@ -1,7 +1,8 @@
 """``ToolAgent``: an :class:`Agent` whose model may call Python functions before it answers.
 
-One :meth:`ToolAgent.act` is one env step: the model is sampled; if its reply holds Hermes
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, the calls run and their
+One :meth:`ToolAgent.act` is one env step: the model is sampled; if its reply holds tool calls
+(in the model family's format, parsed by :mod:`ludic_lab.rendering`: Hermes
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks for ChatML models), the calls run and their
 results join the conversation as ``role="tool"`` messages, and the model is sampled again —
 until a reply without a tool call (the parser turns it into the env action) or
 ``max_tool_turns`` rounds of tools.
@@ -35,6 +36,7 @@ from ludic_lab.inference.request import InferenceSpec
 from ludic_lab.inference.tool_calls import TOOL_PROMPT as TOOL_PROMPT  # re-exported
 from ludic_lab.inference.tool_calls import ToolCallScan, scan_tool_calls, tools_system_prompt
 from ludic_lab.parsers import ParseResult
+from ludic_lab.rendering.reply import scan_reply
 from ludic_lab.traces import merge_traces
 from ludic_lab.types import ChatResponse, Info, Message, TokenTrace
 
@@ -49,9 +51,12 @@ class ToolAgent(Agent):
     ``max_tool_calls_per_turn`` caps the calls run from one reply (the rest are refused);
     ``max_prompt_tokens`` ends the step with ``context_overflow_reward`` (a parse failure,
     ``info["context_overflow"]``) when the next prompt would be longer.
-    ``tool_call_parser`` finds the calls in a reply (default: Hermes ``<tool_call>`` blocks,
-    :func:`~ludic_lab.inference.tool_calls.scan_tool_calls`); give another for a model
-    trained on another format (it returns a ``ToolCallScan`` of calls and malformed blocks).
+    ``tool_call_parser`` finds the calls in a reply's text; by default (``None``) the rendering
+    layer parses the sampled ids in the chat template's model family
+    (:func:`~ludic_lab.rendering.scan_reply`; Hermes ``<tool_call>`` blocks of the text for
+    ChatML and template-only models, :func:`~ludic_lab.inference.tool_calls.scan_tool_calls`).
+    Give another for a model trained on a format of your own (it returns a ``ToolCallScan``
+    of calls and malformed blocks).
     """
 
     def __init__(
@@ -69,7 +74,7 @@ class ToolAgent(Agent):
         max_tool_calls_per_turn: int = 8,
         max_prompt_tokens: int | None = None,
         context_overflow_reward: float = 0.0,
-        tool_call_parser: Callable[[str], ToolCallScan] = scan_tool_calls,
+        tool_call_parser: Callable[[str], ToolCallScan] | None = None,
         **agent_kwargs: Any,
     ) -> None:
         super().__init__(client, ctx, parser, **agent_kwargs)
@@ -159,7 +164,7 @@ class ToolAgent(Agent):
             response, trace, info = await self._sample(messages, prompt_ids, source, inference, sampling_seed)
             self.ctx.on_after_act(response)
             traces.append(trace)
-            scan = self.tool_call_parser(response.text)
+            scan = self._scan(response)
             if not isinstance(scan, ToolCallScan):
                 raise TypeError(f"tool_call_parser must return a ToolCallScan, got {type(scan).__name__}")
             if turn >= self._tool_turn_budget():
@@ -210,6 +215,15 @@ class ToolAgent(Agent):
         info["tools"] = tool_summary(records, model_turns=len(traces), penalty=penalty)
         info["tool_calls"] = [r.to_info() for r in records]
         return ActResult(parse_result, response, merge_traces(traces), info, first_messages)
+
+    def _scan(self, response: ChatResponse) -> ToolCallScan:
+        """The reply's tool-call attempts: ``tool_call_parser`` of its text when given, else the
+        rendering layer's parse in the template's family (the text as Hermes blocks without one)."""
+        if self.tool_call_parser is not None:
+            return self.tool_call_parser(response.text)
+        if self.chat_template is None:
+            return scan_tool_calls(response.text)
+        return scan_reply(self.chat_template, response.completion_token_ids, response.text)
 
     # -- hooks for subclasses (ReActAgent) ----------------------------------------------------
     def _tool_turn_budget(self) -> int:

@@ -3,8 +3,8 @@
 ``POST /v1/chat/completions`` (streaming and not, ``n``, ``tools``, ``logprobs``),
 ``GET /v1/models``, ``GET /health``. The API key selects the episode's
 :class:`~ludic_lab.endpoint.sessions.Session`; every call is sampled token-in from the ids the
-session plans and recorded with its exact trace. Tool calls in the model's text (Hermes
-``<tool_call>`` blocks) come back as OpenAI ``tool_calls``. Every malformed request is a 4xx
+session plans and recorded with its exact trace. Tool calls in the model's reply (parsed by the
+rendering layer in the model family's format) come back as OpenAI ``tool_calls``. Every malformed request is a 4xx
 with OpenAI's error object; a failing backend a 502 naming the failure.
 """
 
@@ -33,7 +33,7 @@ from ludic_lab.endpoint.schemas import (
 from ludic_lab.endpoint.sessions import RecordedCall, Session, SessionError, SessionStore
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig
-from ludic_lab.inference.tool_calls import parse_tool_calls
+from ludic_lab.rendering.reply import split_reply
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """Largest request body accepted (4 MiB: ~1M tokens of text, past any context this serves)."""
@@ -150,7 +150,7 @@ def build_app(
         parse = tools is not None and req.tool_choice != "none"
         top = [c[1] for c in calls]
         recorded = [
-            _record(session, c[0], plan, messages, first, k, parse, delivered=not req.stream)
+            _record(session, template, c[0], plan, messages, first, k, parse, delivered=not req.stream)
             for k, c in enumerate(calls)
         ]
         lps = [
@@ -246,11 +246,20 @@ async def _sample(
 
 
 def _record(
-    session: Session, resp: Any, plan: Any, messages: Any, first: int, k: int, parse: bool, *, delivered: bool
+    session: Session,
+    template: ChatTemplate,
+    resp: Any,
+    plan: Any,
+    messages: Any,
+    first: int,
+    k: int,
+    parse: bool,
+    *,
+    delivered: bool,
 ) -> RecordedCall:
     from ludic_lab.types import TokenTrace
 
-    calls, content = parse_tool_calls(resp.text) if parse else (None, resp.text)
+    calls, content = split_reply(template, resp.completion_token_ids, resp.text) if parse else (None, resp.text)
     tool_calls = tuple({**c, "id": f"call_{uuid.uuid4().hex[:12]}"} for c in (calls or ()))
     call = RecordedCall(
         index=first + k,

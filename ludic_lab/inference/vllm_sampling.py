@@ -5,7 +5,8 @@ the request body for a :class:`ChatCompletionRequest` given as prompt token ids,
 The server returns the sampled token ids and the logprob of each under the distribution it
 was drawn from (the bundled server runs vLLM's ``processed_logprobs`` mode); text is decoded
 with the same :class:`ChatTemplate` as :class:`~ludic_lab.inference.local_client.LocalChatClient`
-and Hermes tool calls are parsed by the same parser, so both backends answer alike.
+and tool calls are parsed by the rendering layer (:func:`~ludic_lab.rendering.split_reply`, the
+model family's format), so both backends answer alike.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
-from ludic_lab.inference.tool_calls import parse_tool_calls
 from ludic_lab.inference.vllm_http import VLLMError
+from ludic_lab.rendering.reply import split_reply
 from ludic_lab.types import ChatResponse
 
 _TOKEN_PREFIX = "token_id:"
@@ -115,7 +116,7 @@ def parse_choice(
     if isinstance(stop_reason, str):  # cut by a stop string: the text ends before it
         hits = [k for k in (text.find(s) for s in request.sampling.stop if s) if k >= 0]
         text = text[: min(hits)] if hits else str(choice.get("text", text))
-    tool_calls, text_out = parse_tool_calls(text) if request.tools is not None else (None, text)
+    tool_calls, text_out = split_reply(template, ids, text) if request.tools is not None else (None, text)
     want_ids = ret.return_token_ids or ret.return_chosen_logprobs
     return ChatResponse(
         text=text_out,

@@ -59,6 +59,8 @@ def detect_family(tokenizer: Any) -> str:
 
     ``ValueError`` (saying what to pass) when nothing matches and there is no chat template.
     """
+    if type(tokenizer).__name__ == "MistralTokenizer":  # mistral-common's own tokenizer
+        return "mistral"
     template = str(getattr(tokenizer, "chat_template", None) or "")
     name = str(getattr(tokenizer, "name_or_path", "") or "").lower()
     if _has(tokenizer, "<|channel|>") and _has(tokenizer, "<|start|>"):
