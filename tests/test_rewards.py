@@ -191,6 +191,9 @@ async def test_contract_errors() -> None:
         await apply_rewards([ro("a")], [LookupReward({"a": 1}, weight=math.nan)])
     with pytest.raises(RewardContractError, match="is not a reward"):
         await apply_rewards([ro("a")], [object()])  # type: ignore[list-item]
+    twice = ro("a")
+    with pytest.raises(RewardContractError, match="appears twice"):
+        await apply_rewards([twice, twice], [LookupReward({"a": 1})])
     once, _ = await apply_rewards([ro("a")], [LookupReward({"a": 1})])
     with pytest.raises(RewardContractError, match="already applied"):
         await apply_rewards(once, [LookupReward({"a": 1})])

@@ -187,9 +187,16 @@ async def apply_rewards(
     """
     if isinstance(rollouts, Rollout) or not isinstance(rollouts, Sequence):
         raise TypeError(f"apply_rewards expects a list of Rollout, got {type(rollouts).__name__}")
+    seen: set[str] = set()
     for i, r in enumerate(rollouts):
         if not isinstance(r, Rollout):
             raise TypeError(f"apply_rewards: rollouts[{i}] is a {type(r).__name__}, expected Rollout")
+        if r.id in seen:
+            raise RewardContractError(
+                f"apply_rewards: rollout id {r.id!r} appears twice; every rollout needs a unique id "
+                "(verdicts are matched to rollouts by id)"
+            )
+        seen.add(r.id)
     checked = check_rewards(rewards)
     if not checked:
         return list(rollouts), {}
