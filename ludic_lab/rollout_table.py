@@ -16,7 +16,11 @@ if TYPE_CHECKING:
 
 
 def rollouts_to_dataframe(rollouts: Sequence[Rollout], *, per: Literal["rollout", "step"] = "rollout") -> pd.DataFrame:
-    """A pandas DataFrame with one row per rollout (default) or per step."""
+    """A pandas DataFrame with one row per rollout (default) or per step.
+
+    Rewards applied by :func:`ludic_lab.rewards.apply_rewards` (judges, group rewards) add a
+    ``reward.<name>`` column (unweighted score) and, for judges, ``reasoning.<name>``.
+    """
     import pandas as pd
 
     if per not in ("rollout", "step"):
@@ -44,6 +48,7 @@ def rollouts_to_dataframe(rollouts: Sequence[Rollout], *, per: Literal["rollout"
                     "terminated": bool(last and last.terminated),
                     "truncated": bool(last and last.truncated),
                     "final_action": last.action if last else None,
+                    **_reward_columns(last.info if last else {}),
                     **{
                         f"meta.{k}": v for k, v in r.meta.items() if isinstance(v, (str, int, float, bool)) or v is None
                     },
@@ -68,11 +73,22 @@ def rollouts_to_dataframe(rollouts: Sequence[Rollout], *, per: Literal["rollout"
                         "completion_tokens": len(s.trace.completion_token_ids) if s.trace else 0,
                         "prompt_source": s.trace.prompt_source if s.trace else None,
                         "finish_reason": s.trace.finish_reason if s.trace else None,
+                        **_reward_columns(s.info),
                     }
                 )
         else:
             raise ValueError(f"per must be 'rollout' or 'step', got {per!r}")
     return pd.DataFrame(rows)
+
+
+def _reward_columns(info: dict[str, Any]) -> dict[str, Any]:
+    """``reward.<name>``: each applied reward's unweighted score (:mod:`ludic_lab.rewards`),
+    ``reasoning.<name>``: a judge's reasoning, when it gave one."""
+    out: dict[str, Any] = {f"reward.{k}": v for k, v in (info.get("rewards") or {}).items()}
+    for k, v in (info.get("reward_info") or {}).items():
+        if isinstance(v, dict) and isinstance(v.get("reasoning"), str):
+            out[f"reasoning.{k}"] = v["reasoning"]
+    return out
 
 
 __all__ = ["rollouts_to_dataframe"]

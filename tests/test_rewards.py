@@ -274,3 +274,13 @@ def test_batch_source_rejects_bad_rewards() -> None:
         _source(["a"], LookupReward({}))
     with pytest.raises(RewardContractError, match="unique name"):
         _source(["a"], [LookupReward({}), LookupReward({})])
+
+
+async def test_rollout_table_shows_reward_columns() -> None:
+    out, _ = await apply_rewards([ro("a"), ro("b")], [LookupReward({"a": 1.0, "b": 0.25})])
+    from ludic_lab.types import rollouts_to_dataframe
+
+    df = rollouts_to_dataframe(out)
+    assert list(df["reward.lookup"]) == [1.0, 0.25]
+    steps = rollouts_to_dataframe(out, per="step")
+    assert list(steps["reward.lookup"]) == [1.0, 0.25]
