@@ -82,7 +82,34 @@ def _step_html(r: Rollout, s: Step, weights: Weights | None, tok: Any, scale: fl
         tail += f" · next obs: <span class='ll-msg' style='display:inline'>{html.escape(s.next_obs)}</span>"
     elif isinstance(s.info.get("final_obs"), str):  # the episode ended here: next_obs is None
         tail += f" · final obs: <span class='ll-msg' style='display:inline'>{html.escape(s.info['final_obs'])}</span>"
-    return head + body + tail + "</div>"
+    return head + body + tail + "</div>" + _rewards_html(s.info)
+
+
+def _rewards_html(info: Mapping[str, Any]) -> str:
+    """One line per reward applied to the step (:mod:`ludic_lab.rewards`): its score and
+    weight, a judge's verdicts and reasoning, or why it failed."""
+    scores = info.get("rewards") or {}
+    weights = info.get("reward_weights") or {}
+    details = info.get("reward_info") or {}
+    failures = info.get("reward_failures") or {}
+    lines = []
+    for name in dict.fromkeys([*scores, *failures]):
+        raw = details.get(name)
+        d: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if name in failures:
+            what = f"<span class='ll-err'>failed: {html.escape(str(failures[name]))}</span>"
+        else:
+            what = f"<b>{fmt(float(scores[name]))}</b> (weight {float(weights.get(name, 1.0)):g})"
+        verdicts = d.get("verdicts")
+        if isinstance(verdicts, dict):
+            what += " · " + html.escape(", ".join(f"{k}: {v}" for k, v in verdicts.items()))
+        for key in ("rank", "judge_score"):
+            if key in d:
+                what += f" · {key} {html.escape(str(d[key]))}"
+        if isinstance(d.get("reasoning"), str) and d["reasoning"]:
+            what += f" · <i>{html.escape(d['reasoning'])}</i>"
+        lines.append(f"<div class='ll-head'>{html.escape(str(name))}: {what}</div>")
+    return "".join(lines)
 
 
 def _card_html(r: Rollout, weights: Weights | None, tok: Any, scale: float) -> str:

@@ -327,3 +327,20 @@ async def test_tiny_model_as_judge_end_to_end(tiny_judge_client) -> None:
     assert stats["rewards/rubric/failures"] + stats["rewards/rubric/scored"] == 3
     weights = GroupNormalizedReturn().compute(out)  # credit runs on whatever survived
     assert all((r.id, 0) in weights for r in out if not r.failed)
+
+
+async def test_credit_view_shows_verdicts_and_failures() -> None:
+    from ludic_lab.types_html import rollouts_html
+
+    client = ScriptedChatClient(
+        lambda req: (
+            verdict("yes", 4, "no", reasoning="Right <b>but</b> long.")
+            if "good one" in req.messages[1]["content"]
+            else "??"
+        )
+    )
+    out, _ = await apply_rewards([ro("good one"), ro("bad one")], [RubricJudge(client, RUBRIC)])
+    page = rollouts_html(out, weights=GroupNormalizedReturn().compute(out))
+    assert "rubric: <b>+0.542</b> (weight 1)" in page and "clear: yes, correct: 4, concise: no" in page
+    assert "Right &lt;b&gt;but&lt;/b&gt; long." in page  # escaped
+    assert "rubric: <span class='ll-err'>failed: unreadable judge reply" in page
