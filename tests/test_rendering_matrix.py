@@ -51,6 +51,8 @@ class Case:
     reasoning: str | None = "I should add."
     config: dict[str, Any] | None = None
     encode: Any = None
+    answer: str = "<think>\nI should add.\n</think>\n\n5<|im_end|>"
+    """A reply that reasons and answers (the turn before a new user message)."""
     reports_malformed: bool = True
     """False where the family's parser keeps a malformed call as content (renderers' Llama 3
     parser, like vLLM's llama3_json): the call is not run and the reply reaches the env's parser."""
@@ -89,6 +91,7 @@ def _qwen35() -> Case:
             f"Again.\n</think>\n\n{bad}<|im_end|>",
             "Done.\n</think>\n\n2+3 = 5<|im_end|>",
         ),
+        answer="I should add.\n</think>\n\n5<|im_end|>",
     )
 
 
@@ -103,6 +106,7 @@ def _llama3() -> Case:
         ),
         reasoning=None,
         config={"date_string": "26 Jul 2024"},
+        answer="5<|eot_id|>",
         reports_malformed=False,
     )
 
@@ -118,6 +122,21 @@ def _gpt_oss() -> Case:
             "Done.<|end|><|start|>assistant<|channel|>final<|message|>2+3 = 5<|return|>",
         ),
         config={"conversation_start_date": "2026-01-01"},
+        answer="I should add.<|end|><|start|>assistant<|channel|>final<|message|>5<|return|>",
+    )
+
+
+def _gemma4(tiny_model_dir: str) -> Case:
+    call = "<|tool_call>call:add{a:2,b:3}<tool_call|><|tool_response>"
+    return Case(
+        ft.gemma4_test_tokenizer(tiny_model_dir),
+        "gemma4",
+        (
+            f"<|channel>thought\nI should add.\n<channel|>{call}",
+            "<|channel>thought\nAgain.\n<channel|><|tool_call>call:add{a:2,<tool_call|><|tool_response>",
+            "2+3 = 5<turn|>",
+        ),
+        answer="<|channel>thought\nI should add.\n<channel|>5<turn|>",
     )
 
 
@@ -143,6 +162,7 @@ def _mistral() -> Case:
         ),
         reasoning=None,
         encode=encode,
+        answer="5</s>",
     )
 
 
@@ -159,12 +179,19 @@ CASES = {
     "qwen3.5": _qwen35,
     "llama-3": _llama3,
     "gpt-oss": _gpt_oss,
+    "gemma4": None,
     "mistral": _mistral,
 }
 
 
-@pytest.fixture(params=list(CASES))
+@pytest.fixture(params=[*CASES, pytest.param("smollm2", marks=pytest.mark.slow)])
 def case(request: Any, tiny_tokenizer: Any) -> Case:
+    if request.param == "smollm2":  # ChatML on SmolLM2's real tokenizer and template
+        from transformers import AutoTokenizer
+
+        return _chatml(AutoTokenizer.from_pretrained(request.getfixturevalue("default_model_dir")))
+    if request.param == "gemma4":
+        return _gemma4(request.getfixturevalue("tiny_model_dir"))
     make = CASES[request.param]
     return _chatml(tiny_tokenizer) if make is None else make()
 
@@ -209,6 +236,7 @@ _FRAME = {
         "<|im_start|>system\n# Tools",
         "You are a calculator.<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n<think>\n",
     ),
+    "gemma4": ("<bos><|turn>system\nYou are a calculator.<|tool>declaration:add{", "<|turn>model\n"),
     "llama-3": (
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
         "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nYou are a calculator.<|eot_id|>",
@@ -298,24 +326,25 @@ def test_new_user_turn_keeps_sampled_ids_and_counts_the_prefix_break(case: Case)
     render (the template's own history policy) is compared and a difference counted."""
     r = _renderer(case)
     prompt = r.render_ids(FIRST, tools=TOOLS)
-    completion = case.ids(case.replies[0].split("<tool_call>")[0].rstrip() + _end(case))
-    if case.family in ("gpt-oss",):
-        completion = case.ids("I should add.<|end|><|start|>assistant<|channel|>final<|message|>5<|return|>")
+    completion = case.ids(case.answer)
+    assert r.parse(completion, prompt_ids=prompt).content == "5"
     new = [{"role": "user", "content": "And 4+4?"}]
     bridge = r.bridge(prompt, completion, FIRST, new, tools=TOOLS, check_prefix=True)
     assert bridge.ids[: len(prompt) + len(completion)] == [*prompt, *completion]
-    assert bridge.prefix_break is not None
-    if case.reasoning is not None and case.family != "chatml":
-        # Qwen3, Qwen3.5 and gpt-oss templates drop earlier reasoning: a re-render is no extension
-        assert bridge.prefix_break is True
-        assert (
-            bridge.fresh_ids is not None
-            and bridge.fresh_ids[: len(prompt) + len(completion)] != bridge.ids[: len(prompt) + len(completion)]
-        )
+    assert bridge.prefix_break is _PREFIX_BREAK[case.family], bridge
+    if bridge.prefix_break:  # a re-rendering bridge would have trained on other ids than were sampled
+        assert bridge.fresh_ids is not None and bridge.fresh_ids[: len(bridge.ids)] != bridge.ids
 
 
-def _end(case: Case) -> str:
-    return {"llama-3": "<|eot_id|>", "mistral": "</s>"}.get(case.family, "<|im_end|>")
+_PREFIX_BREAK = {
+    "chatml": False,  # ChatML keeps history as sent
+    "llama-3": False,
+    "qwen3": True,  # drops the <think> block of turns before the last user message
+    "qwen3.5": True,
+    "gpt-oss": True,  # drops the analysis channel of finished turns
+    "gemma4": True,  # drops the thought channel
+    "mistral": True,  # v3 moves [AVAILABLE_TOOLS] before the last user message
+}
 
 
 def test_negative_control_hermes_text_parse_fails_where_the_family_differs(case: Case) -> None:

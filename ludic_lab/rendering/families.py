@@ -69,6 +69,8 @@ def detect_family(tokenizer: Any) -> str:
         return "llama-3"
     if _has(tokenizer, "[INST]") or _has(tokenizer, "[TOOL_CALLS]"):
         return "mistral"
+    if _has(tokenizer, "<|turn>") and _has(tokenizer, "<|tool_call>"):
+        return "gemma4"
     if _has(tokenizer, "<start_of_turn>"):
         return "gemma"
     if _has(tokenizer, "<|im_start|>"):

@@ -26,9 +26,12 @@ _RENDERERS: weakref.WeakKeyDictionary[Any, Renderer] = weakref.WeakKeyDictionary
 def renderer_of(template: ChatTemplate | Any, family: str | None = None) -> Renderer:
     """The renderer of a chat template's (or tokenizer's) family, built once per object.
 
-    ``family`` overrides the detection (also readable from ``template.family``). Without the
+    A :class:`Renderer` is returned as it is. ``family`` overrides the detection (also
+    readable from ``template.family``). Without the
     ``renderers`` package, families it serves fall back to the template with a warning.
     """
+    if family is None and isinstance(template, Renderer):
+        return template
     family = family or getattr(template, "family", None)
     if family is None:
         cached = _RENDERERS.get(template)

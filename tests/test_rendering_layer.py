@@ -1,0 +1,103 @@
+"""The rendering layer's resolution, errors and the parse every client goes through."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ludic_lab.rendering import (
+    FAMILIES,
+    TemplateRenderer,
+    detect_family,
+    parse_tool_calls,
+    renderer_for,
+    renderer_of,
+    scan_reply,
+    split_reply,
+)
+from tests import family_tokenizers as ft
+
+_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
+class _Bare:
+    """A tokenizer with neither a chat template nor any known special token."""
+
+    name_or_path = "bare"
+    unk_token_id = 0
+    chat_template = None
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return 0
+
+
+def test_unknown_tokenizer_and_family_errors_say_what_to_do() -> None:
+    with pytest.raises(ValueError, match="pass family="):
+        detect_family(_Bare())
+    with pytest.raises(ValueError, match="unknown model family 'nope'"):
+        renderer_for(_Bare(), "nope")
+
+
+def test_chatml_tokenizer_resolves_to_the_template_renderer(tiny_tokenizer: Any) -> None:
+    r = renderer_for(tiny_tokenizer)
+    assert isinstance(r, TemplateRenderer) and r.family == "chatml" == detect_family(tiny_tokenizer)
+    assert FAMILIES["chatml"].backend == "template"
+
+
+def test_hermes_split_is_the_clients_old_parse(tiny_tokenizer: Any) -> None:
+    """For ChatML the clients' reply is exactly parse_tool_calls of the text (blocks that are
+    not valid calls stay in the text), whatever the ids."""
+    text = 'Let me add.\n<tool_call>{"name": "add"</tool_call>\n' + _CALL
+    calls, rest = split_reply(renderer_of(tiny_tokenizer), None, text)
+    assert (calls, rest) == parse_tool_calls(text)
+    assert calls is not None and json.loads(calls[0]["function"]["arguments"]) == {"a": 2, "b": 3}
+    scan = scan_reply(tiny_tokenizer, None, text)
+    assert len(scan.calls) == 1 and len(scan.errors) == 1 and scan.in_order()[0][0] is None
+
+
+def test_the_text_parser_serves_chatml_where_renderers_token_parser_finds_nothing(tiny_tokenizer: Any) -> None:
+    """Measured reason for keeping the text parser on ChatML: ``<tool_call>`` is plain text in
+    SmolLM2's and the tiny model's vocabularies, and renderers' Hermes parser matches a token id."""
+    pytest.importorskip("renderers")
+    from renderers.parsers import Qwen3ToolParser
+
+    ids = tiny_tokenizer.encode(_CALL, add_special_tokens=False)
+    content, calls = Qwen3ToolParser(tiny_tokenizer).extract(ids)
+    assert calls == [] and content == ids  # the library sees no call at all
+    parsed = renderer_for(tiny_tokenizer).parse(ids)
+    assert [c["function"]["name"] for c in parsed.scan.calls] == ["add"]
+
+
+def test_library_family_reply_is_parsed_from_ids() -> None:
+    tok = ft.qwen3_tokenizer()
+    text = f"<think>\nadd them\n</think>\n\n{_CALL}<|im_end|>"
+    ids = tok.encode(text)
+    calls, content = split_reply(tok, ids, tok.decode(ids, skip_special_tokens=True))
+    assert calls is not None and calls[0]["function"]["name"] == "add" and content == ""
+    parsed = renderer_of(tok).parse(ids)
+    assert parsed.reasoning == "add them" and parsed.reasoning_complete is True
+    assert scan_reply(tok, ids, "").calls == calls
+    # Hermes text parse of the same reply as a client decodes it finds nothing: special tokens are gone
+    assert parse_tool_calls(tok.decode(ids, skip_special_tokens=True))[0] is None
+
+
+def test_family_override_and_cut_completion_is_closed_by_the_bridge() -> None:
+    tok = ft.qwen3_tokenizer()
+    r = renderer_for(tok, "qwen3")
+    msgs = [{"role": "user", "content": "hi"}]
+    prompt = r.render_ids(msgs)
+    cut = tok.encode("<think>\nhmm")  # cut at max_tokens inside its reasoning
+    assert r.parse(cut).reasoning_complete is False
+    b = r.bridge(prompt, cut, msgs, [{"role": "user", "content": "go on"}])
+    assert b.ids[: len(prompt) + len(cut)] == [*prompt, *cut] and b.closed_turn
+    assert tok.decode(b.new_ids).startswith("\n</think>") or "<|im_end|>" in tok.decode(b.new_ids)
+
+
+def test_renderer_of_caches_per_template(tiny_tokenizer: Any) -> None:
+    from ludic_lab.inference.chat_template import ChatTemplate
+
+    tpl = ChatTemplate(tiny_tokenizer)
+    assert renderer_of(tpl) is renderer_of(tpl)
+    assert renderer_of(tpl, "template").family == "template"
