@@ -24,6 +24,7 @@ from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.client import ChatClient
 from ludic_lab.inference.request import ChatCompletionRequest, InferenceSpec, SamplingConfig, ToolRequest
 from ludic_lab.parsers import Parser, ParseResult
+from ludic_lab.rendering.base import Renderer
 from ludic_lab.types import ChatResponse, Info, Message, Observation, PromptSource, TokenTrace
 
 INCOMPLETE_FEEDBACK = "Your reply was cut off at the token limit before it was complete. Answer more briefly."
@@ -82,6 +83,10 @@ class Agent:
 
     ``chat_template`` defaults to ``client.chat_template`` when the client has one; without
     a template the agent sends messages only and records whatever ids the response carries.
+    ``renderer`` (a :class:`~ludic_lab.rendering.Renderer`, e.g. ``renderer_for(tokenizer)``)
+    renders the prompts and bridges the turns instead of the template: the way to run a model
+    family whose tokenizer has no chat template (gpt-oss through openai-harmony, Mistral
+    through mistral-common) or whose format ``renderers`` knows better.
     ``tools`` are OpenAI-format tool schemas sent with every request (and to the template).
     ``system_prompt`` is the agent's own prompt; protocols prefer it (or the context's
     default) over the environment's suggestion. One Agent runs one episode at a time.
@@ -100,6 +105,7 @@ class Agent:
         *,
         model: str = "default",
         chat_template: ChatTemplate | None = None,
+        renderer: Renderer | None = None,
         tools: Sequence[dict[str, Any]] | ToolRequest | None = None,
         system_prompt: str | None = None,
         name: str | None = None,
@@ -120,6 +126,7 @@ class Agent:
         self.chat_template: ChatTemplate | None = (
             chat_template if chat_template is not None else getattr(client, "chat_template", None)
         )
+        self.renderer = renderer
         if tools is None or isinstance(tools, ToolRequest):
             self.tools: ToolRequest | None = tools
         else:
@@ -249,6 +256,8 @@ class Agent:
     # -- token-in bookkeeping ----------------------------------------------------------------
     def _prompt_ids(self, messages: list[Message]) -> tuple[list[int] | None, PromptSource]:
         """Prompt ids for ``messages`` and how they were made (see the module docstring)."""
+        if self.renderer is not None:
+            return self._rendered_prompt_ids(messages)
         tpl = self.chat_template
         if tpl is None:
             return None, "fresh"
@@ -264,6 +273,20 @@ class Agent:
             list(last.messages), new, completion_ended_with_stop=ended_with_stop, tools=tool_schemas
         )
         return [*last.prompt_ids, *last.completion_ids, *cont], "extended"
+
+    def _rendered_prompt_ids(self, messages: list[Message]) -> tuple[list[int], PromptSource]:
+        """:meth:`_prompt_ids` through ``self.renderer``: its bridge extends the sampled ids."""
+        r = self.renderer
+        assert r is not None
+        tools = self._template_tools()
+        last = self._last
+        if last is None:
+            return r.render_ids(messages, tools=tools), "fresh"
+        new = _new_messages(last, messages)
+        if new is None or not last.prompt_ids or last.completion_ids is None:
+            return r.render_ids(messages, tools=tools), "retokenized"
+        bridge = r.bridge(list(last.prompt_ids), list(last.completion_ids), list(last.messages), new, tools=tools)
+        return bridge.ids, "extended"
 
     def _template_tools(self) -> list[dict[str, Any]] | None:
         """Tool schemas the chat template renders into prompts (``None``: none)."""

@@ -37,6 +37,7 @@ from ludic_lab.inference.tool_calls import TOOL_PROMPT as TOOL_PROMPT  # re-expo
 from ludic_lab.inference.tool_calls import ToolCallScan, scan_tool_calls, tools_system_prompt
 from ludic_lab.parsers import ParseResult
 from ludic_lab.rendering.reply import scan_reply
+from ludic_lab.rendering.template import TemplateRenderer
 from ludic_lab.traces import merge_traces
 from ludic_lab.types import ChatResponse, Info, Message, TokenTrace
 
@@ -113,7 +114,9 @@ class ToolAgent(Agent):
     # -- prompts -----------------------------------------------------------------------------
     def _probe_template(self) -> bool:
         """Does the chat template render ``tools=`` itself? (Else the system prompt says it.)"""
-        tpl = self.chat_template
+        if self.renderer is not None and not isinstance(self.renderer, TemplateRenderer):
+            return bool(self.tool_schemas)  # a family renderer renders tools in the family's format
+        tpl = self.renderer.template if isinstance(self.renderer, TemplateRenderer) else self.chat_template
         if tpl is None or not self.tool_schemas:
             return False
         msgs = [{"role": "user", "content": "x"}]
@@ -218,12 +221,15 @@ class ToolAgent(Agent):
 
     def _scan(self, response: ChatResponse) -> ToolCallScan:
         """The reply's tool-call attempts: ``tool_call_parser`` of its text when given, else the
-        rendering layer's parse in the template's family (the text as Hermes blocks without one)."""
+        rendering layer's parse in the renderer's or template's family (the text as Hermes
+        blocks without either)."""
         if self.tool_call_parser is not None:
             return self.tool_call_parser(response.text)
+        if self.renderer is not None:
+            return scan_reply(self.renderer, response.completion_token_ids, response.text, response.prompt_token_ids)
         if self.chat_template is None:
             return scan_tool_calls(response.text)
-        return scan_reply(self.chat_template, response.completion_token_ids, response.text)
+        return scan_reply(self.chat_template, response.completion_token_ids, response.text, response.prompt_token_ids)
 
     # -- hooks for subclasses (ReActAgent) ----------------------------------------------------
     def _tool_turn_budget(self) -> int:

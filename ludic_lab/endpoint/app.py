@@ -259,7 +259,11 @@ def _record(
 ) -> RecordedCall:
     from ludic_lab.types import TokenTrace
 
-    calls, content = split_reply(template, resp.completion_token_ids, resp.text) if parse else (None, resp.text)
+    calls, content = (
+        split_reply(template, resp.completion_token_ids, resp.text, resp.prompt_token_ids)
+        if parse
+        else (None, resp.text)
+    )
     tool_calls = tuple({**c, "id": f"call_{uuid.uuid4().hex[:12]}"} for c in (calls or ()))
     call = RecordedCall(
         index=first + k,

@@ -116,7 +116,7 @@ def parse_choice(
     if isinstance(stop_reason, str):  # cut by a stop string: the text ends before it
         hits = [k for k in (text.find(s) for s in request.sampling.stop if s) if k >= 0]
         text = text[: min(hits)] if hits else str(choice.get("text", text))
-    tool_calls, text_out = split_reply(template, ids, text) if request.tools is not None else (None, text)
+    tool_calls, text_out = split_reply(template, ids, text, prompt) if request.tools is not None else (None, text)
     want_ids = ret.return_token_ids or ret.return_chosen_logprobs
     return ChatResponse(
         text=text_out,

@@ -57,27 +57,42 @@ def _is_hermes(renderer: Renderer) -> bool:
 
 
 def split_reply(
-    template: ChatTemplate | Any, completion_ids: Sequence[int] | None, text: str
+    template: ChatTemplate | Any,
+    completion_ids: Sequence[int] | None,
+    text: str,
+    prompt_ids: Sequence[int] | None = None,
 ) -> tuple[tuple[dict[str, Any], ...] | None, str]:
     """``(OpenAI tool calls or None, the text to return)`` of a reply offered tools.
 
     Hermes/template families: :func:`~ludic_lab.rendering.hermes.parse_tool_calls` of ``text``.
-    Others: the ids parsed by the family; with calls, the text is the content (reasoning and
-    call blocks removed), else ``text`` unchanged.
+    Others: the ids parsed by the family (``prompt_ids`` tell a reasoning channel the prompt
+    opened); with calls, the text is the content (reasoning and call blocks removed), else
+    ``text`` unchanged.
     """
     renderer = renderer_of(template)
     if _is_hermes(renderer):
         return parse_tool_calls(text)
-    parsed = renderer.parse(completion_ids) if completion_ids is not None else renderer.parse_text(text)
+    parsed = _parse(renderer, completion_ids, text, prompt_ids)
     if not parsed.scan.calls:
         return None, text
     return parsed.scan.calls, parsed.content
 
 
-def scan_reply(template: ChatTemplate | Any, completion_ids: Sequence[int] | None, text: str) -> ToolCallScan:
+def scan_reply(
+    template: ChatTemplate | Any,
+    completion_ids: Sequence[int] | None,
+    text: str,
+    prompt_ids: Sequence[int] | None = None,
+) -> ToolCallScan:
     """Every tool-call attempt of a reply (valid and malformed), in the family's format."""
     renderer = renderer_of(template)
     if _is_hermes(renderer):
         return scan_tool_calls(text)
-    parsed = renderer.parse(completion_ids) if completion_ids is not None else renderer.parse_text(text)
+    parsed = _parse(renderer, completion_ids, text, prompt_ids)
     return parsed.scan
+
+
+def _parse(renderer: Renderer, ids: Sequence[int] | None, text: str, prompt_ids: Sequence[int] | None) -> Any:
+    if ids is None:
+        return renderer.parse_text(text)
+    return renderer.parse(ids, prompt_ids=prompt_ids)
