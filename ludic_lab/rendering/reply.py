@@ -34,7 +34,7 @@ def renderer_of(template: ChatTemplate | Any, family: str | None = None) -> Rend
         return template
     family = family or getattr(template, "family", None)
     if family is None:
-        cached = _RENDERERS.get(template)
+        cached = _cached(template)
         if cached is not None:
             return cached
     tokenizer = template.tokenizer if isinstance(template, ChatTemplate) else template
@@ -48,8 +48,18 @@ def renderer_of(template: ChatTemplate | Any, family: str | None = None) -> Rend
             warnings.warn(f"{e}; parsing {name} replies as Hermes text meanwhile", stacklevel=2)
             renderer = TemplateRenderer(template, family="template")
     if family is None:
-        _RENDERERS[template] = renderer
+        try:
+            _RENDERERS[template] = renderer
+        except TypeError:  # an object that cannot be weakly referenced: resolved on every call
+            pass
     return renderer
+
+
+def _cached(template: Any) -> Renderer | None:
+    try:
+        return _RENDERERS.get(template)
+    except TypeError:
+        return None
 
 
 def _is_hermes(renderer: Renderer) -> bool:
