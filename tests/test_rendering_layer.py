@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -101,3 +102,30 @@ def test_renderer_of_caches_per_template(tiny_tokenizer: Any) -> None:
     tpl = ChatTemplate(tiny_tokenizer)
     assert renderer_of(tpl) is renderer_of(tpl)
     assert renderer_of(tpl, "template").family == "template"
+
+
+def test_vllm_completion_parse_reads_the_familys_calls_from_ids() -> None:
+    """VLLMChatClient's parse of a server answer (vllm_sampling.parse_choice) on a Llama 3
+    tokenizer: the JSON call comes back as an OpenAI tool call; the old Hermes path found none."""
+    from ludic_lab.inference.chat_template import ChatTemplate
+    from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, ToolRequest
+    from ludic_lab.inference.vllm_sampling import parse_choice
+
+    tok = copy.copy(ft.llama3_tokenizer())  # the cached tokenizer stays without a template
+    tok.chat_template = "{{ '' }}"  # parse_choice never renders; ChatTemplate wants one
+    tpl = ChatTemplate(tok, stop_token_ids=[tok.convert_tokens_to_ids("<|eot_id|>")])
+    assert renderer_of(tpl).family == "llama-3"
+    tools = ({"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}},)
+    request = ChatCompletionRequest(
+        model="m",
+        messages=({"role": "user", "content": "2+3?"},),
+        return_=ReturnSpec.for_training(),
+        extensions={"tools": ToolRequest(tools=tools)},
+    )
+    ids = tok.encode('{"name": "add", "parameters": {"a": 2, "b": 3}}<|eot_id|>', add_special_tokens=False)
+    data = {"choices": [{"token_ids": ids, "finish_reason": "stop", "logprobs": {"token_logprobs": [-0.1] * len(ids)}}]}
+    resp = parse_choice(request, [1, 2, 3], data, 0, template=tpl, server="test")
+    assert resp.tool_calls is not None and resp.tool_calls[0]["function"]["name"] == "add"
+    assert json.loads(resp.tool_calls[0]["function"]["arguments"]) == {"a": 2, "b": 3}
+    assert resp.completion_token_ids == tuple(ids)
+    assert parse_tool_calls(tpl.decode(ids[:-1]))[0] is None  # the Hermes-only parse misses it
