@@ -174,3 +174,31 @@ def test_config_errors_say_what_to_do() -> None:
         source(lambda e, s: 1.0, 2, dynamic_sampling=DynamicSampling(min_groups=2), max_attempts=3)
     with pytest.raises(TypeError, match=r"DynamicSampling\(min_groups"):
         source(lambda e, s: 1.0, 2, dynamic_sampling={"min_groups": 2})
+
+
+def test_trains_with_make_dapo_on_the_tiny_model(tiny_model_dir: str) -> None:
+    """End to end: the tiny model samples digits, DAPO trains on a dynamically filled batch."""
+    from trainer_helpers import digits_source, load_model
+
+    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.training.algorithm import make_dapo
+    from ludic_lab.training.config import TrainerConfig
+    from ludic_lab.training.trainer import Trainer
+
+    algo = make_dapo()
+    client = LocalChatClient(tiny_model_dir)
+    odd_length = lambda text: float(len(text) % 2)  # noqa: E731 - rewards that differ within most groups
+    plain = digits_source(client, algo.credit_assigner, prompts=2, group_size=4, max_tokens=6, reward_fn=odd_length)
+    src = RolloutBatchSource(
+        plain.engine,
+        plain.requests_fn,
+        algo.credit_assigner,
+        request_strategy=plain.request_strategy,
+        dynamic_sampling=DynamicSampling(min_groups=3, max_rounds=4),
+    )
+    trainer = Trainer(load_model(tiny_model_dir), algo, src, config=TrainerConfig(lr=1e-3, max_seq_len=128))
+    m = trainer.train_sync(1, progress=False)[0]
+    assert m["source/dynamic/rounds"] >= 2  # 2 groups per round, 3 wanted
+    assert m["source/dynamic/informative_groups"] == 3 and m["source/dynamic/short"] == 0.0
+    assert not m.get("skipped") and m["source/signal_token_frac"] > 0 and m["grad_norm"] > 0
+    assert m["source/zero_variance_groups_dropped"] == 0  # the source already dropped them
