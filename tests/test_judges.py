@@ -344,3 +344,36 @@ async def test_credit_view_shows_verdicts_and_failures() -> None:
     assert "rubric: <b>+0.542</b> (weight 1)" in page and "clear: yes, correct: 4, concise: no" in page
     assert "Right &lt;b&gt;but&lt;/b&gt; long." in page  # escaped
     assert "rubric: <span class='ll-err'>failed: unreadable judge reply" in page
+
+
+# -- one question per criterion (small judges) ------------------------------------------------------
+async def test_per_criterion_questions_score_like_the_rubric() -> None:
+    def script(req: ChatCompletionRequest) -> str:
+        q = req.messages[-1]["content"]
+        if "easy to follow" in q:
+            return "Yes."
+        if "factually right" in q:
+            return "I would say 4 out of 5"
+        return "no, it is two sentences"
+
+    client = ScriptedChatClient(script)
+    judge = RubricJudge(client, RUBRIC, ask="per_criterion")
+    out, stats = await apply_rewards([ro("Scattering."), ro("Scattering.")], [judge])
+    assert [r.total_reward for r in out] == [pytest.approx(3.25 / 6)] * 2
+    info = out[0].steps[-1].info["reward_info"]["rubric"]
+    assert info["verdicts"] == {"clear": "yes", "correct": 4, "concise": "no"}
+    assert info["judge_replies"]["correct"] == "I would say 4 out of 5"
+    assert len(client.requests) == 3 and stats["rewards/rubric/cache_hits"] == 3  # one call per criterion
+    first = client.requests[0]
+    assert first.sampling.max_tokens == 8 and "Reply with one word: yes or no." in first.messages[-1]["content"]
+    assert "Reply with one number from 1 (not at all) to 5 (fully)." in client.requests[1].messages[-1]["content"]
+    assert "JSON" not in first.messages[0]["content"]
+
+
+async def test_per_criterion_unreadable_answer_fails_the_rollout() -> None:
+    client = ScriptedChatClient(lambda req: "maybe" if "factually" in str(req.messages) else "yes")
+    out, stats = await apply_rewards([ro("x")], [RubricJudge(client, RUBRIC, ask="per_criterion")])
+    assert out[0].failed and out[0].error.startswith("judge_failure: rubric: correct: unreadable judge reply")
+    assert stats["rewards/rubric/parse_retries"] == 1 and stats["rewards/rubric/judge_calls"] == 4
+    with pytest.raises(ValueError, match="ask must be"):
+        RubricJudge(client, RUBRIC, ask="xml")  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ludic_lab.judges.caller import DEFAULT_JUDGE_SAMPLING, JudgeCaller, JudgeReply
 from ludic_lab.judges.group_judge import GroupJudge, linear_rank_rewards, parse_ranking, parse_scores
+from ludic_lab.judges.questions import criterion_messages, read_criterion, read_rating, read_yes_no
 from ludic_lab.judges.rubric import Criterion, Rubric, RubricJudge, rubric_messages
 from ludic_lab.judges.verdicts import VerdictParseError, extract_json_object
 
@@ -23,9 +24,13 @@ __all__ = [
     "Rubric",
     "RubricJudge",
     "VerdictParseError",
+    "criterion_messages",
     "extract_json_object",
     "linear_rank_rewards",
     "parse_ranking",
     "parse_scores",
+    "read_criterion",
+    "read_rating",
+    "read_yes_no",
     "rubric_messages",
 ]

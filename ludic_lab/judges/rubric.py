@@ -20,14 +20,16 @@ unreadable reply, timeout, counters). ``step.info["reward_info"][name]`` keeps t
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ludic_lab.inference.client import ChatClient
 from ludic_lab.inference.request import SamplingConfig
 from ludic_lab.judges.caller import JudgeCaller
+from ludic_lab.judges.questions import QUESTION_SYSTEM_PROMPT, criterion_messages, criterion_question, read_criterion
 from ludic_lab.judges.verdicts import (
     VerdictParseError,
     as_number,
@@ -166,6 +168,12 @@ class RubricJudge:
     ``timeout_s``, ``parse_retries`` and ``cache_size`` go to its
     :class:`~ludic_lab.judges.caller.JudgeCaller`. ``prompt_fn`` / ``answer_fn`` pick the
     task and the answer out of a rollout (default: first observation, last raw reply).
+
+    ``ask="json"`` (default): one call per rollout, the verdicts of every criterion and a
+    reasoning in one JSON object. ``ask="per_criterion"``: one short call per criterion
+    (:mod:`ludic_lab.judges.questions`), answered with one word or number: for small judges
+    that cannot write JSON (default reply budget 8 tokens). ``system_prompt=None`` takes the
+    mode's default; ``""`` sends none.
     """
 
     def __init__(
@@ -180,16 +188,24 @@ class RubricJudge:
         timeout_s: float | None = 120.0,
         parse_retries: int = 1,
         cache_size: int = 4096,
-        system_prompt: str | None = RUBRIC_SYSTEM_PROMPT,
+        system_prompt: str | None = None,
         prompt_fn: Callable[[Rollout], str] = rollout_prompt,
         answer_fn: Callable[[Rollout], str] = rollout_answer,
+        ask: Literal["json", "per_criterion"] = "json",
     ) -> None:
         if not isinstance(rubric, Rubric):
             raise TypeError(f"RubricJudge needs a Rubric, got {type(rubric).__name__}")
+        if ask not in ("json", "per_criterion"):
+            raise ValueError(f"RubricJudge.ask must be 'json' or 'per_criterion', got {ask!r}")
         self.rubric = rubric
         self.name = name
         self.weight = weight
-        self.system_prompt = system_prompt
+        self.ask = ask
+        if system_prompt is None:
+            system_prompt = RUBRIC_SYSTEM_PROMPT if ask == "json" else QUESTION_SYSTEM_PROMPT
+        self.system_prompt = system_prompt or None
+        if sampling is None and ask == "per_criterion":
+            sampling = SamplingConfig(temperature=0.0, max_tokens=8)
         self.prompt_fn = prompt_fn
         self.answer_fn = answer_fn
         self.caller = JudgeCaller(
@@ -203,20 +219,33 @@ class RubricJudge:
 
     def __repr__(self) -> str:
         names = [c.name for c in self.rubric.criteria]
-        return f"RubricJudge(name={self.name!r}, weight={self.weight}, criteria={names}, caller={self.caller!r})"
+        return (
+            f"RubricJudge(name={self.name!r}, weight={self.weight}, ask={self.ask!r}, criteria={names}, "
+            f"caller={self.caller!r})"
+        )
 
-    def messages(self, rollout: Rollout) -> list[Message]:
-        """The judge prompt for ``rollout`` (what :meth:`score` sends)."""
+    def _texts(self, rollout: Rollout) -> tuple[str, str]:
         prompt, answer = self.prompt_fn(rollout), self.answer_fn(rollout)
         if not isinstance(prompt, str) or not isinstance(answer, str):
             raise RewardContractError(
                 f"RubricJudge {self.name!r}: prompt_fn and answer_fn must return str, got "
                 f"{type(prompt).__name__} and {type(answer).__name__}"
             )
-        return rubric_messages(self.rubric, prompt, answer, system_prompt=self.system_prompt)
+        return prompt, answer
+
+    def messages(self, rollout: Rollout, criterion: Criterion | None = None) -> list[Message]:
+        """The judge prompt for ``rollout`` (with ``ask="per_criterion"``: for ``criterion``,
+        default the first) — what :meth:`score` sends."""
+        prompt, answer = self._texts(rollout)
+        if self.ask == "json":
+            return rubric_messages(self.rubric, prompt, answer, system_prompt=self.system_prompt)
+        c = criterion or self.rubric.criteria[0]
+        return criterion_messages(self.rubric, c, prompt, answer, system_prompt=self.system_prompt)
 
     async def score(self, rollouts: Sequence[Rollout]) -> list[RewardResult]:
-        """One judge call per rollout, all at once; a failure is a :class:`RewardResult` failure."""
+        """Every judge call at once; a verdict that cannot be had is a :class:`RewardResult` failure."""
+        if self.ask == "per_criterion":
+            return await self._score_per_criterion(rollouts)
         replies = await asyncio.gather(*(self.caller.ask(self.messages(r), self.rubric.parse) for r in rollouts))
         out: list[RewardResult] = []
         for reply in replies:
@@ -229,6 +258,39 @@ class RubricJudge:
                 reasoning=reply.value["reasoning"],
                 verdicts={k: ("yes" if v is True else "no" if v is False else int(v)) for k, v in verdicts.items()},
                 criterion_scores={c.name: c.normalise(verdicts[c.name]) for c in self.rubric.criteria},
+            )
+            out.append(RewardResult(self.rubric.score(verdicts), info=info))
+        return out
+
+    async def _score_per_criterion(self, rollouts: Sequence[Rollout]) -> list[RewardResult]:
+        crit = self.rubric.criteria
+        asks = [
+            self.caller.ask(
+                self.messages(r, c),
+                functools.partial(read_criterion, c),
+                retry_hint=criterion_question(c).splitlines()[-1],
+            )
+            for r in rollouts
+            for c in crit
+        ]
+        flat = await asyncio.gather(*asks)
+        out: list[RewardResult] = []
+        for i in range(len(rollouts)):
+            replies = dict(zip((c.name for c in crit), flat[i * len(crit) : (i + 1) * len(crit)], strict=True))
+            info: dict[str, Any] = {
+                "judge_replies": {k: rep.text for k, rep in replies.items()},
+                "cached": all(rep.cached for rep in replies.values()),
+                "attempts": sum(rep.attempts for rep in replies.values()),
+            }
+            failed = {k: rep.failure or "no verdict" for k, rep in replies.items() if rep.failure or rep.value is None}
+            if failed:
+                why = "; ".join(f"{k}: {f}" for k, f in failed.items())
+                out.append(RewardResult(None, info=info, failure=why[:500]))
+                continue
+            verdicts: dict[str, bool | float] = {k: rep.value for k, rep in replies.items() if rep.value is not None}
+            info.update(
+                verdicts={k: ("yes" if v is True else "no" if v is False else int(v)) for k, v in verdicts.items()},
+                criterion_scores={c.name: c.normalise(verdicts[c.name]) for c in crit},
             )
             out.append(RewardResult(self.rubric.score(verdicts), info=info))
         return out
