@@ -377,3 +377,72 @@ async def test_per_criterion_unreadable_answer_fails_the_rollout() -> None:
     assert stats["rewards/rubric/parse_retries"] == 1 and stats["rewards/rubric/judge_calls"] == 4
     with pytest.raises(ValueError, match="ask must be"):
         RubricJudge(client, RUBRIC, ask="xml")  # type: ignore[arg-type]
+
+
+# -- a VLLMChatClient as the judge (its real HTTP exchange, against a scripted server) -------------
+@pytest.fixture
+def verdict_server(tiny_model_dir):
+    """An OpenAI-style /v1/completions server answering every request with a rubric verdict's token ids."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tok.encode('{"verdicts": {"good": "yes"}}', add_special_tokens=False)
+    bodies: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            n = int(self.headers.get("content-length") or 0)
+            bodies.append(json.loads(self.rfile.read(n) or b"{}"))
+            choice = {"token_ids": ids, "text": "", "finish_reason": "stop", "stop_reason": None, "logprobs": None}
+            data = json.dumps(
+                {"choices": [choice], "usage": {"prompt_tokens": 3, "completion_tokens": len(ids)}}
+            ).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", bodies
+    srv.shutdown()
+    srv.server_close()
+
+
+async def test_vllm_client_as_judge(tiny_model_dir, verdict_server) -> None:
+    from ludic_lab.inference.vllm_client import VLLMChatClient
+
+    api_base, bodies = verdict_server
+    client = VLLMChatClient(tiny_model_dir, api_base=api_base, max_retries=0, connect_timeout_s=2.0)
+    judge = RubricJudge(client, Rubric((Criterion("good", "The answer is good."),)), model="served-judge")
+    out, stats = await apply_rewards([ro("one"), ro("two")], [judge])
+    assert [r.total_reward for r in out] == [1.0, 1.0]
+    assert out[0].steps[-1].info["reward_info"]["rubric"]["verdicts"] == {"good": "yes"}
+    assert len(bodies) == 2 and all(b["temperature"] == 0.0 for b in bodies)
+    assert stats["rewards/rubric/judge_calls"] == 2
+
+
+@pytest.mark.slow
+async def test_smollm2_as_a_per_criterion_judge(default_model_dir) -> None:
+    """The embedded model as judge, one question per criterion: readable verdicts or recorded failures."""
+    from ludic_lab.inference.local_client import LocalChatClient
+
+    client = LocalChatClient(default_model_dir)
+    rubric = Rubric((Criterion("on_topic", "The answer explains why the sky is blue."),))
+    judge = RubricJudge(client, rubric, ask="per_criterion", timeout_s=600)
+    answers = ["Sunlight bounces off air and blue bounces most.", "I like pizza.", "Because it is blue."]
+    out, stats = await apply_rewards([ro(a) for a in answers], [judge])
+    for r in out:
+        info = r.steps[-1].info["reward_info"]["rubric"]
+        assert isinstance(info["judge_replies"]["on_topic"], str)
+        assert r.failed or info["verdicts"]["on_topic"] in ("yes", "no")
+    assert stats["rewards/rubric/judge_calls"] >= 3
+    assert stats["rewards/rubric/scored"] + stats["rewards/rubric/failures"] == 3
