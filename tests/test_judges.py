@@ -446,3 +446,47 @@ async def test_smollm2_as_a_per_criterion_judge(default_model_dir) -> None:
         assert r.failed or info["verdicts"]["on_topic"] in ("yes", "no")
     assert stats["rewards/rubric/judge_calls"] >= 3
     assert stats["rewards/rubric/scored"] + stats["rewards/rubric/failures"] == 3
+
+
+# -- pairwise ------------------------------------------------------------------------------------
+def pair_answers(req: ChatCompletionRequest) -> tuple[str, str]:
+    text = req.messages[-1]["content"]
+    a = re.search(r"ANSWER A:\n<<<\n(.*?)\n>>>", text, re.S)
+    b = re.search(r"ANSWER B:\n<<<\n(.*?)\n>>>", text, re.S)
+    assert a is not None and b is not None
+    return a.group(1), b.group(1)
+
+
+async def test_pairwise_judge_win_rates() -> None:
+    from ludic_lab.judges import PairwiseJudge
+
+    rank = {"best": 0, "middle": 1, "worst": 2}
+
+    def prefer(req: ChatCompletionRequest) -> str:
+        a, b = pair_answers(req)
+        return "A" if rank[a] < rank[b] else "Answer B is better."
+
+    client = ScriptedChatClient(prefer)
+    out, stats = await apply_rewards([ro("worst"), ro("best"), ro("middle")], [PairwiseJudge(client)])
+    assert [r.total_reward for r in out] == [0.0, 1.0, 0.5]
+    assert len(client.requests) == 6  # 3 pairs, both orders
+    assert out[1].steps[-1].info["reward_info"]["pairwise"]["comparisons"] == 4
+    # a judge that always says "A" (pure position bias) cancels out over both orders
+    out, _ = await apply_rewards(
+        [ro("worst"), ro("best"), ro("middle")], [PairwiseJudge(ScriptedChatClient(lambda r: "A"))]
+    )
+    assert [r.total_reward for r in out] == [0.5, 0.5, 0.5]
+
+
+async def test_pairwise_failed_comparisons_are_left_out_and_counted() -> None:
+    from ludic_lab.judges import PairwiseJudge
+
+    def judge(req: ChatCompletionRequest) -> str:
+        everything = " ".join(m["content"] for m in req.messages)
+        return "??" if "broken" in everything else ("A" if pair_answers(req)[0] == "good" else "B")
+
+    out, stats = await apply_rewards([ro("good"), ro("bad"), ro("broken")], [PairwiseJudge(ScriptedChatClient(judge))])
+    assert [r.total_reward for r in out[:2]] == [1.0, 0.0]
+    assert out[2].failed and "all 4 comparisons of member 3 failed" in out[2].error
+    assert out[0].steps[-1].info["reward_info"]["pairwise"]["failed_comparisons"] == 2
+    assert stats["rewards/pairwise/parse_failures"] == 4

@@ -1,4 +1,5 @@
-"""Model judges as rewards: a rubric judge per answer, a group judge per group (RULER-style).
+"""Model judges as rewards: a rubric judge per answer, a group judge per group (RULER-style),
+a pairwise judge (win rates over every pair of a group).
 
 Any :class:`~ludic_lab.inference.ChatClient` serves as the judge. Calls go through a
 :class:`JudgeCaller`: cached by content, retried once on an unreadable reply, bounded by a
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from ludic_lab.judges.caller import DEFAULT_JUDGE_SAMPLING, JudgeCaller, JudgeReply
 from ludic_lab.judges.group_judge import GroupJudge, linear_rank_rewards, parse_ranking, parse_scores
+from ludic_lab.judges.pairwise import PairwiseJudge, read_letter
 from ludic_lab.judges.questions import criterion_messages, read_criterion, read_rating, read_yes_no
 from ludic_lab.judges.rubric import Criterion, Rubric, RubricJudge, rubric_messages
 from ludic_lab.judges.verdicts import VerdictParseError, extract_json_object
@@ -21,6 +23,7 @@ __all__ = [
     "GroupJudge",
     "JudgeCaller",
     "JudgeReply",
+    "PairwiseJudge",
     "Rubric",
     "RubricJudge",
     "VerdictParseError",
@@ -30,6 +33,7 @@ __all__ = [
     "parse_ranking",
     "parse_scores",
     "read_criterion",
+    "read_letter",
     "read_rating",
     "read_yes_no",
     "rubric_messages",
