@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from ludic_lab.aio import run_sync
+from ludic_lab.inference.grouped_attention import GROUPED_IMPLEMENTATIONS
 from ludic_lab.inference.local_client import LocalChatClient
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig, ToolRequest
 from ludic_lab.inference.tool_calls import parse_tool_calls
@@ -889,14 +890,17 @@ def test_smollm2_greedy_answer_ends_with_im_end(smol):
 
 def test_attention_implementation_defaults_to_eager_for_bf16_on_cpu(tiny_model_dir):
     """bf16 on CPU decodes with eager attention (the sdpa kernel's bf16 path is the slower one
-    there); fp32 keeps transformers' default; an explicit choice wins. Greedy decoding with
-    either attention gives the same tokens."""
+    there); fp32 keeps transformers' default; an explicit choice wins (each as its grouped
+    variant: the tiny model has fewer KV heads than query heads). Greedy decoding with either
+    attention gives the same tokens."""
     bf16 = LocalChatClient(tiny_model_dir, dtype=torch.bfloat16)
     fp32 = LocalChatClient(tiny_model_dir)
     forced = LocalChatClient(tiny_model_dir, dtype="bfloat16", attn_implementation="sdpa")
-    assert bf16.model.config._attn_implementation == "eager"
-    assert fp32.model.config._attn_implementation == "sdpa"
-    assert forced.model.config._attn_implementation == "sdpa"
+    plain = LocalChatClient(tiny_model_dir, grouped_attention=False)
+    assert bf16.model.config._attn_implementation == GROUPED_IMPLEMENTATIONS["eager"]
+    assert fp32.model.config._attn_implementation == GROUPED_IMPLEMENTATIONS["sdpa"]
+    assert forced.model.config._attn_implementation == GROUPED_IMPLEMENTATIONS["sdpa"]
+    assert plain.model.config._attn_implementation == "sdpa"
     greedy = SamplingConfig(temperature=0.0, max_tokens=12)
     r = ChatCompletionRequest(
         model="m", messages=[{"role": "user", "content": "Hi"}], sampling=greedy, return_=ReturnSpec.for_training()

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from ludic_lab.inference.kv_slab import SlabCache
 from ludic_lab.inference.local_batcher import shared_prompt_rows
 from ludic_lab.inference.local_response import RowState, build_response
 from ludic_lab.inference.request import ChatCompletionRequest
@@ -76,7 +77,7 @@ class ContinuousBatcher:
         self._inbox_lock = threading.Lock()
         self._serving = False
         self.rows: list[_Row] = []
-        self.cache: Any = None  # transformers DynamicCache of the live rows
+        self.cache: Any = None  # the live rows' KV: a SlabCache (or transformers' DynamicCache)
         self.mask: torch.Tensor | None = None  # (B, T) 1 where a cache column holds a token of that row
         self.pos: torch.Tensor | None = None  # (B,) position id of each row's next fed token
         self.next_tok: torch.Tensor | None = None  # (B,) the token each row feeds next
@@ -213,7 +214,10 @@ class ContinuousBatcher:
                         k[d, :, P - h.length :] = h.kv[layer][0]
                         v[d, :, P - h.length :] = h.kv[layer][1]
                 past.append((k.to(dev), v.to(dev)))
-        cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
+        if c.kv_cache == "slab":  # the prompt's keys land in buffers with room to decode into
+            cache: Any = SlabCache.from_kv(past, extra=S) if past else SlabCache()
+        else:
+            cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
         out = c.model(
             input_ids=ids.to(dev),
             attention_mask=mask.to(dev),
@@ -241,9 +245,12 @@ class ContinuousBatcher:
             return
         T, Ta = self.mask.shape[1], mask.shape[1]
         n = max(T, Ta)
-        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
-            mine.keys = torch.cat([F.pad(mine.keys, (0, 0, n - T, 0)), F.pad(theirs.keys, (0, 0, n - Ta, 0))])
-            mine.values = torch.cat([F.pad(mine.values, (0, 0, n - T, 0)), F.pad(theirs.values, (0, 0, n - Ta, 0))])
+        if isinstance(self.cache, SlabCache):
+            self.cache.append_rows(cache)
+        else:
+            for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+                mine.keys = torch.cat([F.pad(mine.keys, (0, 0, n - T, 0)), F.pad(theirs.keys, (0, 0, n - Ta, 0))])
+                mine.values = torch.cat([F.pad(mine.values, (0, 0, n - T, 0)), F.pad(theirs.values, (0, 0, n - Ta, 0))])
         self.mask = torch.cat([F.pad(self.mask, (n - T, 0)), F.pad(mask, (n - Ta, 0))])
         self.pos = torch.cat([self.pos, pos])
         assert self.next_tok is not None
@@ -345,6 +352,9 @@ class ContinuousBatcher:
         first = int(used.to(torch.uint8).argmax())
         if first > 0:
             self.mask = self.mask[:, first:]
+            if isinstance(self.cache, SlabCache):
+                self.cache.drop_front(first)
+                return
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
 

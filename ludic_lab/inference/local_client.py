@@ -25,6 +25,7 @@ import torch
 
 from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
 from ludic_lab.inference.continuous import ContinuousBatcher
+from ludic_lab.inference.grouped_attention import use_grouped_attention
 from ludic_lab.inference.local_batcher import LoopBatcher, shared_prompt_rows
 from ludic_lab.inference.local_response import RowState, build_response
 from ludic_lab.inference.prefix_cache import PrefixCache
@@ -53,6 +54,11 @@ class LocalChatClient:
     ``"static"`` (a gathered batch runs to its longest member; the next batch waits).
     ``prefix_cache_mb``: memory for the KV of finished sequences that later prompts extend
     (continuous scheduling; 0 turns it off); see ``prefix_cache.stats()``.
+    ``kv_cache``: ``"slab"`` (continuous scheduling decodes into preallocated per-layer buffers
+    in place, :mod:`.kv_slab`) or ``"dynamic"`` (transformers' ``DynamicCache``: a copy of the
+    whole cache per step). ``grouped_attention``: a model loaded from a path with fewer KV heads
+    than query heads attends without copying its KV heads per query head when no gradient is
+    taken (:mod:`.grouped_attention`); a model object passed in is left as it is.
     """
 
     def __init__(
@@ -72,6 +78,8 @@ class LocalChatClient:
         num_threads: int | None = None,
         scheduling: str = "continuous",
         prefix_cache_mb: float = 1024.0,
+        kv_cache: str = "slab",
+        grouped_attention: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -79,6 +87,8 @@ class LocalChatClient:
             raise ValueError(f"LocalChatClient scheduling must be 'continuous' or 'static', got {scheduling!r}")
         if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, (int, float)) or prefix_cache_mb < 0:
             raise ValueError(f"LocalChatClient prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
+        if kv_cache not in ("slab", "dynamic"):
+            raise ValueError(f"LocalChatClient kv_cache must be 'slab' or 'dynamic', got {kv_cache!r}")
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         if model is None or isinstance(model, str) or hasattr(model, "__fspath__"):
@@ -89,6 +99,8 @@ class LocalChatClient:
             if attn_implementation is None and dtype in (torch.bfloat16, torch.float16) and device == "cpu":
                 attn_implementation = "eager"
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+            if grouped_attention:
+                use_grouped_attention(model)
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(path)
         else:
@@ -108,6 +120,7 @@ class LocalChatClient:
         self.policy_version = int(policy_version)
         self.share_prompt_prefill = bool(share_prompt_prefill)
         self.scheduling = scheduling
+        self.kv_cache = kv_cache
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
         self._continuous = ContinuousBatcher(self)
         self._updates_waiting = 0  # weight updates waiting for the running rows to finish
