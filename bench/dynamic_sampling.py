@@ -10,19 +10,21 @@ one after the other:
             max_rounds=3)``: such groups are dropped and fresh questions are sampled until
             8 groups with signal are in (or 3 rounds ran)
 
-Each arm runs optimizer steps until ``--budget-s`` seconds of training (sampling included)
-have passed, then both are evaluated on the 26 held-out countries (greedy accuracy and
-sampled accuracy at k=4, as the demo). Printed per arm: steps done, the share of the
-trained action tokens that carry a non-zero advantage (``signal_token_frac`` of each batch,
-weighted by its tokens), mean generation rounds per step, and held-out accuracy before and
-after; then the ratios dynamic / plain. With ``--algo dapo`` the preset's own group filter
-drops the zero-variance groups of the plain arm before the loss, so the plain arm trains on
-fewer groups instead of on zero-advantage tokens.
+Each arm runs one optimizer step (a warm-up whose time, thread pools and allocations
+included, is left out: on a busy machine it varied from 29 to 74 s), then steps until
+``--budget-s`` more seconds of training (sampling included) have passed; then both are
+evaluated on the 26 held-out countries (greedy accuracy and sampled accuracy at k=4, as the
+demo). Printed per arm: steps done (the warm-up included), the share of the batches'
+action tokens that carry a non-zero advantage (``signal_token_frac`` of each batch as the
+source delivers it, weighted by its tokens), mean generation rounds per step, and held-out
+accuracy before and after; then the ratios dynamic / plain. With ``--algo dapo`` the preset's
+own group filter then drops the plain arm's zero-variance groups before the loss, so that
+arm trains on fewer groups instead of on zero-advantage tokens.
 
 On a machine other jobs use too, wall-time budgets buy different amounts of work from run to
 run: read the numbers as noisy (the steps count says how much each arm got).
 
-    .venv/bin/python bench/dynamic_sampling.py                    # 120 s per arm, ~8 min in all
+    .venv/bin/python bench/dynamic_sampling.py                    # 120 s per arm, ~10 min in all
     .venv/bin/python bench/dynamic_sampling.py --budget-s 60 --algo dapo
 """
 
@@ -93,11 +95,15 @@ async def run_arm(name: str, args: argparse.Namespace, dynamic: bool) -> dict[st
         if dynamic
         else None,
     )
+    torch.manual_seed(cfg.seed)  # the same LoRA init in both arms (the evaluation before draws from the RNG)
     trainer = Trainer(
         policy, algo, source, config=cfg.trainer, publisher=ClientPublisher(client), pad_token_id=client.pad_token_id
     )
     history: list[dict[str, Any]] = []
+    t_first = time.perf_counter()
+    history.extend(await trainer.train(1, progress=False))  # warm-up: not counted in the budget (see doc)
     t0 = time.perf_counter()
+    print(f"  {name} step 1 (warm-up, not counted): {t0 - t_first:.0f}s", flush=True)
     while time.perf_counter() - t0 < args.budget_s:
         history.extend(await trainer.train(1, progress=False))
         m = history[-1]
