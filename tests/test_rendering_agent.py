@@ -110,3 +110,36 @@ async def test_tool_agent_runs_a_family_through_its_renderer(make: Any) -> None:
     sampled = [t for t, m in zip(trace.completion_token_ids, trace.completion_mask, strict=True) if m]
     assert sampled == [*replies[0], *replies[1]]
     assert res.parse_result.action is not None and res.parse_result.action.strip().endswith("5")
+
+
+async def test_agent_picks_the_family_renderer_of_its_clients_template(tiny_tokenizer: Any) -> None:
+    """No ``renderer=``: a client whose template's tokenizer is Llama 3 gets the Llama 3
+    renderer (its JSON calls parsed from the ids, the next prompt bridged); a ChatML client
+    keeps the template path (``renderer`` stays ``None``)."""
+    import copy
+
+    from ludic_lab.inference.chat_template import ChatTemplate
+
+    tok = copy.deepcopy(ft.llama3_tokenizer())
+    tok.chat_template = "{{ 'unused' }}"
+    replies = [
+        tok.encode('{"name": "add", "parameters": {"a": 2, "b": 3}}<|eot_id|>', add_special_tokens=False),
+        tok.encode("5<|eot_id|>", add_special_tokens=False),
+    ]
+    template = ChatTemplate(tok)
+    client = RendererClient(renderer_for(tok), replies, lambda ids: tok.decode(ids, skip_special_tokens=True))
+    client.chat_template = template  # type: ignore[attr-defined]
+    agent = ToolAgent(client, FullDialog(), identity_parser, tools=[add])
+    assert agent.renderer is not None and agent.renderer.family == "llama-3"
+    agent.reset("You are a calculator.")
+    agent.on_env_reset("What is 2+3?", {})
+    res = await agent.act()
+    assert res.info["tools"]["ok"] == 1
+    first, second = client.requests
+    p1, p2 = list(first.prompt_token_ids or ()), list(second.prompt_token_ids or ())
+    assert tok.decode(p1).startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>")
+    assert p2[: len(p1) + len(replies[0])] == [*p1, *replies[0]]
+
+    chatml = RendererClient(renderer_for(tiny_tokenizer), [], tiny_tokenizer.decode)
+    chatml.chat_template = ChatTemplate(tiny_tokenizer)  # type: ignore[attr-defined]
+    assert ToolAgent(chatml, FullDialog(), identity_parser, tools=[add]).renderer is None

@@ -86,7 +86,10 @@ class Agent:
     ``renderer`` (a :class:`~ludic_lab.rendering.Renderer`, e.g. ``renderer_for(tokenizer)``)
     renders the prompts and bridges the turns instead of the template: the way to run a model
     family whose tokenizer has no chat template (gpt-oss through openai-harmony, Mistral
-    through mistral-common) or whose format ``renderers`` knows better.
+    through mistral-common) or whose format ``renderers`` knows better. Without one, the
+    family of the chat template's tokenizer decides: a family with its own renderer (Qwen3,
+    Llama 3.x, ...; :func:`~ludic_lab.rendering.renderer_of`) is used as if given; ChatML/Hermes
+    and other template families render with the template itself, exactly as before.
     ``tools`` are OpenAI-format tool schemas sent with every request (and to the template).
     ``system_prompt`` is the agent's own prompt; protocols prefer it (or the context's
     default) over the environment's suggestion. One Agent runs one episode at a time.
@@ -126,7 +129,7 @@ class Agent:
         self.chat_template: ChatTemplate | None = (
             chat_template if chat_template is not None else getattr(client, "chat_template", None)
         )
-        self.renderer = renderer
+        self.renderer = renderer if renderer is not None else _family_renderer(self.chat_template)
         if tools is None or isinstance(tools, ToolRequest):
             self.tools: ToolRequest | None = tools
         else:
@@ -307,6 +310,18 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model!r}, ctx={self.ctx!r}, turn={self._turn})"
+
+
+def _family_renderer(template: ChatTemplate | None) -> Renderer | None:
+    """The renderer of ``template``'s family when that family has its own (not the template's
+    Hermes path), else ``None`` (the agent renders with the template)."""
+    if not isinstance(template, ChatTemplate):
+        return None
+    from ludic_lab.rendering.reply import renderer_of
+    from ludic_lab.rendering.template import TemplateRenderer
+
+    renderer = renderer_of(template)
+    return None if isinstance(renderer, TemplateRenderer) else renderer
 
 
 def _new_messages(last: _LastTurn, messages: Sequence[Message]) -> list[Message] | None:
