@@ -4,7 +4,8 @@ An agent program sends OpenAI-format messages: content as a string or a list of 
 assistant turns with structured ``tool_calls``, ``tool`` results with a ``tool_call_id``,
 ``developer`` for ``system``. :func:`to_render_messages` turns them into the plain
 ``{"role", "content"}`` messages the chat template renders (an assistant's tool calls as the
-Hermes blocks the model writes). :func:`comparable` is the form two conversations are compared
+Hermes blocks the model writes); :func:`to_family_messages` keeps them structured for a
+family renderer that writes calls in its own format. :func:`comparable` is the form two conversations are compared
 in when the endpoint decides whether a call continues the previous one: roles, text and tool
 calls by name and parsed arguments (whitespace, ``None`` vs ``""`` and the SDKs' re-serialised
 argument JSON do not count as a change).
@@ -115,6 +116,39 @@ def to_render_messages(messages: Sequence[dict[str, Any]]) -> list[Message]:
                 text = f"{text}\n{blocks}" if text else blocks
         out.append({"role": role, "content": text})
     return out
+
+
+def to_family_messages(messages: Sequence[dict[str, Any]]) -> list[Message]:
+    """The messages a family renderer (:mod:`ludic_lab.rendering`) renders: as
+    :func:`to_render_messages`, but an assistant's tool calls stay structured OpenAI calls
+    (``id``, ``type``, ``function`` with ``arguments`` as a JSON string), so the renderer writes
+    them in the family's own format; a ``tool`` result keeps its ``tool_call_id`` and ``name``."""
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        role = m["role"]
+        msg: dict[str, Any] = {"role": role, "content": content_text(m.get("content"), f"messages[{i}].content")}
+        if role == "developer":
+            msg["role"] = "system"
+        elif role in ("tool", "function"):
+            msg["role"] = "tool"
+            for key in ("tool_call_id", "name"):
+                if isinstance(m.get(key), str):
+                    msg[key] = m[key]
+        elif role == "assistant":
+            calls = _tool_calls(m, f"messages[{i}]")
+            if calls:
+                msg["tool_calls"] = [_structured_call(k, c) for k, c in enumerate(calls)]
+        out.append(msg)
+    return out
+
+
+def _structured_call(index: int, call: dict[str, Any]) -> dict[str, Any]:
+    fn = call["function"]
+    args = fn.get("arguments")
+    if not isinstance(args, str):
+        args = json.dumps(args if args is not None else {}, ensure_ascii=False)
+    cid = call.get("id") if isinstance(call.get("id"), str) else f"call_{index}"
+    return {"id": cid, "type": "function", "function": {"name": fn["name"], "arguments": args}}
 
 
 def comparable(message: dict[str, Any]) -> tuple[Any, ...]:

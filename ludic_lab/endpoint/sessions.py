@@ -12,6 +12,12 @@ call it decides the prompt ids:
   segment** (``"fresh"`` for the first call, ``"retokenized"`` after it), counted and kept
   with the reason. Its ids are still exactly what the model was conditioned on.
 
+Both go through the family's renderer (:func:`~ludic_lab.rendering.renderer_of` of the
+template's tokenizer) where the family has its own (Qwen3, Llama 3.x, ...): a fresh render
+writes earlier assistant tool calls and the tools in the family's format, and the extension
+is the renderer's bridge. ChatML/Hermes and other template families use the chat template
+(tool calls as Hermes blocks), as before.
+
 Budgets (calls, completion tokens, wall time) refuse the calls past them; the refusal is
 recorded, so the runner can fail the episode instead of training a cut-off program.
 """
@@ -27,10 +33,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ludic_lab.endpoint.messages import comparable, to_render_messages
+from ludic_lab.endpoint.messages import comparable, to_family_messages, to_render_messages
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import SamplingConfig
 from ludic_lab.inference.tool_calls import tools_system_prompt
+from ludic_lab.rendering.base import Renderer
+from ludic_lab.rendering.reply import renderer_of
+from ludic_lab.rendering.template import TemplateRenderer
 from ludic_lab.types import Message, PromptSource, TokenTrace
 
 _CLOSED_KEYS_KEPT = 10_000
@@ -182,9 +191,12 @@ class Session:
     ) -> PromptPlan:
         """The prompt ids for ``messages`` (see the module docstring)."""
         key = tools_key(tools)
-        render_tools = list(tools) if tools and template_renders_tools else None
         cmp = [comparable(m) for m in messages]
         parent = self._extended_call(cmp, key)
+        family = _family_renderer(template)
+        if family is not None:
+            return self._plan_family(family, messages, tools, key, parent)
+        render_tools = list(tools) if tools and template_renders_tools else None
         if parent is not None:
             n = len(parent.messages)
             new = to_render_messages(messages[n + 1 :])
@@ -200,6 +212,31 @@ class Session:
         if tools and not template_renders_tools:
             rendered = with_tool_prompt(rendered, tools)
         ids = template.render_ids(rendered, tools=render_tools)
+        return self._fresh_plan(ids, rendered, key)
+
+    def _plan_family(
+        self,
+        renderer: Renderer,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None,
+        key: str,
+        parent: RecordedCall | None,
+    ) -> PromptPlan:
+        """:meth:`plan` through a family renderer: it renders the tools and the calls itself."""
+        render_tools = list(tools) if tools else None
+        if parent is not None:
+            n = len(parent.messages)
+            new = to_family_messages(messages[n + 1 :])
+            history = list(parent.render_messages)
+            tr = parent.trace
+            bridge = renderer.bridge(tr.prompt_token_ids, tr.completion_token_ids, history, new, tools=render_tools)
+            reply = renderer.parse(tr.completion_token_ids, tools=render_tools, prompt_ids=tr.prompt_token_ids)
+            rendered = [*history, reply.assistant_message(), *new]
+            return PromptPlan(list(bridge.ids), "extended", parent.index, rendered, key, None)
+        rendered = to_family_messages(messages)
+        return self._fresh_plan(renderer.render_ids(rendered, tools=render_tools), rendered, key)
+
+    def _fresh_plan(self, ids: list[int], rendered: list[Message], key: str) -> PromptPlan:
         reason = None
         if self.calls:
             last = self.calls[-1]
@@ -263,6 +300,12 @@ class Session:
     def __repr__(self) -> str:
         s = self.stats()
         return f"Session(id={self.id!r}, calls={s['calls']}, segments={s['segments']}, closed={self.closed})"
+
+
+def _family_renderer(template: ChatTemplate) -> Renderer | None:
+    """The renderer of ``template``'s family when it has its own (else ``None``: the template)."""
+    renderer = renderer_of(template)
+    return None if isinstance(renderer, TemplateRenderer) else renderer
 
 
 def with_tool_prompt(messages: list[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
