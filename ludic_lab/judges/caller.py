@@ -34,7 +34,7 @@ from typing import Any, Generic, TypeVar
 from ludic_lab.inference.client import ChatClient
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig
 from ludic_lab.judges.verdicts import VerdictParseError
-from ludic_lab.types import Message
+from ludic_lab.types import ChatResponse, Message
 
 T = TypeVar("T")
 
@@ -81,7 +81,8 @@ class JudgeCaller:
     ``model`` is the model name put in requests (a vLLM server checks it; local clients
     ignore it); ``sampling`` defaults to :data:`DEFAULT_JUDGE_SAMPLING`; ``parse_retries``
     (0 or 1 or more) is how many times an unreadable reply is asked again; ``cache_size``
-    bounds the LRU cache of verdicts (0 disables caching).
+    bounds the LRU cache of verdicts (0 disables caching); ``top_logprobs_k`` asks the client
+    for the ``k`` most likely tokens at each position (read by a ``parse_response`` parser).
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class JudgeCaller:
         timeout_s: float | None = 120.0,
         parse_retries: int = 1,
         cache_size: int = 4096,
+        top_logprobs_k: int = 0,
     ) -> None:
         if not callable(getattr(client, "complete", None)):
             raise TypeError(
@@ -101,7 +103,11 @@ class JudgeCaller:
             )
         if sampling is not None and not isinstance(sampling, SamplingConfig):
             raise TypeError(f"JudgeCaller.sampling must be a SamplingConfig or None, got {type(sampling).__name__}")
-        for name, v in (("parse_retries", parse_retries), ("cache_size", cache_size)):
+        for name, v in (
+            ("parse_retries", parse_retries),
+            ("cache_size", cache_size),
+            ("top_logprobs_k", top_logprobs_k),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"JudgeCaller.{name} must be an int >= 0, got {v!r}")
         self.client = client
@@ -110,6 +116,7 @@ class JudgeCaller:
         self.timeout_s = _check_positive("timeout_s", timeout_s, allow_none=True)
         self.parse_retries = parse_retries
         self.cache_size = cache_size
+        self.top_logprobs_k = top_logprobs_k
         self._cache: OrderedDict[str, tuple[Any, str]] = OrderedDict()
         self._inflight: dict[str, asyncio.Task[JudgeReply[Any]]] = {}
         self._stats: dict[str, float] = dict.fromkeys(_STAT_KEYS, 0)
@@ -136,7 +143,13 @@ class JudgeCaller:
         ``policy_version`` when it has one (a judge whose weights changed is asked again)."""
         version = getattr(self.client, "policy_version", None)
         blob = json.dumps(
-            {"model": self.model, "messages": list(messages), "sampling": asdict(self.sampling), "version": version},
+            {
+                "model": self.model,
+                "messages": list(messages),
+                "sampling": asdict(self.sampling),
+                "version": version,
+                "top_logprobs_k": self.top_logprobs_k,
+            },
             sort_keys=True,
             ensure_ascii=False,
             default=str,
@@ -147,15 +160,18 @@ class JudgeCaller:
     async def ask(
         self,
         messages: Sequence[Message],
-        parse: Callable[[str], T],
+        parse: Callable[[Any], T],
         *,
         retry_hint: str = "Reply again with only the JSON object asked for.",
+        parse_response: bool = False,
     ) -> JudgeReply[T]:
         """The parsed verdict of ``messages`` (or a failure); never raises for a bad reply.
 
         ``parse(text)`` returns the verdict or raises :class:`VerdictParseError` (any
         ``ValueError``) saying what is wrong; that message and ``retry_hint`` are shown to the
-        judge on the retry.
+        judge on the retry. ``parse_response=True``: ``parse`` gets the whole
+        :class:`~ludic_lab.types.ChatResponse` (its ``top_logprobs``, with ``top_logprobs_k``)
+        instead of the text.
         """
         if not messages:
             raise ValueError("JudgeCaller.ask needs at least one message")
@@ -171,7 +187,7 @@ class JudgeCaller:
             self._stats["cache_hits"] += 1
             shared = await asyncio.shield(running)
             return JudgeReply(shared.value, shared.text, shared.failure, cached=True, attempts=0)
-        task = loop.create_task(self._ask_uncached(list(messages), parse, retry_hint))
+        task = loop.create_task(self._ask_uncached(list(messages), parse, retry_hint, parse_response))
         self._inflight[key] = task
         try:
             reply = await asyncio.shield(task)
@@ -184,14 +200,17 @@ class JudgeCaller:
                 self._cache.popitem(last=False)
         return reply
 
-    async def _ask_uncached(self, messages: list[Message], parse: Callable[[str], T], hint: str) -> JudgeReply[T]:
+    async def _ask_uncached(
+        self, messages: list[Message], parse: Callable[[Any], T], hint: str, parse_response: bool
+    ) -> JudgeReply[T]:
         convo = list(messages)
         text: str | None = None
         attempts = 0
         for attempt in range(self.parse_retries + 1):
             attempts += 1
             try:
-                text = await self._complete(convo)
+                response = await self._complete(convo)
+                text = response.text
             except TimeoutError:
                 self._stats["timeouts"] += 1
                 why = f"judge call timed out after {self.timeout_s:g} s" if self.timeout_s else "judge call timed out"
@@ -202,7 +221,7 @@ class JudgeCaller:
                 why = f"judge call raised {type(exc).__name__}" + (f": {msg}" if msg else "")
                 return JudgeReply(None, text, why[:500], attempts=attempts)
             try:
-                return JudgeReply(parse(text), text, attempts=attempts)
+                return JudgeReply(parse(response if parse_response else text), text, attempts=attempts)
             except (VerdictParseError, ValueError, TypeError, KeyError) as exc:
                 error = str(exc)
             if attempt < self.parse_retries:
@@ -216,9 +235,12 @@ class JudgeCaller:
         why = f"unreadable judge reply after {attempts} attempt(s): {error}"[:500]
         return JudgeReply(None, text, why, attempts=attempts)
 
-    async def _complete(self, messages: list[Message]) -> str:
+    async def _complete(self, messages: list[Message]) -> ChatResponse:
         request = ChatCompletionRequest(
-            model=self.model, messages=messages, sampling=self.sampling, return_=ReturnSpec()
+            model=self.model,
+            messages=messages,
+            sampling=self.sampling,
+            return_=ReturnSpec(top_logprobs_k=self.top_logprobs_k),
         )
         self._stats["judge_calls"] += 1
         t0 = time.perf_counter()
@@ -230,4 +252,4 @@ class JudgeCaller:
                     response, _ = await self.client.complete(request)
         finally:
             self._stats["judge_seconds"] += time.perf_counter() - t0
-        return response.text
+        return response
