@@ -97,6 +97,21 @@ def load_multiplication(split: Split = "train") -> list[dict[str, Any]]:
     return rows if split == "all" else [r for r in rows if r["split"] == split]
 
 
+EXPLAIN_CONCEPTS_PATH = DATA_DIR / "explain_concepts.jsonl"
+"""Path of the shipped concepts to explain to a child (JSONL): the judged task of ``tutorials/11_judges``."""
+
+
+def load_explain_concepts(split: Split = "train") -> list[dict[str, Any]]:
+    """Concepts of ``split`` (36 train / 12 test) as dicts with ``id``, ``concept`` ("a magnet"),
+    ``question`` ("Explain a magnet in one sentence a young child understands.") and ``split``.
+    There is no reference answer: a judge scores the replies (:mod:`ludic_lab.demos.explain_task`)."""
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+    with EXPLAIN_CONCEPTS_PATH.open(encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return rows if split == "all" else [r for r in rows if r["split"] == split]
+
+
 def _reasoning_gym():
     try:
         import reasoning_gym
@@ -150,8 +165,10 @@ def reasoning_gym_verifier(name: str, *, threshold: float = 1.0, **config: Any) 
 
 __all__ = [
     "DATA_DIR",
+    "EXPLAIN_CONCEPTS_PATH",
     "MATH_WORD_PROBLEMS_PATH",
     "MULTIPLICATION_PATH",
+    "load_explain_concepts",
     "load_math_word_problems",
     "load_multiplication",
     "reasoning_gym_dataset",
