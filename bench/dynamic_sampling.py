@@ -50,15 +50,15 @@ async def run_arm(name: str, args: argparse.Namespace, dynamic: bool) -> dict[st
     from ludic_lab.distributed import ClientPublisher
     from ludic_lab.inference.local_client import LocalChatClient
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-    from ludic_lab.training import (
+    from ludic_lab.rollouts import (
         DynamicSampling,
         EnvSpec,
         GRPORequestStrategy,
         ProtocolSpec,
         RolloutBatchSource,
         RolloutRequest,
-        Trainer,
     )
+    from ludic_lab.training import Trainer
 
     cfg = DemoConfig(algo=args.algo, seed=args.seed, eval_k=4)
     torch.manual_seed(cfg.seed)

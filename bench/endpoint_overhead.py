@@ -366,7 +366,7 @@ def tls_free_client(ep: Any) -> Any:
 
 
 async def run_episodes(engine: Any, n: int, max_tokens: int, seed0: int):
-    from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutRequest
+    from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutRequest
 
     spec = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=max_tokens), ReturnSpec.for_training())
     reqs = [
@@ -416,7 +416,7 @@ def batch_note(sizes: list[int]) -> str:
 async def part_b(client: Any, args: argparse.Namespace, backend: str) -> None:
     from ludic_lab.endpoint import OpenAIEndpoint
     from ludic_lab.interaction import AgentProgramProtocol
-    from ludic_lab.training import RolloutEngine
+    from ludic_lab.rollouts import RolloutEngine
 
     n, mt = args.requests, args.max_tokens
     cap = CapturingClient(client)

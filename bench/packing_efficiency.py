@@ -33,8 +33,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np
 import torch
 
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.training.packing import block_causal_mask, pack_items, pad_to_longest
-from ludic_lab.training.saw import SAWItem
 from ludic_lab.training.token_batch import TokenBatch
 
 PRESETS = {

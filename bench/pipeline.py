@@ -75,7 +75,8 @@ async def run_sync_mode(a: argparse.Namespace) -> dict[str, Any]:
 
     from ludic_lab.distributed import ClientPublisher
     from ludic_lab.pipeline.tasks import make_algo, make_task
-    from ludic_lab.training import GRPORequestStrategy, RolloutBatchSource, Trainer
+    from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+    from ludic_lab.training import Trainer
 
     if a.sync_threads > 0:
         torch.set_num_threads(a.sync_threads)
@@ -128,7 +129,7 @@ async def run_actor_role(a: argparse.Namespace) -> dict[str, Any]:
     from ludic_lab.pipeline import QueueKeys, connect_redis, run_pipeline_actor
     from ludic_lab.pipeline.connection import close_client
     from ludic_lab.pipeline.tasks import make_algo, make_task
-    from ludic_lab.training import GRPORequestStrategy
+    from ludic_lab.rollouts import GRPORequestStrategy
 
     if a.actor_threads > 0:
         torch.set_num_threads(a.actor_threads)

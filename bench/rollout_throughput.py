@@ -42,7 +42,7 @@ def build(model: str, episodes: int):
     from ludic_lab.inference import LocalChatClient
     from ludic_lab.interaction import SingleAgentSyncProtocol
     from ludic_lab.parsers import identity_parser
-    from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine
+    from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine
 
     client = LocalChatClient(model, max_batch_size=max(episodes, 1))
     data = load_math_word_problems("train")
@@ -56,7 +56,7 @@ def build(model: str, episodes: int):
 
 def requests(n: int, temperature: float, max_tokens: int, env_spec, proto_spec):
     from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
-    from ludic_lab.training import RolloutRequest
+    from ludic_lab.rollouts import RolloutRequest
 
     inf = InferenceSpec(SamplingConfig(temperature=temperature, max_tokens=max_tokens), ReturnSpec.for_training())
     return [
@@ -218,7 +218,7 @@ def vllm_rows(args, prompts, data, stop_ids) -> None:
     from ludic_lab.inference.vllm_process import start_vllm_server
     from ludic_lab.interaction import SingleAgentSyncProtocol
     from ludic_lab.parsers import identity_parser
-    from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine
+    from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine
 
     path = resolve_model(args.model)
     n, mt = args.episodes, args.max_tokens

@@ -43,9 +43,9 @@ import torch
 
 def make_items(model: Any, seqs: int, seq_len: int, prompt_len: int, seed: int = 0) -> list:
     """Fixed SAWItems whose behaviour logprobs are ``model``'s own (ratio 1 at the start)."""
+    from ludic_lab.rollouts.saw import SAWItem
     from ludic_lab.training.logprobs import model_token_logprobs
     from ludic_lab.training.packing import pack_items
-    from ludic_lab.training.saw import SAWItem
 
     g = torch.Generator().manual_seed(seed)
     V = model.get_input_embeddings().weight.shape[0]
@@ -76,7 +76,7 @@ class FixedSource:
     """BatchSource serving the same items every step."""
 
     def __init__(self, items: list) -> None:
-        from ludic_lab.training.saw import SAWBatch
+        from ludic_lab.rollouts.saw import SAWBatch
 
         self.batch = SAWBatch(tuple(items), {})
 

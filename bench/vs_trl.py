@@ -118,18 +118,16 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
     from ludic_lab.interaction import SingleAgentSyncProtocol
     from ludic_lab.parsers import identity_parser
-    from ludic_lab.training import (
+    from ludic_lab.rollouts import (
         EnvSpec,
         GRPORequestStrategy,
         ProtocolSpec,
-        RLAlgorithm,
         RolloutBatchSource,
         RolloutEngine,
         RolloutRequest,
-        Trainer,
-        TrainerConfig,
     )
-    from ludic_lab.training.credit import GroupNormalizedReturn
+    from ludic_lab.rollouts.credit import GroupNormalizedReturn
+    from ludic_lab.training import RLAlgorithm, Trainer, TrainerConfig
     from ludic_lab.training.losses import TokenClippedSurrogateLoss
 
     torch.manual_seed(a.seed)

@@ -125,8 +125,9 @@ class Config:
 
 
 async def run(cfg: Config) -> dict[str, Any]:
-    from ludic_lab.training import OfflineBatchSource, make_sft, rejection_sample
-    from ludic_lab.training.filters import drop_parse_errors
+    from ludic_lab.rollouts import rejection_sample
+    from ludic_lab.rollouts.filters import drop_parse_errors
+    from ludic_lab.training import OfflineBatchSource, make_sft
 
     out = output_dir(cfg.out)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out), max_batch_size=64) as sampler:

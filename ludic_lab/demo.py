@@ -41,7 +41,7 @@ from ludic_lab.demos.preflight import (
     needs_groups,
 )
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutRequest
+from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutRequest
 from ludic_lab.training.algorithm import PRESETS
 from ludic_lab.training.config import TrainerConfig
 
@@ -266,7 +266,8 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     from transformers import AutoModelForCausalLM
 
     from ludic_lab.reports import format_metrics, plot_metrics, write_rollouts_html
-    from ludic_lab.training import RolloutBatchSource, Trainer
+    from ludic_lab.rollouts import RolloutBatchSource
+    from ludic_lab.training import Trainer
     from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger
 
     algo = build_algorithm(cfg.algo, max_tokens=cfg.max_tokens)  # before the model loads
@@ -325,7 +326,7 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
         f"training {cfg.algo} for {cfg.steps} steps: {cfg.questions_per_step} questions x {cfg.group_size} samples, "
         f"LoRA r={cfg.trainer.lora_r}, lr={cfg.trainer.lr}"
     )
-    from ludic_lab.training.credit import GroupNormalizedReturn, HybridNormalizedReturn
+    from ludic_lab.rollouts.credit import GroupNormalizedReturn, HybridNormalizedReturn
 
     group_normalized = isinstance(algo.credit_assigner, (GroupNormalizedReturn, HybridNormalizedReturn))
     if group_normalized and not trainer_cfg.async_level:  # sampled ahead, the ratio is not 1

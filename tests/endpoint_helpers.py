@@ -8,7 +8,7 @@ from typing import Any
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import AgentProgramProtocol
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.types import Info, StepOutcome
 
 MULTIPLY = {

@@ -271,7 +271,7 @@ def _qa_engine(client):
     from ludic_lab.data import load_math_word_problems
     from ludic_lab.envs import DatasetQAEnv
     from ludic_lab.interaction import SingleAgentSyncProtocol
-    from ludic_lab.training import RolloutEngine
+    from ludic_lab.rollouts import RolloutEngine
 
     data = load_math_word_problems("test")[:8]
     return RolloutEngine(
@@ -283,7 +283,7 @@ def _qa_engine(client):
 
 def _qa_requests(n: int = 4):
     from ludic_lab.inference.request import InferenceSpec, SamplingConfig
-    from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutRequest
+    from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutRequest
 
     inf = InferenceSpec(sampling=SamplingConfig(temperature=1.0, max_tokens=6))
     return [
@@ -342,7 +342,7 @@ def test_engine_sync_facade_from_two_threads_at_once(tiny_client):
 
 @pytest.mark.timeout(30)
 async def test_engine_sync_facade_validates_in_the_callers_thread(tiny_client):
-    from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutRequest, UnknownKindError
+    from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutRequest, UnknownKindError
 
     engine = _qa_engine(tiny_client)
     with pytest.raises(UnknownKindError, match="unknown env kind 'nope'"):

@@ -13,17 +13,18 @@ from trainer_helpers import ListBatchSource, digits_source, load_model, max_abs_
 
 from ludic_lab.distributed import ClientPublisher
 from ludic_lab.inference.local_client import LocalChatClient
-from ludic_lab.training import algorithm as alg
-from ludic_lab.training.algorithm import PRESETS, RLAlgorithm, drop_zero_weight_items
-from ludic_lab.training.config import TrainerConfig
-from ludic_lab.training.credit import (
+from ludic_lab.rollouts.credit import (
     ConstantCredit,
     GroupNormalizedReturn,
     HybridNormalizedReturn,
     LeaveOneOutReturn,
     MonteCarloReturn,
 )
-from ludic_lab.training.group_signal import drop_zero_variance_groups
+from ludic_lab.rollouts.group_signal import drop_zero_variance_groups
+from ludic_lab.rollouts.saw import SAWBatch
+from ludic_lab.training import algorithm as alg
+from ludic_lab.training.algorithm import PRESETS, RLAlgorithm, drop_zero_weight_items
+from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.losses import (
     CISPOLoss,
@@ -34,7 +35,6 @@ from ludic_lab.training.losses import (
     SequenceClippedSurrogateLoss,
     TokenClippedSurrogateLoss,
 )
-from ludic_lab.training.saw import SAWBatch
 from ludic_lab.training.trainer import Trainer
 
 V = 2000

@@ -18,7 +18,7 @@ from ludic_lab.envs import EnvCheckError, check_env, check_env_async
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
 from ludic_lab.parsers import ParseResult, identity_parser
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.types import Info, StepOutcome
 from tests.helpers import ScriptedChatClient, chatml_template
 

@@ -16,7 +16,15 @@ from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts.filters import with_sample_meta
+from ludic_lab.rollouts.rejection_sampling import (
+    RejectionSamplingFilter,
+    keep_if_final_info,
+    keep_if_reward_at_least,
+    rejection_sample,
+)
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.training.batch_sources import (
     BatchSource,
     DataExhaustedError,
@@ -31,14 +39,6 @@ from ludic_lab.training.credit_assignment import (
     GroupNormalizedReturn,
     NonFiniteRewardError,
 )
-from ludic_lab.training.filters import with_sample_meta
-from ludic_lab.training.rejection_sampling import (
-    RejectionSamplingFilter,
-    keep_if_final_info,
-    keep_if_reward_at_least,
-    rejection_sample,
-)
-from ludic_lab.training.saw import SAWItem
 from ludic_lab.types import Info, Rollout, Step, StepOutcome, TokenTrace, load_rollouts, save_rollouts
 from tests.helpers import ScriptedChatClient, chatml_template
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ludic_lab.training.batching import RolloutBatchSource
+from ludic_lab.rollouts import RolloutBatchSource
+from ludic_lab.rollouts.saw import SAWItem, saw_items_from_rollouts
 from ludic_lab.training.credit_assignment import EpisodicReturn
-from ludic_lab.training.saw import SAWItem, saw_items_from_rollouts
 from ludic_lab.types import Rollout, Step, TokenTrace
 from tests.helpers import ScriptedChatClient, chatml_template
 from tests.test_batch_sources import make_engine, seeds_fn

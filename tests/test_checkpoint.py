@@ -12,11 +12,11 @@ import torch
 from trainer_helpers import ListBatchSource, assert_params_equal, load_model, params_of, random_items
 
 import ludic_lab.training.checkpoint as ckpt_mod
+from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.training.algorithm import make_grpo, make_sft
 from ludic_lab.training.batching import OfflineBatchSource
 from ludic_lab.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from ludic_lab.training.config import TrainerConfig
-from ludic_lab.training.saw import SAWBatch
 from ludic_lab.training.trainer import Trainer
 
 V = 2000

@@ -10,11 +10,11 @@ import pytest
 import torch
 from trainer_helpers import load_model
 
+from ludic_lab.rollouts.group_signal import drop_zero_variance_groups, group_key, informative_groups
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem, saw_items_from_rollouts
 from ludic_lab.training.algorithm import RLAlgorithm, drop_zero_weight_items, make_dapo
-from ludic_lab.training.group_signal import drop_zero_variance_groups, group_key, informative_groups
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.packing import pack_items
-from ludic_lab.training.saw import SAWBatch, SAWItem, saw_items_from_rollouts
 from ludic_lab.types import Rollout, Step, TokenTrace
 
 # group "a": rewards differ, and the 0.5 member scores the group mean -> advantage exactly 0;

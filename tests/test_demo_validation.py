@@ -179,7 +179,7 @@ def test_the_presets_needing_groups_are_those_with_group_relative_credit() -> No
     """GROUP_PRESETS (checked without building a loss, so without torch) against the credit
     assigner each preset really builds."""
     from ludic_lab.demos.preflight import build_algorithm
-    from ludic_lab.training.credit import GroupNormalizedReturn, HybridNormalizedReturn, LeaveOneOutReturn
+    from ludic_lab.rollouts.credit import GroupNormalizedReturn, HybridNormalizedReturn, LeaveOneOutReturn
 
     assert GROUP_PRESETS | PER_SAMPLE_PRESETS == set(PRESETS) and not GROUP_PRESETS & PER_SAMPLE_PRESETS
     for name in PRESETS:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutRequest
-from ludic_lab.training.batching import RolloutBatchSource
-from ludic_lab.training.credit import GroupNormalizedReturn
-from ludic_lab.training.difficulty_filter import DifficultyFilter, default_prompt_key
+from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutBatchSource, RolloutRequest
+from ludic_lab.rollouts.credit import GroupNormalizedReturn
+from ludic_lab.rollouts.difficulty_filter import DifficultyFilter, default_prompt_key
 from ludic_lab.types import Rollout, Step
 from tests.test_dynamic_sampling import SPEC, engine
 

@@ -16,11 +16,17 @@ from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
-from ludic_lab.training.batching import RolloutBatchSource
-from ludic_lab.training.batching.dynamic_sampling import DynamicSampling
-from ludic_lab.training.credit import EpisodicReturn, GroupNormalizedReturn
-from ludic_lab.training.group_signal import group_items, has_signal
+from ludic_lab.rollouts import (
+    EnvSpec,
+    GRPORequestStrategy,
+    ProtocolSpec,
+    RolloutBatchSource,
+    RolloutEngine,
+    RolloutRequest,
+)
+from ludic_lab.rollouts.credit import EpisodicReturn, GroupNormalizedReturn
+from ludic_lab.rollouts.dynamic_sampling import DynamicSampling
+from ludic_lab.rollouts.group_signal import group_items, has_signal
 from ludic_lab.types import Info, StepOutcome
 from tests.helpers import ScriptedChatClient, chatml_template
 

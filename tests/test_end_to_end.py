@@ -38,7 +38,7 @@ from ludic_lab.inference.local_client import LocalChatClient
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import (
+from ludic_lab.rollouts import (
     EnvSpec,
     GRPORequestStrategy,
     ProtocolSpec,

@@ -20,7 +20,7 @@ from endpoint_helpers import MULTIPLY, program_engine, requests, tool_loop_agent
 from helpers import Reply, ScriptedChatClient, chatml_template  # noqa: E402
 
 from ludic_lab.endpoint import OpenAIEndpoint  # noqa: E402
-from ludic_lab.training import GRPORequestStrategy  # noqa: E402
+from ludic_lab.rollouts import GRPORequestStrategy  # noqa: E402
 
 CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 11, "b": 3}}\n</tool_call>'
 

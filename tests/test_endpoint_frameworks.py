@@ -41,9 +41,8 @@ from ludic_lab.distributed import ClientPublisher
 from ludic_lab.endpoint import OpenAIEndpoint
 from ludic_lab.inference.local_client import LocalChatClient
 from ludic_lab.interaction import AgentProgramProtocol
-from ludic_lab.training import GRPORequestStrategy, RolloutEngine
+from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource, RolloutEngine
 from ludic_lab.training.algorithm import make_grpo
-from ludic_lab.training.batching import RolloutBatchSource
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.trainer import Trainer
 from ludic_lab.types import StepOutcome

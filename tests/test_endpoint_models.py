@@ -22,8 +22,9 @@ from trainer_helpers import trainer_vs_behaviour
 from ludic_lab.distributed import ClientPublisher
 from ludic_lab.endpoint import OpenAIEndpoint
 from ludic_lab.inference.local_client import LocalChatClient
-from ludic_lab.training import GRPORequestStrategy, RolloutBatchSource, Trainer, TrainerConfig, make_grpo
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+from ludic_lab.rollouts.saw import SAWItem
+from ludic_lab.training import Trainer, TrainerConfig, make_grpo
 
 LOGPROB_ATOL = 1e-4
 

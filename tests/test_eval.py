@@ -43,7 +43,7 @@ from ludic_lab.eval import (
 from ludic_lab.inference.request import InferenceSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine
 from ludic_lab.types import Info, Rollout, Step
 
 

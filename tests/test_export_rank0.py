@@ -115,7 +115,8 @@ def test_rank0_source_failure_reaches_every_rank(tmp_path: Path) -> None:
         """
         import asyncio, sys
         from ludic_lab.distributed.dist_utils import destroy_distributed, get_rank, init_distributed
-        from ludic_lab.training import Rank0BroadcastSource, SAWBatch, SAWItem
+        from ludic_lab.rollouts import SAWBatch, SAWItem
+        from ludic_lab.training import Rank0BroadcastSource
 
         class Source:
             def __init__(self):

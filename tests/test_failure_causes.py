@@ -23,7 +23,7 @@ from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfi
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.judges import Criterion, Rubric, RubricJudge
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import (
+from ludic_lab.rollouts import (
     EnvSpec,
     GRPORequestStrategy,
     ProtocolSpec,

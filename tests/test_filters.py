@@ -14,10 +14,8 @@ from ludic_lab.context import FullDialog
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
 from ludic_lab.parsers import ParseResult
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
-from ludic_lab.training.batch_sources import EmptyBatchError, RolloutBatchSource
-from ludic_lab.training.credit_assignment import ConstantCredit
-from ludic_lab.training.filters import (
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts.filters import (
     ItemFilter,
     any_of,
     apply_filter,
@@ -30,7 +28,9 @@ from ludic_lab.training.filters import (
     keep_all,
     sample_meta,
 )
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts.saw import SAWItem
+from ludic_lab.training.batch_sources import EmptyBatchError, RolloutBatchSource
+from ludic_lab.training.credit_assignment import ConstantCredit
 from ludic_lab.types import Rollout, Step
 from tests.helpers import CountingEnv, Reply, ScriptedChatClient, TurnGameEnv, chatml_template
 

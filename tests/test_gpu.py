@@ -24,11 +24,11 @@ from ludic_lab.aio import run_sync
 from ludic_lab.distributed import ClientPublisher
 from ludic_lab.inference.local_client import LocalChatClient
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig
+from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.training.algorithm import make_grpo
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.packing import pack_items
-from ludic_lab.training.saw import SAWBatch
 from ludic_lab.training.trainer import Trainer
 
 pytestmark = pytest.mark.gpu
@@ -392,8 +392,8 @@ def test_shared_prompt_prefill_on_cuda_samples_like_the_unshared_path(tiny_model
 def test_merged_turns_score_like_separate_turns_on_cuda(tiny_model_dir: str) -> None:
     from test_turn_merge import episode
 
+    from ludic_lab.rollouts.turn_merge import merge_turns
     from ludic_lab.training.packing import pad_to_longest
-    from ludic_lab.training.turn_merge import merge_turns
 
     items = episode("a", 4, seed=5, vocab=V) + episode("b", 3, seed=6, vocab=V)
     merged, stats = merge_turns(items)

@@ -38,7 +38,7 @@ def test_json_line() -> None:
 
 async def test_engine_jsonl_keeps_a_rollout_with_a_lone_surrogate(tmp_path: Path) -> None:
     from ludic_lab.interaction.base import InteractionProtocol
-    from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+    from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
     from tests.helpers import CountingEnv
 
     class Surrogate(InteractionProtocol):

@@ -63,8 +63,15 @@ from ludic_lab.context import FullDialog
 from ludic_lab.inference import InferenceSpec, LocalChatClient, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import (EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutBatchSource, RolloutEngine,
-                                RolloutRequest, make_grpo)
+from ludic_lab.rollouts import (
+    EnvSpec,
+    GRPORequestStrategy,
+    ProtocolSpec,
+    RolloutBatchSource,
+    RolloutEngine,
+    RolloutRequest,
+)
+from ludic_lab.training import make_grpo
 
 client = LocalChatClient(MODEL, max_batch_size=PROMPTS * GROUP_SIZE)
 engine = RolloutEngine(

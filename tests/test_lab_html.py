@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 from ludic_lab.token_html import (
     MASKED_BG,
     display_tokenizer,
@@ -26,7 +27,6 @@ from ludic_lab.token_html import (
     token_pieces,
     weight_rgb,
 )
-from ludic_lab.training.saw import SAWBatch, SAWItem
 from ludic_lab.training.saw_html import saw_batch_html
 from ludic_lab.types import Rollout, Step, TokenTrace
 from ludic_lab.types_html import rollouts_html
@@ -289,12 +289,12 @@ def test_rollout_view_without_trace_and_failed_rollout():
 
 
 def test_data_modules_know_no_html_and_the_views_register_themselves():
-    # types.py and training/saw.py import no view; importing the views (as the lab does)
+    # types.py and rollouts/saw.py import no view; importing the views (as the lab does)
     # gives Rollout, SAWItem and SAWBatch their _repr_html_.
     code = (
         "import sys\n"
         "from ludic_lab.types import Rollout\n"
-        "from ludic_lab.training.saw import SAWBatch, SAWItem\n"
+        "from ludic_lab.rollouts.saw import SAWBatch, SAWItem\n"
         "kinds = (Rollout, SAWItem, SAWBatch)\n"
         "print([m in sys.modules for m in ('ludic_lab.types_html', 'ludic_lab.training.saw_html')],"
         " [hasattr(k, '_repr_html_') for k in kinds])\n"

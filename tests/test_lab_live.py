@@ -108,7 +108,7 @@ sys.path.insert(0, {str(TESTS_DIR)!r})
 from trainer_helpers import ListBatchSource, load_model, random_items
 from ludic_lab.training.algorithm import make_grpo
 from ludic_lab.training.config import TrainerConfig
-from ludic_lab.training.saw import SAWBatch
+from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.training.trainer import Trainer
 model = load_model(MODEL_DIR)
 batch = SAWBatch(random_items(8, vocab_size=model.config.vocab_size, seed=0), meta={{"reward_mean": 0.5}})

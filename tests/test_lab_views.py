@@ -22,8 +22,8 @@ from ludic_lab.lab.views import (
     policy_logprobs,
     ratio_kl_stats,
 )
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 from ludic_lab.token_html import HTMLView
-from ludic_lab.training.saw import SAWBatch, SAWItem
 
 
 def test_credit_view_dispatches_and_saves(tiny_tokenizer, tmp_path: Path):

@@ -21,12 +21,12 @@ from trainer_helpers import (
 from ludic_lab.aio import run_sync
 from ludic_lab.distributed import ClientPublisher
 from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.training.algorithm import make_grpo
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.lora import apply_lora, merged_lora_weights, policy_state_dict
 from ludic_lab.training.packing import pack_items
-from ludic_lab.training.saw import SAWBatch
 from ludic_lab.training.trainer import Trainer
 
 V = 2000

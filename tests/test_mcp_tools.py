@@ -30,7 +30,7 @@ from ludic_lab.agents.tools import ToolFailure, run_tool_call
 from ludic_lab.context import FullDialog
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 from tests.helpers import CountingEnv, ScriptedChatClient, chatml_template
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ from ludic_lab.envs.env import LudicEnv
 from ludic_lab.envs.tic_tac_toe import coord_to_index
 from ludic_lab.interaction import MultiAgentProtocol
 from ludic_lab.parsers import ParseResult
-from ludic_lab.training.saw import saw_items_from_rollouts
+from ludic_lab.rollouts.saw import saw_items_from_rollouts
 from ludic_lab.types import Info, StepOutcome
 from tests.helpers import ScriptedChatClient, chatml_template
 
@@ -123,7 +123,7 @@ async def test_a_terminal_outcome_after_a_rejected_reply_is_its_own_step():
     items, counts = saw_items_from_rollouts([ra], {(ra.id, 0): 1.0, (ra.id, 1): 1.0})
     assert len(items) == 1 and items[0].step_index == 0  # the observation step is never trained on
     assert counts["steps_without_trace"] == 1  # ... and its absence is counted, not silent
-    from ludic_lab.training.batching.batch_stats import rollout_stats
+    from ludic_lab.rollouts.batch_stats import rollout_stats
 
     assert rollout_stats([ra])["parse_error_rate"] == 1.0  # a rate over A's turns: it had one, rejected
 

@@ -214,7 +214,7 @@ def smoke_kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 SIGNAL_PROBE = """\
 import json as _json
-from ludic_lab.training.saw import SAWBatch as _SAWBatch
+from ludic_lab.rollouts.saw import SAWBatch as _SAWBatch
 
 def _ludic_signal_probe():
     def _batch(b):

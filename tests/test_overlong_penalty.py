@@ -7,9 +7,8 @@ import pytest
 
 from ludic_lab.rewards import RewardContractError, apply_rewards
 from ludic_lab.rewards.overlong import SoftOverlongPenalty, soft_overlong_penalty
-from ludic_lab.training import GRPORequestStrategy
-from ludic_lab.training.batching import RolloutBatchSource
-from ludic_lab.training.credit import GroupNormalizedReturn
+from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+from ludic_lab.rollouts.credit import GroupNormalizedReturn
 from ludic_lab.types import Rollout, Step, TokenTrace
 from tests.test_dynamic_sampling import engine, stream
 

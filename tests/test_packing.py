@@ -10,12 +10,12 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.training.packing import (
     block_causal_mask,
     pack_items,
     pad_to_longest,
 )
-from ludic_lab.training.saw import SAWItem
 from ludic_lab.training.token_batch import TokenBatch
 
 

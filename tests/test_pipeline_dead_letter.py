@@ -17,7 +17,7 @@ from redis_helpers import RedisServer, redis_server_fixture  # noqa: E402 - afte
 import ludic_lab.pipeline.source as source_mod  # noqa: E402 - after the importorskip of the optional extra
 from ludic_lab.pipeline import PipelineBatchSource, encode_item  # noqa: E402 - after the importorskip of the optional extra
 from ludic_lab.pipeline.wire import WireFormatError, decode_entry  # noqa: E402 - after the importorskip of the optional extra
-from ludic_lab.training.saw import SAWItem  # noqa: E402 - after the importorskip of the optional extra
+from ludic_lab.rollouts.saw import SAWItem  # noqa: E402 - after the importorskip of the optional extra
 
 
 def _item(i: int) -> SAWItem:

@@ -37,10 +37,9 @@ from ludic_lab.pipeline import (
     run_pipeline_actor,
 )
 from ludic_lab.pipeline.connection import close_client
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
-from ludic_lab.training.batching import EmptyBatchError
-from ludic_lab.training.credit import ConstantCredit
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts import EmptyBatchError, EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts.credit import ConstantCredit
+from ludic_lab.rollouts.saw import SAWItem
 
 pytestmark = pytest.mark.redis
 
@@ -195,7 +194,7 @@ async def test_stale_items_are_dropped_counted_and_not_redelivered(server: Redis
 async def test_sample_filter_drops_commits_and_counts_by_name(server: RedisServer, queue: str) -> None:
     from dataclasses import replace
 
-    from ludic_lab.training.filters import drop_incomplete_completions, drop_truncated
+    from ludic_lab.rollouts.filters import drop_incomplete_completions, drop_truncated
 
     flags = [{}, {"truncated": True}, {"finish_reason": "length"}, {}, {"truncated": True}, {}]
     its = [replace(it, meta=m) for it, m in zip(items(6), flags, strict=True)]

@@ -22,7 +22,7 @@ from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.judges import Criterion, Rubric, RubricJudge
 from ludic_lab.parsers import identity_parser
 from ludic_lab.pipeline import PipelineBatchSource, run_pipeline_actor
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.training.credit_assignment import EpisodicReturn
 from ludic_lab.types import StepOutcome
 from tests.helpers import ScriptedChatClient, chatml_template

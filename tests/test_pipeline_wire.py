@@ -12,7 +12,7 @@ msgpack = pytest.importorskip("msgpack", reason="the pipeline extra: pip install
 from safetensors.numpy import save  # noqa: E402 - after the importorskip of the optional extra
 
 from ludic_lab.pipeline.wire import SCHEMA, WireFormatError, check_schema, decode_entry, encode_item, item_id  # noqa: E402 - after the importorskip of the optional extra
-from ludic_lab.training.saw import SAWItem  # noqa: E402 - after the importorskip of the optional extra
+from ludic_lab.rollouts.saw import SAWItem  # noqa: E402 - after the importorskip of the optional extra
 
 
 def make_item(**kw) -> SAWItem:

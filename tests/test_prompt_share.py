@@ -10,12 +10,12 @@ import pytest
 import torch
 from trainer_helpers import load_model
 
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.training.causal_lm import attention_mask_for
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.losses import TokenClippedSurrogateLoss
 from ludic_lab.training.packing import pack_items
 from ludic_lab.training.prompt_share import group_units, prompt_length
-from ludic_lab.training.saw import SAWItem
 
 
 def group(prompt: list[int], n: int, *, rng: random.Random, vocab: int = 2000, gid: str = "g") -> list[SAWItem]:
@@ -135,9 +135,9 @@ def test_trainer_steps_the_same_with_and_without_shared_prompts(tiny_model_dir: 
     losses and the trained weights match, with fewer tokens computed when prompts are shared."""
     from trainer_helpers import ListBatchSource, max_abs_diff, params_of
 
+    from ludic_lab.rollouts.saw import SAWBatch
     from ludic_lab.training import Trainer, TrainerConfig
     from ludic_lab.training import algorithm as alg
-    from ludic_lab.training.saw import SAWBatch
 
     items = batch_of_groups(seed=2)
     runs = []

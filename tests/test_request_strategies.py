@@ -11,7 +11,7 @@ import pytest
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig, ToolRequest
 from ludic_lab.interaction.base import InteractionProtocol
-from ludic_lab.training import (
+from ludic_lab.rollouts import (
     EnvSpec,
     GRPORequestStrategy,
     IdentityStrategy,

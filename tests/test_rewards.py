@@ -218,7 +218,7 @@ def _source(replies: list[str], rewards, **kw):
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
     from ludic_lab.interaction import SingleAgentSyncProtocol
     from ludic_lab.parsers import identity_parser
-    from ludic_lab.training import (
+    from ludic_lab.rollouts import (
         EnvSpec,
         GRPORequestStrategy,
         ProtocolSpec,

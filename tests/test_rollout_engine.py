@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +20,7 @@ import pytest
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.inference.request import InferenceSpec, SamplingConfig
 from ludic_lab.interaction.base import InteractionProtocol
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest, UnknownKindError
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest, UnknownKindError
 from ludic_lab.training.batching import RolloutEngine as BatchingRolloutEngine
 from ludic_lab.types import Info, Rollout, Step, StepOutcome, load_rollouts
 
@@ -612,3 +614,19 @@ def test_same_seeds_same_rollouts():
         return [(r.env_seed, r.sampling_seed, tuple(s.action for s in r.steps), r.total_reward) for r in out]
 
     assert run() == run()
+
+
+def test_the_rollout_side_imports_no_torch():
+    """``ludic_lab.rollouts`` (engine, credit, SAW items, the online batch source), the
+    evaluators and the pipeline actor load neither torch nor any ``ludic_lab.training`` module:
+    an actor process that generates rollouts and queues weighted items never pays for torch."""
+    code = (
+        "import importlib.util, sys\n"
+        "import ludic_lab.rollouts, ludic_lab.rollouts.rollout_source, ludic_lab.eval\n"
+        "if importlib.util.find_spec('redis') and importlib.util.find_spec('msgpack'):\n"
+        "    import ludic_lab.pipeline.actor, ludic_lab.pipeline.actor_main\n"
+        "print('torch' in sys.modules, sorted(m for m in sys.modules if m.startswith('ludic_lab.training')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "[]"], proc.stdout

@@ -19,8 +19,8 @@ from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.interaction.base import InteractionProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
-from ludic_lab.training.rollout_engine import DEFAULT_EPISODE_TIMEOUT_S
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts.engine import DEFAULT_EPISODE_TIMEOUT_S
 from ludic_lab.types import Rollout, StepOutcome
 
 

@@ -23,10 +23,10 @@ from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.reports import format_metrics, format_number, rollouts_html, weight_rgb, write_rollouts_html
-from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
-from ludic_lab.training.batching.rollout_source import RolloutBatchSource
+from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts.credit import GroupNormalizedReturn
+from ludic_lab.rollouts.rollout_source import RolloutBatchSource
 from ludic_lab.training.batching.sample_ahead import SampleAheadSource
-from ludic_lab.training.credit import GroupNormalizedReturn
 from ludic_lab.types import Rollout, Step, TokenTrace
 from tests.helpers import ScriptedChatClient, chatml_template
 

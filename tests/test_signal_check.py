@@ -18,14 +18,13 @@ from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.inference.local_client import LocalChatClient
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutBatchSource, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts.signal_check import NoSignalNotice, no_signal_warning
+from ludic_lab.rollouts.strategies import GRPORequestStrategy
 from ludic_lab.training.algorithm import make_grpo
-from ludic_lab.training.batching import RolloutBatchSource
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.loggers import ConsoleLogger
 from ludic_lab.training.progress import LivePlot, TqdmProgress
-from ludic_lab.training.request_strategies import GRPORequestStrategy
-from ludic_lab.training.signal_check import NoSignalNotice, no_signal_warning
 from ludic_lab.training.trainer import Trainer
 
 

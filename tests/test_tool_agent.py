@@ -19,7 +19,7 @@ from ludic_lab.context import FullDialog
 from ludic_lab.inference.tool_calls import scan_tool_calls
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.types import Rollout, TokenTrace
 from tests.helpers import CountingEnv, Reply, ScriptedChatClient, chatml_template, raw_decode
 

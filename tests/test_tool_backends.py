@@ -40,7 +40,7 @@ from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfi
 from ludic_lab.inference.vllm_client import VLLMChatClient
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.types import Info, Rollout, StepOutcome
 
 pytestmark = pytest.mark.slow
@@ -240,8 +240,8 @@ def test_trainer_logprobs_of_a_tool_episode_equal_the_samplers(local_episode, lo
 def test_one_trainer_step_on_a_tool_episode(local_episode, default_model_dir) -> None:
     from trainer_helpers import ListBatchSource
 
+    from ludic_lab.rollouts.saw import SAWBatch
     from ludic_lab.training import TrainerConfig, make_grpo
-    from ludic_lab.training.saw import SAWBatch
     from ludic_lab.training.trainer import Trainer
 
     rollout, _ = local_episode

@@ -15,7 +15,7 @@ from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.inference import InferenceSpec, ReturnSpec
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.types import Info, StepOutcome
 from tests.helpers import ScriptedChatClient, chatml_template
 

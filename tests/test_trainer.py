@@ -24,13 +24,13 @@ from trainer_helpers import (
 from ludic_lab.aio import run_sync
 from ludic_lab.distributed import ClientPublisher
 from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.rollouts.credit import ConstantCredit, GroupNormalizedReturn, NonFiniteRewardError
+from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.training.algorithm import RLAlgorithm, make_dapo, make_grpo, make_reinforce_baseline, make_sft
 from ludic_lab.training.config import TrainerConfig
-from ludic_lab.training.credit import ConstantCredit, GroupNormalizedReturn, NonFiniteRewardError
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.losses import CISPOLoss, TokenClippedSurrogateLoss
 from ludic_lab.training.packing import pack_items
-from ludic_lab.training.saw import SAWBatch
 from ludic_lab.training.trainer import Trainer
 
 V = 2000  # token ids drawn below the tiny model's vocabulary (2048)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.losses import (
     CompositeLoss,
@@ -22,7 +23,6 @@ from ludic_lab.training.losses import (
 )
 from ludic_lab.training.optim import lr_lambda, make_optimizer
 from ludic_lab.training.parallel import SingleProcess, StepTotals, make_data_parallel
-from ludic_lab.training.saw import SAWBatch, SAWItem
 from ludic_lab.training.step_data import filter_batches
 from ludic_lab.training.step_stats import StepStats
 from ludic_lab.training.token_batch import StepNormalisers, TokenBatch
@@ -106,7 +106,7 @@ def test_one_process_strategy_is_the_identity() -> None:
 
 
 def test_filter_batches_drops_stale_items_and_averages_source_stats() -> None:
-    from ludic_lab.training.saw import SAWBatch
+    from ludic_lab.rollouts.saw import SAWBatch
 
     def item(version: int | None) -> SAWItem:
         return SAWItem((1, 2), (0, 1), (0.0, 1.0), (0.0, -1.0), policy_version=version)

@@ -1,4 +1,4 @@
-"""Merging a multi-turn episode's items into one sequence (ludic_lab.training.turn_merge):
+"""Merging a multi-turn episode's items into one sequence (ludic_lab.rollouts.turn_merge):
 the bookkeeping, and the trainer's numbers against the unmerged items from first principles
 (same per-token logprobs on every action, same token-mean loss and gradient)."""
 
@@ -12,12 +12,13 @@ from trainer_helpers import load_model
 
 from ludic_lab.inference.local_client import LocalChatClient
 from ludic_lab.recipes.tic_tac_toe import MAX_TURNS, GameRequests, sampling, tic_tac_toe_engine
-from ludic_lab.training import GRPORequestStrategy, RolloutBatchSource, make_grpo
+from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+from ludic_lab.rollouts.saw import SAWItem
+from ludic_lab.rollouts.turn_merge import merge_turns
+from ludic_lab.training import make_grpo
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.losses import TokenClippedSurrogateLoss
 from ludic_lab.training.packing import pad_to_longest
-from ludic_lab.training.saw import SAWItem
-from ludic_lab.training.turn_merge import merge_turns
 
 
 def episode(rollout_id: str, turns: int, *, seed: int, vocab: int = 2000, break_at: int | None = None) -> list[SAWItem]:

@@ -359,7 +359,7 @@ async def test_two_servers_a_kill_mid_rollout_and_a_restart(pusher, tiny_server,
     from ludic_lab.inference.vllm_process import start_vllm_server, wait_for_vllm_health
     from ludic_lab.interaction import SingleAgentSyncProtocol
     from ludic_lab.parsers import identity_parser
-    from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+    from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 
     def start() -> Any:
         return start_vllm_server(tiny_model_dir, port=free_port, dtype=SERVER_DTYPE, max_model_len=4096)

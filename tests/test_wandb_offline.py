@@ -17,10 +17,10 @@ import pytest
 from test_loggers import _parse, _wandb_records
 from trainer_helpers import ListBatchSource, load_model, random_items
 
+from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.training.algorithm import make_grpo
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.loggers import JSONLLogger, WandbLogger, read_jsonl_metrics
-from ludic_lab.training.saw import SAWBatch
 from ludic_lab.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent

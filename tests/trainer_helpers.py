@@ -23,9 +23,15 @@ from ludic_lab.inference.local_client import LocalChatClient
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
-from ludic_lab.training.batching import RolloutBatchSource
-from ludic_lab.training.saw import SAWBatch, SAWItem
+from ludic_lab.rollouts import (
+    EnvSpec,
+    GRPORequestStrategy,
+    ProtocolSpec,
+    RolloutBatchSource,
+    RolloutEngine,
+    RolloutRequest,
+)
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 from ludic_lab.types import Info, StepOutcome
 
 

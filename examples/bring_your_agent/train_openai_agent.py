@@ -47,15 +47,15 @@ from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfi
 from ludic_lab.interaction import AgentProgramProtocol
 from ludic_lab.recipes import Sampler
 from ludic_lab.recipes.training import first_last, output_dir, sampler_trainer, train_timed, trainer_config
-from ludic_lab.training import (
+from ludic_lab.rollouts import (
     EnvSpec,
     GRPORequestStrategy,
     ProtocolSpec,
     RolloutBatchSource,
     RolloutEngine,
     RolloutRequest,
-    make_grpo,
 )
+from ludic_lab.training import make_grpo
 
 # -- the agent: plain openai-SDK code ------------------------------------------------------------
 

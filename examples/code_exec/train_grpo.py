@@ -76,17 +76,15 @@ async def main(cfg: Config) -> dict:
     from ludic_lab.eval.success import InfoKeySuccess
     from ludic_lab.inference import InferenceSpec, SamplingConfig
     from ludic_lab.interaction import SingleAgentSyncProtocol
-    from ludic_lab.training import (
+    from ludic_lab.rollouts import (
         EnvSpec,
         GRPORequestStrategy,
         ProtocolSpec,
         RolloutBatchSource,
         RolloutEngine,
         RolloutRequest,
-        Trainer,
-        TrainerConfig,
-        make_grpo,
     )
+    from ludic_lab.training import Trainer, TrainerConfig, make_grpo
     from ludic_lab.training.loggers import JSONLLogger
 
     if cfg.smoke:

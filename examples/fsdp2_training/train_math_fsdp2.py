@@ -99,7 +99,8 @@ def main(cfg: Config) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from ludic_lab.inference.models import resolve_model
-    from ludic_lab.training import GRPORequestStrategy, Rank0BroadcastSource, RolloutBatchSource, Trainer, make_grpo
+    from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+    from ludic_lab.training import Rank0BroadcastSource, Trainer, make_grpo
     from ludic_lab.training.loggers import JSONLLogger
 
     # the process group first: rank 0 builds its sampler while the others wait in the first broadcast

@@ -73,7 +73,7 @@ class Config:
 
 async def run(cfg: Config) -> dict[str, Any]:
     from ludic_lab.eval import evaluate
-    from ludic_lab.training import EnvSpec, ProtocolSpec
+    from ludic_lab.rollouts import EnvSpec, ProtocolSpec
 
     out = output_dir(cfg.out)
     test = load_math(cfg.data, "test", seed=cfg.seed)

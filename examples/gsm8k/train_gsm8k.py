@@ -111,7 +111,8 @@ class Config:
 
 
 async def run(cfg: Config) -> dict[str, Any]:
-    from ludic_lab.training import GRPORequestStrategy, RolloutBatchSource, make_grpo
+    from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+    from ludic_lab.training import make_grpo
 
     out = output_dir(cfg.out)
     train, test = load_math(cfg.data, "train", seed=cfg.seed), load_math(cfg.data, "test", seed=cfg.seed)

@@ -111,7 +111,8 @@ class Config:
 
 
 async def run(cfg: Config) -> dict[str, Any]:
-    from ludic_lab.training import GRPORequestStrategy, RolloutBatchSource, make_grpo
+    from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+    from ludic_lab.training import make_grpo
 
     out = output_dir(cfg.out)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out),

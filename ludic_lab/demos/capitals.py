@@ -19,7 +19,7 @@ from ludic_lab.data import load_capitals
 from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import ParseResult
-from ludic_lab.training import RolloutEngine
+from ludic_lab.rollouts import RolloutEngine
 
 
 def _words(t: str) -> str:

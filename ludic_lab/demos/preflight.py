@@ -34,7 +34,7 @@ def needs_groups(algo: str) -> bool:
         return True
     if algo in PER_SAMPLE_PRESETS or algo not in PRESETS:
         return False
-    from ludic_lab.training.credit import GroupNormalizedReturn, HybridNormalizedReturn, LeaveOneOutReturn
+    from ludic_lab.rollouts.credit import GroupNormalizedReturn, HybridNormalizedReturn, LeaveOneOutReturn
 
     credit = build_algorithm(algo, max_tokens=1).credit_assigner  # a preset added since: ask it
     return isinstance(credit, (GroupNormalizedReturn, HybridNormalizedReturn, LeaveOneOutReturn))

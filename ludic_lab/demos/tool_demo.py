@@ -28,7 +28,7 @@ from typing import Any
 from ludic_lab.data import load_multiplication
 from ludic_lab.demos.tool_task import evaluate_tool_task, tool_stats_callback, tool_task_engine
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.training import GRPORequestStrategy, RolloutRequest
+from ludic_lab.rollouts import GRPORequestStrategy, RolloutRequest
 
 TOOL_DEFAULTS: dict[str, Any] = {
     "steps": 5,
@@ -97,9 +97,10 @@ async def _train(
     from transformers import AutoModelForCausalLM
 
     from ludic_lab.demos.preflight import build_algorithm
-    from ludic_lab.training import RolloutBatchSource, Trainer
+    from ludic_lab.rollouts import RolloutBatchSource
+    from ludic_lab.rollouts.signal_check import NoSignalNotice
+    from ludic_lab.training import Trainer
     from ludic_lab.training.loggers import JSONLLogger
-    from ludic_lab.training.signal_check import NoSignalNotice
 
     algo = build_algorithm(cfg.algo, max_tokens=cfg.max_tokens)  # DemoConfig checked the name and group size
     engine, env, protocol = tool_task_engine(client, rows, use_tool=use_tool)

@@ -30,7 +30,7 @@ from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.envs.calculator import calculator
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import ParseResult
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine
 from ludic_lab.types import Message, Rollout
 
 __all__ = [

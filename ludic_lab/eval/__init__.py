@@ -1,7 +1,7 @@
 """Evaluation (layer 6): run a policy over held-out env seeds, ``k`` samples each, and score it.
 
 ``await evaluate(engine, env_spec, protocol_spec, seeds, k=...)`` runs through
-:class:`~ludic_lab.training.RolloutEngine` and returns an :class:`EvalResult` (a per-rollout
+:class:`~ludic_lab.rollouts.RolloutEngine` and returns an :class:`EvalResult` (a per-rollout
 DataFrame, accuracy, pass@k, parse-error rate, failures); :func:`evaluate_qa` does the
 wiring for :class:`~ludic_lab.envs.DatasetQAEnv`. ``*_sync`` variants block (scripts and
 Jupyter cells alike).

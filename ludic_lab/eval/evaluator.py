@@ -21,8 +21,8 @@ from ludic_lab.aio import run_sync
 from ludic_lab.eval.result import ITEM_META_KEY, EvalResult
 from ludic_lab.eval.success import DefaultSuccess, SuccessFn, rule_name
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.training.rollout_engine import RolloutEngine
-from ludic_lab.training.types import EnvSpec, ProtocolSpec, RolloutRequest
+from ludic_lab.rollouts.engine import RolloutEngine
+from ludic_lab.rollouts.requests import EnvSpec, ProtocolSpec, RolloutRequest
 
 
 @runtime_checkable

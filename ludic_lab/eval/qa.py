@@ -23,8 +23,8 @@ from ludic_lab.eval.success import InfoKeySuccess, SuccessFn
 from ludic_lab.inference.client import ChatClient
 from ludic_lab.interaction.single_agent import SingleAgentSyncProtocol
 from ludic_lab.parsers import Parser
-from ludic_lab.training.rollout_engine import RolloutEngine
-from ludic_lab.training.types import EnvSpec, ProtocolSpec
+from ludic_lab.rollouts.engine import RolloutEngine
+from ludic_lab.rollouts.requests import EnvSpec, ProtocolSpec
 
 QA_ENV_KIND = "qa_eval"
 QA_PROTOCOL_KIND = "qa_eval_agent"

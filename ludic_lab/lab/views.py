@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ludic_lab.jupyter import ipython_shell
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 from ludic_lab.token_html import HTMLView, save_html, to_html
-from ludic_lab.training.saw import SAWBatch, SAWItem
 from ludic_lab.training.saw_html import saw_batch_html
 from ludic_lab.types import Rollout
 from ludic_lab.types_html import rollouts_html

@@ -3,7 +3,7 @@
 One *round*: wait while the stream holds ``max_queue_items`` or more untrained entries
 (back-pressure: the actor never runs unboundedly ahead of the trainer), load newer weights
 if a weights key is given (in-process samplers), generate and credit one batch exactly as
-the synchronous :class:`~ludic_lab.training.batching.RolloutBatchSource` does, and append
+the synchronous :class:`~ludic_lab.rollouts.RolloutBatchSource` does, and append
 every item to the stream in one ``MULTI`` (tagged with the policy version it was sampled
 under, by the sampler). A lost connection (Redis restarting) is retried with backoff; a push
 whose reply was lost is re-sent with the same item ids, and the trainer drops the copies.
@@ -23,8 +23,8 @@ from typing import Any
 from ludic_lab.pipeline.connection import QueueKeys, Reconnector, close_client, connect_redis
 from ludic_lab.pipeline.weights import RedisWeightsSubscriber
 from ludic_lab.pipeline.wire import encode_item, item_id
-from ludic_lab.training.batching.base import EmptyBatchError
-from ludic_lab.training.batching.rollout_source import RolloutBatchSource
+from ludic_lab.rollouts.batch_source import EmptyBatchError
+from ludic_lab.rollouts.rollout_source import RolloutBatchSource
 
 log = logging.getLogger("ludic_lab.pipeline")
 

@@ -112,7 +112,7 @@ async def run_actor(cfg: PipelineActorConfig) -> dict[str, Any]:
     from ludic_lab.pipeline.actor import run_pipeline_actor
     from ludic_lab.pipeline.connection import close_client, connect_redis
     from ludic_lab.pipeline.tasks import IdLog, make_algo, make_task
-    from ludic_lab.training.request_strategies import GRPORequestStrategy
+    from ludic_lab.rollouts.strategies import GRPORequestStrategy
 
     # a wrong URL fails here, before the model is loaded
     await close_client(await connect_redis(cfg.redis_url, connect_timeout_s=cfg.connect_timeout_s, role="actor"))

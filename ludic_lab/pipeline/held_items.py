@@ -18,7 +18,7 @@ import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.training.staleness import is_stale
 
 

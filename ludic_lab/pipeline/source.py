@@ -17,7 +17,7 @@ Delivery guarantees, and how they are kept:
 - **Bad input never crashes the trainer.** An entry that is foreign, malformed, not a valid
   item, or was delivered more than ``max_deliveries`` times is moved to the dead-letter
   stream ``<queue_key>:dead`` with its original fields and a ``dead_reason``.
-- **Sample filters.** ``sample_filter`` (see :mod:`ludic_lab.training.filters`) drops items
+- **Sample filters.** ``sample_filter`` (see :mod:`ludic_lab.rollouts.filters`) drops items
   the same way as stale ones (committed, not trained) and counts them per filter name.
 - **Staleness.** With ``max_lag`` and ``policy_version_fn`` (the trainer's current version),
   items sampled more than ``max_lag`` versions ago (:func:`~ludic_lab.training.staleness.is_stale`)
@@ -50,9 +50,9 @@ from ludic_lab.pipeline.consumer_stream import ConsumerStream, Entry
 from ludic_lab.pipeline.held_items import HeldItem, HeldItems, ItemState, split_stale
 from ludic_lab.pipeline.source_report import batch_meta, gather_state_dicts
 from ludic_lab.pipeline.wire import WireFormatError, decode_entry
-from ludic_lab.training.batching.base import EmptyBatchError
-from ludic_lab.training.filters import FilterSpec, as_filter
-from ludic_lab.training.saw import SAWBatch
+from ludic_lab.rollouts.batch_source import EmptyBatchError
+from ludic_lab.rollouts.filters import FilterSpec, as_filter
+from ludic_lab.rollouts.saw import SAWBatch
 
 _COUNTERS = tuple(
     "batches items acked stale_dropped filtered_samples duplicates_dropped dead_lettered reclaimed redelivered".split()
@@ -65,11 +65,11 @@ def default_consumer() -> str:
 
 
 class PipelineBatchSource:
-    """A :class:`~ludic_lab.training.batching.BatchSource` reading SAW items from Redis
+    """A :class:`~ludic_lab.rollouts.BatchSource` reading SAW items from Redis
     (see the module docstring for the guarantees).
 
     ``next_batch()`` waits until ``batch_size`` acceptable items have arrived (or raises
-    :class:`~ludic_lab.training.batching.EmptyBatchError` after ``timeout_s``, keeping the
+    :class:`~ludic_lab.rollouts.EmptyBatchError` after ``timeout_s``, keeping the
     partial batch for the next call). ``on_ack(item_ids)`` is called after each commit.
     """
 

@@ -8,9 +8,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ludic_lab.training.batching.batch_stats import item_stats
-from ludic_lab.training.saw import SAWItem
-from ludic_lab.training.signal_check import signal_stats
+from ludic_lab.rollouts.batch_stats import item_stats
+from ludic_lab.rollouts.saw import SAWItem
+from ludic_lab.rollouts.signal_check import signal_stats
 
 
 def batch_meta(

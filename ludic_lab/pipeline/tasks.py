@@ -22,8 +22,8 @@ from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training.rollout_engine import RolloutEngine
-from ludic_lab.training.types import EnvSpec, ProtocolSpec, RolloutRequest
+from ludic_lab.rollouts.engine import RolloutEngine
+from ludic_lab.rollouts.requests import EnvSpec, ProtocolSpec, RolloutRequest
 from ludic_lab.types import Info, StepOutcome
 
 TASKS = ("capitals", "digits")

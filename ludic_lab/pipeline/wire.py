@@ -1,4 +1,4 @@
-"""The wire format of a queued :class:`~ludic_lab.training.saw.SAWItem` (no pickle anywhere).
+"""The wire format of a queued :class:`~ludic_lab.rollouts.saw.SAWItem` (no pickle anywhere).
 
 One item is one Redis Stream entry with four fields:
 
@@ -26,7 +26,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts.saw import SAWItem
 
 SCHEMA_NAME = "ludic_lab.saw"
 SCHEMA_VERSION = 1

@@ -21,7 +21,7 @@ from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import Parser, ParseResult
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 
 SYSTEM_PROMPT = (
     "Solve the math problem. Think briefly if you need to, then give the final number inside "

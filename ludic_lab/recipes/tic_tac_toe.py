@@ -27,7 +27,7 @@ from ludic_lab.envs import TicTacToeEnv, TicTacToeMultiAgentEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
 from ludic_lab.parsers import Parser, ParseResult
-from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.types import Rollout
 
 ENV, ENV_2P = "tic_tac_toe", "tic_tac_toe_2p"

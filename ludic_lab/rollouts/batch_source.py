@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from ludic_lab.training.saw import SAWBatch
+from ludic_lab.rollouts.saw import SAWBatch
 
 
 @runtime_checkable

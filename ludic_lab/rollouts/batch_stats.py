@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ludic_lab.failures import failure_counts
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.types import Rollout
 
 _NAN = float("nan")

@@ -2,7 +2,7 @@
 
 A prompt whose recent samples all pass (or all fail) gives a GRPO group equal rewards, hence
 no gradient. :class:`DifficultyFilter` wraps the ``requests_fn`` you give a
-:class:`~ludic_lab.training.batching.RolloutBatchSource` and keeps, per prompt, the outcomes
+:class:`~ludic_lab.rollouts.RolloutBatchSource` and keeps, per prompt, the outcomes
 of its last ``window`` rollouts. The source hands it every generated rollout
 (:meth:`DifficultyFilter.observe`; any ``requests_fn`` with an ``observe(rollouts)`` method
 gets them, after rewards are applied). A prompt with at least ``min_samples`` outcomes and a
@@ -37,7 +37,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ludic_lab.training.types import RolloutRequest
+from ludic_lab.rollouts.requests import RolloutRequest
 from ludic_lab.types import Rollout
 
 __all__ = ["DifficultyFilter", "default_prompt_key", "observe_rollouts", "take_stream_stats"]

@@ -7,7 +7,7 @@ dynamic_sampling=DynamicSampling(min_groups=N))`` drops such groups as they come
 engine and keeps generating with fresh requests (one more ``requests_fn()`` call per round)
 until the batch holds ``N`` groups with signal, or ``max_rounds`` rounds have run.
 
-What counts as signal is :mod:`ludic_lab.training.group_signal`'s: a group (same
+What counts as signal is :mod:`ludic_lab.rollouts.group_signal`'s: a group (same
 ``(group_id, agent_id)``) carries signal when any member's weight is non-zero, i.e. its
 rewards differ. Every member of a kept group stays, zero-advantage ones included.
 
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ludic_lab.training.group_signal import GroupKey, informative_groups
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts.group_signal import GroupKey, informative_groups
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.types import Rollout
 
 __all__ = ["DynamicSampler", "DynamicSampling", "DynamicSamplingRound"]
@@ -36,7 +36,7 @@ __all__ = ["DynamicSampler", "DynamicSampling", "DynamicSamplingRound"]
 
 @dataclass(frozen=True)
 class DynamicSampling:
-    """How a :class:`~ludic_lab.training.batching.RolloutBatchSource` refills a batch.
+    """How a :class:`~ludic_lab.rollouts.RolloutBatchSource` refills a batch.
 
     Use it with group sampling (``request_strategy=GRPORequestStrategy(group_size=G)``) and a
     group-relative credit assigner; it takes the place of ``min_items`` / ``max_attempts``.

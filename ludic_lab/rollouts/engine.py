@@ -37,7 +37,7 @@ from ludic_lab.envs.env import LudicEnv
 from ludic_lab.failures import classify_failure
 from ludic_lab.interaction.base import InteractionProtocol
 from ludic_lab.jsonl import json_line
-from ludic_lab.training.types import RolloutRequest
+from ludic_lab.rollouts.requests import RolloutRequest
 from ludic_lab.types import Rollout
 
 EnvFactory = Callable[..., LudicEnv]

@@ -4,7 +4,7 @@ A *group* is the items sharing ``(group_id, agent_id)`` (siblings of one prompt,
 per agent as the credit assigners do; ``agent_id`` is read from ``item.meta``, which
 :meth:`SAWItem.from_step` fills). A group **carries signal** when at least one of its items
 has a non-zero weight on an action token. With group-relative credit
-(:class:`~ludic_lab.training.credit.GroupNormalizedReturn`, RLOO, ScaleRL's hybrid) that
+(:class:`~ludic_lab.rollouts.credit.GroupNormalizedReturn`, RLOO, ScaleRL's hybrid) that
 is exactly "the members' rewards differ": equal rewards give every member advantage 0, and
 unequal rewards give at least two members a non-zero one. An item without a ``group_id`` is
 a group of its own.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ludic_lab.training.saw import SAWBatch, SAWItem
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 
 GroupKey = tuple[str, str]
 """``(group_id, agent_id)``; an item without group id gets ``("item:<rollout_id>/<step_index>", agent_id)``."""

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ludic_lab.training.rollout_engine import RolloutEngine
-from ludic_lab.training.types import RolloutRequest
+from ludic_lab.rollouts.engine import RolloutEngine
+from ludic_lab.rollouts.requests import RolloutRequest
 from ludic_lab.types import Rollout, save_rollouts
 
 KeepFn = Callable[[Rollout], bool]

@@ -3,7 +3,7 @@
 A :class:`RolloutRequest` names an environment and a protocol by registry ``kind`` (with
 JSON kwargs), the seeds, the inference spec and a group id. It holds no live objects, so a
 curriculum is just a list of requests and a request travels as JSON (``to_dict`` /
-``from_dict``). The :class:`~ludic_lab.training.rollout_engine.RolloutEngine` turns them
+``from_dict``). The :class:`~ludic_lab.rollouts.engine.RolloutEngine` turns them
 into :class:`~ludic_lab.types.Rollout` s.
 
 Seeds of the episodes of one request (:meth:`RolloutRequest.episode_seeds`): episode ``e``

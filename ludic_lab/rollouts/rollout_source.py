@@ -5,17 +5,17 @@ expands them (e.g. into GRPO groups), the engine runs the episodes, the credit a
 weights every step, ``filter_fn`` (optional) drops rollouts after credit is assigned (so
 group baselines still saw every sibling), and each weighted step with a token trace becomes
 a :class:`SAWItem` whose ``meta`` carries the step's flags (``truncated``, ``parse_error``,
-``incomplete_completion``, ``finish_reason``: :func:`~ludic_lab.training.filters.sample_meta`).
+``incomplete_completion``, ``finish_reason``: :func:`~ludic_lab.rollouts.filters.sample_meta`).
 ``sample_filter`` (optional; e.g. ``drop_truncated & drop_incomplete_completions`` from
-:mod:`ludic_lab.training.filters`, or a list) then drops items, again after credit.
+:mod:`ludic_lab.rollouts.filters`, or a list) then drops items, again after credit.
 Nothing is lost silently: ``batch.meta`` counts every skipped step by reason
 (``skipped/...``; sample-filter drops as ``skipped/filtered_samples`` and
 ``skipped/filtered_samples/<filter name>``), the credit assigner's own counts
 (``credit/...``) and the rollout and item statistics
-(:mod:`ludic_lab.training.batching.batch_stats`).
+(:mod:`ludic_lab.rollouts.batch_stats`).
 
 ``merge_turns=True`` folds a multi-turn rollout's items into one sequence wherever the next
-turn's tokens start with the previous turn's (:mod:`ludic_lab.training.turn_merge`): the
+turn's tokens start with the previous turn's (:mod:`ludic_lab.rollouts.turn_merge`): the
 trainer scores the shared context once instead of once per turn (``merge/...`` counts what
 was folded and where the prefix broke). Per-token values are unchanged; a per-sequence loss
 aggregation then averages per episode instead of per turn.
@@ -27,11 +27,11 @@ zero (e.g. every group had equal rewards) is returned, flagged ``all_zero_weight
 the trainer decides whether to skip the step.
 
 ``dynamic_sampling=DynamicSampling(min_groups=N, max_rounds=K)`` (DAPO,
-:mod:`ludic_lab.training.batching.dynamic_sampling`) replaces that loop: groups whose members
+:mod:`ludic_lab.rollouts.dynamic_sampling`) replaces that loop: groups whose members
 all scored the same reward are dropped and fresh requests are generated until ``N`` groups
 with signal are in the batch or ``K`` rounds have run (``dynamic/...`` in ``batch.meta``; a
 short batch goes out as it is and the first one warns). A ``requests_fn`` with an
-``observe(rollouts)`` method (e.g. :class:`~ludic_lab.training.difficulty_filter.DifficultyFilter`)
+``observe(rollouts)`` method (e.g. :class:`~ludic_lab.rollouts.difficulty_filter.DifficultyFilter`)
 is handed every round's rollouts after rewards are applied, and its ``take_stats()`` join
 ``batch.meta`` (``difficulty/...``).
 
@@ -51,18 +51,18 @@ from typing import Any
 
 from ludic_lab.aio import run_sync
 from ludic_lab.rewards import GroupReward, RolloutReward, apply_rewards, check_rewards
-from ludic_lab.training.batching.base import EmptyBatchError
-from ludic_lab.training.batching.batch_stats import item_stats, prefixed, rollout_stats
-from ludic_lab.training.batching.dynamic_sampling import DynamicSampler, DynamicSampling
-from ludic_lab.training.credit.base import CreditAssigner
-from ludic_lab.training.difficulty_filter import observe_rollouts, take_stream_stats
-from ludic_lab.training.filters import FilterSpec, as_filter, filter_items, with_sample_meta
-from ludic_lab.training.request_strategies import IdentityStrategy, RequestStrategy
-from ludic_lab.training.rollout_engine import RolloutEngine
-from ludic_lab.training.saw import SAWBatch, SAWItem, saw_items_from_rollouts
-from ludic_lab.training.signal_check import signal_stats
-from ludic_lab.training.turn_merge import merge_turns
-from ludic_lab.training.types import RolloutRequest
+from ludic_lab.rollouts.batch_source import EmptyBatchError
+from ludic_lab.rollouts.batch_stats import item_stats, prefixed, rollout_stats
+from ludic_lab.rollouts.credit.base import CreditAssigner
+from ludic_lab.rollouts.difficulty_filter import observe_rollouts, take_stream_stats
+from ludic_lab.rollouts.dynamic_sampling import DynamicSampler, DynamicSampling
+from ludic_lab.rollouts.engine import RolloutEngine
+from ludic_lab.rollouts.filters import FilterSpec, as_filter, filter_items, with_sample_meta
+from ludic_lab.rollouts.requests import RolloutRequest
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem, saw_items_from_rollouts
+from ludic_lab.rollouts.signal_check import signal_stats
+from ludic_lab.rollouts.strategies import IdentityStrategy, RequestStrategy
+from ludic_lab.rollouts.turn_merge import merge_turns
 from ludic_lab.types import Rollout
 
 RequestsFn = Callable[[], Sequence[RolloutRequest]]
@@ -81,7 +81,7 @@ class RolloutBatchSource:
     ``requests_fn()`` must return new requests each call (new seeds, next questions);
     ``max_steps`` is the turn limit for requests without their own; ``concurrency``
     overrides the engine's. ``filter_fn`` drops whole rollouts, ``sample_filter`` single
-    items (see :mod:`ludic_lab.training.filters`). After each call ``last_rollouts`` holds every rollout generated
+    items (see :mod:`ludic_lab.rollouts.filters`). After each call ``last_rollouts`` holds every rollout generated
     for that batch (failed ones included), ``last_weights`` the credit assigner's weights of their steps
     (``{(rollout_id, step_index): weight}``) and ``last_stats`` its ``meta``.
     """

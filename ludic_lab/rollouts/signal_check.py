@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.types import Rollout
 
 __all__ = ["NoSignalNotice", "count_steps_without_signal", "no_signal_warning", "problems", "signal_stats"]

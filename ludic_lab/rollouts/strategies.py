@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
-from ludic_lab.training.types import RolloutRequest
+from ludic_lab.rollouts.requests import RolloutRequest
 
 _SEED_BOUND = 2**31 - 1
 """Drawn seeds stay below this (int32-safe for every backend), leaving room for ``+ i``."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts.saw import SAWItem
 
 
 @dataclass

@@ -1,8 +1,10 @@
-"""Training (layer 5): rollout requests and engine, credit assignment, SAW items, batch
-sources, packing, losses, algorithms, the Trainer and checkpoints.
+"""Training (layer 5): offline and rank-0 batch sources, packing, losses, algorithms, the
+Trainer and checkpoints.
 
-Names that need torch (trainer, losses, packing, ...) load on first access, so an actor
-process that only generates rollouts and assigns credit never imports torch through here.
+Also re-exports the rollout side (:mod:`ludic_lab.rollouts`: requests, engine, strategies,
+credit, SAW items, filters, ``RolloutBatchSource``) under this path. Names that need torch
+(trainer, losses, packing, ...) load on first access, so importing this package stays
+torch-free; actor processes import :mod:`ludic_lab.rollouts` directly.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ludic_lab.rollouts import *  # noqa: F403 - the rollout side, re-exported under its former path
+from ludic_lab.rollouts import __all__ as _rollouts_all
 from ludic_lab.training.algorithm import (
     PRESETS,
     RLAlgorithm,
@@ -24,26 +28,8 @@ from ludic_lab.training.algorithm import (
     make_scalerl,
     make_sft,
 )
-from ludic_lab.training.batching import (
-    BatchSource,
-    DataExhaustedError,
-    DynamicSampling,
-    EmptyBatchError,
-    OfflineBatchSource,
-    Rank0BroadcastSource,
-    RolloutBatchSource,
-)
+from ludic_lab.training.batching import OfflineBatchSource, Rank0BroadcastSource
 from ludic_lab.training.config import TrainerConfig
-from ludic_lab.training.credit import *  # noqa: F403 - re-exports credit's __all__
-from ludic_lab.training.credit import __all__ as _credit_all
-from ludic_lab.training.difficulty_filter import DifficultyFilter
-from ludic_lab.training.filters import drop_incomplete_completions, drop_parse_errors, drop_truncated
-from ludic_lab.training.group_signal import drop_zero_variance_groups
-from ludic_lab.training.rejection_sampling import RejectionSamplingFilter, rejection_sample
-from ludic_lab.training.request_strategies import GRPORequestStrategy, IdentityStrategy, RequestStrategy
-from ludic_lab.training.rollout_engine import RolloutEngine, UnknownKindError
-from ludic_lab.training.saw import RolloutStepKey, SAWBatch, SAWItem, saw_items_from_rollouts
-from ludic_lab.training.types import EnvSpec, ProtocolSpec, RolloutRequest
 
 _LAZY = {
     "Trainer": "ludic_lab.training.trainer",
@@ -89,34 +75,10 @@ __all__ = [
     "make_cispo",
     "make_scalerl",
     "make_sft",
-    "BatchSource",
-    "DataExhaustedError",
-    "DifficultyFilter",
-    "DynamicSampling",
-    "EmptyBatchError",
     "OfflineBatchSource",
     "Rank0BroadcastSource",
-    "RolloutBatchSource",
     "TrainerConfig",
-    "RejectionSamplingFilter",
-    "rejection_sample",
-    "drop_truncated",
-    "drop_parse_errors",
-    "drop_incomplete_completions",
-    "drop_zero_variance_groups",
-    "GRPORequestStrategy",
-    "IdentityStrategy",
-    "RequestStrategy",
-    "RolloutEngine",
-    "UnknownKindError",
-    "RolloutStepKey",
-    "SAWBatch",
-    "SAWItem",
-    "saw_items_from_rollouts",
-    "EnvSpec",
-    "ProtocolSpec",
-    "RolloutRequest",
-    *_credit_all,
+    *_rollouts_all,
     *_LAZY,
 ]
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ludic_lab.training.saw import SAWBatch
+from ludic_lab.rollouts.saw import SAWBatch
 
 if TYPE_CHECKING:
     from ludic_lab.training.losses.reinforce import ImportanceRatio
@@ -65,7 +65,7 @@ def make_reinforce(
 ) -> RLAlgorithm:
     """REINFORCE: Monte-Carlo returns as weights, ``-Σ sg(π/μ) G_t log π`` per sequence, mean
     over sequences (the ratio corrects off-policy data; ``tis_cap`` caps it)."""
-    from ludic_lab.training.credit import MonteCarloReturn
+    from ludic_lab.rollouts.credit import MonteCarloReturn
     from ludic_lab.training.losses import ReinforceLoss
 
     agg = "seq_mean_token_sum"
@@ -85,7 +85,7 @@ def make_reinforce_baseline(
     importance_ratio: ImportanceRatio = "token",
 ) -> RLAlgorithm:
     """REINFORCE with the batch-mean return as baseline (optionally std-normalised), ratio-corrected."""
-    from ludic_lab.training.credit import MonteCarloReturn
+    from ludic_lab.rollouts.credit import MonteCarloReturn
     from ludic_lab.training.losses import ReinforceBaselineLoss
 
     agg = "seq_mean_token_sum"
@@ -108,7 +108,7 @@ def make_rloo(
     importance_ratio: ImportanceRatio = "token",
 ) -> RLAlgorithm:
     """RLOO: leave-one-out group baseline, ratio-corrected REINFORCE loss (needs GRPO-style groups)."""
-    from ludic_lab.training.credit import LeaveOneOutReturn
+    from ludic_lab.rollouts.credit import LeaveOneOutReturn
     from ludic_lab.training.losses import ReinforceLoss
 
     agg = "seq_mean_token_sum"
@@ -126,7 +126,7 @@ def make_grpo(
     entropy_coeff: float = 0.0,
 ) -> RLAlgorithm:
     """GRPO: group-normalised advantages, token-level clipped surrogate, per-sequence mean."""
-    from ludic_lab.training.credit import GroupNormalizedReturn
+    from ludic_lab.rollouts.credit import GroupNormalizedReturn
     from ludic_lab.training.losses import TokenClippedSurrogateLoss
 
     agg = "seq_mean_token_mean"
@@ -140,7 +140,7 @@ def make_dr_grpo(
 ) -> RLAlgorithm:
     """Dr.GRPO: mean-centred (not std-normalised) advantages, token sums over a constant
     normaliser ``num_sequences * max_tokens`` (no length bias)."""
-    from ludic_lab.training.credit import GroupNormalizedReturn
+    from ludic_lab.rollouts.credit import GroupNormalizedReturn
     from ludic_lab.training.losses import TokenClippedSurrogateLoss
 
     agg = "seq_mean_token_sum_norm"
@@ -158,7 +158,7 @@ def drop_zero_weight_items(batch: SAWBatch) -> SAWBatch:
 
     Not DAPO's filter: in a group whose rewards differ, a member scoring exactly the group
     mean has advantage 0 and is dropped too, so a token-mean loss divides by fewer tokens.
-    :func:`~ludic_lab.training.group_signal.drop_zero_variance_groups` drops whole groups
+    :func:`~ludic_lab.rollouts.group_signal.drop_zero_variance_groups` drops whole groups
     without signal and keeps such members (what :func:`make_dapo` uses)."""
     kept = tuple(
         it for it in batch.items if any(w != 0.0 for w, m in zip(it.weights, it.action_mask, strict=True) if m)
@@ -169,17 +169,17 @@ def drop_zero_weight_items(batch: SAWBatch) -> SAWBatch:
 def make_dapo(*, clip_eps_low: float = 0.2, clip_eps_high: float = 0.28, kl_coeff: float = 0.0) -> RLAlgorithm:
     """DAPO: clip-higher, token-mean over all tokens of the batch, zero-variance *groups* dropped.
 
-    The preprocess (:func:`~ludic_lab.training.group_signal.drop_zero_variance_groups`)
+    The preprocess (:func:`~ludic_lab.rollouts.group_signal.drop_zero_variance_groups`)
     drops every item of a group whose rewards were all equal and keeps every member of the
     other groups, zero-advantage ones included (their tokens count in the mean). DAPO then
     samples more groups to refill the batch: pair this preset with
     ``RolloutBatchSource(..., dynamic_sampling=DynamicSampling(min_groups=N))``
-    (:mod:`ludic_lab.training.batching.dynamic_sampling`); without it a batch shrinks by
+    (:mod:`ludic_lab.rollouts.dynamic_sampling`); without it a batch shrinks by
     the groups dropped. DAPO's soft overlong penalty is a reward:
     ``rewards=[SoftOverlongPenalty(max_tokens=..., buffer_tokens=...)]``
     (:mod:`ludic_lab.rewards.overlong`)."""
-    from ludic_lab.training.credit import GroupNormalizedReturn
-    from ludic_lab.training.group_signal import drop_zero_variance_groups
+    from ludic_lab.rollouts.credit import GroupNormalizedReturn
+    from ludic_lab.rollouts.group_signal import drop_zero_variance_groups
     from ludic_lab.training.losses import TokenClippedSurrogateLoss
 
     agg = "token_mean"
@@ -194,7 +194,7 @@ def make_dapo(*, clip_eps_low: float = 0.2, clip_eps_high: float = 0.28, kl_coef
 
 def make_gspo(*, clip_eps_low: float = 3e-4, clip_eps_high: float = 4e-4, kl_coeff: float = 0.0) -> RLAlgorithm:
     """GSPO: group-normalised advantages, sequence-level clipped importance ratio."""
-    from ludic_lab.training.credit import GroupNormalizedReturn
+    from ludic_lab.rollouts.credit import GroupNormalizedReturn
     from ludic_lab.training.losses import SequenceClippedSurrogateLoss
 
     agg = "seq_mean_token_mean"
@@ -204,7 +204,7 @@ def make_gspo(*, clip_eps_low: float = 3e-4, clip_eps_high: float = 4e-4, kl_coe
 
 def make_cispo(*, clip_eps_high: float = 0.2, kl_coeff: float = 0.0) -> RLAlgorithm:
     """CISPO: group-normalised advantages, clipped stop-gradient IS weight x log π, token mean."""
-    from ludic_lab.training.credit import GroupNormalizedReturn
+    from ludic_lab.rollouts.credit import GroupNormalizedReturn
     from ludic_lab.training.losses import CISPOLoss
 
     agg = "token_mean"
@@ -214,7 +214,7 @@ def make_cispo(*, clip_eps_high: float = 0.2, kl_coeff: float = 0.0) -> RLAlgori
 
 def make_scalerl(*, clip_eps_high: float = 0.2) -> RLAlgorithm:
     """ScaleRL: group-mean-centred, batch-std-scaled advantages (HybridNormalizedReturn) + CISPO."""
-    from ludic_lab.training.credit import HybridNormalizedReturn
+    from ludic_lab.rollouts.credit import HybridNormalizedReturn
     from ludic_lab.training.losses import CISPOLoss
 
     return RLAlgorithm(
@@ -224,7 +224,7 @@ def make_scalerl(*, clip_eps_high: float = 0.2) -> RLAlgorithm:
 
 def make_sft() -> RLAlgorithm:
     """SFT: constant credit 1, masked cross-entropy on action (assistant) tokens, token mean."""
-    from ludic_lab.training.credit import ConstantCredit
+    from ludic_lab.rollouts.credit import ConstantCredit
     from ludic_lab.training.losses import MaskedCrossEntropyLoss
 
     return RLAlgorithm("sft", ConstantCredit(1.0), MaskedCrossEntropyLoss(aggregation="token_mean"))

@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Sequence
 
 from ludic_lab.distributed.dist_utils import all_gather_bytes
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts.saw import SAWItem
 
 
 def items_digest(items: Sequence[SAWItem]) -> bytes:

@@ -1,7 +1,7 @@
 """Credit assigners under the reference's path (``ludic.training.credit_assignment``).
 
-Re-exports :mod:`ludic_lab.training.credit`; see its modules for the formulas and rules.
+Re-exports :mod:`ludic_lab.rollouts.credit`; see its modules for the formulas and rules.
 """
 
-from ludic_lab.training.credit import *  # noqa: F403 - the module the reference's map names
-from ludic_lab.training.credit import __all__  # noqa: F401 - the same public names
+from ludic_lab.rollouts.credit import *  # noqa: F403 - the module the reference's map names
+from ludic_lab.rollouts.credit import __all__  # noqa: F401 - the same public names

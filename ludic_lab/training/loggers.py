@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ludic_lab.training.signal_check import NoSignalNotice
+from ludic_lab.rollouts.signal_check import NoSignalNotice
 from ludic_lab.types import Rollout
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -44,9 +44,9 @@ from typing import Any, Literal
 
 import torch
 
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.training.packing_plans import candidate_plans, plan_cost
 from ludic_lab.training.prompt_share import Unit, group_units
-from ludic_lab.training.saw import SAWItem
 from ludic_lab.training.token_batch import TokenBatch
 
 TruncationPolicy = Literal["error", "truncate", "drop"]

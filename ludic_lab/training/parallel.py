@@ -38,11 +38,11 @@ from ludic_lab.distributed.dist_utils import (
     split_balanced,
 )
 from ludic_lab.distributed.interfaces import PolicyPublisher
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.training.batch_split import BatchSplitCheck
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.lora import policy_state_dict, policy_state_dict_from_full
-from ludic_lab.training.saw import SAWItem
 from ludic_lab.training.token_batch import TokenBatch
 
 

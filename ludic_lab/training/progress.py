@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ludic_lab.jupyter import in_kernel, ipython_shell
-from ludic_lab.training.signal_check import NoSignalNotice
+from ludic_lab.rollouts.signal_check import NoSignalNotice
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -166,7 +166,7 @@ class LivePlot:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record ``metrics`` at ``step`` (a MetricLogger); redraws if ``min_interval_s`` passed.
         A step with nothing to learn sets :attr:`warning` (shown above the curves until a
-        step with signal clears it; :class:`~ludic_lab.training.signal_check.NoSignalNotice`)."""
+        step with signal clears it; :class:`~ludic_lab.rollouts.signal_check.NoSignalNotice`)."""
         self._record(step, metrics)
         warning = self.no_signal(step, metrics)
         if warning is not None or any(str(k).endswith("signal/no_gradient") for k in metrics):

@@ -6,9 +6,9 @@ id, behaviour logprob, ratio (when the current policy's logprobs are given) and 
 Siblings (same ``group_id``) are shown side by side with their reward and advantage.
 No torch here: ``logprobs`` are plain per-item float sequences aligned with ``input_ids``.
 
-Importing this module gives :class:`~ludic_lab.training.saw.SAWItem` and
-:class:`~ludic_lab.training.saw.SAWBatch` their notebook views (``_repr_html_``); the lab
-layer imports it. ``ludic_lab.training.saw`` itself knows no HTML.
+Importing this module gives :class:`~ludic_lab.rollouts.saw.SAWItem` and
+:class:`~ludic_lab.rollouts.saw.SAWBatch` their notebook views (``_repr_html_``); the lab
+layer imports it. ``ludic_lab.rollouts.saw`` itself knows no HTML.
 
 Example::
 
@@ -24,8 +24,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 from ludic_lab.token_html import fmt, legend_html, resolve_tokenizer, scale_of, sequence_html, view_html
-from ludic_lab.training.saw import SAWBatch, SAWItem
 
 
 def _effective(it: SAWItem) -> list[float]:

@@ -9,7 +9,7 @@ Two places apply it, one rule (:func:`is_stale`):
   at None;
 - every other source, through the Trainer's filter (``TrainerConfig.max_lag``,
   :func:`~ludic_lab.training.step_data.filter_batches`), which drops them from the pulled
-  batch: a :class:`~ludic_lab.training.batching.RolloutBatchSource` whose sampler lags
+  batch: a :class:`~ludic_lab.rollouts.RolloutBatchSource` whose sampler lags
   behind the published weights, offline data with recorded versions.
 """
 

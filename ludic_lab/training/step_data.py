@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 from ludic_lab.training.causal_lm import find_body_and_head
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.packing import PackedMicroBatches, pack_items
 from ludic_lab.training.parallel import StepTotals
-from ludic_lab.training.saw import SAWBatch, SAWItem
 from ludic_lab.training.staleness import is_stale
 
 

@@ -37,8 +37,10 @@ import torch
 
 from ludic_lab.aio import run_sync
 from ludic_lab.distributed.interfaces import PolicyPublisher
+from ludic_lab.rollouts.batch_source import BatchSource
+from ludic_lab.rollouts.saw import SAWBatch
+from ludic_lab.rollouts.signal_check import count_steps_without_signal
 from ludic_lab.training.algorithm import RLAlgorithm
-from ludic_lab.training.batching.base import BatchSource
 from ludic_lab.training.batching.sample_ahead import pull_ahead, sample_ahead
 from ludic_lab.training.checkpoint import CheckpointInfo, load_checkpoint, save_checkpoint
 from ludic_lab.training.config import TrainerConfig
@@ -51,8 +53,6 @@ from ludic_lab.training.packing import PackedMicroBatches
 from ludic_lab.training.padding import padding_batch
 from ludic_lab.training.parallel import StepTotals, make_data_parallel
 from ludic_lab.training.progress import ProgressView, make_progress
-from ludic_lab.training.saw import SAWBatch
-from ludic_lab.training.signal_check import count_steps_without_signal
 from ludic_lab.training.step_data import filter_batches, local_totals, pack_step
 from ludic_lab.training.step_stats import StepStats
 from ludic_lab.training.token_batch import StepNormalisers, TokenBatch

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (trainer_
 from trainer_helpers import ListBatchSource, load_model, random_items
 
 from ludic_lab.distributed.dist_utils import split_balanced
+from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.training.algorithm import RLAlgorithm, make_grpo, make_reinforce_baseline
 from ludic_lab.training.config import TrainerConfig
-from ludic_lab.training.saw import SAWBatch
 
 STEPS = 3
 """Optimizer steps per scenario."""

@@ -32,7 +32,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from trainer_helpers import ListBatchSource
 
 from ludic_lab.distributed.dist_utils import destroy_distributed, get_rank, get_world_size, init_distributed
-from ludic_lab.training.saw import SAWBatch
+from ludic_lab.rollouts.saw import SAWBatch
 
 
 class FailingLoss:

@@ -41,14 +41,8 @@ from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.training import (
-    EnvSpec,
-    GRPORequestStrategy,
-    ProtocolSpec,
-    Rank0BroadcastSource,
-    RolloutEngine,
-    RolloutRequest,
-)
+from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.training import Rank0BroadcastSource
 
 SYSTEM_PROMPT = "Answer with just the name of the city."
 
@@ -83,7 +77,7 @@ class Config:
 
 def make_sampler_source(cfg: Config, client: Any, algo: Any) -> Any:
     """The rollout batch source of rank 0: capital questions, GRPO groups, ``client`` samples."""
-    from ludic_lab.training import RolloutBatchSource
+    from ludic_lab.rollouts import RolloutBatchSource
 
     rows, verifier = load_capitals("train"), capital_verifier()
     engine = RolloutEngine(

@@ -1,18 +1,18 @@
 """Credit assigners: rollouts -> ``{(rollout_id, step_index): weight}`` (see ``base``)."""
 
-from ludic_lab.training.credit.base import (
+from ludic_lab.rollouts.credit.base import (
     CreditAssigner,
     CreditAssignmentError,
     CreditStats,
     NonFiniteRewardError,
 )
-from ludic_lab.training.credit.group_relative import (
+from ludic_lab.rollouts.credit.group_relative import (
     GroupNormalizedReturn,
     HybridNormalizedReturn,
     LeaveOneOutReturn,
     RLOOReturn,
 )
-from ludic_lab.training.credit.returns import (
+from ludic_lab.rollouts.credit.returns import (
     ConstantCredit,
     EpisodicReturn,
     MonteCarloReturn,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from ludic_lab.training.saw import RolloutStepKey
+from ludic_lab.rollouts.saw import RolloutStepKey
 from ludic_lab.types import Rollout
 
 OnNonFinite = Literal["error", "skip", "ignore"]

@@ -1,7 +1,7 @@
 """Group-relative credit: GRPO's group-normalised return, RLOO, and ScaleRL's hybrid.
 
 Each rollout's advantage comes from its total reward ``R_i`` compared with its group
-(see :mod:`ludic_lab.training.credit.groups` for grouping and its checks), and **every step
+(see :mod:`ludic_lab.rollouts.credit.groups` for grouping and its checks), and **every step
 of the rollout gets that same advantage**. Standard deviations are population (``ddof=0``).
 """
 
@@ -11,15 +11,15 @@ import abc
 import math
 from dataclasses import dataclass
 
-from ludic_lab.training.credit.base import (
+from ludic_lab.rollouts.credit.base import (
     AssignerBase,
     CreditStats,
     OnNonFinite,
     check_on_nonfinite,
     screen_rollouts,
 )
-from ludic_lab.training.credit.groups import Group, all_equal, collect_groups, mean, population_std
-from ludic_lab.training.saw import RolloutStepKey
+from ludic_lab.rollouts.credit.groups import Group, all_equal, collect_groups, mean, population_std
+from ludic_lab.rollouts.saw import RolloutStepKey
 from ludic_lab.types import Rollout
 
 

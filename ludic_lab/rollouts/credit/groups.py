@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ludic_lab.training.credit.base import CreditAssignmentError
+from ludic_lab.rollouts.credit.base import CreditAssignmentError
 from ludic_lab.types import Rollout
 
 GroupKey = tuple[str, str]

@@ -1,7 +1,7 @@
 """Per-rollout credit: Monte Carlo returns, per-step rewards, episodic returns, a constant.
 
 None of these needs group ids; failed rollouts and non-finite rewards follow the rules in
-:mod:`ludic_lab.training.credit.base`.
+:mod:`ludic_lab.rollouts.credit.base`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import abc
 import math
 from dataclasses import dataclass
 
-from ludic_lab.training.credit.base import AssignerBase, CreditStats, OnNonFinite, check_on_nonfinite, screen_rollouts
-from ludic_lab.training.saw import RolloutStepKey
+from ludic_lab.rollouts.credit.base import AssignerBase, CreditStats, OnNonFinite, check_on_nonfinite, screen_rollouts
+from ludic_lab.rollouts.saw import RolloutStepKey
 from ludic_lab.types import Rollout
 
 

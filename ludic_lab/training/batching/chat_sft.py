@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ludic_lab.inference.chat_template import ChatTemplate
-from ludic_lab.training.saw import SAWItem
+from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.types import Message
 
 

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from ludic_lab.jsonl import is_hf_dataset, read_jsonl
+from ludic_lab.rollouts.credit.base import CreditAssigner
+from ludic_lab.rollouts.credit.returns import ConstantCredit
+from ludic_lab.rollouts.filters import with_sample_meta
+from ludic_lab.rollouts.saw import RolloutStepKey, SAWItem
 from ludic_lab.training.batching.chat_sft import as_chat_template, sft_item_from_messages
-from ludic_lab.training.credit.base import CreditAssigner
-from ludic_lab.training.credit.returns import ConstantCredit
-from ludic_lab.training.filters import with_sample_meta
-from ludic_lab.training.saw import RolloutStepKey, SAWItem
 from ludic_lab.types import Rollout
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ludic_lab.training.batching.base import DataExhaustedError, EmptyBatchError
-from ludic_lab.training.batching.batch_stats import item_stats, prefixed
+from ludic_lab.rollouts.batch_source import DataExhaustedError, EmptyBatchError
+from ludic_lab.rollouts.batch_stats import item_stats, prefixed
+from ludic_lab.rollouts.credit.base import CreditAssigner
+from ludic_lab.rollouts.credit.returns import ConstantCredit
+from ludic_lab.rollouts.filters import FilterSpec, as_filter, filter_items
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 from ludic_lab.training.batching.offline_data import load_offline_items
-from ludic_lab.training.credit.base import CreditAssigner
-from ludic_lab.training.credit.returns import ConstantCredit
-from ludic_lab.training.filters import FilterSpec, as_filter, filter_items
-from ludic_lab.training.saw import SAWBatch, SAWItem
 
 
 class OfflineBatchSource:
@@ -27,7 +27,7 @@ class OfflineBatchSource:
 
     ``credit_assigner`` weights saved rollouts (default :class:`ConstantCredit`: SFT on
     them); ``tokenizer`` (HF tokenizer or ChatTemplate) is needed for chat examples.
-    ``sample_filter`` (see :mod:`ludic_lab.training.filters`) drops items once, at load; its
+    ``sample_filter`` (see :mod:`ludic_lab.rollouts.filters`) drops items once, at load; its
     drops are in every batch's ``meta`` as ``skipped/filtered_samples[/<filter name>]``.
     """
 

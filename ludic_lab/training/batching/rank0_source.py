@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ludic_lab.training.saw import SAWBatch, SAWItem
+from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 
 
 class Rank0BroadcastSource:

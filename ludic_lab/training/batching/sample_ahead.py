@@ -28,8 +28,8 @@ import asyncio
 import contextlib
 from typing import Any
 
-from ludic_lab.training.batching.base import BatchSource
-from ludic_lab.training.saw import SAWBatch
+from ludic_lab.rollouts.batch_source import BatchSource
+from ludic_lab.rollouts.saw import SAWBatch
 
 _PER_BATCH = ("last_rollouts", "last_weights", "last_stats")
 """Attributes a source records per batch (read through as of the batch last returned)."""
