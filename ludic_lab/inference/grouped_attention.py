@@ -9,8 +9,9 @@ tokens that copy made one fp32 decode step's attention ~25 ms a layer instead of
 :func:`use_grouped_attention` switches a model the sampler owns to an implementation that is
 the model's own one (``"sdpa"`` or ``"eager"``) except when no gradient is taken:
 
-- ``sdpa``: ``scaled_dot_product_attention(..., enable_gqa=True)`` (the same kernel; on CPU
-  in fp32 the outputs were bitwise equal to the expanded path in our checks);
+- ``sdpa`` (on CPU; other devices keep the original): ``scaled_dot_product_attention(...,
+  enable_gqa=True)`` (the same kernel; in fp32 the outputs were bitwise equal to the expanded
+  path in our checks);
 - ``eager``: the same formula (``q k^T * scale + mask``, fp32 softmax cast back, ``@ v``)
   with the query heads of one KV head stacked as rows of one matmul.
 
@@ -67,6 +68,8 @@ def grouped_attention_forward(
     special = any(kwargs.get(k) is not None for k in ("sliding_window", "softcap", "s_aux", "position_bias"))
     # no mask over a longer past: transformers' own causal alignment applies, leave it to it
     special = special or (attention_mask is None and 1 < query.shape[2] != key.shape[2])
+    # CUDA's fused sdpa kernels take no mask with enable_gqa (the math kernel would run): CPU only
+    special = special or (base == "sdpa" and query.device.type != "cpu")
     if torch.is_grad_enabled() or module.training or dropout or special or groups == 1:
         return _base_forward(base, module)(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -83,7 +86,10 @@ def grouped_attention_forward(
     K = key.shape[1]
     scale = scaling if scaling is not None else D**-0.5
     q = query.reshape(B, K, groups * Q, D)
-    w = torch.matmul(q, key.transpose(2, 3)) * scale  # (B, K, g*Q, T)
+    if key.is_contiguous():
+        w = torch.matmul(q, key.transpose(2, 3)) * scale  # (B, K, g*Q, T)
+    else:  # a view into longer buffers: as the left operand it takes the fast bf16 kernel (~10x)
+        w = torch.matmul(key, q.transpose(2, 3)).transpose(2, 3) * scale
     if attention_mask is not None:
         T = key.shape[-2]
         w = (w.view(B, K, groups, Q, T) + attention_mask[:, :, None, :, :T]).view(B, K, groups * Q, T)
@@ -118,6 +124,8 @@ def use_grouped_attention(model: Any) -> bool:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     base = getattr(config, "_attn_implementation", None)
     if not heads or heads == kv_heads or base not in GROUPED_IMPLEMENTATIONS:
+        return False
+    if not hasattr(model, "set_attn_implementation"):  # an older transformers: keep the original
         return False
     _register()
     model.set_attn_implementation(GROUPED_IMPLEMENTATIONS[base])
