@@ -5,7 +5,9 @@ Any :class:`~ludic_lab.inference.ChatClient` serves as the judge. Calls go throu
 :class:`JudgeCaller`: cached by content, retried once on an unreadable reply, bounded by a
 timeout and counted; a verdict that cannot be had is a recorded judge failure (the rollout
 is excluded from training), never a 0. Pass judges to ``RolloutBatchSource(rewards=[...])``
-or to :func:`ludic_lab.rewards.apply_rewards`. See ``docs/judges.md``.
+or to :func:`ludic_lab.rewards.apply_rewards`. A rubric may mix criteria a model judges
+(as JSON, one word per criterion, or the probability of "yes") with criteria code judges
+(``Criterion(check=...)``). See ``docs/judges.md``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ from __future__ import annotations
 from ludic_lab.judges.caller import DEFAULT_JUDGE_SAMPLING, JudgeCaller, JudgeReply
 from ludic_lab.judges.group_judge import GroupJudge, linear_rank_rewards, parse_ranking, parse_scores
 from ludic_lab.judges.pairwise import PairwiseJudge, read_letter
-from ludic_lab.judges.questions import criterion_messages, read_criterion, read_rating, read_yes_no
+from ludic_lab.judges.questions import (
+    criterion_messages,
+    read_criterion,
+    read_rating,
+    read_yes_no,
+    read_yes_probability,
+)
 from ludic_lab.judges.rubric import Criterion, Rubric, RubricJudge, rubric_messages
 from ludic_lab.judges.verdicts import VerdictParseError, extract_json_object
 
@@ -36,5 +44,6 @@ __all__ = [
     "read_letter",
     "read_rating",
     "read_yes_no",
+    "read_yes_probability",
     "rubric_messages",
 ]
