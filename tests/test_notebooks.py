@@ -39,16 +39,19 @@ EXPECTED = {
         "08_tool_use",
         "09_code_exec",
         "10_bring_your_agent",
+        "11_judges",
     ),
 }
 SIGNAL_CHECKED = {
     "01_reinforce", "02_rloo", "03_grpo", "04_dr_grpo_dapo", "05_gspo", "06_cispo_scalerl", "07_sft_rejection_sampling",
-    "09_code_exec", "10_bring_your_agent",
+    "09_code_exec", "10_bring_your_agent", "11_judges",
 }  # fmt: skip
 """Tutorials whose smoke run must show reward signal (:func:`_check_signal`). 10_bring_your_agent:
 its credit-view batch and its training step's batch are 2 questions x 6 episodes each, seeded,
 and the untrained openai-SDK agent answers about 1 in 3 right at temperature 1 (4 of 12 in the
-credit-view batch, 7 of 20 held out), so all 24 equal is unlikely even where numerics differ."""
+credit-view batch, 7 of 20 held out), so all 24 equal is unlikely even where numerics differ.
+11_judges: its judge scores a reply by the probability of "yes" (a float), so two different
+replies of a group practically never score alike."""
 NEEDS_VLLM = {"server_weight_sync"}
 """Notebooks that start a vLLM server (also marked ``vllm``)."""
 SMOKE_ENV = "LUDIC_SMOKE"
