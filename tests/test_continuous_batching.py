@@ -201,3 +201,31 @@ async def test_a_cancelled_request_leaves_the_running_batch(own_client: LocalCha
         handle.remove()
     assert len(forwards) < 100  # the cancelled row did not decode on to its 400 tokens
     assert own_client._continuous.rows == []
+
+
+async def test_prompts_arriving_together_run_their_shared_prefix_once(tiny_model_dir: str) -> None:
+    """Six episodes' first turns (the same 60-token system prompt + few-shot, different
+    questions) arrive at once to an empty prefix cache: the shared prefix runs once, each
+    prompt prefills only its tail, and the samples equal those of a full prefill."""
+    shared = random_ids(60, seed=70)
+    reqs = [req(ids=[*shared, *random_ids(8, 71 + k)], max_tokens=5, seed=k) for k in range(6)]
+
+    async def together(client: LocalChatClient) -> tuple[list, int]:
+        fed: list[int] = []
+        handle = client.model.register_forward_pre_hook(
+            lambda m, a, kw: fed.append(kw["input_ids"].shape[1] if kw["input_ids"].shape[0] == 1 else 0) or None,
+            with_kwargs=True,
+        )
+        try:
+            out = await asyncio.gather(*(client.complete(r) for r in reqs))
+        finally:
+            handle.remove()
+        return out, max(fed)
+
+    on, off = LocalChatClient(tiny_model_dir), LocalChatClient(tiny_model_dir, shared_prefix_prefill=False)
+    (a, longest_single_row), (b, _) = await together(on), await together(off)
+    assert longest_single_row == 60  # the shared prefix, run once as one row
+    for r, (x, ix), (y, iy) in zip(reqs, a, b, strict=True):
+        assert ix["prefix_reused_tokens"] == 60 and iy["prefix_reused_tokens"] == 0
+        assert x.completion_token_ids == y.completion_token_ids
+        assert_exact(on, r, x)

@@ -32,6 +32,7 @@ from ludic_lab.inference.local_batcher import shared_prompt_rows
 from ludic_lab.inference.local_response import RowState, build_response
 from ludic_lab.inference.request import ChatCompletionRequest
 from ludic_lab.inference.sampling import sample_rows
+from ludic_lab.inference.shared_prefix import prefill_shared_prefix
 
 if TYPE_CHECKING:
     from ludic_lab.inference.local_client import LocalChatClient
@@ -189,6 +190,8 @@ class ContinuousBatcher:
         firsts = shared[0].tolist() if shared is not None else list(range(len(rows)))
         distinct = [prompts[i] for i in firsts]
         version = c.kv_version()
+        if c.shared_prefix_prefill:
+            prefill_shared_prefix(c, distinct, version)
         hits = [c.prefix_cache.lookup(p, version) for p in distinct]
         reuse = [h.length if h is not None else 0 for h in hits]
         P = max(reuse)

@@ -59,6 +59,8 @@ class LocalChatClient:
     whole cache per step). ``grouped_attention``: a model loaded from a path with fewer KV heads
     than query heads attends without copying its KV heads per query head when no gradient is
     taken (:mod:`.grouped_attention`); a model object passed in is left as it is.
+    ``shared_prefix_prefill``: prompts admitted together that share a prefix the prefix cache
+    lacks (a system prompt and few-shot examples) run it once (:mod:`.shared_prefix`).
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class LocalChatClient:
         prefix_cache_mb: float = 1024.0,
         kv_cache: str = "slab",
         grouped_attention: bool = True,
+        shared_prefix_prefill: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -121,6 +124,7 @@ class LocalChatClient:
         self.share_prompt_prefill = bool(share_prompt_prefill)
         self.scheduling = scheduling
         self.kv_cache = kv_cache
+        self.shared_prefix_prefill = bool(shared_prefix_prefill)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
         self._continuous = ContinuousBatcher(self)
         self._updates_waiting = 0  # weight updates waiting for the running rows to finish

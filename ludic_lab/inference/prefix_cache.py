@@ -104,19 +104,8 @@ class PrefixCache:
         limit = len(ids) - 1
         if self.max_bytes == 0 or limit < self.min_reuse:
             return None
-        arr = np.asarray(ids, dtype=np.int64)
-        best_key, best_len = None, 0
         with self._lock:
-            for key, e in self._entries.items():
-                if e.version != version:
-                    continue
-                n = min(len(e.ids), limit)
-                if n <= best_len:
-                    continue
-                diff = np.flatnonzero(e.ids[:n] != arr[:n])
-                common = int(diff[0]) if diff.size else n
-                if common > best_len:
-                    best_key, best_len = key, common
+            best_key, best_len = self._longest(ids, limit, version)
             if best_key is None or best_len < self.min_reuse:
                 self.misses += 1
                 return None
@@ -125,6 +114,31 @@ class PrefixCache:
         self.hits += 1
         self.reused_tokens += best_len
         return PrefixHit(best_len, tuple((k[:, :best_len], v[:, :best_len]) for k, v in entry.kv))
+
+    def reusable(self, ids: Sequence[int], version: object) -> int:
+        """How many leading ``ids`` a :meth:`lookup` of ``ids`` plus one more token would
+        reuse (0 below ``min_reuse``); counts nothing, moves nothing."""
+        if self.max_bytes == 0 or len(ids) < self.min_reuse:
+            return 0
+        with self._lock:
+            n = self._longest(ids, len(ids), version)[1]
+        return n if n >= self.min_reuse else 0
+
+    def _longest(self, ids: Sequence[int], limit: int, version: object) -> tuple[int | None, int]:
+        """(key, length) of the entry sharing the longest prefix (at most ``limit``) with ``ids``."""
+        arr = np.asarray(ids, dtype=np.int64)
+        best_key, best_len = None, 0
+        for key, e in self._entries.items():
+            if e.version != version:
+                continue
+            n = min(len(e.ids), limit)
+            if n <= best_len:
+                continue
+            diff = np.flatnonzero(e.ids[:n] != arr[:n])
+            common = int(diff[0]) if diff.size else n
+            if common > best_len:
+                best_key, best_len = key, common
+        return best_key, best_len
 
     def stats(self) -> dict[str, int]:
         """Counters and size: entries, bytes, hits, misses, reused_tokens, evictions."""
