@@ -31,6 +31,7 @@ SCRIPTS = {
     "pipeline_rl/run_trainer.py": "--monitor-every-s",
     "rejection_sampling.py": "--sample-games",
     "bring_your_agent/train_openai_agent.py": "--questions-per-step",
+    "judges/train_explain.py": "--judge-model",
 }
 SMOKE_TIMEOUT_S = 600
 
@@ -241,3 +242,18 @@ def test_pipeline_actor_samples_from_vllm_and_trainer_pushes_to_it(
     assert t["server_runtime_version"] == _version(vllm_tiny) == 2
     assert any(m["xlen"] is not None and m["runtime_version"] is not None for m in t["monitor"])
     assert "XLEN" in logs["trainer"].read_text()
+
+
+@pytest.mark.slow
+def test_explain_task_trains_on_a_frozen_judges_rubric(tmp_path: Path, tiny_model_dir: str) -> None:
+    # the tiny policy writes noise; the judge is SmolLM2 (a random model puts no probability on yes/no)
+    _run([PY, str(EX / "judges/train_explain.py"), "--model", tiny_model_dir, "--judge-model", "default", "--steps", "1",
+          "--questions-per-step", "2", "--group-size", "2", "--max-tokens", "8", "--eval-concepts", "2",
+          "--out", str(tmp_path)])  # fmt: skip
+    s = _json(tmp_path / "summary.json")
+    assert len(s["judge_score_per_step"]) == 1 and 0.0 <= s["judge_score_per_step"][0] <= 1.0
+    assert s["judge"]["judge_calls"] >= 4 and s["judge"]["judge_failures"] == 0  # 4 rollouts, 1 model criterion
+    assert 0.0 < s["judge"]["judge_share_of_step_time"] <= 1.0
+    for when in ("before", "after"):
+        assert s[when]["failed"] == 0 and set(s[when]["criteria"]) == {"one_sentence", "short", "names_it",
+                                                                        "plain_words", "good"}  # fmt: skip
