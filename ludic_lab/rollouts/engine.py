@@ -37,6 +37,7 @@ from ludic_lab.envs.env import LudicEnv
 from ludic_lab.failures import classify_failure
 from ludic_lab.interaction.base import InteractionProtocol
 from ludic_lab.jsonl import json_line
+from ludic_lab.rollouts.episode_errors import format_error, partial_rollouts, protocol_timeout_error, where_raised
 from ludic_lab.rollouts.requests import RolloutRequest
 from ludic_lab.types import Rollout
 
@@ -65,23 +66,6 @@ class _Episode:
     max_steps: int
     env_seed: int | None
     sampling_seed: int | None
-
-
-def format_error(exc: BaseException) -> str:
-    """``"<ExcType>: message"`` (just the type name when the message is empty)."""
-    msg = str(exc)
-    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
-
-
-def partial_rollouts(exc: BaseException) -> list[Rollout]:
-    """Rollouts an exception carries (duck-typed ``.rollouts`` list or ``.rollout``), else ``[]``."""
-    carried = getattr(exc, "rollouts", None)
-    if carried is None:
-        one = getattr(exc, "rollout", None)
-        carried = [] if one is None else [one]
-    if not isinstance(carried, (list, tuple)):
-        return []
-    return [r for r in carried if isinstance(r, Rollout)]
 
 
 class RolloutEngine:
@@ -267,7 +251,7 @@ class RolloutEngine:
             # raised by the episode's own client/env/protocol: a failure of this episode only
             cause = exc
             error = asyncio.CancelledError(
-                f"the episode raised CancelledError {_where(exc)} although the batch was not cancelled "
+                f"the episode raised CancelledError {where_raised(exc)} although the batch was not cancelled "
                 "(a client or env cancelled its own work); recorded as a failed episode"
             )
             rollouts = partial_rollouts(exc) or [Rollout(steps=())]
@@ -277,11 +261,11 @@ class RolloutEngine:
             if isinstance(exc, TimeoutError) and deadline.expired():
                 error = TimeoutError(
                     f"episode exceeded the episode timeout of {timeout:g} s (stopped after {backstop:g} s); "
-                    f"it was waiting {_where(exc.__cause__ or exc.__context__ or exc)}"
+                    f"it was waiting {where_raised(exc.__cause__ or exc.__context__ or exc)}"
                 )
             rollouts = partial_rollouts(exc) or [Rollout(steps=())]
             if getattr(exc, "phase", None) == "timeout" and timeout is not None:
-                error = _protocol_timeout(exc, timeout)
+                error = protocol_timeout_error(exc, timeout)
                 rollouts = [replace(r, error=f"timeout: {format_error(error)}") for r in rollouts]
         finally:
             if env is not None:
@@ -332,43 +316,6 @@ class RolloutEngine:
         lines = "".join(json_line(r.to_dict()) + "\n" for r in rollouts)  # all or nothing per episode
         with open(self.jsonl_path, "a", encoding="utf-8") as f:
             f.write(lines)
-
-
-def _where(exc: BaseException | None) -> str:
-    """Where ``exc`` was raised: ``"in <function> (<file>:<line>)"`` of the innermost frame
-    outside asyncio, plus the asyncio call it was awaiting (e.g. ``"at asyncio.sleep"``)."""
-    tb = exc.__traceback__ if exc is not None else None
-    if tb is None:
-        return "(no traceback)"
-    ours, awaiting = None, None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if f"{os.sep}asyncio{os.sep}" in code.co_filename:
-            awaiting = awaiting or code.co_name
-        else:
-            ours, awaiting = tb, None
-        tb = tb.tb_next
-    if ours is None:
-        return f"at asyncio.{awaiting}"
-    code = ours.tb_frame.f_code
-    name = getattr(code, "co_qualname", code.co_name)
-    return f"in {name} ({Path(code.co_filename).name}:{ours.tb_lineno})" + (
-        f" at asyncio.{awaiting}" if awaiting else ""
-    )
-
-
-def _protocol_timeout(exc: BaseException, timeout: float) -> TimeoutError:
-    """The error of a protocol that stopped at the episode timeout (``phase == "timeout"``):
-    which call was waiting, the timeout, the steps done, and the protocol's own detail."""
-    steps = max((len(r.steps) for r in partial_rollouts(exc)), default=0)
-    inner = exc.__cause__ if exc.__cause__ is not None else exc
-    detail = str(inner).strip()
-    return TimeoutError(
-        f"the model call (agent.act) did not return within the episode timeout of {timeout:g} s "
-        f"after {steps} completed step(s)"
-        + (f" ({detail})" if detail else "")
-        + "; raise RolloutEngine(episode_timeout_s=...) if episodes are legitimately this slow"
-    )
 
 
 def _check_output(out: Any, kind: str) -> list[Rollout]:
