@@ -13,11 +13,25 @@ judges here are 135M-270M models. Code judges what code can judge honestly: one 
 at most 25 words, names the concept asked about (weight 2), plain words. The model judges
 "a correct explanation a young child understands" as the probability of "yes" against "no"
 at its reply's first token (``ask="logprob"``), after four worked examples (a good and a
-bad answer for two concepts not in the data). On a hand-labelled set of 24 answers
-(``bench/judge_agreement.py``) SmolLM2 judged that way orders a good answer above a bad one
-of the same concept far more often than chance, while its plain yes/no words are near chance
-(the numbers are in docs/judges.md, "Which judge agrees with a human"). Score = weighted mean
+bad answer for two concepts not in the data), weight ``model_weight``. Score = weighted mean
 of the criteria in [0, 1]; a reply cut at ``max_tokens`` also gets the agent's -0.1.
+
+How much to trust each part, measured on 24 hand-labelled answers
+(``bench/judge_agreement.py``, docs/judges.md): the code checks put a good answer above a
+bad one of the same concept in 0.71 of pairs (they cannot see a fluent false answer);
+SmolLM2's verdict, in every prompt form tried, is not reliably better than chance (0.38 to
+0.71 of pairs, one probe at 1.00 that did not reproduce). So its criterion ``good`` rising
+means "the judge liked the answers more", not "a child would understand them better".
+``--model-weight 0`` trains on the code checks alone; ``--judge-model`` takes any local model
+folder (a stronger judge drops into the same place).
+
+Measured here (2026-11-26, 2 cores shared with 4-5 other jobs, load 6-8, so timings are
+noisy upper bounds), ``python examples/judges/train_explain.py --steps 6``: held-out judge
+score (12 concepts, greedy, same frozen judge) 0.843 -> 0.932; per criterion ``short``
+0.67 -> 1.00, ``names_it`` 1.00 -> 0.92, ``one_sentence`` 1.00 -> 1.00, ``plain_words``
+0.92 -> 1.00, ``good`` (the model's P(yes)) 0.66 -> 0.84; train judge score 0.685 -> 0.930
+over the 6 steps; 154 judge calls (2 cache hits, 0 failures); judge 203 s against generation
+123 s (0.62 of rollout time, 0.45 of the 452 s of steps); 964 s wall in all.
 
 Launch:
 
@@ -57,7 +71,7 @@ class Config:
     judge_model: str = "default"
     """Judge (frozen): a model name or folder; loaded once as its own LocalChatClient."""
     model_weight: float = 2.0
-    """Weight of the model-judged criterion next to the code checks (1, 1, 2, 1)."""
+    """Weight of the model-judged criterion next to the code checks (1, 1, 2, 1); 0: code checks only."""
     steps: int = 8
     """Optimizer steps."""
     questions_per_step: int = 4

@@ -10,7 +10,10 @@ sentence, it is short, it names the thing asked about, it uses plain words. What
 understanding (is it *right*, would a child follow it) is asked of a frozen judge model as one
 yes/no question after four worked examples, read as the probability of "yes"
 (``ask="logprob"``). How far each part agrees with a human is measured by
-``bench/judge_agreement.py`` on a hand-labelled set (docs/judges.md).
+``bench/judge_agreement.py`` on a hand-labelled set (docs/judges.md): the code checks order
+a good answer above a bad one in 0.71 of same-concept pairs; SmolLM2's verdict, in every
+prompt form tried, is not reliably better than chance (0.38-0.71), so read its criterion
+(``good``) as "the judge liked it", not as a measure of quality.
 """
 
 from __future__ import annotations
@@ -111,7 +114,10 @@ def model_rubric(*, examples: bool = True) -> Rubric:
 
 def explain_rubric(model_weight: float = 1.0) -> Rubric:
     """The hybrid: :func:`code_rubric` (weights 1, 1, 2, 1) plus :func:`model_rubric`'s
-    criterion weighted ``model_weight``. Score = weighted mean in [0, 1]."""
+    criterion weighted ``model_weight``. Score = weighted mean in [0, 1]. ``model_weight=0``:
+    the code checks alone (the control: what the model's verdict adds)."""
+    if model_weight == 0:
+        return code_rubric()
     model = tuple(dataclasses.replace(c, weight=model_weight) for c in model_rubric().criteria)
     return Rubric(code_rubric().criteria + model)
 
