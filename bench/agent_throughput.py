@@ -11,7 +11,13 @@ seeded, so both local schedulers sample the same tokens):
 
 Backends, each measured in the same run on the same model:
 
-  continuous  ``LocalChatClient()``: continuous batching + the KV prefix cache (the default)
+  continuous  ``LocalChatClient()``: continuous batching + the KV prefix cache, decoding in place
+              into preallocated KV buffers with grouped-query attention (the default)
+  cont-gqa    the same with transformers' ``DynamicCache`` (``kv_cache="dynamic"``), and
+              prompts admitted together prefilling their common prefix each
+              (``shared_prefix_prefill=False``)
+  cont-old    the same with the model's own attention, whose KV heads are copied per query
+              head at every step (``grouped_attention=False``; the previous default)
   static      ``LocalChatClient(scheduling="static", prefix_cache_mb=0)``: a gathered batch runs
               to its longest member, every turn prefills its whole prompt (the previous default)
   vllm        the bundled vLLM server on CPU (bfloat16, prefix caching on), when vLLM is
@@ -60,7 +66,7 @@ def generated_tokens(rollouts: list[Any]) -> tuple[int, int]:
 async def run_workload(name: str, client: Any, args: argparse.Namespace, seed0: int) -> tuple[float, list[Any]]:
     from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
     from ludic_lab.recipes.tic_tac_toe import game_request, tic_tac_toe_engine
-    from ludic_lab.training import RolloutRequest
+    from ludic_lab.rollouts import RolloutRequest
 
     n, mt = args.episodes, args.max_tokens
     spec = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=mt), ReturnSpec.for_training())
@@ -85,7 +91,7 @@ async def run_workload(name: str, client: Any, args: argparse.Namespace, seed0: 
 
         from ludic_lab.endpoint import OpenAIEndpoint
         from ludic_lab.interaction import AgentProgramProtocol
-        from ludic_lab.training import EnvSpec, ProtocolSpec, RolloutEngine
+        from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine
 
         with OpenAIEndpoint(client) as ep:
             program = make_program(args.turns, mt)
@@ -111,15 +117,33 @@ async def run_workload(name: str, client: Any, args: argparse.Namespace, seed0: 
     return dt, rs
 
 
-def local_client(model: str, scheduling: str, n: int, dtype: str = "float32") -> Any:
+_OLD_KV = {"kv_cache": "dynamic", "grouped_attention": False, "shared_prefix_prefill": False}
+LOCAL_BACKENDS: dict[str, dict[str, Any]] = {
+    "continuous": {},
+    "cont-gqa": {"kv_cache": "dynamic", "shared_prefix_prefill": False},
+    "cont-old": _OLD_KV,
+    "static": {"scheduling": "static", "prefix_cache_mb": 0.0, **_OLD_KV},
+}
+
+
+def local_client(model: str, backend: str, n: int, dtype: str = "float32") -> Any:
     from ludic_lab.inference import LocalChatClient
     from ludic_lab.inference.models import resolve_model, tiny_model_path
 
     path = tiny_model_path() if model == "tiny" else resolve_model(model)
-    cache_mb = 1024.0 if scheduling == "continuous" else 0.0
-    return LocalChatClient(
-        path, max_batch_size=max(64, n), scheduling=scheduling, prefix_cache_mb=cache_mb, dtype=dtype
-    )
+    return LocalChatClient(path, max_batch_size=max(64, n), dtype=dtype, **LOCAL_BACKENDS[backend])
+
+
+def tokens_digest(rollouts: list[Any]) -> str:
+    """A short hash of every sampled token id in ``rollouts`` (same seeds, same tokens?)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for r in rollouts:  # the engine returns them in request order
+        for s in r.steps:
+            for t in s.trace.model_turns() if s.trace is not None else ():
+                h.update(repr(tuple(t.completion_token_ids)).encode())
+    return h.hexdigest()[:10]
 
 
 async def measure(client: Any, backend: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -129,8 +153,10 @@ async def measure(client: Any, backend: str, args: argparse.Namespace) -> dict[s
         cache = getattr(client, "prefix_cache", None)
         reused0 = cache.reused_tokens if cache is not None else 0
         best: tuple[float, list[Any]] | None = None
+        digest = ""
         for rep in range(args.repeats):
             dt, rs = await run_workload(w, client, args, 1000 * rep)
+            digest = digest or tokens_digest(rs)  # the first run's seeds: comparable across backends
             if best is None or dt < best[0]:
                 best = (dt, rs)
         assert best is not None
@@ -138,9 +164,10 @@ async def measure(client: Any, backend: str, args: argparse.Namespace) -> dict[s
         toks, calls = generated_tokens(rs)
         reused = (cache.reused_tokens - reused0) / args.repeats if cache is not None else float("nan")
         out[w] = {"wall_s": dt, "episodes_s": len(rs) / dt, "calls": calls, "tok_s": toks / dt, "reused": reused}
+        out[w]["digest"] = digest  # type: ignore[assignment]
         print(
             f"  {backend:10s} {w:8s} {dt:7.2f} s  {len(rs) / dt:6.2f} episodes/s  {calls:4d} calls  "
-            f"{toks / dt:7.1f} tok/s  prefix tokens reused/run {reused:8.0f}",
+            f"{toks / dt:7.1f} tok/s  prefix tokens reused/run {reused:8.0f}  tokens {digest}",
             flush=True,
         )
     return out
@@ -154,7 +181,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3, help="calls per agent program")
     ap.add_argument("--repeats", type=int, default=1, help="runs per cell (the fastest is kept)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--backends", default="continuous,static,vllm")
+    ap.add_argument("--backends", default="continuous,cont-old,static,vllm", help=f"of {[*LOCAL_BACKENDS, 'vllm']}")
     ap.add_argument("--vllm", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--local-dtype", default="float32", help="the in-process sampler's dtype (vLLM runs bfloat16)")
     ap.add_argument("--json-out", default="", help=argparse.SUPPRESS)
@@ -217,15 +244,21 @@ def run_vllm(args: argparse.Namespace) -> dict[str, dict[str, dict[str, float]]]
 
 
 def report(results: dict[str, dict[str, dict[str, float]]], workloads: list[str]) -> None:
+    """Ratios of the default backend's tokens/s over each other backend's, whether the local
+    backends sampled the same tokens, and multi-turn over single-turn rates."""
+
     def ratio(a: str, b: str, w: str, key: str = "tok_s") -> str:
         if a not in results or b not in results or w not in results[a] or w not in results[b]:
             return "  -  "
         return f"{results[a][w][key] / results[b][w][key]:.2f}x"
 
+    others = [b for b in results if b != "continuous"]
     print("\nratios (generated tokens/s)")
     for w in workloads:
-        print(f"  {w:8s} continuous/static {ratio('continuous', 'static', w)}   "
-              f"continuous/vllm {ratio('continuous', 'vllm', w)}")  # fmt: skip
+        cells = "   ".join(f"continuous/{b} {ratio('continuous', b, w)}" for b in others)
+        local = {b: str(c[w].get("digest")) for b, c in results.items() if b in LOCAL_BACKENDS and w in c}
+        same = "same tokens" if len(set(local.values())) == 1 else f"tokens differ {local}"
+        print(f"  {w:8s} {cells}   local backends: {same}")
     print("multi-turn tokens/s over the same backend's single-turn tokens/s")
     for backend, cells in results.items():
         if "single" in cells:
