@@ -22,8 +22,10 @@ bad one of the same concept in 0.71 of pairs (they cannot see a fluent false ans
 SmolLM2's verdict, in every prompt form tried, is not reliably better than chance (0.38 to
 0.71 of pairs, one probe at 1.00 that did not reproduce). So its criterion ``good`` rising
 means "the judge liked the answers more", not "a child would understand them better".
-``--model-weight 0`` trains on the code checks alone; ``--judge-model`` takes any local model
-folder (a stronger judge drops into the same place).
+The rubric with it agrees less than the code checks alone (0.62 against 0.71 of pairs):
+with this judge ``--model-weight 0`` (the code checks alone) is the more honest reward; the
+default keeps the model criterion to show a model judge at work, and ``--judge-model`` takes
+any local model folder (a stronger judge drops into the same place).
 
 Measured here (2026-11-26, 2 cores shared with 4-5 other jobs, load 6-8, so timings are
 noisy upper bounds), ``python examples/judges/train_explain.py --steps 6``: held-out judge
