@@ -28,12 +28,15 @@ default keeps the model criterion to show a model judge at work, and ``--judge-m
 any local model folder (a stronger judge drops into the same place).
 
 Measured here (2026-11-26, 2 cores shared with 4-5 other jobs, load 6-8, so timings are
-noisy upper bounds), ``python examples/judges/train_explain.py --steps 6``: held-out judge
-score (12 concepts, greedy, same frozen judge) 0.843 -> 0.932; per criterion ``short``
-0.67 -> 1.00, ``names_it`` 1.00 -> 0.92, ``one_sentence`` 1.00 -> 1.00, ``plain_words``
-0.92 -> 1.00, ``good`` (the model's P(yes)) 0.66 -> 0.84; train judge score 0.685 -> 0.930
-over the 6 steps; 154 judge calls (2 cache hits, 0 failures); judge 203 s against generation
-123 s (0.62 of rollout time, 0.45 of the 452 s of steps); 964 s wall in all.
+noisy upper bounds), ``--steps 6``: held-out judge score (12 concepts, greedy, same frozen
+judge) 0.843 -> 0.932, ``good`` (the model's P(yes)) 0.66 -> 0.84, ``short`` 0.67 -> 1.00;
+154 judge calls (2 cache hits, 0 failures); judge 203 s against generation 123 s (0.62 of
+rollout time, 0.45 of the 452 s of steps); 964 s wall. **And the run was reward-hacked**:
+the mean answer shrank from 32 to 6 tokens, held-out answers became fragments ("A tornado",
+"to clean") that pass every code check and that the weak judge liked more. With
+``--model-weight 0`` (code checks alone, 203 s wall) the same 6 steps gave full plain
+sentences ("A big earthquake makes the ground shake."), score 0.917 -> 1.000. Details and
+the fix still to make (a check a fragment fails, or a stronger judge): docs/judges.md.
 
 Launch:
 

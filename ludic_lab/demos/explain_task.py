@@ -13,7 +13,9 @@ yes/no question after four worked examples, read as the probability of "yes"
 ``bench/judge_agreement.py`` on a hand-labelled set (docs/judges.md): the code checks order
 a good answer above a bad one in 0.71 of same-concept pairs; SmolLM2's verdict, in every
 prompt form tried, is not reliably better than chance (0.38-0.71), so read its criterion
-(``good``) as "the judge liked it", not as a measure of quality.
+(``good``) as "the judge liked it", not as a measure of quality. A 6-step run with it learned
+to answer in fragments ("A tornado") that pass every check and that the judge liked more;
+with the code checks alone (``explain_rubric(model_weight=0)``) it kept full sentences.
 """
 
 from __future__ import annotations
