@@ -106,12 +106,15 @@ def test_tool_episode_in_process_is_token_exact_and_the_trainer_scores_the_sampl
 def test_vllm_server_loads_gemma3_and_samples_the_same_tool_episode(
     gemma3_model_dir: str, local_episode: tuple[Rollout, Any]
 ) -> None:
-    from vllm_helpers import shared_vllm_server
+    from vllm_helpers import shared_vllm_server, stop_vllm_server
 
     server = shared_vllm_server(gemma3_model_dir, dtype="float32")
     client = RecordingVLLMClient(gemma3_model_dir, api_base=server.api_base, request_timeout_s=300)
     t0 = time.perf_counter()
-    vr, va = run_episode(client)
+    try:
+        vr, va = run_episode(client)
+    finally:  # no other test serves Gemma: its server (~3 GB) must not live on through the suite
+        stop_vllm_server(gemma3_model_dir, dtype="float32")
     print(f"\n[gemma3 vLLM] tool episode: {time.perf_counter() - t0:.1f} s")
     lr, _ = local_episode
     _assert_called(vr)

@@ -92,6 +92,18 @@ def shared_vllm_server(
 vllm_server = shared_vllm_server
 
 
+def stop_vllm_server(
+    model_dir: str, *, dtype: str = "float32", max_model_len: int = 1024, extra_args: Sequence[str] = ()
+) -> None:
+    """Stop the session's server for these arguments (if running), freeing its memory for the
+    rest of the session: for a server of a model only one test module uses."""
+    key = (os.path.realpath(model_dir), dtype, int(max_model_len), tuple(extra_args))
+    with _LOCK:
+        h = _SERVERS.pop(key, None)
+    if h is not None:
+        h.stop()
+
+
 def stop_all_vllm_servers() -> None:
     """Stop every cached server (they are also stopped at interpreter exit)."""
     with _LOCK:
