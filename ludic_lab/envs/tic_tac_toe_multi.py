@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from ludic_lab.envs.env import LudicEnv
-from ludic_lab.envs.tic_tac_toe import (
+from ludic_lab.envs.tic_tac_toe_game import (
     OpponentFn,
     TicTacToeGame,
     TicTacToeRewards,
