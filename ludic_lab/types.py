@@ -68,6 +68,9 @@ class ChatResponse:
     """Version of the weights that sampled this completion, when the backend knows it."""
     tool_calls: tuple[dict[str, Any], ...] | None = None
     """Tool calls in OpenAI format (``{"id", "type": "function", "function": {...}}``)."""
+    reasoning: str | None = None
+    """The thinking part of the completion as the model family's parser reads it (``None``
+    when it has none). ``text`` and the ids still hold it: reasoning is sampled and trained."""
 
     def __post_init__(self) -> None:
         for name in ("completion_token_ids", "prompt_token_ids"):

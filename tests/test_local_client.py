@@ -20,7 +20,7 @@ from ludic_lab.aio import run_sync
 from ludic_lab.inference.grouped_attention import GROUPED_IMPLEMENTATIONS
 from ludic_lab.inference.local_client import LocalChatClient
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig, ToolRequest
-from ludic_lab.inference.tool_calls import parse_tool_calls
+from ludic_lab.rendering import parse_tool_calls
 from ludic_lab.types import ChatResponse
 
 NEG_INF = float("-inf")

@@ -16,9 +16,9 @@ import pytest
 
 from ludic_lab.agents import ReActAgent, Tool, ToolAgent
 from ludic_lab.context import FullDialog
-from ludic_lab.inference.tool_calls import scan_tool_calls
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
+from ludic_lab.rendering import scan_tool_calls
 from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.types import Rollout, TokenTrace
 from tests.helpers import CountingEnv, Reply, ScriptedChatClient, chatml_template, raw_decode
@@ -314,7 +314,7 @@ async def test_react_through_the_protocol_feedback_and_env_untouched() -> None:
 
 
 async def test_another_tool_call_format_through_tool_call_parser() -> None:
-    from ludic_lab.inference.tool_calls import ToolCallScan
+    from ludic_lab.rendering import ToolCallScan
 
     def bracket_parser(text: str) -> ToolCallScan:  # e.g. a model trained on "[CALL] {json}"
         if not text.startswith("[CALL] "):

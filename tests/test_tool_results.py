@@ -14,8 +14,8 @@ import pytest
 from ludic_lab.agents import ToolAgent
 from ludic_lab.agents.tools import Tool, ToolFailure, bounded_result_text, result_text, run_tool_call
 from ludic_lab.context import FullDialog
-from ludic_lab.inference.tool_calls import ToolCallScan, scan_tool_calls
 from ludic_lab.parsers import identity_parser
+from ludic_lab.rendering import ToolCallScan, scan_tool_calls
 from tests.helpers import ScriptedChatClient, chatml_template
 
 
@@ -185,7 +185,7 @@ async def test_an_invalid_schema_is_refused_at_construction() -> None:
 
 
 def test_parse_tool_calls_of_the_clients_leaves_a_100000_deep_block_as_text() -> None:
-    from ludic_lab.inference.tool_calls import parse_tool_calls
+    from ludic_lab.rendering import parse_tool_calls
 
     deep = "<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>"
     calls, text = parse_tool_calls(deep + '<tool_call>{"name": "f", "arguments": {}}</tool_call>')

@@ -16,8 +16,8 @@ import math
 from typing import Any
 
 from ludic_lab.agents.tool_agent import ToolAgent
-from ludic_lab.inference.tool_calls import ToolCallScan
 from ludic_lab.parsers import ParseResult
+from ludic_lab.rendering.hermes import ToolCallScan
 from ludic_lab.types import Info, Message
 
 FINAL_ANSWER_PROMPT = "You have used all your tool calls. Give your final answer now, without calling a tool."

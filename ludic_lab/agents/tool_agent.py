@@ -33,9 +33,9 @@ from typing import Any
 from ludic_lab.agents.base_agent import ActResult, Agent
 from ludic_lab.agents.tools import ExternalToolHandler, Tool, ToolResult, run_tool_call
 from ludic_lab.inference.request import InferenceSpec
-from ludic_lab.inference.tool_calls import TOOL_PROMPT as TOOL_PROMPT  # re-exported
-from ludic_lab.inference.tool_calls import ToolCallScan, scan_tool_calls, tools_system_prompt
 from ludic_lab.parsers import ParseResult
+from ludic_lab.rendering.hermes import TOOL_PROMPT as TOOL_PROMPT  # re-exported
+from ludic_lab.rendering.hermes import ToolCallScan, scan_tool_calls, tools_system_prompt
 from ludic_lab.rendering.reply import scan_reply
 from ludic_lab.rendering.template import TemplateRenderer
 from ludic_lab.traces import merge_traces
@@ -55,7 +55,7 @@ class ToolAgent(Agent):
     ``tool_call_parser`` finds the calls in a reply's text; by default (``None``) the rendering
     layer parses the sampled ids in the chat template's model family
     (:func:`~ludic_lab.rendering.scan_reply`; Hermes ``<tool_call>`` blocks of the text for
-    ChatML and template-only models, :func:`~ludic_lab.inference.tool_calls.scan_tool_calls`).
+    ChatML and template-only models, :func:`~ludic_lab.rendering.hermes.scan_tool_calls`).
     Give another for a model trained on a format of your own (it returns a ``ToolCallScan``
     of calls and malformed blocks).
     """

@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ludic_lab.inference.tool_calls import format_tool_calls
+from ludic_lab.rendering.hermes import format_tool_calls
 from ludic_lab.types import Message
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")

@@ -36,8 +36,8 @@ from typing import Any
 from ludic_lab.endpoint.messages import comparable, to_family_messages, to_render_messages
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import SamplingConfig
-from ludic_lab.inference.tool_calls import tools_system_prompt
 from ludic_lab.rendering.base import Renderer
+from ludic_lab.rendering.hermes import tools_system_prompt
 from ludic_lab.rendering.reply import renderer_of
 from ludic_lab.rendering.template import TemplateRenderer
 from ludic_lab.types import Message, PromptSource, TokenTrace

@@ -32,7 +32,7 @@ from ludic_lab.inference.prefix_cache import PrefixCache
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.sampling import sample_rows
 from ludic_lab.inference.tied_weights import check_tied_values, tied_groups
-from ludic_lab.inference.tool_calls import tool_schemas
+from ludic_lab.rendering.reply import tool_schemas
 from ludic_lab.types import ChatResponse
 
 

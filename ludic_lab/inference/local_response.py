@@ -11,7 +11,7 @@ from typing import Any
 
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
-from ludic_lab.inference.tool_calls import parse_tool_calls
+from ludic_lab.rendering.reply import read_reply
 from ludic_lab.types import ChatResponse
 
 __all__ = ["RowState", "build_response"]
@@ -77,23 +77,26 @@ def build_response(
     info: dict[str, Any],
 ) -> tuple[ChatResponse, dict[str, Any]]:
     """The reply to ``request`` from its finished ``row``: text (stop token dropped, cut at a
-    stop string), tool calls when the request offered tools, ids and logprobs as asked."""
+    stop string), reasoning and (when the request offered tools) tool calls as the model
+    family's renderer parses them (:func:`~ludic_lab.rendering.read_reply`), ids and
+    logprobs as asked."""
     ids = row.ids
     stop_ids = template.stop_token_ids
     text = template.decode(ids[:-1] if ids and ids[-1] in stop_ids else ids)
     if row.stop_cut is not None:
         text = text[: row.stop_cut]
-    tool_calls, text_out = parse_tool_calls(text) if request.tools is not None else (None, text)
+    reply = read_reply(template, ids, text, prompt, tools=request.tools is not None)
     want_ids = request.return_.return_token_ids or request.return_.return_chosen_logprobs
     resp = ChatResponse(
-        text=text_out,
+        text=reply.text,
         completion_token_ids=tuple(ids) if want_ids else None,
         prompt_token_ids=tuple(prompt) if want_ids else None,
         completion_logprobs=tuple(row.logprobs) if request.return_.return_chosen_logprobs else None,
         top_logprobs=tuple(row.top) if row.top_k > 0 else None,
         finish_reason=row.finish or "length",
         policy_version=version,
-        tool_calls=tool_calls,
+        tool_calls=reply.tool_calls,
+        reasoning=reply.reasoning,
     )
     base = {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "policy_version": version}
     return resp, {**info, **base}

@@ -5,8 +5,9 @@ Prompts are rendered here with the model's :class:`ChatTemplate` (or taken verba
 the sampled token ids and the logprob of each under the distribution it was drawn from (the
 bundled server runs vLLM's ``processed_logprobs`` mode). Nothing is re-tokenized, so the ids
 the trainer scores are the sampler's own. Text is decoded here with the same template as
-:class:`~ludic_lab.inference.local_client.LocalChatClient`, and Hermes tool calls are parsed
-by the same parser, so both backends answer a request the same way.
+:class:`~ludic_lab.inference.local_client.LocalChatClient`, and reasoning and tool calls are
+parsed by the same rendering layer (the model family's renderer, from the ids), so both
+backends answer a request the same way.
 
 Transient failures (connection refused or reset, 5xx, 429) are retried with exponential
 backoff a bounded number of times; a 4xx is the caller's error and raised at once; every
@@ -31,7 +32,6 @@ from ludic_lab.aio import run_sync
 from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
 from ludic_lab.inference.request import ChatCompletionRequest
 from ludic_lab.inference.retry import RetryPolicy
-from ludic_lab.inference.tool_calls import tool_schemas
 from ludic_lab.inference.vllm_http import (  # noqa: F401 - re-exported: the client's errors
     RequestTimeout,
     VLLMError,
@@ -41,6 +41,7 @@ from ludic_lab.inference.vllm_http import (  # noqa: F401 - re-exported: the cli
 )
 from ludic_lab.inference.vllm_sampling import completion_body, int_or_none, is_aborted, parse_choice
 from ludic_lab.inference.vllm_weight_sync import WeightSync
+from ludic_lab.rendering.reply import tool_schemas
 from ludic_lab.types import ChatResponse
 
 POLICY_VERSION_HEADER = "X-Ludic-Policy-Version"

@@ -5,8 +5,8 @@ the request body for a :class:`ChatCompletionRequest` given as prompt token ids,
 The server returns the sampled token ids and the logprob of each under the distribution it
 was drawn from (the bundled server runs vLLM's ``processed_logprobs`` mode); text is decoded
 with the same :class:`ChatTemplate` as :class:`~ludic_lab.inference.local_client.LocalChatClient`
-and tool calls are parsed by the rendering layer (:func:`~ludic_lab.rendering.split_reply`, the
-model family's format), so both backends answer alike.
+and reasoning and tool calls are parsed by the rendering layer
+(:func:`~ludic_lab.rendering.read_reply`, the model family's format), so both backends answer alike.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.vllm_http import VLLMError
-from ludic_lab.rendering.reply import split_reply
+from ludic_lab.rendering.reply import read_reply
 from ludic_lab.types import ChatResponse
 
 _TOKEN_PREFIX = "token_id:"
@@ -116,17 +116,18 @@ def parse_choice(
     if isinstance(stop_reason, str):  # cut by a stop string: the text ends before it
         hits = [k for k in (text.find(s) for s in request.sampling.stop if s) if k >= 0]
         text = text[: min(hits)] if hits else str(choice.get("text", text))
-    tool_calls, text_out = split_reply(template, ids, text, prompt) if request.tools is not None else (None, text)
+    reply = read_reply(template, ids, text, prompt, tools=request.tools is not None)
     want_ids = ret.return_token_ids or ret.return_chosen_logprobs
     return ChatResponse(
-        text=text_out,
+        text=reply.text,
         completion_token_ids=tuple(ids) if want_ids else None,
         prompt_token_ids=tuple(prompt) if want_ids else None,
         completion_logprobs=tuple(lps) if ret.return_chosen_logprobs and lps is not None else None,
         top_logprobs=tuple(tops) if tops is not None else None,
         finish_reason=finish,
         policy_version=version,
-        tool_calls=tool_calls,
+        tool_calls=reply.tool_calls,
+        reasoning=reply.reasoning,
     )
 
 

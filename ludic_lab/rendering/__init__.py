@@ -11,25 +11,37 @@ from __future__ import annotations
 
 from ludic_lab.rendering.base import Renderer
 from ludic_lab.rendering.families import FAMILIES, Family, detect_family, renderer_for
-from ludic_lab.rendering.hermes import ToolCallScan, format_tool_calls, parse_tool_calls, scan_tool_calls
+from ludic_lab.rendering.hermes import (
+    TOOL_PROMPT,
+    ToolCallScan,
+    format_tool_calls,
+    parse_tool_calls,
+    scan_tool_calls,
+    tools_system_prompt,
+)
 from ludic_lab.rendering.parsed import Bridge, ParsedCompletion
-from ludic_lab.rendering.reply import renderer_of, scan_reply, split_reply
+from ludic_lab.rendering.reply import Reply, read_reply, renderer_of, scan_reply, split_reply, tool_schemas
 from ludic_lab.rendering.template import TemplateRenderer
 
 __all__ = [
     "FAMILIES",
+    "TOOL_PROMPT",
     "Bridge",
     "Family",
     "ParsedCompletion",
     "Renderer",
+    "Reply",
     "TemplateRenderer",
     "ToolCallScan",
     "detect_family",
     "format_tool_calls",
     "parse_tool_calls",
+    "read_reply",
     "renderer_for",
     "renderer_of",
     "scan_reply",
     "scan_tool_calls",
     "split_reply",
+    "tool_schemas",
+    "tools_system_prompt",
 ]
