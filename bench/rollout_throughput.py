@@ -213,9 +213,9 @@ def vllm_rows(args, prompts, data, stop_ids) -> None:
     from ludic_lab.agents import Agent
     from ludic_lab.context import FullDialog
     from ludic_lab.envs import DatasetQAEnv
+    from ludic_lab.inference.launch.server import start_vllm_server
     from ludic_lab.inference.models import resolve_model
     from ludic_lab.inference.vllm_client import VLLMChatClient
-    from ludic_lab.inference.vllm_process import start_vllm_server
     from ludic_lab.interaction import SingleAgentSyncProtocol
     from ludic_lab.parsers import identity_parser
     from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine

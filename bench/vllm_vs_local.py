@@ -58,9 +58,9 @@ def main() -> None:
     from ludic_lab.data import load_math_word_problems
     from ludic_lab.envs import DatasetQAEnv
     from ludic_lab.inference import LocalChatClient
+    from ludic_lab.inference.launch.server import start_vllm_server
     from ludic_lab.inference.models import resolve_model
     from ludic_lab.inference.vllm_client import VLLMChatClient
-    from ludic_lab.inference.vllm_process import start_vllm_server
 
     path = resolve_model(args.model)
     n, mt = args.concurrency, args.max_tokens

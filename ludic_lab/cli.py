@@ -133,7 +133,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 def _one_line(exc: BaseException, command: str | None) -> str | None:
     """The one-line message of an error the user can fix (a missing package or model), else None."""
     from ludic_lab.inference.models.cache import ModelNotAvailableError
-    from ludic_lab.inference.vllm_version import VLLMVersionError
+    from ludic_lab.inference.vllm.server.version import VLLMVersionError
 
     msg = missing_extra_message(exc, what=f"ludic-lab {command}" if command else "ludic-lab")
     if msg is None and isinstance(exc, (ModelNotAvailableError, VLLMVersionError)):

@@ -13,7 +13,7 @@ import pytest
 
 from ludic_lab.demo import DemoConfig
 from ludic_lab.inference.request import ReturnSpec, SamplingConfig
-from ludic_lab.inference.vllm_server import LudicServerOptions
+from ludic_lab.inference.vllm.server.main import LudicServerOptions
 from ludic_lab.pipeline.actor_main import PipelineActorConfig
 from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig
 from ludic_lab.training.config import TrainerConfig

@@ -226,7 +226,7 @@ def test_a_missing_vllm_is_one_line_naming_the_install_of_the_clone(
 def test_an_old_vllm_is_one_line(
     monkeypatch: pytest.MonkeyPatch, tiny_model_dir: str, tmp_path: Path, no_model_load: list[str], capsys
 ) -> None:
-    import ludic_lab.inference.vllm_version as vv
+    import ludic_lab.inference.vllm.server.version as vv
 
     monkeypatch.setattr(vv, "installed_vllm_version", lambda: "0.31.2")
     code, err, _ = _run(["demo", "--model", tiny_model_dir, "--backend", "vllm", "--out", str(tmp_path)], capsys)

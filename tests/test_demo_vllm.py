@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ludic_lab.inference.vllm_process import port_is_free
+from ludic_lab.inference.launch.server import port_is_free
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

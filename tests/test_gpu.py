@@ -320,7 +320,7 @@ def test_fsdp2_over_nccl_matches_one_process(
 def test_shm_sender_stages_cuda_tensors(tiny_model_dir: str, tmp_path: Path, reuse: bool, dtype: str | None) -> None:
     from safetensors.torch import load_file
 
-    from ludic_lab.inference.weight_transfer import ShmSender, read_safetensors_header
+    from ludic_lab.inference.vllm.weight_transfer import ShmSender, read_safetensors_header
 
     sd = {k: v.cuda() for k, v in load_model(tiny_model_dir).state_dict().items()}
     sd["odd.bias"] = torch.arange(3, dtype=torch.float16, device="cuda")  # the next tensor is misaligned

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ludic_lab.inference import processes
+from ludic_lab.inference.launch import processes
 
 PY = sys.executable
 
@@ -46,7 +46,7 @@ def _server_procs(port: int) -> list[int]:
 
 
 def _port_free(port: int) -> bool:
-    from ludic_lab.inference.vllm_process import port_is_free
+    from ludic_lab.inference.launch.server import port_is_free
 
     return port_is_free("127.0.0.1", port)
 
@@ -121,7 +121,7 @@ def test_watchdog_kills_the_tree_when_the_owner_dies(tmp_path: Path, monkeypatch
 
 
 def test_busy_port_is_a_clear_error_before_starting(tiny_model_dir: str) -> None:
-    from ludic_lab.inference.vllm_process import PortInUseError
+    from ludic_lab.inference.launch.server import PortInUseError
     from ludic_lab.lab import VLLMServer
 
     with socket.socket() as s:
@@ -167,7 +167,7 @@ def test_kill_9_of_the_owner_leaves_no_server(tiny_model_dir: str, free_port: in
         f"""
         import json, time
         from ludic_lab.lab import VLLMServer
-        from ludic_lab.inference import processes
+        from ludic_lab.inference.launch import processes
         s = VLLMServer(model={tiny_model_dir!r}, port={free_port}, max_model_len=512,
                        log_file={str(tmp_path / "vllm.log")!r}, display=False)
         tree = processes.tree(s.pid, s.record.pgid)

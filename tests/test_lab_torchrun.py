@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ludic_lab.inference import processes
+from ludic_lab.inference.launch import processes
 from ludic_lab.lab.torchrun import TorchrunError, launch_torchrun
 
 pytestmark = pytest.mark.distributed

@@ -10,7 +10,7 @@ import torch
 
 from ludic_lab.inference.local_client import LocalChatClient
 from ludic_lab.inference.tied_weights import TiedWeightsMismatch, check_tied_values, tied_groups
-from ludic_lab.inference.weight_transfer.spec import ModelParamSpec
+from ludic_lab.inference.vllm.weight_transfer.spec import ModelParamSpec
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 

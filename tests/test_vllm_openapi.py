@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from ludic_lab.inference.vllm_server import LudicControlPlane, LudicServerOptions
+from ludic_lab.inference.vllm.server.main import LudicControlPlane, LudicServerOptions
 
 ROUTES = {
     "/runtime_version",
@@ -25,7 +25,9 @@ ROUTES = {
 def test_openapi_schema_of_the_ludic_routes_builds() -> None:
     fastapi = pytest.importorskip("fastapi")
     app = fastapi.FastAPI()
-    LudicControlPlane(engine=None, opts=LudicServerOptions()).install(app)
+    from ludic_lab.inference.vllm.server.routes import attach
+
+    attach(app, LudicControlPlane(engine=None, opts=LudicServerOptions()))
     schema = app.openapi()
     assert ROUTES <= set(schema["paths"])
     assert schema["paths"]["/runtime_version"]["get"]["tags"] == ["ludic"]

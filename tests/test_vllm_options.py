@@ -12,13 +12,13 @@ import time
 import pytest
 
 from ludic_lab.inference.retry import RetryPolicy
-from ludic_lab.inference.vllm_options import (
+from ludic_lab.inference.vllm.server.options import (
     LudicServerOptions,
     add_option_flags,
     flag_name,
     options_from_namespace,
 )
-from ludic_lab.inference.vllm_version import (
+from ludic_lab.inference.vllm.server.version import (
     VLLMVersionError,
     check_vllm_version,
     installed_vllm_version,
@@ -108,7 +108,7 @@ def test_version_gate():
         check_vllm_version(None)
     assert isinstance(VLLMVersionError("x"), ImportError)
     warning = check_vllm_version("0.33.0")
-    assert warning and "0.33.0" in warning and "vllm_patches" in warning
+    assert warning and "0.33.0" in warning and "vllm.server.patches" in warning
     assert "cannot tell" in (check_vllm_version("nightly") or "")
     v = installed_vllm_version()  # whatever is installed here (None without the vllm extra)
     assert v is None or parse_version(v) >= (0, 0)
@@ -119,10 +119,11 @@ def test_route_bodies_are_validated_with_clear_errors(tmp_path):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from ludic_lab.inference.vllm_server import LudicControlPlane
+    from ludic_lab.inference.vllm.server.control import LudicControlPlane
+    from ludic_lab.inference.vllm.server.routes import attach
 
     app = FastAPI()
-    LudicControlPlane(None, LudicServerOptions(shm_dir=str(tmp_path), control_token="tok")).install(app)
+    attach(app, LudicControlPlane(None, LudicServerOptions(shm_dir=str(tmp_path), control_token="tok")))
     c = TestClient(app)
     auth = {"Authorization": "Bearer tok"}
     assert c.get("/runtime_version").json() == {"version": 0, "inflight_requests": 0, "update_pending": False}

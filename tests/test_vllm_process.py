@@ -14,8 +14,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from ludic_lab.inference import processes
-from ludic_lab.inference.vllm_process import start_vllm_server
+from ludic_lab.inference.launch import processes
+from ludic_lab.inference.launch.server import start_vllm_server
 
 
 def _fake_python(tmp_path: Path) -> str:
@@ -39,7 +39,7 @@ def _owner(tmp_path: Path, tiny_model_dir: str, watchdog: bool) -> tuple[subproc
     code = textwrap.dedent(
         f"""
         import time
-        from ludic_lab.inference.vllm_process import start_vllm_server
+        from ludic_lab.inference.launch.server import start_vllm_server
         h = start_vllm_server({tiny_model_dir!r}, port=0, python={_fake_python(tmp_path)!r},
                               log_file={str(tmp_path / "log.txt")!r}, watchdog={watchdog!r})
         open({str(out)!r}, "w").write(f"{{h.pid}} {{h.watchdog_pid}}")

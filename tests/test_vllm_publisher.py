@@ -355,8 +355,8 @@ async def test_trainer_path_publishes_merged_lora_state_dicts(pusher, base_model
 async def test_two_servers_a_kill_mid_rollout_and_a_restart(pusher, tiny_server, base_model, tiny_model_dir, free_port):
     from ludic_lab.agents import Agent
     from ludic_lab.context import FullDialog
+    from ludic_lab.inference.launch.server import start_vllm_server, wait_for_vllm_health
     from ludic_lab.inference.request import InferenceSpec
-    from ludic_lab.inference.vllm_process import start_vllm_server, wait_for_vllm_health
     from ludic_lab.interaction import SingleAgentSyncProtocol
     from ludic_lab.parsers import identity_parser
     from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest

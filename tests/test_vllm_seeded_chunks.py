@@ -3,7 +3,7 @@
 vLLM 0.32 rewinds a seeded request's generator after each discarded partial-prefill token with
 a CUDA-only call; on CPU the engine core died ("CPU Generator does not use offset") and every
 request failed — the first GSM8K evaluation through the server here hit it (40 seeded
-prompts). ``vllm_patches.skip_cpu_generator_rewind`` (installed in every worker) skips the
+prompts). ``vllm.server.patches.skip_cpu_generator_rewind`` (installed in every worker) skips the
 rewind for CPU generators. This server is started with a 64-token prefill budget so that
 every prompt below is prefilled in several chunks."""
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 def test_the_patch_installs_once() -> None:
     require_vllm()
-    from ludic_lab.inference.vllm_patches import skip_cpu_generator_rewind
+    from ludic_lab.inference.vllm.server.patches import skip_cpu_generator_rewind
 
     assert skip_cpu_generator_rewind() is True
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner

@@ -29,7 +29,7 @@ from vllm_helpers import (
     shared_vllm_server,
 )
 
-from ludic_lab.inference.weight_transfer import (
+from ludic_lab.inference.vllm.weight_transfer import (
     ShmSender,
     write_safetensors,
 )
@@ -176,8 +176,8 @@ def test_the_server_stops_spinning_soon_after_generation(tiny_server, prompts):
     t = time.monotonic()
     choice, _ = completion(tiny_server, prompts[0], max_tokens=8)  # the sleeping worker wakes up
     assert len(choice["token_ids"]) >= 1 and time.monotonic() - t < 2.0
-    from ludic_lab.inference.vllm_server import build_parser, options_from_args
-    from ludic_lab.inference.vllm_worker import LudicWorkerExtension
+    from ludic_lab.inference.vllm.server.main import build_parser, options_from_args
+    from ludic_lab.inference.vllm.server.worker import LudicWorkerExtension
 
     # outside a vLLM worker there is no queue to tune: a no-op that says so (the server then
     # logs a warning and keeps vLLM's default), never an error
@@ -239,7 +239,7 @@ def test_inplace_load_equals_vllms_reload_and_a_wrong_plan_falls_back(tiny_serve
     caught by the first-use verification and falls back to reload_weights, saying why."""
     from vllm_helpers import VLLM_START_TIMEOUT_S
 
-    from ludic_lab.inference.vllm_process import start_vllm_server
+    from ludic_lab.inference.launch.server import start_vllm_server
 
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     env = {"PYTHONPATH": os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)}
@@ -461,7 +461,7 @@ def test_smollm2_full_update_matches_local(default_model_dir):
 
 @pytest.mark.vllm
 def test_public_bind_without_token_is_refused(tiny_model_dir):
-    from ludic_lab.inference.vllm_process import start_vllm_server
+    from ludic_lab.inference.launch.server import start_vllm_server
 
     h = start_vllm_server(tiny_model_dir, host="0.0.0.0", port=0, env={"LUDIC_CONTROL_TOKEN": ""})
     try:
@@ -493,7 +493,7 @@ def _shared_memory_of_group(pgid):
 
 @pytest.mark.vllm
 def test_public_bind_needs_the_token_and_stop_leaves_no_process(tiny_model_dir):
-    from ludic_lab.inference.vllm_process import group_alive, port_is_free, start_vllm_server
+    from ludic_lab.inference.launch.server import group_alive, port_is_free, start_vllm_server
 
     token = "t0k-" + os.urandom(8).hex()
     h = start_vllm_server(
@@ -536,7 +536,7 @@ def test_public_bind_needs_the_token_and_stop_leaves_no_process(tiny_model_dir):
 
 
 def test_nccl_sender_contract():
-    from ludic_lab.inference.weight_transfer import NcclSender, packed_nccl_available
+    from ludic_lab.inference.vllm.weight_transfer import NcclSender, packed_nccl_available
 
     require_vllm()
     assert packed_nccl_available()  # vLLM 0.32 ships the packed broadcast
@@ -560,7 +560,7 @@ def test_nccl_update_matches_local_on_gpu(tiny_model_dir, free_port):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from ludic_lab.inference.local_client import LocalChatClient
-    from ludic_lab.inference.weight_transfer import NcclSender
+    from ludic_lab.inference.vllm.weight_transfer import NcclSender
 
     server = shared_vllm_server(tiny_model_dir)
     base = server.base_url

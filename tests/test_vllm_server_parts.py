@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from ludic_lab.inference.weight_transfer import (
+from ludic_lab.inference.vllm.weight_transfer import (
     ModelParamSpec,
     ParamMeta,
     ShmSender,
@@ -128,7 +128,7 @@ def test_reused_staging_buffer(tmp_path):
     gives zero-copy views (and stacked q/k/v-style blocks) of it."""
     from safetensors.torch import load_file
 
-    from ludic_lab.inference.weight_transfer.shm import SafetensorsMap
+    from ludic_lab.inference.vllm.weight_transfer.shm import SafetensorsMap
 
     s = ShmSender(str(tmp_path), reuse=True)
     a = {
@@ -198,7 +198,7 @@ def test_stale_update_files_of_dead_processes_are_reaped(tmp_path):
     import subprocess
     import sys
 
-    from ludic_lab.inference.weight_transfer.shm import reap_stale_files
+    from ludic_lab.inference.vllm.weight_transfer.shm import reap_stale_files
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
@@ -215,7 +215,7 @@ def test_stale_update_files_of_dead_processes_are_reaped(tmp_path):
 
 
 async def test_version_gate_drains_in_flight_and_blocks_admission():
-    from ludic_lab.inference.vllm_server import DrainTimeout, VersionGate
+    from ludic_lab.inference.vllm.server.main import DrainTimeout, VersionGate
 
     gate = VersionGate(5)
     assert await gate.admit() == 5  # one request in flight
@@ -240,7 +240,7 @@ async def test_version_gate_drains_in_flight_and_blocks_admission():
 
 
 def test_bind_rule():
-    from ludic_lab.inference.vllm_server import check_bind_security, is_loopback
+    from ludic_lab.inference.vllm.server.main import check_bind_security, is_loopback
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1") and is_loopback("127.0.0.2")
     assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback(None) and not is_loopback("10.0.0.1")
@@ -251,7 +251,7 @@ def test_bind_rule():
 
 
 def test_busy_port_is_a_clear_error_at_once(tiny_model_dir):
-    from ludic_lab.inference.vllm_process import PortInUseError, start_vllm_server
+    from ludic_lab.inference.launch.server import PortInUseError, start_vllm_server
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

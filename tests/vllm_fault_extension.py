@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ludic_lab.inference.vllm_worker import LudicWorkerExtension
+from ludic_lab.inference.vllm.server.worker import LudicWorkerExtension
 
 
 class SwappedShardsExtension(LudicWorkerExtension):
     def ludic_load_file(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        from ludic_lab.inference.weight_transfer import inplace
+        from ludic_lab.inference.vllm.weight_transfer import inplace
 
         if not getattr(inplace, "_test_swapped", False):
             right = inplace.build_plan

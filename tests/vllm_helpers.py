@@ -63,7 +63,7 @@ def shared_vllm_server(
     A failed start is remembered, so later tests fail at once with the same error.
     """
     require_vllm()
-    from ludic_lab.inference.vllm_process import start_vllm_server
+    from ludic_lab.inference.launch.server import start_vllm_server
 
     key = (os.path.realpath(model_dir), dtype, int(max_model_len), tuple(extra_args))
     with _LOCK:
@@ -176,7 +176,7 @@ def push_weights(server: Any, state_dict: Mapping[str, Any], *, version: int | N
 
     ``cast`` converts floating tensors to the server's dtype first. Raises on a non-200 answer.
     """
-    from ludic_lab.inference.weight_transfer import ShmSender, torch_dtype
+    from ludic_lab.inference.vllm.weight_transfer import ShmSender, torch_dtype
 
     if cast:
         dt = torch_dtype(param_spec(server)["dtype"])

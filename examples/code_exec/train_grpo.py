@@ -102,7 +102,7 @@ async def main(cfg: Config) -> dict:
     server = None
     if cfg.sampler == "vllm":
         from ludic_lab.inference import VLLMChatClient
-        from ludic_lab.inference.vllm_process import start_vllm_server, wait_for_vllm_health
+        from ludic_lab.inference.launch.server import start_vllm_server, wait_for_vllm_health
 
         server = start_vllm_server(
             model_path, port=0, dtype="bfloat16", max_model_len=1024, log_file=f"{cfg.run_dir}/vllm_server.log"

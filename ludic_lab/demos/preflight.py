@@ -96,7 +96,7 @@ def check_packages(cfg: DemoConfig) -> None:
                     f"ludic-lab demo --backend vllm needs the 'vllm' extra (no module named {mod!r}): "
                     f"{install_hint('vllm')}; or run with --backend local (in-process sampling, no vLLM)"
                 )
-        from ludic_lab.inference.vllm_version import VLLMVersionError, check_vllm_version, installed_vllm_version
+        from ludic_lab.inference.vllm.server.version import VLLMVersionError, check_vllm_version, installed_vllm_version
 
         try:
             check_vllm_version(installed_vllm_version())

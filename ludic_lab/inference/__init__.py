@@ -24,11 +24,11 @@ _LAZY = {
     "tiny_model_path": "ludic_lab.inference.models",
     "build_tiny_model": "ludic_lab.inference.models",
     "resolve_model": "ludic_lab.inference.models",
-    "start_vllm_server": "ludic_lab.inference.vllm_process",
-    "wait_for_vllm_health": "ludic_lab.inference.vllm_process",
-    "wait_for_vllm_health_sync": "ludic_lab.inference.vllm_process",
-    "VLLMServerProcess": "ludic_lab.inference.vllm_process",
-    "PortInUseError": "ludic_lab.inference.vllm_process",
+    "start_vllm_server": "ludic_lab.inference.launch.server",
+    "wait_for_vllm_health": "ludic_lab.inference.launch.server",
+    "wait_for_vllm_health_sync": "ludic_lab.inference.launch.server",
+    "VLLMServerProcess": "ludic_lab.inference.launch.server",
+    "PortInUseError": "ludic_lab.inference.launch.server",
     "VLLMChatClient": "ludic_lab.inference.vllm_client",
 }
 

@@ -260,7 +260,7 @@ class VLLMChatClient:
     # -- weight updates (see vllm_weight_sync) ----------------------------------------------
     async def param_spec(self, *, refresh: bool = False) -> Any:
         """What an update must match (``GET /param_spec``): a
-        :class:`~ludic_lab.inference.weight_transfer.spec.ModelParamSpec` (cached)."""
+        :class:`~ludic_lab.inference.vllm.weight_transfer.spec.ModelParamSpec` (cached)."""
         return await self.weights.param_spec(refresh=refresh)
 
     async def init_communicator(self) -> None:

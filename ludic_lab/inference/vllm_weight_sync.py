@@ -67,8 +67,8 @@ class WeightSync:
 
     async def param_spec(self, *, refresh: bool = False) -> Any:
         """What an update must match (``GET /param_spec``): a
-        :class:`~ludic_lab.inference.weight_transfer.spec.ModelParamSpec` (cached)."""
-        from ludic_lab.inference.weight_transfer.spec import ModelParamSpec
+        :class:`~ludic_lab.inference.vllm.weight_transfer.spec.ModelParamSpec` (cached)."""
+        from ludic_lab.inference.vllm.weight_transfer.spec import ModelParamSpec
 
         if self.spec is None or refresh:
             try:
@@ -94,10 +94,10 @@ class WeightSync:
 
     def make_sender(self) -> Any:
         if self.device == "cpu":
-            from ludic_lab.inference.weight_transfer.shm import ShmSender
+            from ludic_lab.inference.vllm.weight_transfer.shm import ShmSender
 
             return ShmSender(self.shm_dir, reuse=self.reuse_staging_buffer)
-        from ludic_lab.inference.weight_transfer.nccl import NcclSender
+        from ludic_lab.inference.vllm.weight_transfer.nccl import NcclSender
 
         return NcclSender(self.group_host, self.group_port, self.nccl_world_size)
 
@@ -268,7 +268,7 @@ class WeightSync:
 
 def _body_bytes(body: Mapping[str, Any]) -> int:
     """Bytes of the tensors an update body declares (in their wire dtypes)."""
-    from ludic_lab.inference.weight_transfer.base import ParamMeta
+    from ludic_lab.inference.vllm.weight_transfer.base import ParamMeta
 
     return sum(ParamMeta.from_json(p).nbytes for p in body.get("params", []))
 

@@ -66,7 +66,7 @@ def load_ipython_extension(ip: Any) -> None:
 
 
 def _on_import() -> None:
-    from ludic_lab.inference.processes import reap_orphans
+    from ludic_lab.inference.launch.processes import reap_orphans
 
     try:
         reap_orphans()

@@ -1,6 +1,6 @@
 """Background servers from a notebook cell: ``lab.VLLMServer(model=...)``.
 
-Starts the bundled vLLM server (:func:`ludic_lab.inference.vllm_process.start_vllm_server`)
+Starts the bundled vLLM server (:func:`ludic_lab.inference.launch.server.start_vllm_server`)
 as a subprocess in its own process group, shows its status and the last lines of its log
 below the cell (the full log is a file), waits until ``/health`` answers, and makes sure it
 never outlives the kernel:
@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ludic_lab.inference import processes
+from ludic_lab.inference.launch import processes
 from ludic_lab.jupyter import in_kernel
 from ludic_lab.lab.status_html import LiveStatus
 from ludic_lab.net import free_port
@@ -74,7 +74,7 @@ class VLLMServer(LiveStatus):
         display: bool | None = None,
         tail_lines: int = 12,
     ) -> None:
-        from ludic_lab.inference import vllm_process
+        from ludic_lab.inference.launch import server as vllm_process
 
         self.host = host
         self.port = int(port) if port else free_port(host)
@@ -150,7 +150,7 @@ class VLLMServer(LiveStatus):
     def wait_ready(self, timeout: float = 600.0) -> VLLMServer:
         """Block until ``/health`` answers; if the server dies or ``timeout`` passes it is
         stopped and :class:`VLLMServerError` (with the log tail) is raised."""
-        from ludic_lab.inference.vllm_process import wait_for_vllm_health_sync
+        from ludic_lab.inference.launch.server import wait_for_vllm_health_sync
 
         try:
             wait_for_vllm_health_sync(self.api_base, timeout=timeout, process=self.proc)

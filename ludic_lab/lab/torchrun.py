@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
 
-from ludic_lab.inference import processes
+from ludic_lab.inference.launch import processes
 from ludic_lab.jupyter import in_kernel
 from ludic_lab.lab.status_html import LiveStatus
 from ludic_lab.lab.torchrun_logs import JSONLTail, rank_lines, rank_log_files, read_tail, root_cause, traceback_tail

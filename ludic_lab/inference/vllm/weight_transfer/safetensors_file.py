@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ludic_lab.inference.weight_transfer.base import ITEMSIZE, ParamMeta, dtype_name, param_metas
+from ludic_lab.inference.vllm.weight_transfer.base import ITEMSIZE, ParamMeta, dtype_name, param_metas
 
 _CODES = {
     "float64": "F64",

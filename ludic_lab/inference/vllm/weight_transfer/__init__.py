@@ -9,7 +9,7 @@ Both implement :class:`WeightSender`; :class:`ModelParamSpec` is the server's ch
 update against the served model. Importing this package does not import torch or vLLM.
 """
 
-from ludic_lab.inference.weight_transfer.base import (
+from ludic_lab.inference.vllm.weight_transfer.base import (
     WIRE_DTYPES,
     ParamMeta,
     WeightSender,
@@ -18,15 +18,15 @@ from ludic_lab.inference.weight_transfer.base import (
     torch_dtype,
     update_body,
 )
-from ludic_lab.inference.weight_transfer.nccl import NcclReceiver, NcclSender, packed_nccl_available
-from ludic_lab.inference.weight_transfer.shm import (
+from ludic_lab.inference.vllm.weight_transfer.nccl import NcclReceiver, NcclSender, packed_nccl_available
+from ludic_lab.inference.vllm.weight_transfer.shm import (
     ShmSender,
     default_shm_dir,
     iter_safetensors,
     read_safetensors_header,
     write_safetensors,
 )
-from ludic_lab.inference.weight_transfer.spec import ModelParamSpec, UpdateRejected
+from ludic_lab.inference.vllm.weight_transfer.spec import ModelParamSpec, UpdateRejected
 
 __all__ = [
     "WIRE_DTYPES",

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ludic_lab.inference.weight_transfer.base import ParamMeta, dtype_name
-from ludic_lab.inference.weight_transfer.shm import read_safetensors_header
+from ludic_lab.inference.vllm.weight_transfer.base import ParamMeta, dtype_name
+from ludic_lab.inference.vllm.weight_transfer.shm import read_safetensors_header
 
 _EMBED_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
 

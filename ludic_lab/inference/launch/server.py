@@ -142,7 +142,7 @@ class VLLMServerProcess:
             except Exception:  # noqa: BLE001 - closing the log file is best effort
                 pass
             if self.watchdog_pid is not None:
-                from ludic_lab.inference import processes
+                from ludic_lab.inference.launch import processes
 
                 processes.stop_watchdog(self.watchdog_pid)
             with _LIVE_LOCK:
@@ -168,7 +168,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def group_alive(pgid: int) -> bool:
     """Whether any live (non-zombie) process is in process group ``pgid``."""
-    from ludic_lab.inference.processes import group_members
+    from ludic_lab.inference.launch.processes import group_members
 
     return bool(group_members(pgid))
 
@@ -289,7 +289,7 @@ def start_vllm_server(
         popen, host=host, port=port, log_path=log_file, model=model_path, command=cmd, log_fh=log_fh, dtype=dtype
     )
     if watchdog:
-        from ludic_lab.inference import processes
+        from ludic_lab.inference.launch import processes
 
         try:
             rec = processes.ProcessRecord.for_process("vllm", popen.pid, info={"port": port, "log": log_file})

@@ -2,10 +2,10 @@
 
 One plane per server process around vLLM's engine client: it checks an update against the
 served model's parameter spec before touching any weight, closes admission and drains
-in-flight generations (:class:`~ludic_lab.inference.vllm_admission.VersionGate`), pauses the
+in-flight generations (:class:`~ludic_lab.inference.vllm.server.admission.VersionGate`), pauses the
 engine, has the workers load the weights (``collective_rpc("ludic_...")``), resets the prefix
 cache and bumps the policy version. The HTTP side (FastAPI routes, pydantic bodies) is in
-:mod:`ludic_lab.inference.vllm_routes`; this module imports neither vLLM nor FastAPI.
+:mod:`ludic_lab.inference.vllm.server.routes`; this module imports neither vLLM nor FastAPI.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-from ludic_lab.inference.vllm_admission import DrainTimeout, VersionGate
-from ludic_lab.inference.vllm_options import LudicServerOptions
-from ludic_lab.inference.weight_transfer.base import ParamMeta
-from ludic_lab.inference.weight_transfer.shm import (
+from ludic_lab.inference.vllm.server.admission import DrainTimeout, VersionGate
+from ludic_lab.inference.vllm.server.options import LudicServerOptions
+from ludic_lab.inference.vllm.weight_transfer.base import ParamMeta
+from ludic_lab.inference.vllm.weight_transfer.shm import (
     SUFFIX,
     is_inside,
     read_safetensors_header,
     reap_stale_files,
     remove_quietly,
 )
-from ludic_lab.inference.weight_transfer.spec import ModelParamSpec, UpdateRejected
+from ludic_lab.inference.vllm.weight_transfer.spec import ModelParamSpec, UpdateRejected
 
 logger = logging.getLogger("vllm.ludic")  # a child of vLLM's logger: same handlers and format
 
@@ -67,12 +67,6 @@ class LudicControlPlane:
     @property
     def control_token(self) -> str | None:
         return self.opts.control_token
-
-    def install(self, app: Any) -> None:
-        """Add the ludic routes and the auth/version middleware to FastAPI ``app`` (before it starts)."""
-        from ludic_lab.inference.vllm_routes import attach
-
-        attach(app, self)
 
     async def setup(self, engine: Any = None) -> None:
         """Ask the worker for the compute dtype and fused-layer map; read the checkpoint spec."""
@@ -240,7 +234,7 @@ class LudicControlPlane:
     ) -> tuple[float, dict[str, Any]]:
         """Load with the engine idle: pause (waiting out any straggler), load, resume.
         ``phases`` receives the seconds of pause, load and resume."""
-        from ludic_lab.inference.vllm_patches import pause_engine
+        from ludic_lab.inference.vllm.server.patches import pause_engine
 
         assert self.spec is not None
         order, rename = self.spec.load_plan(metas)

@@ -3,7 +3,7 @@ vLLM's own app.
 
 Every answer of these routes is JSON; a refusal is ``{"error": message}`` -- 400 for a body
 that does not validate (the message names the field), the status of a
-:class:`~ludic_lab.inference.vllm_control.ControlError`, 500 for anything unexpected (logged).
+:class:`~ludic_lab.inference.vllm.server.control.ControlError`, 500 for anything unexpected (logged).
 :class:`LudicEndpoints` is the router in the shape of vLLM's ``EndpointPlugin``
 (``attach_router`` while vLLM builds its app, ``init_state`` once the engine is up).
 """
@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field, StrictInt
 
-from ludic_lab.inference.vllm_admission import LudicMiddleware
-from ludic_lab.inference.vllm_control import ControlError, LudicControlPlane
+from ludic_lab.inference.vllm.server.admission import LudicMiddleware
+from ludic_lab.inference.vllm.server.control import ControlError, LudicControlPlane
 
 logger = logging.getLogger("vllm.ludic")
 
@@ -190,7 +190,7 @@ def attach(app: FastAPI, plane: LudicControlPlane) -> None:
 
 
 class LudicEndpoints:
-    """The ludic routes as a vLLM endpoint plugin (see :mod:`ludic_lab.inference.vllm_patches`)."""
+    """The ludic routes as a vLLM endpoint plugin (see :mod:`ludic_lab.inference.vllm.server.patches`)."""
 
     name = "ludic_lab"
     required_tasks = None
@@ -199,7 +199,7 @@ class LudicEndpoints:
         self.plane = plane
 
     def attach_router(self, app: FastAPI) -> None:
-        self.plane.install(app)
+        attach(app, self.plane)
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         await self.plane.setup(engine_client)

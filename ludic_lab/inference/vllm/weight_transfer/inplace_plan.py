@@ -3,7 +3,7 @@
 :func:`build_plan` walks the served model once per set of names and sorts them into packed
 linear layers to re-pack (fused q/k/v or gate/up shards stacked in order), plain parameters
 to copy, and the embedding-style layers whose GEMM packing must follow; anything it cannot
-place gives no plan and the reason. :mod:`ludic_lab.inference.weight_transfer.inplace`
+place gives no plan and the reason. :mod:`ludic_lab.inference.vllm.weight_transfer.inplace`
 applies, verifies and caches the plans. vLLM is imported only when a plan is built.
 """
 

@@ -1,17 +1,17 @@
 """``LudicWorkerExtension``: the vLLM worker side of ludic_lab's weight updates.
 
 vLLM mixes this class into each of its workers (``--worker-extension-cls
-ludic_lab.inference.vllm_worker.LudicWorkerExtension``); the server calls its methods through
+ludic_lab.inference.vllm.server.worker.LudicWorkerExtension``); the server calls its methods through
 ``engine.collective_rpc("ludic_...")``. vLLM runs those calls between engine steps, never
 during a forward pass. Shared-memory updates on CPU go through the in-place loader
-(:mod:`ludic_lab.inference.weight_transfer.inplace`: zero-copy views of the file, vLLM's own
+(:mod:`ludic_lab.inference.vllm.weight_transfer.inplace`: zero-copy views of the file, vLLM's own
 re-packing, verified against ``reload_weights`` the first time); everything else through the
 worker's in-place ``reload_weights`` (layerwise reload: vLLM's own repacking runs after
 loading), never a bare ``model.load_weights``, which half-applies on CPU.
 
 Every attribute is prefixed ``ludic_`` because vLLM refuses an extension whose names clash
 with the worker's. The vLLM internals these methods reach into (the idle spin of the worker's
-message queue, the tied-embedding refresh) live in :mod:`ludic_lab.inference.vllm_patches`.
+message queue, the tied-embedding refresh) live in :mod:`ludic_lab.inference.vllm.server.patches`.
 This module imports neither vLLM nor torch at import time.
 """
 
@@ -31,10 +31,10 @@ class LudicWorkerExtension:
         """What the server needs to check updates: compute dtype and vLLM's fused-layer map.
 
         Called once per worker when the server starts: it also installs the worker-side patch
-        for seeded sampling on CPU (:func:`~ludic_lab.inference.vllm_patches.skip_cpu_generator_rewind`).
+        for seeded sampling on CPU (:func:`~ludic_lab.inference.vllm.server.patches.skip_cpu_generator_rewind`).
         """
-        from ludic_lab.inference.vllm_patches import skip_cpu_generator_rewind
-        from ludic_lab.inference.weight_transfer.base import dtype_name
+        from ludic_lab.inference.vllm.server.patches import skip_cpu_generator_rewind
+        from ludic_lab.inference.vllm.weight_transfer.base import dtype_name
 
         patched = skip_cpu_generator_rewind()
 
@@ -53,10 +53,10 @@ class LudicWorkerExtension:
         """Load ``names`` from the safetensors file at ``path`` in place.
 
         ``keep``: the file is a reused staging buffer (it may stay mapped); ``mode``:
-        ``"auto"`` or ``"reload"`` (see :class:`~ludic_lab.inference.weight_transfer.inplace.InplaceLoader`).
+        ``"auto"`` or ``"reload"`` (see :class:`~ludic_lab.inference.vllm.weight_transfer.inplace.InplaceLoader`).
         Returns ``{"count", "mode", "seconds", ...}``.
         """
-        from ludic_lab.inference.weight_transfer.inplace import InplaceLoader
+        from ludic_lab.inference.vllm.weight_transfer.inplace import InplaceLoader
 
         if self.ludic_inplace is None:
             self.ludic_inplace = InplaceLoader()
@@ -69,10 +69,10 @@ class LudicWorkerExtension:
         layerwise reload skips its post-processing; on CPU that post-processing packs the
         weight into a separate GEMM buffer, which would keep the *old* embedding as output
         projection. ``loaded``: the names just reloaded (see
-        :func:`~ludic_lab.inference.vllm_patches.refresh_tied_embeddings`). Returns the number
+        :func:`~ludic_lab.inference.vllm.server.patches.refresh_tied_embeddings`). Returns the number
         of modules refreshed.
         """
-        from ludic_lab.inference.vllm_patches import refresh_tied_embeddings
+        from ludic_lab.inference.vllm.server.patches import refresh_tied_embeddings
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         return refresh_tied_embeddings(model, self.vllm_config, loaded)  # type: ignore[attr-defined]
@@ -85,9 +85,9 @@ class LudicWorkerExtension:
         before it sleeps on a socket: right after generation, a trainer sharing the host loses a
         core for that second (on 2 cores a training step's first second ran ~3x slower).
         Returns ``{"readers": n, "previous": s}`` (see
-        :func:`~ludic_lab.inference.vllm_patches.set_worker_idle_spin`).
+        :func:`~ludic_lab.inference.vllm.server.patches.set_worker_idle_spin`).
         """
-        from ludic_lab.inference.vllm_patches import set_worker_idle_spin
+        from ludic_lab.inference.vllm.server.patches import set_worker_idle_spin
 
         return set_worker_idle_spin(seconds, recheck_s)
 
@@ -96,7 +96,7 @@ class LudicWorkerExtension:
         """Join the trainer's weight-update group (trainer rank 0, workers after it)."""
         import torch
 
-        from ludic_lab.inference.weight_transfer.nccl import NcclReceiver
+        from ludic_lab.inference.vllm.weight_transfer.nccl import NcclReceiver
 
         if self.ludic_nccl_receiver is not None:
             raise RuntimeError("an NCCL weight-update group is already open; POST /close_communicator first")
@@ -114,7 +114,7 @@ class LudicWorkerExtension:
             initialize_layerwise_reload,
         )
 
-        from ludic_lab.inference.weight_transfer.base import ParamMeta
+        from ludic_lab.inference.vllm.weight_transfer.base import ParamMeta
 
         if self.ludic_nccl_receiver is None:
             raise RuntimeError("no NCCL weight-update group; POST /init_communicator with transport 'nccl' first")

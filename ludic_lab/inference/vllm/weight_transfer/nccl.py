@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ludic_lab.inference.weight_transfer.base import ParamMeta, param_metas, torch_dtype, update_body
+from ludic_lab.inference.vllm.weight_transfer.base import ParamMeta, param_metas, torch_dtype, update_body
 
 
 def packed_nccl_available() -> bool:

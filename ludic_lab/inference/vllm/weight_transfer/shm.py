@@ -15,7 +15,7 @@ little-endian bytes; no pickle):
   and files of dead processes are removed by the next sender in the folder.
 
 ``/dev/shm`` is RAM, so the bytes never touch a disk. The file format itself (writing,
-reading, the server's read-only map) is in :mod:`ludic_lab.inference.weight_transfer.safetensors_file`.
+reading, the server's read-only map) is in :mod:`ludic_lab.inference.vllm.weight_transfer.safetensors_file`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ludic_lab.inference.weight_transfer.base import ParamMeta, dtype_name, param_metas, update_body
-from ludic_lab.inference.weight_transfer.safetensors_file import (  # noqa: F401 - re-exported: the format's readers
+from ludic_lab.inference.vllm.weight_transfer.base import ParamMeta, dtype_name, param_metas, update_body
+from ludic_lab.inference.vllm.weight_transfer.safetensors_file import (  # noqa: F401 - re-exported: the format's readers
     SafetensorsMap,
     header_bytes,
     iter_safetensors,

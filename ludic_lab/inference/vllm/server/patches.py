@@ -1,7 +1,7 @@
 """Every place the bundled server reaches into vLLM internals, with the versions and upstream
 issues each one is for.
 
-Written against vLLM 0.32 (:mod:`ludic_lab.inference.vllm_version` warns on other releases).
+Written against vLLM 0.32 (:mod:`ludic_lab.inference.vllm.server.version` warns on other releases).
 Each patch checks that what it touches exists and otherwise leaves vLLM's own behaviour, so
 a vLLM that moved things serves correctly, only without the improvement. When an upstream
 change lands (named below), the patch can go.

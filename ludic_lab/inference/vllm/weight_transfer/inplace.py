@@ -23,7 +23,7 @@ re-packed layer's output on a probe input, must be equal bit for bit. A differen
 the fast path for the rest of the server's life (logged) and leaves vLLM's result in place.
 Nothing loaded here may keep pointing into the update file (it is rewritten by the next
 update): that is checked after every re-pack. Which module each name reaches is decided by
-:mod:`ludic_lab.inference.weight_transfer.inplace_plan`.
+:mod:`ludic_lab.inference.vllm.weight_transfer.inplace_plan`.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # build_plan is looked up in this module when a load runs (a test extension replaces it here)
-from ludic_lab.inference.weight_transfer.inplace_plan import Copy, Plan, Repack, build_plan
+from ludic_lab.inference.vllm.weight_transfer.inplace_plan import Copy, Plan, Repack, build_plan
 
-logger = logging.getLogger("ludic_lab.inference.weight_transfer.inplace")
+logger = logging.getLogger("ludic_lab.inference.vllm.weight_transfer.inplace")
 
 
 def _repack(module: Any, weight: Any) -> None:
@@ -285,7 +285,7 @@ class InplaceLoader:
 
     # -- mapped update files -----------------------------------------------------------------
     def _map(self, path: str, keep: bool) -> Any:
-        from ludic_lab.inference.weight_transfer.shm import SafetensorsMap
+        from ludic_lab.inference.vllm.weight_transfer.shm import SafetensorsMap
 
         for p in list(self.maps):  # drop files that were replaced or deleted since
             if not self.maps[p].still_valid():
@@ -326,7 +326,7 @@ class InplaceLoader:
         """
         from vllm.config import set_current_vllm_config
 
-        from ludic_lab.inference.weight_transfer.shm import iter_safetensors
+        from ludic_lab.inference.vllm.weight_transfer.shm import iter_safetensors
 
         t0 = time.perf_counter()
         model = worker.model_runner.get_model()

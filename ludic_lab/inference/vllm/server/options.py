@@ -106,7 +106,7 @@ def options_from_namespace(args: argparse.Namespace, cls: type = LudicServerOpti
     if "control_token" in kw:
         kw["control_token"] = kw["control_token"] or os.environ.get(TOKEN_ENV) or None
     if "shm_dir" in kw and not kw["shm_dir"]:
-        from ludic_lab.inference.weight_transfer.shm import default_shm_dir
+        from ludic_lab.inference.vllm.weight_transfer.shm import default_shm_dir
 
         kw["shm_dir"] = default_shm_dir()
     return cls(**kw)

@@ -5,7 +5,7 @@ A weight update has two planes. The *control plane* is one HTTP call,
 which transport carries the bytes. The *data plane* is the transport: a safetensors file in
 shared memory (:mod:`.shm`, same host, CPU or GPU) or an NCCL broadcast (:mod:`.nccl`, GPU).
 A :class:`WeightSender` is the trainer side of one transport; the server side lives in the
-vLLM worker extension (:mod:`ludic_lab.inference.vllm_worker`).
+vLLM worker extension (:mod:`ludic_lab.inference.vllm.server.worker`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Which vLLM the bundled server runs on: the version gate, checked before vLLM is imported.
 
 The server uses vLLM's launcher API of 0.32 (``vllm.entrypoints.launchers``, endpoint
-plugins) and reaches into a few of its internals (:mod:`ludic_lab.inference.vllm_patches`,
+plugins) and reaches into a few of its internals (:mod:`ludic_lab.inference.vllm.server.patches`,
 each patch naming the versions it was written for). Older releases lack that API: refused
 with the ``pip install`` that fixes it. Newer releases are served with a warning, since a
 patch may no longer apply (each one degrades to vLLM's own behaviour when it does not).
@@ -60,6 +60,6 @@ def check_vllm_version(version: str | None) -> str | None:
         tested = ", ".join(".".join(map(str, v)) for v in TESTED_VERSIONS)
         return (
             f"vLLM {version} is newer than the versions the server was tested with ({tested}); "
-            "the ludic patches of vLLM internals may not apply (see ludic_lab.inference.vllm_patches)"
+            "the ludic patches of vLLM internals may not apply (see ludic_lab.inference.vllm.server.patches)"
         )
     return None
