@@ -43,51 +43,30 @@ import torch
 async def run_arm(name: str, args: argparse.Namespace, dynamic: bool) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from ludic_lab.data import capital_verifier, load_capitals
-    from ludic_lab.demo import SYSTEM_PROMPT, DemoConfig, _evaluate
-    from ludic_lab.demos.capitals import capitals_engine
+    from ludic_lab.data import load_capitals
+    from ludic_lab.demo import DemoConfig, _evaluate
     from ludic_lab.demos.preflight import build_algorithm
     from ludic_lab.distributed import ClientPublisher
     from ludic_lab.inference.local_client import LocalChatClient
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-    from ludic_lab.rollouts import (
-        DynamicSampling,
-        EnvSpec,
-        GRPORequestStrategy,
-        ProtocolSpec,
-        RolloutBatchSource,
-        RolloutRequest,
-    )
+    from ludic_lab.rollouts import DynamicSampling, GRPORequestStrategy, RolloutBatchSource
+    from ludic_lab.task.capitals import capitals_task
     from ludic_lab.training import Trainer
 
     cfg = DemoConfig(algo=args.algo, seed=args.seed, eval_k=4)
     torch.manual_seed(cfg.seed)
-    train_rows, test_rows = load_capitals("train"), load_capitals("test")
-    verifier = capital_verifier()
+    task, test_rows = capitals_task("train"), load_capitals("test")
     client = LocalChatClient(cfg.model, max_batch_size=cfg.questions_per_step * cfg.group_size)
     policy = AutoModelForCausalLM.from_pretrained(str(client.model_path))
-    before = await _evaluate(client, test_rows, cfg, verifier) if args.eval_before else {}
+    before = await _evaluate(client, test_rows, cfg) if args.eval_before else {}
     algo = build_algorithm(cfg.algo, max_tokens=cfg.max_tokens)
     inference = InferenceSpec(
         SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training()
     )
-    calls = {"n": 0}
-
-    def requests() -> list[RolloutRequest]:  # the demo's stream: the next questions each call
-        n = calls["n"]
-        calls["n"] += 1
-        return [
-            RolloutRequest(
-                env=EnvSpec("capitals"),
-                protocol=ProtocolSpec("single_agent"),
-                env_seed=(cfg.seed * 7919 + n * cfg.questions_per_step + q) % len(train_rows),
-                inference=inference,
-            )
-            for q in range(cfg.questions_per_step)
-        ]
+    requests = task.requests(per_step=cfg.questions_per_step, seed=cfg.seed, inference=inference)  # the demo's
 
     source = RolloutBatchSource(
-        capitals_engine(client, train_rows, verifier, SYSTEM_PROMPT),
+        task.engine(client),
         requests,
         algo.credit_assigner,
         request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
@@ -116,7 +95,7 @@ async def run_arm(name: str, args: argparse.Namespace, dynamic: bool) -> dict[st
         )
     train_s = time.perf_counter() - t0
     trainer.close()
-    after = await _evaluate(client, test_rows, cfg, verifier)
+    after = await _evaluate(client, test_rows, cfg)
     tokens = [float(m.get("source/num_action_tokens", 0.0)) for m in history]
     signal = [float(m.get("source/signal_token_frac", 0.0)) * n for m, n in zip(history, tokens, strict=True)]
     return {

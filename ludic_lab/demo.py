@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ludic_lab.config import choices_field, pass_down, sub_config
-from ludic_lab.data import capital_verifier, load_capitals
-from ludic_lab.demos.capitals import capital_parser, capitals_engine
+from ludic_lab.data import load_capitals
+from ludic_lab.demos import backend
 from ludic_lab.demos.preflight import (
-    VLLM_MAX_MODEL_LEN,
     build_algorithm,
     check_device,
     check_folder,
@@ -40,15 +39,14 @@ from ludic_lab.demos.preflight import (
     check_packages,
     needs_groups,
 )
-from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutRequest
+from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
+from ludic_lab.rollouts import GRPORequestStrategy
+from ludic_lab.task.capitals import capitals_task, evaluate_capitals
 from ludic_lab.training.algorithm import PRESETS
 from ludic_lab.training.config import TrainerConfig
 
 # No torch at module level (LocalChatClient, transformers, the losses are imported where a run
 # needs them): ``ludic-lab demo --help`` and refusing a bad option take well under a second.
-
-SYSTEM_PROMPT = "Answer with just the name of the city."
 
 
 @dataclass
@@ -160,63 +158,14 @@ class DemoConfig:
         check_lora_targets(cfg)
 
 
-async def _evaluate(client: Any, rows: list[dict[str, Any]], cfg: DemoConfig, verifier: Any) -> dict[str, float]:
-    from ludic_lab.eval import evaluate_qa
-
-    kw: dict[str, Any] = dict(
-        parser=capital_parser(),
-        verifier=verifier,
-        env_kwargs={"system_prompt": SYSTEM_PROMPT},
-        max_tokens=cfg.max_tokens,
-        concurrency=64,
+async def _evaluate(client: Any, rows: list[dict[str, Any]], cfg: DemoConfig) -> dict[str, float]:
+    """Held-out greedy accuracy, and sampled accuracy and pass@k with ``eval_k > 0``."""
+    return await evaluate_capitals(
+        client, rows, max_tokens=cfg.max_tokens, k=cfg.eval_k, temperature=cfg.temperature, seed=cfg.seed
     )
-    greedy = await evaluate_qa(client, rows, k=1, name="greedy", **kw)
-    out = {"greedy_accuracy": float(greedy.summary()["accuracy"])}
-    if cfg.eval_k > 0:
-        sampled = await evaluate_qa(
-            client, rows, k=cfg.eval_k, temperature=cfg.temperature, sampling_seed=cfg.seed + 7, name="sampled", **kw
-        )
-        s = sampled.summary()
-        out["sampled_accuracy"] = float(s["accuracy"])
-        out[f"pass@{cfg.eval_k}"] = float(s.get(f"pass@{cfg.eval_k}", float("nan")))
-    return out
 
 
 BACKENDS = ("local", "vllm")
-
-
-async def _start_backend(cfg: DemoConfig, out: Path, stack: list[Callable[[], Any]]) -> tuple[Any, str]:
-    """``(client, model folder)`` of ``cfg.backend``; cleanups go onto ``stack``."""
-    if cfg.backend == "local":
-        from ludic_lab.inference.local_client import LocalChatClient
-
-        local = LocalChatClient(cfg.model, max_batch_size=cfg.questions_per_step * cfg.group_size)
-        return local, str(local.model_path)
-    from ludic_lab.inference.models import resolve_model
-    from ludic_lab.inference.vllm_client import VLLMChatClient
-    from ludic_lab.inference.vllm_process import start_vllm_server, wait_for_vllm_health
-
-    path = resolve_model(cfg.model)
-    server = start_vllm_server(
-        path, port=0, dtype="bfloat16", max_model_len=VLLM_MAX_MODEL_LEN, log_file=str(out / "vllm_server.log")
-    )
-    stack.append(server.stop)
-    await wait_for_vllm_health(server.api_base, timeout=900, process=server)
-    client = VLLMChatClient(path, api_base=server.api_base, enable_weight_updates=True)
-    stack.append(client.aclose)
-    return client, path
-
-
-def _publisher(cfg: DemoConfig, client: Any, policy: Any) -> Any:
-    """Where the trainer pushes its weights after each step."""
-    if cfg.backend == "local":
-        from ludic_lab.distributed import ClientPublisher
-
-        return ClientPublisher(client)
-    from ludic_lab.distributed.broadcast import BroadcastPolicyPublisher
-
-    # the model completes vLLM's fused layers (e.g. q/k/v biases) that LoRA leaves untouched
-    return BroadcastPolicyPublisher(client, model=policy)
 
 
 def _split_threads(cfg: DemoConfig, client: Any) -> tuple[TrainerConfig, int | None]:
@@ -224,7 +173,7 @@ def _split_threads(cfg: DemoConfig, client: Any) -> tuple[TrainerConfig, int | N
     run at once: each gets half the cores while training (the trainer's ``--num-threads``
     if given, the sampler the rest). Returns the trainer's config and the sampler's thread
     count to restore after training (None: nothing was changed)."""
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference import LocalChatClient
 
     if not cfg.trainer.async_level or not isinstance(client, LocalChatClient):
         return cfg.trainer, None
@@ -277,39 +226,26 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     t0 = time.perf_counter()
     what = "starting the vLLM server on CPU" if cfg.backend == "vllm" else "loading the model"
     with console.status(f"{what} (the first run materialises SmolLM2 into the cache)..."):
-        client, model_path = await _start_backend(cfg, out, cleanups)
+        client, model_path = await backend.start_backend(cfg, out, cleanups)
         policy = AutoModelForCausalLM.from_pretrained(model_path)
-        publisher = _publisher(cfg, client, policy)
+        publisher = backend.publisher(client, policy)
     console.print(f"model [bold]{model_path}[/bold] ({cfg.backend} backend) ready in {time.perf_counter() - t0:.1f}s")
     version_before = await client.get_policy_version()
 
-    train_rows, test_rows = load_capitals("train"), load_capitals("test")
-    verifier = capital_verifier()
+    task, test_rows = capitals_task("train"), load_capitals("test")
     with console.status(f"evaluating on {len(test_rows)} held-out countries (before training)..."):
-        before = await _evaluate(client, test_rows, cfg, verifier)
+        before = await _evaluate(client, test_rows, cfg)
     console.print(f"[bold]before[/bold]: {format_metrics(before)}")
 
-    engine = capitals_engine(client, train_rows, verifier, SYSTEM_PROMPT)
     inference = InferenceSpec(
         SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training()
     )
-    step_counter = {"n": 0}
-
-    def requests() -> list[RolloutRequest]:
-        n = step_counter["n"]
-        step_counter["n"] += 1
-        return [
-            RolloutRequest(
-                env=EnvSpec("capitals"),
-                protocol=ProtocolSpec("single_agent"),
-                env_seed=(cfg.seed * 7919 + n * cfg.questions_per_step + q) % len(train_rows),
-                inference=inference,
-            )
-            for q in range(cfg.questions_per_step)
-        ]
-
+    requests = task.requests(per_step=cfg.questions_per_step, seed=cfg.seed, inference=inference)  # next questions
     source = RolloutBatchSource(
-        engine, requests, algo.credit_assigner, request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed)
+        task.engine(client),
+        requests,
+        algo.credit_assigner,
+        request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
     )
     keys = ("reward_mean", "loss", "grad_norm", "time/step_s")
     trainer_cfg, all_threads = _split_threads(cfg, client)
@@ -346,7 +282,7 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     console.print(f"sampler policy version {version_before} -> {version_after} ({cfg.backend} backend)")
 
     with console.status("evaluating after training..."):
-        after = await _evaluate(client, test_rows, cfg, verifier)
+        after = await _evaluate(client, test_rows, cfg)
     console.print(f"[bold]after[/bold]:  {format_metrics(after)}")
 
     rewards = [h["reward_mean"] for h in history if isinstance(h.get("reward_mean"), float)]

@@ -1,7 +1,7 @@
 """``ludic-lab demo`` refuses every bad option before any model loads, in one line.
 
 Each bad option is run through the CLI with the model's loading replaced by a failure
-(``ludic_lab.demo._start_backend``, the first thing both tasks load): the refusal must come
+(``ludic_lab.demos.backend.start_backend``, the first thing both tasks load): the refusal must come
 first, as a usage error (exit status 2) or a missing package (exit status 1) on one line of
 stderr that names the flag and the fix, without a traceback, in under 5 s. ``--traceback`` /
 ``LUDIC_TRACEBACK=1`` bring the traceback back. A cold ``python -m ludic_lab.cli`` refuses as
@@ -109,7 +109,7 @@ BAD: list[tuple[list[str], int, list[str]]] = [
 def no_model_load(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Make loading a model (the first thing both demo tasks do) fail the test; the list
     records the attempts."""
-    import ludic_lab.demo
+    import ludic_lab.demos.backend
 
     attempts: list[str] = []
 
@@ -117,7 +117,7 @@ def no_model_load(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         attempts.append(cfg.model)
         raise AssertionError("the demo went on to load the model: the option was not refused before")
 
-    monkeypatch.setattr(ludic_lab.demo, "_start_backend", refuse)
+    monkeypatch.setattr(ludic_lab.demos.backend, "start_backend", refuse)
     return attempts
 
 

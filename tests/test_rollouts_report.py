@@ -17,7 +17,6 @@ import pytest
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
 from ludic_lab.data import capital_verifier, load_capitals
-from ludic_lab.demos.capitals import capital_parser
 from ludic_lab.demos.tool_task import final_number_match, final_number_parser
 from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
@@ -26,6 +25,7 @@ from ludic_lab.reports import format_metrics, format_number, rollouts_html, weig
 from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.rollouts.credit import GroupNormalizedReturn
 from ludic_lab.rollouts.rollout_source import RolloutBatchSource
+from ludic_lab.task.capitals import capital_parser
 from ludic_lab.training.batching.sample_ahead import SampleAheadSource
 from ludic_lab.types import Rollout, Step, TokenTrace
 from tests.helpers import ScriptedChatClient, chatml_template

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ludic_lab.training.algorithm import PRESETS, RLAlgorithm
+from ludic_lab.training.algorithm import PRESETS, RLAlgorithm, make_preset
 
 if TYPE_CHECKING:
     from ludic_lab.demo import DemoConfig
@@ -42,7 +42,7 @@ def needs_groups(algo: str) -> bool:
 
 def build_algorithm(algo: str, *, max_tokens: int) -> RLAlgorithm:
     """Preset ``algo`` as the demo runs it (``dr_grpo`` normalises by ``max_tokens``)."""
-    return PRESETS[algo](max_tokens=max_tokens) if algo == "dr_grpo" else PRESETS[algo]()
+    return make_preset(algo, max_tokens=max_tokens)
 
 
 def check_model(model: str) -> None:

@@ -27,8 +27,9 @@ from typing import Any
 
 from ludic_lab.data import load_multiplication
 from ludic_lab.demos.tool_task import evaluate_tool_task, tool_stats_callback, tool_task_engine
-from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.rollouts import GRPORequestStrategy, RolloutRequest
+from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
+from ludic_lab.rollouts import GRPORequestStrategy
+from ludic_lab.task import RequestStream
 
 TOOL_DEFAULTS: dict[str, Any] = {
     "steps": 5,
@@ -107,20 +108,9 @@ async def _train(
     inference = InferenceSpec(
         SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training()
     )
-    counter = {"n": 0}
-
-    def requests() -> list[RolloutRequest]:
-        n, counter["n"] = counter["n"], counter["n"] + 1
-        return [
-            RolloutRequest(
-                env=env,
-                protocol=protocol,
-                inference=inference,
-                max_steps=1,
-                env_seed=(cfg.seed * 7919 + n * cfg.questions_per_step + q) % len(rows),
-            )  # fmt: skip
-            for q in range(cfg.questions_per_step)
-        ]
+    requests = RequestStream(  # the next questions each step
+        env, protocol, per_step=cfg.questions_per_step, size=len(rows), seed=cfg.seed, inference=inference, max_steps=1
+    )
 
     source = RolloutBatchSource(
         engine, requests, algo.credit_assigner, request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed)
@@ -160,7 +150,7 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     from rich.console import Console
     from transformers import AutoModelForCausalLM
 
-    from ludic_lab.demo import _publisher, _start_backend
+    from ludic_lab.demos import backend
     from ludic_lab.reports import plot_metrics, write_rollouts_html
 
     cfg = tool_demo_config(cfg)  # run_demo has run cfg.preflight() (these defaults included)
@@ -170,7 +160,7 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     train_rows, test_rows = load_multiplication("train"), load_multiplication("test")[:EVAL_QUESTIONS]
     t_all = time.perf_counter()
     with console.status("loading the model (the first run materialises SmolLM2 into the cache)..."):
-        client, model_path = await _start_backend(cfg, out, cleanups)
+        client, model_path = await backend.start_backend(cfg, out, cleanups)
     console.print(f"tool task: {len(train_rows)} training / {len(test_rows)} held-out products; "
                   f"{cfg.steps} steps of {cfg.questions_per_step} questions x {cfg.group_size} samples")  # fmt: skip
 
@@ -179,7 +169,7 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     console.print(f"[bold]before, with the tool[/bold]: {_line(before)}")
     console.print(f"[bold]training {cfg.algo} with the calculator tool[/bold]")
     history, source, train_s = await _train(
-        cfg, client, model_path, lambda p: _publisher(cfg, client, p), train_rows, use_tool=True,
+        cfg, client, model_path, lambda p: backend.publisher(client, p), train_rows, use_tool=True,
         metrics_path=out / "metrics.jsonl", console=console,
     )  # fmt: skip
     with console.status("evaluating after training..."):
@@ -193,7 +183,7 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
 
     # the control: the untrained weights back into the sampler, then the same run without the tool
     base = AutoModelForCausalLM.from_pretrained(model_path)
-    pub = _publisher(cfg, client, base)
+    pub = backend.publisher(client, base)
     await pub.publish_async(base.state_dict()) if hasattr(pub, "publish_async") else pub.publish(base.state_dict())
     del base
     with console.status("control: evaluating without the tool (before training)..."):
@@ -201,7 +191,7 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     console.print(f"[bold]control, no tool, before[/bold]: {_line(control_before)}")
     console.print(f"[bold]control: training {cfg.algo} without the tool[/bold] (same steps and settings)")
     control_history, _, control_s = await _train(
-        cfg, client, model_path, lambda p: _publisher(cfg, client, p), train_rows, use_tool=False,
+        cfg, client, model_path, lambda p: backend.publisher(client, p), train_rows, use_tool=False,
         metrics_path=out / "control_metrics.jsonl", console=console,
     )  # fmt: skip
     with console.status("control: evaluating after training..."):

@@ -1,66 +1,34 @@
-"""Built-in tasks for the pipeline entry points (and ``bench/pipeline.py``), by name.
+"""The pipeline entry points' tasks (and ``bench/pipeline.py``'s), by name, bound to a sampler.
 
-- ``"capitals"``: "What is the capital of <country>?", reward 1 for the right city and no
-  other (the ``ludic-lab demo`` task; for SmolLM2);
-- ``"digits"``: "Write some digits.", reward = fraction of digit characters in the reply.
-  Even the tiny random test model learns it within a few dozen GRPO steps, so it is the
-  task of CPU smoke runs and tests.
-
-:func:`make_task` returns the engine and a ``requests_fn`` giving ``prompts`` fresh
-logical requests per call (expand them with ``GRPORequestStrategy`` for groups).
+The tasks themselves live in :mod:`ludic_lab.task` (``"capitals"``: the ``ludic-lab demo``
+task; ``"digits"``: the task of CPU smoke runs and tests). :func:`make_task` binds one to a
+client: its engine and a :class:`~ludic_lab.task.RequestStream` giving ``prompts`` fresh
+logical requests per call (expand them with ``GRPORequestStrategy`` for groups); the stream's
+``state_dict()`` says where it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ludic_lab.agents import Agent
-from ludic_lab.context import FullDialog
-from ludic_lab.envs.single_agent_env import SingleAgentEnv
-from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.interaction import SingleAgentSyncProtocol
-from ludic_lab.parsers import identity_parser
+from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.rollouts.engine import RolloutEngine
-from ludic_lab.rollouts.requests import EnvSpec, ProtocolSpec, RolloutRequest
-from ludic_lab.types import Info, StepOutcome
+from ludic_lab.task.builtin import BUILTIN_TASKS, builtin_task
+from ludic_lab.task.capitals import SYSTEM_PROMPT as CAPITALS_SYSTEM_PROMPT
+from ludic_lab.task.digits import DigitsEnv, digit_fraction
+from ludic_lab.task.request_stream import RequestStream
 
-TASKS = ("capitals", "digits")
-CAPITALS_SYSTEM_PROMPT = "Answer with just the name of the city."
-
-
-def digit_fraction(text: str) -> float:
-    """Fraction of the stripped text's characters that are digits (0 for empty text)."""
-    s = text.strip()
-    return sum(ch.isdigit() for ch in s) / max(1, len(s))
-
-
-class DigitsEnv(SingleAgentEnv):
-    """One turn: the prompt asks for digits; reward = :func:`digit_fraction` of the reply."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._obs = ""
-
-    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
-        self._obs = f"Write some digits. ({seed})"
-        return self._obs, {}
-
-    def env_step(self, action: str) -> StepOutcome:
-        return StepOutcome(obs="ok", reward=digit_fraction(action), truncated=False, terminated=True, info={})
-
-    def env_current_obs(self) -> str:
-        return self._obs
+TASKS = BUILTIN_TASKS
 
 
 @dataclass(frozen=True)
-class Task:
-    """A task ready to sample: the engine and a function giving fresh logical requests."""
+class BoundTask:
+    """A task bound to a sampler: the engine and the stream of fresh logical requests."""
 
     name: str
     engine: RolloutEngine
-    requests_fn: Callable[[], list[RolloutRequest]]
+    requests_fn: RequestStream
 
 
 def make_task(
@@ -72,57 +40,21 @@ def make_task(
     temperature: float = 1.0,
     seed: int = 0,
     concurrency: int = 64,
-) -> Task:
-    """Task ``name`` (one of :data:`TASKS`) sampled through ``client`` (any ChatClient)."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; choose one of {TASKS}")
-
-    # digits scores the whole reply however long (a reply cut at max_tokens is the usual case,
-    # not a failure); capitals rejects cut replies as Ludic does (a -0.1 parse-error step)
-    reject_cut = name != "digits"
-
-    def protocol() -> SingleAgentSyncProtocol:
-        agent = Agent(client, FullDialog(), identity_parser, reject_incomplete_completions=reject_cut)
-        return SingleAgentSyncProtocol(agent)
-
-    if name == "digits":
-        envs: dict[str, Callable[[], Any]] = {"digits": DigitsEnv}
-        size = 1_000_000
-    else:
-        from ludic_lab.data import capital_verifier, load_capitals
-        from ludic_lab.envs import DatasetQAEnv
-
-        rows, verifier = load_capitals("train"), capital_verifier()
-        envs = {"capitals": lambda: DatasetQAEnv(rows, verifier=verifier, system_prompt=CAPITALS_SYSTEM_PROMPT)}
-        size = len(rows)
-    engine = RolloutEngine(envs, {"agent": protocol}, max_concurrency=concurrency)
+) -> BoundTask:
+    """Task ``name`` (one of :data:`TASKS`) sampled through ``client`` (any ChatClient):
+    ``prompts`` requests per call, env seeds from ``seed * 7919`` on (modulo the task's rows)."""
+    task = builtin_task(name, protocol_kind="agent")
     spec = InferenceSpec(SamplingConfig(temperature=temperature, max_tokens=max_tokens), ReturnSpec.for_training())
-    calls = [0]
-
-    def requests_fn() -> list[RolloutRequest]:
-        n = calls[0]
-        calls[0] += 1
-        return [
-            RolloutRequest(
-                env=EnvSpec(name),
-                protocol=ProtocolSpec("agent"),
-                env_seed=(seed * 7919 + n * prompts + i) % size,
-                inference=spec,
-            )
-            for i in range(prompts)
-        ]
-
-    return Task(name, engine, requests_fn)
+    requests = task.requests(per_step=prompts, seed=seed, inference=spec)
+    return BoundTask(name, task.engine(client, max_concurrency=concurrency), requests)
 
 
 def make_algo(name: str, *, max_tokens: int = 20) -> Any:
     """The ``RLAlgorithm`` preset ``name`` (``PRESETS`` key); the actor uses its credit
     assigner, the trainer its loss — both processes must name the same preset."""
-    from ludic_lab.training.algorithm import PRESETS
+    from ludic_lab.training.algorithm import make_preset
 
-    if name not in PRESETS:
-        raise ValueError(f"unknown algo {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name](max_tokens=max_tokens) if name == "dr_grpo" else PRESETS[name]()
+    return make_preset(name, max_tokens=max_tokens)
 
 
 class IdLog:
@@ -142,3 +74,15 @@ class IdLog:
 
     def close(self) -> None:
         self._f.close()
+
+
+__all__ = [
+    "CAPITALS_SYSTEM_PROMPT",
+    "TASKS",
+    "BoundTask",
+    "DigitsEnv",
+    "IdLog",
+    "digit_fraction",
+    "make_algo",
+    "make_task",
+]

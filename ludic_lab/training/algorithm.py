@@ -243,3 +243,16 @@ PRESETS: dict[str, Callable[..., RLAlgorithm]] = {
     "sft": make_sft,
 }
 """Preset name -> factory (``make_dr_grpo`` needs ``max_tokens=``)."""
+
+
+def make_preset(name: str, *, max_tokens: int | None = None) -> RLAlgorithm:
+    """The :data:`PRESETS` algorithm ``name`` with its defaults; ``max_tokens`` (the completion
+    budget) goes to the one preset that normalises by it (``dr_grpo``), which requires it.
+    An unknown name raises ``ValueError`` listing the presets."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown algorithm preset {name!r}; choose one of {', '.join(PRESETS)}")
+    if name != "dr_grpo":
+        return PRESETS[name]()
+    if max_tokens is None:
+        raise ValueError("the dr_grpo preset normalises by the completion budget: pass max_tokens=")
+    return PRESETS[name](max_tokens=max_tokens)

@@ -1,0 +1,127 @@
+"""``Task``: one home for what a run practises — the env, how an agent reads it, which
+requests each step, how to evaluate and what to count.
+
+A task holds no client: :meth:`Task.engine` binds it to a sampler (a ``ChatClient``), and
+:meth:`Task.requests` gives a fresh :class:`~ludic_lab.task.request_stream.RequestStream`
+over its rows. The demos, the recipes, the pipeline actor and
+:func:`~ludic_lab.env_training.train_env` all build their engines and request streams here,
+so a task is written once and trained, sampled in a pipeline or evaluated the same way.
+
+    task = Task("shout", ShoutEnv)                     # an env class or any factory
+    engine = task.engine(client)                       # env kind "shout", protocol "single_agent"
+    requests = task.requests(per_step=4, inference=spec)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ludic_lab.inference import InferenceSpec
+from ludic_lab.parsers import Parser, identity_parser
+from ludic_lab.rollouts.engine import RolloutEngine
+from ludic_lab.task.request_stream import RequestStream
+from ludic_lab.types import Rollout
+
+EvaluateFn = Callable[..., Awaitable[dict[str, Any]]]
+"""``await evaluate(client, **options) -> metrics``: a task's held-out evaluation."""
+StatsFn = Callable[[Sequence[Rollout]], dict[str, float]]
+"""``stats(rollouts) -> {name: value}``: what a task counts in a batch (e.g. tool calls)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task (see the module docstring); every field but ``name`` and ``env`` has a default."""
+
+    name: str
+    """The env's kind in the engine's registry (and the task's name in logs)."""
+    env: Callable[..., Any]
+    """The env factory: an env class or a callable returning a fresh env (``EnvSpec`` kwargs go to it)."""
+    parser: Parser = identity_parser
+    """How the agent reads a reply into the env's action (default: the whole reply)."""
+    size: int | None = None
+    """Rows of the task's dataset (env seed ``i``: row ``i``); ``None``: any seed is a new episode."""
+    shuffle: bool = False
+    """Request streams walk a seeded shuffle of the rows instead of consecutive ones."""
+    protocol_kind: str = "single_agent"
+    """The protocol's kind in the engine's registry."""
+    protocol: Callable[[Any], Any] | None = None
+    """``protocol(client)`` -> a fresh interaction protocol; default: one :class:`~ludic_lab.agents.Agent`
+    (:class:`~ludic_lab.context.FullDialog`, ``parser``) in a ``SingleAgentSyncProtocol``."""
+    reject_incomplete_completions: bool = True
+    """The default agent rejects a reply cut at ``max_tokens`` (a -0.1 parse-error step); False judges it."""
+    max_steps: int | None = None
+    """Turn limit of each request (``None``: the batch source's ``max_steps``)."""
+    evaluate: EvaluateFn | None = None
+    """Held-out evaluation: ``await task.evaluate(client, **options)`` (``None``: the task has none)."""
+    stats: StatsFn | None = None
+    """What to count over a batch's rollouts (``None``: nothing beyond the batch source's own)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Task.name must be a non-empty string (the env's registry kind), got {self.name!r}")
+        if not callable(self.env):
+            raise TypeError(f"Task.env must be an env class or factory, got {type(self.env).__name__}")
+        if not callable(self.parser):
+            raise TypeError("Task.parser must be a callable str -> ParseResult (e.g. identity_parser)")
+
+    def make_protocol(self, client: Any) -> Any:
+        """A fresh protocol sampling through ``client`` (one per episode)."""
+        if self.protocol is not None:
+            return self.protocol(client)
+        from ludic_lab.agents import Agent
+        from ludic_lab.context import FullDialog
+        from ludic_lab.interaction import SingleAgentSyncProtocol
+
+        agent = Agent(
+            client, FullDialog(), self.parser, reject_incomplete_completions=self.reject_incomplete_completions
+        )
+        return SingleAgentSyncProtocol(agent)
+
+    def engine(self, client: Any, *, max_concurrency: int = 64, **options: Any) -> RolloutEngine:
+        """A :class:`RolloutEngine` with env kind ``name`` and protocol kind ``protocol_kind``
+        sampling through ``client``; ``options`` go to the engine (``episode_timeout_s``, ...)."""
+        return RolloutEngine(
+            {self.name: self.env},
+            {self.protocol_kind: lambda: self.make_protocol(client)},
+            max_concurrency=max_concurrency,
+            **options,
+        )
+
+    def requests(
+        self, *, per_step: int = 8, seed: int = 0, inference: InferenceSpec | None = None, max_steps: int | None = None
+    ) -> RequestStream:
+        """A fresh stream of ``per_step`` logical requests per call over this task's rows
+        (``max_steps``: the task's own when not given)."""
+        return RequestStream(
+            self.name,
+            self.protocol_kind,
+            per_step=per_step,
+            size=self.size,
+            seed=seed,
+            shuffle=self.shuffle,
+            inference=inference,
+            max_steps=self.max_steps if max_steps is None else max_steps,
+        )
+
+
+def as_task(env_or_task: Any, *, name: str | None = None, parser: Parser | None = None) -> Task:
+    """``env_or_task`` as a :class:`Task`: a task as it is (``name`` / ``parser`` replacing its
+    own when given), an env class or factory wrapped in one named ``name`` (default: the class
+    or function name, lower case)."""
+    import dataclasses
+
+    if isinstance(env_or_task, Task):
+        changes: dict[str, Any] = {k: v for k, v in (("name", name), ("parser", parser)) if v is not None}
+        return dataclasses.replace(env_or_task, **changes) if changes else env_or_task
+    if not callable(env_or_task):
+        raise TypeError(
+            f"expected a Task, an env class or an env factory, got {type(env_or_task).__name__}; "
+            "pass the class itself (ShoutEnv), not an instance (ShoutEnv())"
+        )
+    kind = name or getattr(env_or_task, "__name__", "env").lower()
+    return Task(kind if kind != "<lambda>" else "env", env_or_task, parser=parser or identity_parser)
+
+
+__all__ = ["EvaluateFn", "StatsFn", "Task", "as_task"]
