@@ -50,15 +50,31 @@ def test_the_tour_runs_and_shows_a_group_with_signal_or_not() -> None:
         assert not info.get("parse_error") or (info.get("incomplete_completion") and r.total_reward == -0.1)
 
 
+SHORT_PATH_MAX_LINES = 15
+"""The own-env example (env class + one call), counted without blank lines."""
+
+
+def test_write_your_own_env_is_an_env_class_and_one_call() -> None:
+    short, _explicit = blocks_under("Write your own env and train it")
+    lines = [line for line in short.splitlines() if line.strip()]
+    assert len(lines) <= SHORT_PATH_MAX_LINES, f"{len(lines)} lines:\n{short}"
+    assert sum("train_env(" in line for line in lines) == 1 and lines[-1].startswith("run = train_env(")
+
+
 @pytest.mark.slow
 def test_write_your_own_env_and_train_it_runs() -> None:
-    (code,) = blocks_under("Write your own env and train it")
+    short, explicit = blocks_under("Write your own env and train it")
     ns: dict = {}
-    run_notebook_code(code, ns)
+    run_notebook_code(short, ns)  # the short path
+    run = ns["run"]
+    assert len(run.history) == 2 and all(math.isfinite(float(h["loss"])) for h in run.history)
+    assert run.client.policy_version == 2  # the trainer pushed its weights after each step
+    assert len(run.rollouts) == 16 and not any(r.failed for r in run.rollouts)
+    run_notebook_code(explicit, ns)  # the same run, piece by piece (ShoutEnv from the cell above)
     history = ns["history"]
     assert len(history) == 2
     assert all(math.isfinite(float(h["loss"])) for h in history)
-    assert ns["client"].policy_version == 2  # the trainer pushed its weights after each step
+    assert ns["client"].policy_version == 2
 
 
 @pytest.mark.slow

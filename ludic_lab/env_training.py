@@ -1,0 +1,220 @@
+"""The short path from an env to a trained policy: ``train_env(ShoutEnv, steps=20)``.
+
+One call builds what the explicit API composes by hand (README, "Write your own env and
+train it"): a :class:`~ludic_lab.task.Task` around the env (engine with one
+:class:`~ludic_lab.agents.Agent` per episode in a ``SingleAgentSyncProtocol``), its
+:class:`~ludic_lab.task.RequestStream`, GRPO groups (:class:`GRPORequestStrategy`), a
+:class:`RolloutBatchSource`, the algorithm preset, the :class:`Trainer` (LoRA) and the
+publisher that pushes each step's weights into the sampler — then trains. Every piece is a
+keyword argument that takes either a value (``model="default"``, ``algo="grpo"``,
+``config={"lr": 3e-4}``) or a ready-made part (a ``ChatClient``, an ``RLAlgorithm``, a
+``TrainerConfig``, a request stream, an engine, a batch source), so leaving the short path
+is replacing one argument, not rewriting the run.
+
+Why a function and a dataclass of parts, not a trainer subclass: TRL's
+``GRPOTrainer(model, reward_funcs, train_dataset)`` hides its parts inside one class; here
+the result, :class:`EnvTraining`, holds the very objects the explicit API builds (``client``,
+``engine``, ``source``, ``trainer``, ...), so a notebook goes on from it — ``run.rollouts``
+is the last batch's rollouts, ``await run.train(10)`` trains on, ``run.trainer`` is the one
+``Trainer``. :func:`build_env_training` builds without training; :func:`train_env_async`
+is the ``await``-able twin of :func:`train_env` (which runs anywhere, a Jupyter cell
+included, through ``run_sync``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ludic_lab.aio import run_sync
+from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
+from ludic_lab.parsers import Parser
+from ludic_lab.rollouts import GRPORequestStrategy, IdentityStrategy, RolloutBatchSource, RolloutEngine
+from ludic_lab.rollouts.strategies import RequestStrategy
+from ludic_lab.task.definition import Task, as_task
+from ludic_lab.types import Rollout
+
+DEFAULT_CONFIG: dict[str, Any] = {"lr": 1e-4, "lora_r": 8, "lora_alpha": 16}
+"""The short path's ``TrainerConfig`` fields (LoRA r=8, alpha 16; the sampling temperature and
+``seed`` are added); a ``config`` mapping updates them, a ``TrainerConfig`` replaces them."""
+
+
+@dataclass
+class EnvTraining:
+    """The parts of a short-path run, the same objects the explicit API builds by hand."""
+
+    task: Task
+    """The env, its parser and rows (:class:`~ludic_lab.task.Task`)."""
+    client: Any
+    """The sampler (a ``ChatClient``); the trainer pushes its weights here after every step."""
+    engine: RolloutEngine
+    """Runs the episodes (env kind ``task.name``, protocol kind ``task.protocol_kind``)."""
+    requests: Callable[[], Sequence[Any]]
+    """Fresh logical requests per step (a :class:`~ludic_lab.task.RequestStream` by default)."""
+    strategy: RequestStrategy
+    """Expands each request into a group (GRPO) or runs it as it is."""
+    source: Any
+    """The batch source (a :class:`RolloutBatchSource` by default)."""
+    algo: Any
+    """The ``RLAlgorithm``: its credit assigner is the source's, its loss the trainer's."""
+    trainer: Any
+    """The :class:`~ludic_lab.training.Trainer`."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Metrics of every step trained so far, one dict per step."""
+
+    @property
+    def rollouts(self) -> list[Rollout]:
+        """The rollouts of the last batch (failed ones included), as the source kept them."""
+        return list(getattr(self.source, "last_rollouts", []))
+
+    async def train(self, steps: int, *, progress: bool | str = True) -> list[dict[str, Any]]:
+        """Train ``steps`` more optimizer steps; returns their metrics (appended to ``history``)."""
+        new = await self.trainer.train(steps, progress=progress)
+        self.history.extend(new)
+        return new
+
+    def train_sync(self, steps: int, *, progress: bool | str = True) -> list[dict[str, Any]]:
+        """:meth:`train` from sync code (a script or a Jupyter cell alike)."""
+        return run_sync(self.train(steps, progress=progress))
+
+
+def build_env_training(
+    env: Any,
+    *,
+    model: Any = "default",
+    algo: Any = "grpo",
+    group_size: int = 4,
+    prompts_per_step: int = 4,
+    max_tokens: int = 64,
+    temperature: float = 1.0,
+    max_steps: int = 1,
+    seed: int = 0,
+    parser: Parser | None = None,
+    config: Any = None,
+    policy: Any = None,
+    requests: Callable[[], Sequence[Any]] | None = None,
+    strategy: RequestStrategy | None = None,
+    engine: RolloutEngine | None = None,
+    source: Any = None,
+    publisher: Any = None,
+    rewards: Sequence[Any] | None = None,
+    loggers: Sequence[Any] = (),
+    callbacks: Sequence[Callable[[int, dict[str, Any]], None]] = (),
+    check: bool = True,
+) -> EnvTraining:
+    """Build the parts of a run on ``env`` (a :class:`Task`, an env class or a factory)
+    without training; :func:`train_env` is this plus ``train``. Each step samples
+    ``prompts_per_step`` episodes (env seeds ``seed * 7919 + 0, 1, 2, ...``) ``group_size``
+    times each (1: no groups) at ``temperature`` with ``max_tokens`` per reply.
+
+    Values or parts: ``model`` a model name / folder (an in-process ``LocalChatClient``) or a
+    ``ChatClient``; ``algo`` a preset name (``ludic_lab.training.PRESETS``) or an
+    ``RLAlgorithm``; ``config`` a mapping over :data:`DEFAULT_CONFIG` or a ``TrainerConfig``;
+    ``policy`` the model to train (default: loaded from the sampler's folder); ``requests``,
+    ``strategy``, ``engine``, ``source``, ``publisher`` replace the parts built by default
+    (``publisher``: :func:`~ludic_lab.sampler.publisher_for` the client). ``rewards`` (judges,
+    group rewards) go to the batch source. ``check`` runs ``check_env`` on a fresh env first.
+    """
+    from ludic_lab.sampler import publisher_for
+    from ludic_lab.training import Trainer
+    from ludic_lab.training.algorithm import make_preset
+
+    task = as_task(env, parser=parser)
+    if check:
+        _check(task)
+    client = (
+        model if callable(getattr(model, "complete", None)) else _local_client(model, prompts_per_step * group_size)
+    )
+    algorithm = make_preset(algo, max_tokens=max_tokens) if isinstance(algo, str) else algo
+    engine = engine if engine is not None else task.engine(client)
+    if requests is None:
+        inference = InferenceSpec(
+            SamplingConfig(temperature=temperature, max_tokens=max_tokens), ReturnSpec.for_training()
+        )
+        requests = task.requests(per_step=prompts_per_step, seed=seed, inference=inference)
+    if strategy is None:
+        strategy = GRPORequestStrategy(group_size, seed=seed) if group_size > 1 else IdentityStrategy()
+    if source is None:
+        source = RolloutBatchSource(
+            engine, requests, algorithm.credit_assigner, request_strategy=strategy, max_steps=max_steps, rewards=rewards
+        )
+    if policy is None:
+        from transformers import AutoModelForCausalLM
+
+        policy = AutoModelForCausalLM.from_pretrained(_model_path(client))
+    trainer = Trainer(
+        policy,
+        algorithm,
+        source,
+        config=_trainer_config(config, temperature=temperature, seed=seed),
+        publisher=publisher if publisher is not None else publisher_for(client, policy),
+        loggers=loggers,
+        callbacks=callbacks,
+        pad_token_id=getattr(client, "pad_token_id", None),
+    )
+    return EnvTraining(task, client, engine, requests, strategy, source, algorithm, trainer)
+
+
+async def train_env_async(env: Any, *, steps: int = 10, progress: bool | str = True, **parts: Any) -> EnvTraining:
+    """``await`` twin of :func:`train_env`: build (:func:`build_env_training` takes ``parts``)
+    and train ``steps`` optimizer steps; returns the :class:`EnvTraining` (``history`` filled)."""
+    run = build_env_training(env, **parts)
+    await run.train(steps, progress=progress)
+    return run
+
+
+def train_env(env: Any, *, steps: int = 10, progress: bool | str = True, **parts: Any) -> EnvTraining:
+    """Train a policy on ``env`` in one call: ``run = train_env(ShoutEnv, steps=20)``.
+
+    ``env`` is an env class (or factory, or :class:`Task`); ``parts`` are
+    :func:`build_env_training`'s keywords, each a value or a ready-made part (module
+    docstring). Returns the :class:`EnvTraining`: ``run.history`` (metrics per step),
+    ``run.rollouts`` (the last batch), ``run.trainer``, ``run.client`` (the trained sampler).
+    Works in a script and in a Jupyter cell alike; in async code ``await train_env_async(...)``.
+    """
+    return run_sync(train_env_async(env, steps=steps, progress=progress, **parts))
+
+
+def _local_client(model: Any, batch: int) -> Any:
+    from ludic_lab.sampler import open_client
+
+    if not isinstance(model, str):
+        raise TypeError(
+            f"model must be a model name or folder (e.g. 'default') or a ChatClient, got {type(model).__name__}"
+        )
+    return open_client("local", model, max_batch_size=max(1, batch))
+
+
+def _model_path(client: Any) -> str:
+    path = getattr(client, "model_path", None) or getattr(client, "model", None)
+    if not path:
+        raise ValueError(
+            f"cannot tell which model folder {type(client).__name__} samples from; pass policy= (the model to train)"
+        )
+    return str(path)
+
+
+def _trainer_config(config: Any, *, temperature: float, seed: int) -> Any:
+    from ludic_lab.training import TrainerConfig
+
+    if isinstance(config, TrainerConfig):
+        return config
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"config must be a TrainerConfig or a mapping of its fields, got {type(config).__name__}")
+    return TrainerConfig(**{**DEFAULT_CONFIG, "scoring_temperature": temperature, "seed": seed, **(config or {})})
+
+
+def _check(task: Task) -> None:
+    """``check_env`` on a fresh env of ``task``: a clear error before any model loads if it does
+    not conform (sync single-agent envs; an ``async def`` env is checked by its first episode)."""
+    import inspect
+
+    from ludic_lab.envs import SingleAgentEnv, check_env
+
+    env = task.env()
+    if isinstance(env, SingleAgentEnv) and not inspect.iscoroutinefunction(env.env_reset):
+        check_env(env)
+
+
+__all__ = ["DEFAULT_CONFIG", "EnvTraining", "build_env_training", "train_env", "train_env_async"]
