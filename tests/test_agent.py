@@ -78,6 +78,23 @@ async def test_extension_keeps_sampled_non_canonical_ids(tpl):
     assert second.trace.prompt_token_ids[: len(first.trace.input_ids)] == first.trace.input_ids
     assert list(second.trace.prompt_token_ids) != tpl.render_ids(list(agent.client.requests[1].messages))
     assert raw_decode(tpl, second.trace.prompt_token_ids) == tpl.render_text(list(agent.client.requests[1].messages))
+    # ... and that difference from a fresh render is counted as a prefix break
+    assert "prefix_break" not in first.info and first.info["prefix_breaks"] == 0
+    assert second.info["prefix_break"] is True and second.info["prefix_breaks"] == 1
+
+
+async def test_canonical_extension_is_no_prefix_break_and_the_check_can_be_off(tpl):
+    agent = make_agent(["the answer is 5", "ok"], tpl)
+    start(agent)
+    await agent.act()
+    agent.on_after_step("next", {})
+    second = await agent.act()
+    assert second.info["prefix_break"] is False and second.info["prefix_breaks"] == 0
+    quiet = make_agent([Reply("the answer is 5", per_char=True), "ok"], tpl, check_prefix=False)
+    start(quiet)
+    await quiet.act()
+    quiet.on_after_step("next", {})
+    assert "prefix_break" not in (await quiet.act()).info
 
 
 async def test_extension_after_length_cut_completion_adds_end_of_turn(tpl):
@@ -105,6 +122,11 @@ async def test_rewritten_history_is_retokenized(tpl):
     assert second.info["prompt_source"] == "retokenized"
     assert req.messages[2]["content"] == "<think>…</think> 5"
     assert list(second.trace.prompt_token_ids) == tpl.render_ids(list(req.messages))
+    # the previous prompt's ids are kept and only the reply's reasoning span is rewritten
+    assert second.info["rewritten_reply"] is True
+    assert second.trace.prompt_token_ids[: len(agent.client.requests[0].prompt_token_ids)] == tuple(
+        agent.client.requests[0].prompt_token_ids
+    )
     # the reply "7" had no <think> block: the next prompt extends the retokenized one
     agent.on_after_step("again", {})
     third = await agent.act()

@@ -7,8 +7,12 @@ the model produced, so the next prompt is, whenever the context allows it,
     previous prompt ids + previous completion ids + ids of the new messages only
 
 (``prompt_source="extended"``): the trainer then scores exactly the tokens the sampler saw
-and produced. When the context rewrote history (e.g. trimmed ``<think>`` blocks) the prompt
-is rendered again (``"retokenized"``); the first turn is rendered ``"fresh"``.
+and produced. When the context hides the previous reply's reasoning (``TruncatedThinkingContext``)
+that reply's sampled ids are rewritten in place and the rest kept; any other rewrite of
+history renders the prompt again (both ``"retokenized"``); the first turn is rendered
+``"fresh"``. ``info["prefix_break"]`` says when the family's own template would render the
+same messages to other ids (Qwen3 drops earlier ``<think>`` blocks): the sampled ids are
+trained all the same, and the breaks are counted (:mod:`ludic_lab.agents.prompt_plan`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ludic_lab.agents.prompt_plan import LastTurn, PromptPlan, plan_prompt
 from ludic_lab.context.base import ContextStrategy
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.client import ChatClient
@@ -70,14 +75,6 @@ class ActResult:
         return self.parse_result.action is None
 
 
-@dataclass(frozen=True)
-class _LastTurn:
-    messages: tuple[Message, ...]
-    prompt_ids: tuple[int, ...] | None
-    completion_ids: tuple[int, ...] | None
-    text: str
-
-
 class Agent:
     """A stateful actor: one context (memory), one parser, a possibly shared client.
 
@@ -98,6 +95,11 @@ class Agent:
     in Ludic (``reject_incomplete_completions=True``): like a parse failure, the env is not
     stepped, the step gets ``incomplete_completion_penalty`` (-0.1) as its reward and
     ``incomplete_completion_feedback`` is fed back. ``False`` hands the cut reply to the parser.
+
+    With ``check_prefix`` (default) every later turn's prompt is also rendered fresh and
+    compared: ``info["prefix_break"]`` is True where the family's template would have shown
+    the model other ids than the sampled history (``info["prefix_breaks"]`` counts them per
+    step; batch statistics sum them). ``False`` saves that render.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class Agent:
         reject_incomplete_completions: bool = True,
         incomplete_completion_penalty: float = -0.1,
         incomplete_completion_feedback: str = INCOMPLETE_FEEDBACK,
+        check_prefix: bool = True,
     ) -> None:
         if not callable(getattr(client, "complete", None)):
             raise TypeError(f"client must implement ChatClient.complete(request), got {type(client).__name__}")
@@ -141,8 +144,10 @@ class Agent:
         self.reject_incomplete_completions = bool(reject_incomplete_completions)
         self.incomplete_completion_penalty = float(incomplete_completion_penalty)
         self.incomplete_completion_feedback = incomplete_completion_feedback
+        self.check_prefix = bool(check_prefix)
         self._turn = 0
-        self._last: _LastTurn | None = None
+        self._last: LastTurn | None = None
+        self._plan: PromptPlan | None = None
 
     # -- lifecycle (delegates to the context) ------------------------------------------------
     @property
@@ -160,6 +165,7 @@ class Agent:
         self.ctx.reset(system_prompt=system_prompt if system_prompt is not None else self._system_prompt)
         self._turn = 0
         self._last = None
+        self._plan = None
 
     def on_env_reset(self, obs: Observation, info: Info) -> None:
         """Feed the episode's first observation to the context."""
@@ -191,6 +197,7 @@ class Agent:
         prompt_ids, source = self._prompt_ids(messages)
         response, trace, info = await self._sample(messages, prompt_ids, source, inference, sampling_seed)
         self.ctx.on_after_act(response)
+        info["prefix_breaks"] = int(bool(info.get("prefix_break")))
         return ActResult(self._parse_final(response, info), response, trace, info, tuple(messages))
 
     async def _sample(
@@ -226,7 +233,7 @@ class Agent:
         trace: TokenTrace | None = None
         if response.prompt_token_ids is not None and response.completion_token_ids is not None:
             trace = TokenTrace.from_response(response, prompt_source=source)
-        self._last = _LastTurn(
+        self._last = LastTurn(
             messages=tuple(messages),
             prompt_ids=response.prompt_token_ids,
             completion_ids=response.completion_token_ids,
@@ -238,6 +245,11 @@ class Agent:
             "prompt_source": source,
             "finish_reason": response.finish_reason,
         }
+        plan, self._plan = self._plan, None
+        if plan is not None and plan.prefix_break is not None:
+            info["prefix_break"] = plan.prefix_break
+        if plan is not None and plan.rewritten_reply:
+            info["rewritten_reply"] = True
         if response.finish_reason == "length":
             info["incomplete_completion"] = True
         if client_info:
@@ -258,38 +270,18 @@ class Agent:
 
     # -- token-in bookkeeping ----------------------------------------------------------------
     def _prompt_ids(self, messages: list[Message]) -> tuple[list[int] | None, PromptSource]:
-        """Prompt ids for ``messages`` and how they were made (see the module docstring)."""
-        if self.renderer is not None:
-            return self._rendered_prompt_ids(messages)
-        tpl = self.chat_template
-        if tpl is None:
-            return None, "fresh"
-        tool_schemas = self._template_tools()
-        last = self._last
-        if last is None:
-            return tpl.render_ids(messages, tools=tool_schemas), "fresh"
-        new = _new_messages(last, messages)
-        if new is None or not last.prompt_ids or last.completion_ids is None:
-            return tpl.render_ids(messages, tools=tool_schemas), "retokenized"
-        ended_with_stop = bool(last.completion_ids) and last.completion_ids[-1] in tpl.stop_token_ids
-        cont = tpl.continuation_ids(
-            list(last.messages), new, completion_ended_with_stop=ended_with_stop, tools=tool_schemas
+        """Prompt ids for ``messages`` and how they were made (see the module docstring); the
+        plan's prefix check goes into the next call's info."""
+        self._plan = plan_prompt(
+            messages,
+            self._last,
+            renderer=self.renderer,
+            template=self.chat_template,
+            tools=self._template_tools(),
+            rewrite_reply=self.ctx.rewrite_reply,
+            check_prefix=self.check_prefix,
         )
-        return [*last.prompt_ids, *last.completion_ids, *cont], "extended"
-
-    def _rendered_prompt_ids(self, messages: list[Message]) -> tuple[list[int], PromptSource]:
-        """:meth:`_prompt_ids` through ``self.renderer``: its bridge extends the sampled ids."""
-        r = self.renderer
-        assert r is not None
-        tools = self._template_tools()
-        last = self._last
-        if last is None:
-            return r.render_ids(messages, tools=tools), "fresh"
-        new = _new_messages(last, messages)
-        if new is None or not last.prompt_ids or last.completion_ids is None:
-            return r.render_ids(messages, tools=tools), "retokenized"
-        bridge = r.bridge(list(last.prompt_ids), list(last.completion_ids), list(last.messages), new, tools=tools)
-        return bridge.ids, "extended"
+        return self._plan.ids, self._plan.source
 
     def _template_tools(self) -> list[dict[str, Any]] | None:
         """Tool schemas the chat template renders into prompts (``None``: none)."""
@@ -322,15 +314,3 @@ def _family_renderer(template: ChatTemplate | None) -> Renderer | None:
 
     renderer = renderer_of(template)
     return None if isinstance(renderer, TemplateRenderer) else renderer
-
-
-def _new_messages(last: _LastTurn, messages: Sequence[Message]) -> list[Message] | None:
-    """Messages appended after the previous prompt + its exact reply, or ``None`` if the
-    context rewrote anything before them."""
-    n = len(last.messages)
-    if len(messages) < n + 1 or tuple(messages[:n]) != last.messages:
-        return None
-    reply = messages[n]
-    if reply.get("role") != "assistant" or reply.get("content") != last.text:
-        return None
-    return list(messages[n + 1 :])

@@ -162,11 +162,12 @@ class ToolAgent(Agent):
         traces: list[TokenTrace | None] = []
         records: list[ToolResult] = []
         flags: Info = {}
-        turn = 0
+        turn = breaks = 0
         while True:
             response, trace, info = await self._sample(messages, prompt_ids, source, inference, sampling_seed)
             self.ctx.on_after_act(response)
             traces.append(trace)
+            breaks += int(bool(info.get("prefix_break")))
             scan = self._scan(response)
             if not isinstance(scan, ToolCallScan):
                 raise TypeError(f"tool_call_parser must return a ToolCallScan, got {type(scan).__name__}")
@@ -214,7 +215,7 @@ class ToolAgent(Agent):
         penalty = self.tool_error_penalty * n_failed
         if penalty:
             parse_result = ParseResult(parse_result.action, float(parse_result.reward) + penalty, parse_result.obs)
-        info = {**info, **flags}
+        info = {**info, **flags, "prefix_breaks": breaks}
         info["tools"] = tool_summary(records, model_turns=len(traces), penalty=penalty)
         info["tool_calls"] = [r.to_info() for r in records]
         return ActResult(parse_result, response, merge_traces(traces), info, first_messages)

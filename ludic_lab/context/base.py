@@ -79,6 +79,15 @@ class ContextStrategy(ABC):
     def on_after_step(self, obs: Observation | None, info: Info) -> None:
         """Record the observation that follows a step (env's, or a parser's feedback)."""
 
+    def rewrite_reply(self, text: str) -> str:
+        """How a previous reply (its exact text) appears in this strategy's later prompts.
+
+        The identity by default. A strategy that shows replies differently (hides their
+        reasoning) returns the shown text here, so the agent rewrites only that span of the
+        sampled ids instead of re-rendering the conversation.
+        """
+        return text
+
     def on_tool_result(self, message: Message) -> None:
         """Record a ``role="tool"`` message (a tool's result after the reply that called it).
 

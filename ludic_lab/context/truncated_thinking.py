@@ -25,9 +25,12 @@ class TruncatedThinkingContext(FullDialog):
     """Like :class:`FullDialog`, but prompts show previous replies' reasoning as a placeholder.
 
     ``messages`` keeps every reply verbatim; only the list returned by ``on_before_act`` is
-    rewritten. Because the prompt then no longer extends the previous one, the agent
-    re-renders it (``TokenTrace.prompt_source == "retokenized"``) whenever a previous reply
-    had a ``<think>`` block.
+    rewritten (:meth:`rewrite_reply`). The agent then keeps the previous prompt's ids and the
+    reply's sampled ids outside its reasoning, replacing only the reasoning with the
+    placeholder's ids; the prompt no longer extends the sampled stream, so its trace says
+    ``prompt_source == "retokenized"`` (a new training chain starts) whenever a previous reply
+    had a ``<think>`` block. The reply's own trace keeps its reasoning: it was sampled and is
+    trained on.
     """
 
     def __init__(
@@ -40,11 +43,14 @@ class TruncatedThinkingContext(FullDialog):
         super().__init__(system_prompt, examples=examples)
         self.placeholder = placeholder
 
+    def rewrite_reply(self, text: str) -> str:
+        return truncate_thinking(text, self.placeholder)
+
     def on_before_act(self) -> list[Message]:
         out: list[Message] = []
         for m in self._messages:
             m = dict(m)
             if m.get("role") == "assistant" and isinstance(m.get("content"), str):
-                m["content"] = truncate_thinking(m["content"], self.placeholder)
+                m["content"] = self.rewrite_reply(m["content"])
             out.append(m)
         return out

@@ -31,11 +31,19 @@ def _rate(steps: Sequence[Any], flag: str) -> float:
     return sum(bool(s.info.get(flag)) for s in steps) / len(steps) if steps else _NAN
 
 
+def _prefix_breaks(info: Mapping[str, Any]) -> int:
+    agent = info.get("agent")
+    return int(agent.get("prefix_breaks") or 0) if isinstance(agent, Mapping) else 0
+
+
 def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     """Counts, total-reward summary (non-failed rollouts, finite totals; std with ddof=0)
     and, over the agent turns of every rollout (observation-only steps left out), the rates
-    of parse errors and of completions cut at ``max_tokens``; ``failed/<cause>`` counts the
-    failed rollouts by ``meta["failure_cause"]`` (:func:`ludic_lab.failures.failure_counts`)."""
+    of parse errors and of completions cut at ``max_tokens``; ``prefix_breaks`` sums the
+    model calls whose sampled history the family's template would have rendered otherwise
+    (the agent's ``info["prefix_breaks"]``: Qwen3 dropping earlier reasoning, a re-tokenised
+    reply); ``failed/<cause>`` counts the failed rollouts by ``meta["failure_cause"]``
+    (:func:`ludic_lab.failures.failure_counts`)."""
     ok = [r.total_reward for r in rollouts if not r.failed]
     finite = [x for x in ok if math.isfinite(x)]
     steps = [s for r in rollouts for s in r.steps]
@@ -51,6 +59,7 @@ def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
         "reward_max": max(finite) if finite else _NAN,
         "parse_error_rate": _rate(turns, "parse_error"),
         "incomplete_completion_rate": _rate(turns, "incomplete_completion"),
+        "prefix_breaks": sum(_prefix_breaks(s.info) for s in turns),
         **failure_counts(rollouts),
     }
 

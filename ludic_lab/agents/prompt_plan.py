@@ -1,0 +1,128 @@
+"""The next prompt's ids of an :class:`~ludic_lab.agents.Agent`, and how they were made.
+
+Whenever the context allows it, the next prompt is the previous prompt ids, the ids the model
+sampled, then the new messages as the renderer (or chat template) glues them on
+(``"extended"``): nothing sampled is re-tokenised. Two ways history changes are handled:
+
+- **the context shows the previous reply differently** (``TruncatedThinkingContext`` hides its
+  reasoning; :meth:`~ludic_lab.context.base.ContextStrategy.rewrite_reply` says how): the
+  previous prompt ids are kept and the reply's sampled ids are rewritten in place
+  (:func:`~ludic_lab.rendering.edit.rewrite_ids`: only the hidden span is replaced), then the
+  bridge glues the new messages on. The prompt no longer extends the sampled stream
+  (``"retokenized"``: a new training chain starts), but every id it holds was sent as is.
+  Any other rewrite renders the messages again (``"retokenized"``).
+- **the family's template rewrites history** (Qwen3 drops earlier ``<think>`` blocks): the
+  bridge keeps the sampled ids all the same, so the ids trained are the ids sampled;
+  ``prefix_break`` records that a fresh render of the same messages differs from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ludic_lab.inference.chat_template import ChatTemplate
+from ludic_lab.rendering.base import Renderer
+from ludic_lab.rendering.edit import rewrite_ids
+from ludic_lab.types import Message, PromptSource
+
+
+@dataclass(frozen=True)
+class LastTurn:
+    """The previous model call: the messages it answered, its prompt and completion ids, its text."""
+
+    messages: tuple[Message, ...]
+    prompt_ids: tuple[int, ...] | None
+    completion_ids: tuple[int, ...] | None
+    text: str
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """``ids`` to send (``None``: no template, send messages), ``source`` as in
+    :class:`~ludic_lab.types.TokenTrace`; ``prefix_break`` is True when the family's template
+    renders the same messages to other ids (it rewrites history, or re-tokenises a sampled
+    reply differently), ``None`` when not checked; ``rewritten_reply`` when the previous
+    reply's ids were rewritten for the context (its reasoning hidden)."""
+
+    ids: list[int] | None
+    source: PromptSource
+    prefix_break: bool | None = None
+    rewritten_reply: bool = False
+
+
+def plan_prompt(
+    messages: Sequence[Message],
+    last: LastTurn | None,
+    *,
+    renderer: Renderer | None,
+    template: ChatTemplate | None,
+    tools: list[dict[str, Any]] | None,
+    rewrite_reply: Callable[[str], str] | None = None,
+    check_prefix: bool = True,
+) -> PromptPlan:
+    """The :class:`PromptPlan` of ``messages`` after ``last`` (see the module docstring)."""
+    msgs = list(messages)
+    if renderer is None and template is None:
+        return PromptPlan(None, "fresh")
+
+    def render() -> list[int]:
+        if renderer is not None:
+            return renderer.render_ids(msgs, tools=tools)
+        assert template is not None
+        return template.render_ids(msgs, tools=tools)
+
+    if last is None:
+        return PromptPlan(render(), "fresh")
+    n = len(last.messages)
+    if (
+        not last.prompt_ids
+        or last.completion_ids is None
+        or len(msgs) < n + 1
+        or tuple(msgs[:n]) != last.messages
+        or msgs[n].get("role") != "assistant"
+    ):
+        return PromptPlan(render(), "retokenized")
+    completion: list[int] | None = list(last.completion_ids)
+    shown = msgs[n].get("content")
+    rewritten = shown != last.text
+    if rewritten:
+        tok = _tokenizer(renderer, template)
+        if rewrite_reply is None or tok is None or shown != rewrite_reply(last.text):
+            return PromptPlan(render(), "retokenized")
+        completion = rewrite_ids(tok, last.completion_ids, rewrite_reply)
+        if completion is None:
+            return PromptPlan(render(), "retokenized")
+    assert completion is not None
+    ids = _bridge(list(last.prompt_ids), completion, list(last.messages), msgs[n + 1 :], renderer, template, tools)
+    prefix_break = render() != ids if check_prefix else None
+    return PromptPlan(ids, "retokenized" if rewritten else "extended", prefix_break, rewritten)
+
+
+def _bridge(
+    prompt: list[int],
+    completion: list[int],
+    history: list[Message],
+    new: list[Message],
+    renderer: Renderer | None,
+    template: ChatTemplate | None,
+    tools: list[dict[str, Any]] | None,
+) -> list[int]:
+    if renderer is not None:
+        return renderer.bridge(prompt, completion, history, new, tools=tools).ids
+    assert template is not None
+    ended = bool(completion) and completion[-1] in template.stop_token_ids
+    cont = template.continuation_ids(history, new, completion_ended_with_stop=ended, tools=tools)
+    return [*prompt, *completion, *cont]
+
+
+def _tokenizer(renderer: Renderer | None, template: ChatTemplate | None) -> Any:
+    """A tokenizer with ``decode``/``encode`` over the ids the prompt is made of (or None)."""
+    if renderer is not None:
+        tpl = getattr(renderer, "template", None)
+        if isinstance(tpl, ChatTemplate):
+            return tpl.tokenizer
+        tok = getattr(renderer, "tokenizer", None)
+        return tok if callable(getattr(tok, "encode", None)) and callable(getattr(tok, "decode", None)) else None
+    return template.tokenizer if template is not None else None
