@@ -6,7 +6,8 @@
 so credit assigners leave it out instead of counting a 0. ``RolloutBatchSource(...,
 rewards=[...])`` applies them to every batch. Model judges live in :mod:`ludic_lab.judges`;
 :class:`MajorityVoteReward` and :class:`DiversityBonus` are group rewards without a model;
-:class:`SoftOverlongPenalty` is DAPO's soft overlong punishment.
+:class:`SoftOverlongPenalty` is DAPO's soft overlong punishment. A group reward's
+``score_group`` receives a :class:`RolloutGroup` (a sequence of the group's rollouts).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ludic_lab.rewards.base import (
 from ludic_lab.rewards.group import DiversityBonus, MajorityVoteReward, normalise_answer
 from ludic_lab.rewards.overlong import SoftOverlongPenalty, soft_overlong_penalty
 from ludic_lab.rewards.text import rollout_answer, rollout_parsed_answer, rollout_prompt
+from ludic_lab.rollout_group import RolloutGroup
 
 __all__ = [
     "FAILURE_CAUSE",
@@ -33,6 +35,7 @@ __all__ = [
     "Reward",
     "RewardContractError",
     "RewardResult",
+    "RolloutGroup",
     "RolloutReward",
     "SoftOverlongPenalty",
     "apply_rewards",

@@ -5,8 +5,9 @@ Contract:
 - failed rollouts (``rollout.error`` set) and rollouts without steps are passed through
   untouched and never shown to a reward;
 - every :class:`~ludic_lab.rewards.base.RolloutReward` is called once with all usable
-  rollouts; every :class:`~ludic_lab.rewards.base.GroupReward` once per group (same
-  ``(group_id, agent_id)``; no ``group_id``: a group of one); all calls run concurrently
+  rollouts; every :class:`~ludic_lab.rewards.base.GroupReward` once per group (a
+  :class:`~ludic_lab.rollout_group.RolloutGroup`: same ``(group_id, agent_id)``; no
+  ``group_id``: a group of one); all calls run concurrently
   (``asyncio.gather``), so the judge calls of a batch reach a batching client together;
 - a score is added to the rollout's **last** step: ``step.reward += weight * score``, and
   ``step.info["rewards"][name] = score`` (unweighted), ``step.info["reward_weights"][name]
@@ -41,6 +42,7 @@ from dataclasses import replace
 from typing import Any
 
 from ludic_lab.rewards.base import GroupReward, RewardContractError, RewardResult, RolloutReward
+from ludic_lab.rollout_group import group_rollouts
 from ludic_lab.types import Rollout, Step
 
 FAILURE_CAUSE = "judge_failure"
@@ -86,21 +88,6 @@ def check_rewards(rewards: Sequence[Any]) -> list[tuple[Any, str]]:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise RewardContractError(f"reward {name!r}: weight must be a finite float, got {weight!r}")
         out.append((rw, kind))
-    return out
-
-
-def _groups(rollouts: Sequence[Rollout]) -> list[list[Rollout]]:
-    by_key: dict[tuple[str, str], list[Rollout]] = {}
-    out: list[list[Rollout]] = []
-    for r in rollouts:
-        if r.group_id is None:
-            out.append([r])
-            continue
-        key = (r.group_id, r.agent_id)
-        if key not in by_key:
-            by_key[key] = []
-            out.append(by_key[key])
-        by_key[key].append(r)
     return out
 
 
@@ -202,10 +189,10 @@ async def apply_rewards(
         return list(rollouts), {}
     t_start = time.perf_counter()
     usable = [r for r in rollouts if not r.failed and r.steps]
-    calls: list[tuple[Any, list[Rollout]]] = []
+    calls: list[tuple[Any, Sequence[Rollout]]] = []
     for rw, kind in checked:
         if kind == "group":
-            calls.extend((rw, g) for g in _groups(usable))
+            calls.extend((rw, g) for g in group_rollouts(usable))
         elif usable:
             calls.append((rw, usable))
     kinds = {id(rw): kind for rw, kind in checked}

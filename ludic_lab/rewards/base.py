@@ -101,7 +101,9 @@ class GroupReward(Protocol):
     """A reward that sees a whole group (same ``(group_id, agent_id)``) at once.
 
     ``score_group(group)`` returns one :class:`RewardResult` per member, in order. Called
-    once per group; rollouts without a ``group_id`` form groups of one.
+    once per group with a :class:`~ludic_lab.rollout_group.RolloutGroup` (a sequence of its
+    members, with ``group_id``, ``agent_id`` and ``rewards``); rollouts without a
+    ``group_id`` form groups of one.
     """
 
     name: str

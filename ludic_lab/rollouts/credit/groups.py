@@ -24,32 +24,19 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from ludic_lab.rollout_group import GroupKey, RolloutGroup
 from ludic_lab.rollouts.credit.base import CreditAssignmentError
 from ludic_lab.types import Rollout
 
-GroupKey = tuple[str, str]
-"""``(group_id, agent_id)``."""
-
-
-@dataclass(frozen=True)
-class Group:
-    """The usable members of one group and how many rollouts it nominally had."""
-
-    key: GroupKey
-    members: tuple[Rollout, ...]
-    nominal_size: int
-
-    @property
-    def rewards(self) -> list[float]:
-        """Total reward of each usable member, in member order."""
-        return [r.total_reward for r in self.members]
+Group = RolloutGroup
+"""The usable members of one group and how many rollouts it nominally had: the
+:class:`~ludic_lab.rollout_group.RolloutGroup` that group rewards see too."""
 
 
 def collect_groups(
     rollouts: Sequence[Rollout], usable: Sequence[Rollout], *, owner: str, allow_uneven: bool
-) -> list[Group]:
+) -> list[RolloutGroup]:
     """Group the ``usable`` rollouts by ``(group_id, agent_id)`` and run the checks above.
 
     ``rollouts`` is the full input (for nominal sizes); groups come out in first-seen order.
@@ -72,7 +59,7 @@ def collect_groups(
     members: dict[GroupKey, list[Rollout]] = {}
     for r in usable:
         members.setdefault((r.group_id, r.agent_id), []).append(r)  # type: ignore[arg-type]  # group ids checked above
-    groups = [Group(k, tuple(m), plays[k[0]]) for k, m in members.items()]
+    groups = [RolloutGroup(k, tuple(m), plays[k[0]]) for k, m in members.items()]
 
     lonely = [g.key for g in groups if g.nominal_size == 1]
     if lonely:
