@@ -229,7 +229,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, dict[str, dict[str, float]]]
         return {}
     from ludic_lab.inference.launch.server import start_vllm_server
     from ludic_lab.inference.models import resolve_model, tiny_model_path
-    from ludic_lab.inference.vllm_client import VLLMChatClient
+    from ludic_lab.inference.vllm.client.client import VLLMChatClient
 
     path = tiny_model_path() if args.model == "tiny" else resolve_model(args.model)
     server = start_vllm_server(

@@ -47,7 +47,7 @@ async def run_arm(name: str, args: argparse.Namespace, dynamic: bool) -> dict[st
     from ludic_lab.demo import DemoConfig, _evaluate
     from ludic_lab.demos.preflight import build_algorithm
     from ludic_lab.distributed import ClientPublisher
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
     from ludic_lab.rollouts import DynamicSampling, GRPORequestStrategy, RolloutBatchSource
     from ludic_lab.task.capitals import capitals_task

@@ -36,7 +36,7 @@ CONFIGS = ("new", "gqa", "old")
 
 def configure(client: Any, name: str, base_attention: str) -> None:
     """Put ``client`` on configuration ``name`` (between runs: no row is live)."""
-    from ludic_lab.inference.grouped_attention import GROUPED_IMPLEMENTATIONS
+    from ludic_lab.inference.local.grouped_attention import GROUPED_IMPLEMENTATIONS
 
     client.kv_cache = "slab" if name == "new" else "dynamic"
     client.shared_prefix_prefill = name == "new"
@@ -50,7 +50,7 @@ async def main_async(args: argparse.Namespace) -> None:
     from agent_throughput import generated_tokens, run_workload, tokens_digest
 
     from ludic_lab.inference import LocalChatClient
-    from ludic_lab.inference.grouped_attention import GROUPED_IMPLEMENTATIONS
+    from ludic_lab.inference.local.grouped_attention import GROUPED_IMPLEMENTATIONS
     from ludic_lab.inference.models import resolve_model, tiny_model_path
 
     path = tiny_model_path() if args.model == "tiny" else resolve_model(args.model)

@@ -6,8 +6,8 @@ of the rows left-padded), then times ``--steps`` decode steps under each configu
 
   old   transformers' ``DynamicCache`` (a ``torch.cat`` of every layer's cache per step) and
         the model's own attention (KV heads copied per query head: ``repeat_kv``)
-  gqa   ``DynamicCache`` and grouped-query attention (``inference/grouped_attention.py``)
-  new   in-place KV buffers (``inference/kv_slab.py``) and grouped-query attention
+  gqa   ``DynamicCache`` and grouped-query attention (``inference/local/grouped_attention.py``)
+  new   in-place KV buffers (``inference/local/kv_slab.py``) and grouped-query attention
 
 ``--model smollm2-shape`` builds a randomly initialised model of SmolLM2-135M's shape
 (30 layers, 9 query / 3 KV heads of 64, vocab 49152) without any download, so the step can be
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ludic_lab.inference.grouped_attention import GROUPED_IMPLEMENTATIONS, use_grouped_attention
-from ludic_lab.inference.kv_slab import SlabCache
+from ludic_lab.inference.local.grouped_attention import GROUPED_IMPLEMENTATIONS, use_grouped_attention
+from ludic_lab.inference.local.kv_slab import SlabCache
 
 
 def load(name: str, dtype: torch.dtype) -> Any:

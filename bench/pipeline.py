@@ -58,7 +58,7 @@ def _load(a: argparse.Namespace) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     client = LocalChatClient(a.model, max_batch_size=a.prompts * a.group_size)
     policy = AutoModelForCausalLM.from_pretrained(client.model_path, dtype=torch.float32)

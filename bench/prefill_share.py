@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig
 
 

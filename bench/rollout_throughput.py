@@ -215,7 +215,7 @@ def vllm_rows(args, prompts, data, stop_ids) -> None:
     from ludic_lab.envs import DatasetQAEnv
     from ludic_lab.inference.launch.server import start_vllm_server
     from ludic_lab.inference.models import resolve_model
-    from ludic_lab.inference.vllm_client import VLLMChatClient
+    from ludic_lab.inference.vllm.client.client import VLLMChatClient
     from ludic_lab.interaction import SingleAgentSyncProtocol
     from ludic_lab.parsers import identity_parser
     from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine

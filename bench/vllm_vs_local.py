@@ -60,7 +60,7 @@ def main() -> None:
     from ludic_lab.inference import LocalChatClient
     from ludic_lab.inference.launch.server import start_vllm_server
     from ludic_lab.inference.models import resolve_model
-    from ludic_lab.inference.vllm_client import VLLMChatClient
+    from ludic_lab.inference.vllm.client.client import VLLMChatClient
 
     path = resolve_model(args.model)
     n, mt = args.concurrency, args.max_tokens

@@ -114,7 +114,7 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
     from ludic_lab.data import capital_verifier, load_capitals
     from ludic_lab.distributed import ClientPublisher
     from ludic_lab.envs import DatasetQAEnv
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
     from ludic_lab.interaction import SingleAgentSyncProtocol
     from ludic_lab.parsers import identity_parser

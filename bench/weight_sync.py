@@ -75,7 +75,7 @@ def measure(path: str, label: str, dtype: str, repeats: int, fractions: tuple[fl
     from transformers import AutoModelForCausalLM
 
     from ludic_lab.inference.launch.server import start_vllm_server
-    from ludic_lab.inference.vllm_client import VLLMChatClient
+    from ludic_lab.inference.vllm.client.client import VLLMChatClient
 
     tdtype = getattr(torch, dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

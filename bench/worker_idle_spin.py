@@ -43,7 +43,7 @@ def main() -> None:
     from ludic_lab.inference.launch.server import start_vllm_server
     from ludic_lab.inference.models import default_model_path
     from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig
-    from ludic_lab.inference.vllm_client import VLLMChatClient
+    from ludic_lab.inference.vllm.client.client import VLLMChatClient
 
     path = args.model or default_model_path()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

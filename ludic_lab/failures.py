@@ -40,7 +40,7 @@ FAILURE_CAUSES = (
 )
 """Every cause :func:`classify_failure` returns; ``failed/<cause>`` is always in batch stats."""
 
-_CLIENT_MODULES = ("httpx", "httpcore", "aiohttp", "openai", "ludic_lab.inference.vllm_http")
+_CLIENT_MODULES = ("httpx", "httpcore", "aiohttp", "openai", "ludic_lab.inference.vllm.client.http")
 
 
 def _chain(exc: BaseException | None) -> Iterator[BaseException]:

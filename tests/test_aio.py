@@ -260,7 +260,7 @@ def test_from_many_threads_at_once():
 # -- the engine's sync façade over a real LocalChatClient -----------------------------------
 @pytest.fixture(scope="module")
 def tiny_client(tiny_model_dir):
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     return LocalChatClient(tiny_model_dir, max_batch_size=8)
 

@@ -12,7 +12,7 @@ import torch
 from trainer_helpers import ListBatchSource, digits_source, load_model, max_abs_diff, params_of, random_items
 
 from ludic_lab.distributed import ClientPublisher
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.rollouts.credit import (
     ConstantCredit,
     GroupNormalizedReturn,

@@ -116,7 +116,7 @@ def scripted(text_of_seed: Callable[[int | None], str]) -> ScriptedChatClient:
 
 @pytest.fixture(scope="module")
 def tiny_client(tiny_model_dir):
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     return LocalChatClient(tiny_model_dir)
 

@@ -334,7 +334,7 @@ def test_cli_demo_sampling_ahead_on_tiny_model(tmp_path, tiny_model_dir):
     assert summary["config"]["trainer"]["async_level"] == 1
 
     from ludic_lab.demo import DemoConfig, _split_threads
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
     from ludic_lab.training.config import TrainerConfig
 
     client, n = LocalChatClient(tiny_model_dir), torch.get_num_threads()

@@ -15,8 +15,8 @@ import pytest
 import torch
 from test_local_client import assert_exact, random_ids, req
 
-from ludic_lab.inference.local_client import LocalChatClient
-from ludic_lab.inference.prefix_cache import PrefixCache
+from ludic_lab.inference.local.client import LocalChatClient
+from ludic_lab.inference.local.prefix_cache import PrefixCache
 
 
 @pytest.fixture(scope="module", autouse=True)

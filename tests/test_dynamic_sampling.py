@@ -186,7 +186,7 @@ def test_trains_with_make_dapo_on_the_tiny_model(tiny_model_dir: str) -> None:
     """End to end: the tiny model samples digits, DAPO trains on a dynamically filled batch."""
     from trainer_helpers import digits_source, load_model
 
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
     from ludic_lab.training.algorithm import make_dapo
     from ludic_lab.training.config import TrainerConfig
     from ludic_lab.training.trainer import Trainer

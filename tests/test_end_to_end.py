@@ -34,7 +34,7 @@ from ludic_lab.context import FullDialog
 from ludic_lab.data import load_math_word_problems
 from ludic_lab.envs import DatasetQAEnv, TicTacToeEnv, TicTacToeMultiAgentEnv
 from ludic_lab.envs.tic_tac_toe import index_to_coord
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser

@@ -39,7 +39,7 @@ from trainer_helpers import load_model
 
 from ludic_lab.distributed import ClientPublisher
 from ludic_lab.endpoint import OpenAIEndpoint
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.interaction import AgentProgramProtocol
 from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource, RolloutEngine
 from ludic_lab.training.algorithm import make_grpo

@@ -21,7 +21,7 @@ from trainer_helpers import trainer_vs_behaviour
 
 from ludic_lab.distributed import ClientPublisher
 from ludic_lab.endpoint import OpenAIEndpoint
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
 from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.training import Trainer, TrainerConfig, make_grpo
@@ -128,7 +128,7 @@ async def test_the_same_program_through_the_bundled_vllm_server_records_exact_tr
     from transformers import AutoModelForCausalLM
     from vllm_helpers import restore_original_weights, shared_vllm_server
 
-    from ludic_lab.inference.vllm_client import VLLMChatClient
+    from ludic_lab.inference.vllm.client.client import VLLMChatClient
 
     server = shared_vllm_server(tiny_model_dir)
     restore_original_weights(server)

@@ -296,7 +296,7 @@ async def test_empty_evaluation():
 # -- tiny model, end to end --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_client(tiny_model_dir: str) -> Any:
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     return LocalChatClient(tiny_model_dir)
 

@@ -110,7 +110,7 @@ async def test_protocol_returning_nonsense_is_a_protocol_error() -> None:
 
 
 async def test_dead_inference_server_is_a_client_error(tiny_model_dir, free_port) -> None:
-    from ludic_lab.inference.vllm_client import VLLMChatClient
+    from ludic_lab.inference.vllm.client.client import VLLMChatClient
 
     client = VLLMChatClient(
         tiny_model_dir, api_base=f"http://127.0.0.1:{free_port}/v1", max_retries=1, backoff_s=0.01, connect_timeout_s=1

@@ -36,7 +36,7 @@ LOGPROB_TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def local_client(gemma3_model_dir: str) -> Any:
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     return LocalChatClient(gemma3_model_dir, dtype="float32")
 

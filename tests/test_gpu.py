@@ -22,7 +22,7 @@ from trainer_helpers import ListBatchSource, digits_source, load_model, max_abs_
 
 from ludic_lab.aio import run_sync
 from ludic_lab.distributed import ClientPublisher
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig
 from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.training.algorithm import make_grpo

@@ -425,7 +425,7 @@ def test_trace_collector_indexes_delivers_and_extracts():
 
 @pytest.fixture(scope="module")
 def tiny_client(request, tmp_path_factory):
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
     from ludic_lab.inference.models import tiny_model_path
 
     try:

@@ -305,7 +305,7 @@ async def test_majority_vote_and_diversity_compose_with_grpo() -> None:
 # -- a real model as the judge -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_judge_client(tiny_model_dir):
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     return LocalChatClient(tiny_model_dir)
 
@@ -418,7 +418,7 @@ def verdict_server(tiny_model_dir):
 
 
 async def test_vllm_client_as_judge(tiny_model_dir, verdict_server) -> None:
-    from ludic_lab.inference.vllm_client import VLLMChatClient
+    from ludic_lab.inference.vllm.client.client import VLLMChatClient
 
     api_base, bodies = verdict_server
     client = VLLMChatClient(tiny_model_dir, api_base=api_base, max_retries=0, connect_timeout_s=2.0)
@@ -433,7 +433,7 @@ async def test_vllm_client_as_judge(tiny_model_dir, verdict_server) -> None:
 @pytest.mark.slow
 async def test_smollm2_as_a_per_criterion_judge(default_model_dir) -> None:
     """The embedded model as judge, one question per criterion: readable verdicts or recorded failures."""
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     client = LocalChatClient(default_model_dir)
     rubric = Rubric((Criterion("on_topic", "The answer explains why the sky is blue."),))

@@ -1,5 +1,5 @@
-"""The sampler's in-place KV cache (``inference/kv_slab.py``) and grouped-query attention
-(``inference/grouped_attention.py``): the same numbers as transformers' ``DynamicCache`` and
+"""The sampler's in-place KV cache (``inference/local/kv_slab.py``) and grouped-query attention
+(``inference/local/grouped_attention.py``): the same numbers as transformers' ``DynamicCache`` and
 the model's own attention through prefill, decode, reallocation, rows leaving and joining and
 leading columns dropped; training calls untouched; a client on the new path samples the same
 tokens as one on the old path, with behaviour logprobs exact against the plain model."""
@@ -14,9 +14,9 @@ import pytest
 import torch
 from test_local_client import TOL, random_ids, reference_logprobs, req
 
-from ludic_lab.inference.grouped_attention import grouped_attention_forward
-from ludic_lab.inference.kv_slab import SlabCache
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
+from ludic_lab.inference.local.grouped_attention import grouped_attention_forward
+from ludic_lab.inference.local.kv_slab import SlabCache
 
 
 @pytest.fixture(scope="module", autouse=True)

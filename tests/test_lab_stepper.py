@@ -79,7 +79,7 @@ def assert_same_rollout(a: Rollout, b: Rollout) -> None:
 # -- against the protocol, with the tiny model ------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_client(tiny_model_dir: str) -> Any:
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     return LocalChatClient(tiny_model_dir)
 

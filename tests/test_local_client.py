@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from ludic_lab.aio import run_sync
-from ludic_lab.inference.grouped_attention import GROUPED_IMPLEMENTATIONS
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
+from ludic_lab.inference.local.grouped_attention import GROUPED_IMPLEMENTATIONS
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig, ToolRequest
 from ludic_lab.rendering import parse_tool_calls
 from ludic_lab.types import ChatResponse

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from ludic_lab.inference.local_client import LocalChatClient, shared_prompt_rows
+from ludic_lab.inference.local.client import LocalChatClient, shared_prompt_rows
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig
 
 

@@ -20,7 +20,7 @@ from trainer_helpers import (
 
 from ludic_lab.aio import run_sync
 from ludic_lab.distributed import ClientPublisher
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.training.algorithm import make_grpo
 from ludic_lab.training.config import TrainerConfig

@@ -456,7 +456,7 @@ async def test_actor_and_source_ride_through_a_redis_restart(server: RedisServer
 
 
 async def test_weights_reach_a_local_client_through_redis(server: RedisServer, queue: str, tiny_model_dir: str) -> None:
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     trainer_side = LocalChatClient(tiny_model_dir)
     actor_side = LocalChatClient(tiny_model_dir)

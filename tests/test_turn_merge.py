@@ -10,7 +10,7 @@ import pytest
 import torch
 from trainer_helpers import load_model
 
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.recipes.tic_tac_toe import MAX_TURNS, GameRequests, sampling, tic_tac_toe_engine
 from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
 from ludic_lab.rollouts.saw import SAWItem

@@ -27,7 +27,7 @@ import torch
 
 from ludic_lab.aio import run_sync
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig, ToolRequest
-from ludic_lab.inference.vllm_client import (
+from ludic_lab.inference.vllm.client.client import (
     POLICY_VERSION_HEADER,
     VLLMChatClient,
     VLLMError,
@@ -288,7 +288,7 @@ def tiny_server(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def tiny_local(tiny_model_dir, tiny_server):
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     return LocalChatClient(tiny_model_dir, dtype=SERVER_DTYPE)
 
@@ -466,7 +466,7 @@ def smol_server(default_model_dir):
 @pytest.mark.vllm
 @pytest.mark.slow
 async def test_smollm2_greedy_equals_local_and_logprobs_match(default_model_dir, smol_server):
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     local = LocalChatClient(default_model_dir, dtype=SERVER_DTYPE)
     client = VLLMChatClient(default_model_dir, api_base=smol_server.api_base, request_timeout_s=300)

@@ -24,7 +24,7 @@ import torch
 from ludic_lab.aio import run_sync
 from ludic_lab.distributed.broadcast import BroadcastPolicyPublisher
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig
-from ludic_lab.inference.vllm_client import RequestTimeout, VLLMChatClient, WeightUpdateRejected
+from ludic_lab.inference.vllm.client.client import RequestTimeout, VLLMChatClient, WeightUpdateRejected
 
 SERVER_DTYPE = "float32"  # the shared test servers' dtype (tests/vllm_helpers.py), as LocalChatClient's
 PROMPTS = ["Hello there", "What is the capital of France?", "Count to five."]
@@ -53,7 +53,7 @@ def load_model(path: str, dtype: Any = torch.float32) -> Any:
 def local_client(model: Any, tokenizer_dir: str) -> Any:
     from transformers import AutoTokenizer
 
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     return LocalChatClient(model, tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir))
 

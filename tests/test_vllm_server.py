@@ -76,7 +76,7 @@ def tiny_server(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def tiny_local(tiny_model_dir):
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     return LocalChatClient(tiny_model_dir, dtype="float32")
 
@@ -430,7 +430,7 @@ def test_returned_logprobs_are_those_of_the_sampled_distribution(tiny_server, pr
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_smollm2_full_update_matches_local(default_model_dir):
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
     server = shared_vllm_server(default_model_dir)
     local = LocalChatClient(default_model_dir, dtype="float32")
@@ -559,7 +559,7 @@ def test_nccl_sender_contract():
 def test_nccl_update_matches_local_on_gpu(tiny_model_dir, free_port):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
     from ludic_lab.inference.vllm.weight_transfer import NcclSender
 
     server = shared_vllm_server(tiny_model_dir)

@@ -19,7 +19,7 @@ import torch
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
-from ludic_lab.inference.local_client import LocalChatClient
+from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser

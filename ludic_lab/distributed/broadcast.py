@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ludic_lab.aio import run_sync
-from ludic_lab.inference.vllm_client import VLLMChatClient
+from ludic_lab.inference.vllm.client.client import VLLMChatClient
 
 Target = VLLMChatClient | str
 

@@ -10,7 +10,7 @@ from ludic_lab.inference.client import ChatClient
 
 class ClientPublisher:
     """Publishes through a client's ``sync_weights`` (e.g. the in-process
-    :class:`~ludic_lab.inference.local_client.LocalChatClient`).
+    :class:`~ludic_lab.inference.local.client.LocalChatClient`).
 
     ``timeout_s`` bounds how long a push may wait for the sampler to finish its batch.
     """

@@ -19,7 +19,7 @@ from ludic_lab.inference.request import (
 )
 
 _LAZY = {
-    "LocalChatClient": "ludic_lab.inference.local_client",
+    "LocalChatClient": "ludic_lab.inference.local.client",
     "default_model_path": "ludic_lab.inference.models",
     "tiny_model_path": "ludic_lab.inference.models",
     "build_tiny_model": "ludic_lab.inference.models",
@@ -29,7 +29,7 @@ _LAZY = {
     "wait_for_vllm_health_sync": "ludic_lab.inference.launch.server",
     "VLLMServerProcess": "ludic_lab.inference.launch.server",
     "PortInUseError": "ludic_lab.inference.launch.server",
-    "VLLMChatClient": "ludic_lab.inference.vllm_client",
+    "VLLMChatClient": "ludic_lab.inference.vllm.client.client",
 }
 
 __all__ = [

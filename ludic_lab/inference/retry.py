@@ -1,6 +1,6 @@
 """``RetryPolicy``: one bounded exponential backoff with jitter, for any transport.
 
-The vLLM HTTP client (:mod:`ludic_lab.inference.vllm_http`) retries transient failures with
+The vLLM HTTP client (:mod:`ludic_lab.inference.vllm.client.http`) retries transient failures with
 it; a Redis connection can run its reconnect loop through :meth:`RetryPolicy.run` (a count
 limit, a time limit since the first failure, or both). Pure standard library.
 """

@@ -35,7 +35,7 @@ class PipelineActorConfig:
     queue_key: str = "ludic_queue"
     """Stream key of the queue (the trainer must read the same key)."""
     task: Literal["capitals", "digits"] = "capitals"
-    """Built-in task (see ludic_lab.pipeline.tasks)."""
+    """Built-in task (see ludic_lab.task.builtin)."""
     model: str = "default"
     """A local model folder, "default" (SmolLM2) or "tiny"; with --vllm-url the server must serve this folder."""
     vllm_url: str | None = None
@@ -94,17 +94,14 @@ class PipelineActorConfig:
 
 
 def _client(cfg: PipelineActorConfig) -> Any:
-    if cfg.vllm_url:
-        from ludic_lab.inference.models import resolve_model
-        from ludic_lab.inference.vllm_client import VLLMChatClient
+    """The actor's sampler (:func:`~ludic_lab.sampler.open_client`): the vLLM server at
+    ``vllm_url`` (it serves ``model``'s folder; the trainer, not the actor, pushes its weights),
+    else in-process over ``model``, batching a whole round."""
+    from ludic_lab.sampler import Backend, open_client
 
-        # the served model name is the folder the server was started with (its --model);
-        # the tokenizer is read from the same folder
-        url = cfg.vllm_url.rstrip("/")
-        return VLLMChatClient(resolve_model(cfg.model), api_base=url if url.endswith("/v1") else url + "/v1")
-    from ludic_lab.inference.local_client import LocalChatClient
-
-    return LocalChatClient(cfg.model, max_batch_size=max(1, cfg.prompts_per_round * cfg.group_size))
+    backend: Backend = "vllm" if cfg.vllm_url else "local"
+    batch = max(1, cfg.prompts_per_round * cfg.group_size)
+    return open_client(backend, cfg.model, max_batch_size=batch, vllm_url=cfg.vllm_url, enable_weight_updates=False)
 
 
 async def run_actor(cfg: PipelineActorConfig) -> dict[str, Any]:

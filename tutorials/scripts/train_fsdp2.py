@@ -111,7 +111,7 @@ def main(cfg: Config) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
     from ludic_lab.inference.models import resolve_model
     from ludic_lab.training import Trainer, TrainerConfig, make_grpo
     from ludic_lab.training.loggers import JSONLLogger

@@ -1,5 +1,7 @@
 """The vLLM backend, by side of the HTTP wire.
 
+- :mod:`ludic_lab.inference.vllm.client`: ``VLLMChatClient``, the client of any vLLM server
+  (``ludic_lab.inference.vllm_client`` re-exports it);
 - :mod:`ludic_lab.inference.vllm.server`: the bundled server process (vLLM's OpenAI API plus
   weight-update routes and policy versions; ``python -m ludic_lab.inference.vllm_server``)
   and the worker extension that runs inside vLLM's workers.

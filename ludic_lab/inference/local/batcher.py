@@ -1,28 +1,23 @@
-"""Request batching for :class:`~ludic_lab.inference.local_client.LocalChatClient`.
+"""Request batching for :class:`~ludic_lab.inference.local.client.LocalChatClient`.
 
 One :class:`LoopBatcher` per event loop gathers the requests that concurrent episodes submit
 and hands them to the client's generation thread: to the running continuous batch
-(:mod:`ludic_lab.inference.continuous`, the default), or as one static batch; each request's
+(:mod:`ludic_lab.inference.local.continuous`, the default), or as one static batch; each request's
 future gets its own result, or its own exception when only that request was bad.
-:func:`shared_prompt_rows` finds a batch's requests with the same prompt (a GRPO group), whose
-prompt the client then prefills once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from ludic_lab.inference.request import ChatCompletionRequest
 from ludic_lab.types import ChatResponse
 
 if TYPE_CHECKING:
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
 
 @dataclass
@@ -97,7 +92,7 @@ class LoopBatcher:
 
 def _job(request: ChatCompletionRequest, future: asyncio.Future) -> Any:
     """A continuous-batching job whose reply (or exception) resolves ``future`` on its loop."""
-    from ludic_lab.inference.continuous import Job
+    from ludic_lab.inference.local.continuous import Job
 
     loop = future.get_loop()
 
@@ -114,21 +109,3 @@ def _job(request: ChatCompletionRequest, future: asyncio.Future) -> Any:
             loop.call_soon_threadsafe(resolve, result)
 
     return Job(request, deliver, future.done)
-
-
-def shared_prompt_rows(prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(first_rows, row_to_first)`` when some prompts of a batch are identical: the batch
-    rows of each distinct prompt's first occurrence, and for every row the index (into
-    ``first_rows``) of its prompt; ``None`` when all prompts differ."""
-    seen: dict[tuple[int, ...], int] = {}
-    firsts: list[int] = []
-    back: list[int] = []
-    for b, p in enumerate(prompts):
-        key = tuple(p)
-        if key not in seen:
-            seen[key] = len(firsts)
-            firsts.append(b)
-        back.append(seen[key])
-    if len(firsts) == len(prompts):
-        return None
-    return torch.tensor(firsts, dtype=torch.long), torch.tensor(back, dtype=torch.long)

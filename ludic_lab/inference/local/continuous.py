@@ -1,4 +1,4 @@
-"""Continuous batching for :class:`~ludic_lab.inference.local_client.LocalChatClient`.
+"""Continuous batching for :class:`~ludic_lab.inference.local.client.LocalChatClient`.
 
 Requests join the running decode at a token boundary and leave it when they finish: a
 request that arrives while others decode is prefilled (its prompt run once, batched with
@@ -7,7 +7,7 @@ waiting for the batch's longest member; a finished request's reply is delivered 
 Each row keeps its own attention mask, so rows of different lengths (and the holes left
 where a reused prefix meets a new suffix) need no re-padding; columns no live row uses
 are trimmed. Prompts reuse the longest prefix that a finished row already ran through the
-model (:class:`~ludic_lab.inference.prefix_cache.PrefixCache`): an agent's next turn
+model (:class:`~ludic_lab.inference.local.prefix_cache.PrefixCache`): an agent's next turn
 prefills only its new messages.
 
 Everything here runs on the client's one generation thread. A weight update
@@ -27,15 +27,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from ludic_lab.inference.kv_slab import SlabCache
-from ludic_lab.inference.local_batcher import shared_prompt_rows
-from ludic_lab.inference.local_response import RowState, build_response
+from ludic_lab.inference.local.kv_slab import SlabCache
+from ludic_lab.inference.local.response import RowState, build_response
+from ludic_lab.inference.local.sampling import sample_rows
+from ludic_lab.inference.local.shared_prefix import prefill_shared_prefix, shared_prompt_rows
 from ludic_lab.inference.request import ChatCompletionRequest
-from ludic_lab.inference.sampling import sample_rows
-from ludic_lab.inference.shared_prefix import prefill_shared_prefix
 
 if TYPE_CHECKING:
-    from ludic_lab.inference.local_client import LocalChatClient
+    from ludic_lab.inference.local.client import LocalChatClient
 
 __all__ = ["ContinuousBatcher", "Job"]
 

@@ -1,6 +1,6 @@
 """HTTP to a vLLM server: one connection pool per event loop, timeouts, bounded retries, errors.
 
-:class:`VLLMHttp` makes every HTTP call of :class:`~ludic_lab.inference.vllm_client.VLLMChatClient`.
+:class:`VLLMHttp` makes every HTTP call of :class:`~ludic_lab.inference.vllm.client.client.VLLMChatClient`.
 Transient failures (connection refused or reset, 5xx, 429) are retried under a
 :class:`~ludic_lab.inference.retry.RetryPolicy`; a 4xx is the caller's error and raised at
 once; every call has a timeout. The exceptions below are what callers catch.

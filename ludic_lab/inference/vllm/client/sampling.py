@@ -1,10 +1,10 @@
-"""The ``/v1/completions`` exchange of :class:`~ludic_lab.inference.vllm_client.VLLMChatClient`:
+"""The ``/v1/completions`` exchange of :class:`~ludic_lab.inference.vllm.client.client.VLLMChatClient`:
 the request body for a :class:`ChatCompletionRequest` given as prompt token ids, and the
 :class:`~ludic_lab.types.ChatResponse` read back from vLLM's answer.
 
 The server returns the sampled token ids and the logprob of each under the distribution it
 was drawn from (the bundled server runs vLLM's ``processed_logprobs`` mode); text is decoded
-with the same :class:`ChatTemplate` as :class:`~ludic_lab.inference.local_client.LocalChatClient`
+with the same :class:`ChatTemplate` as :class:`~ludic_lab.inference.local.client.LocalChatClient`
 and reasoning and tool calls are parsed by the rendering layer
 (:func:`~ludic_lab.rendering.read_reply`, the model family's format), so both backends answer alike.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
-from ludic_lab.inference.vllm_http import VLLMError
+from ludic_lab.inference.vllm.client.http import VLLMError
 from ludic_lab.rendering.reply import read_reply
 from ludic_lab.types import ChatResponse
 

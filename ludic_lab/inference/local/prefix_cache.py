@@ -1,4 +1,4 @@
-"""A KV prefix cache for :class:`~ludic_lab.inference.local_client.LocalChatClient`.
+"""A KV prefix cache for :class:`~ludic_lab.inference.local.client.LocalChatClient`.
 
 An agent's turn k+1 prompt is turn k's prompt + completion + the tool result: everything
 but the new messages was already run through the model. When a row finishes, its keys and

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["common_prefix_length", "prefill_shared_prefix"]
+__all__ = ["common_prefix_length", "prefill_shared_prefix", "shared_prompt_rows"]
 
 
 def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
@@ -68,3 +68,21 @@ def prefill_shared_prefix(client: Any, prompts: Sequence[Sequence[int]], version
     kv = [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers]
     cache.add(ids, kv, version)
     return n - r
+
+
+def shared_prompt_rows(prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first_rows, row_to_first)`` when some prompts of a batch are identical: the batch
+    rows of each distinct prompt's first occurrence, and for every row the index (into
+    ``first_rows``) of its prompt; ``None`` when all prompts differ."""
+    seen: dict[tuple[int, ...], int] = {}
+    firsts: list[int] = []
+    back: list[int] = []
+    for b, p in enumerate(prompts):
+        key = tuple(p)
+        if key not in seen:
+            seen[key] = len(firsts)
+            firsts.append(b)
+        back.append(seen[key])
+    if len(firsts) == len(prompts):
+        return None
+    return torch.tensor(firsts, dtype=torch.long), torch.tensor(back, dtype=torch.long)

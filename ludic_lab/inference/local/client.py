@@ -1,10 +1,10 @@
 """``LocalChatClient``: an in-process transformers model behind the async ``ChatClient`` API.
 
 This is the embedded default backend. Requests from many concurrent episodes are gathered
-(:mod:`ludic_lab.inference.local_batcher`) and decoded together with a KV cache (that is what
-makes CPU rollouts usable): by default continuously (:mod:`ludic_lab.inference.continuous`:
+(:mod:`ludic_lab.inference.local.batcher`) and decoded together with a KV cache (that is what
+makes CPU rollouts usable): by default continuously (:mod:`ludic_lab.inference.local.continuous`:
 requests join the running batch at a token boundary and leave when done, prompts reuse the
-KV of prefixes already run, :mod:`ludic_lab.inference.prefix_cache`), or as static batches.
+KV of prefixes already run, :mod:`ludic_lab.inference.local.prefix_cache`), or as static batches.
 Each response carries the prompt ids, the sampled ids and the behaviour logprob of every
 sampled token (see :mod:`ludic_lab.inference.sampling`). ``sync_weights`` copies new weights
 in place between completions (never mid-forward, never mid-completion), bumps the policy
@@ -24,13 +24,14 @@ from typing import Any
 import torch
 
 from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
-from ludic_lab.inference.continuous import ContinuousBatcher
-from ludic_lab.inference.grouped_attention import use_grouped_attention
-from ludic_lab.inference.local_batcher import LoopBatcher, shared_prompt_rows
-from ludic_lab.inference.local_response import RowState, build_response
-from ludic_lab.inference.prefix_cache import PrefixCache
+from ludic_lab.inference.local.batcher import LoopBatcher
+from ludic_lab.inference.local.continuous import ContinuousBatcher
+from ludic_lab.inference.local.grouped_attention import use_grouped_attention
+from ludic_lab.inference.local.prefix_cache import PrefixCache
+from ludic_lab.inference.local.response import RowState, build_response
+from ludic_lab.inference.local.sampling import sample_rows
+from ludic_lab.inference.local.shared_prefix import shared_prompt_rows
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
-from ludic_lab.inference.sampling import sample_rows
 from ludic_lab.inference.tied_weights import check_tied_values, tied_groups
 from ludic_lab.rendering.reply import tool_schemas
 from ludic_lab.types import ChatResponse
@@ -44,7 +45,7 @@ class LocalChatClient:
     share its model object with the sampler this way). ``max_batch_size`` caps one batch;
     ``batch_wait_s`` is how long the first request of a batch waits for company.
     ``share_prompt_prefill``: requests of one batch with the same prompt ids (a GRPO group)
-    prefill it once and share its KV rows (:func:`.local_batcher.shared_prompt_rows`). ``attn_implementation``
+    prefill it once and share its KV rows (:func:`.shared_prefix.shared_prompt_rows`). ``attn_implementation``
     (a model loaded from a path): ``None`` picks ``"eager"`` for bf16/fp16 on CPU (SmolLM2, a
     GRPO batch of 32 x 48 tokens: the CPU sdpa kernel's bf16 path spent 0.85 of 4.0 s on
     one-query attention, eager 0.3 s; 3.3 s in all) and transformers' default otherwise.

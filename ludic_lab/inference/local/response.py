@@ -1,4 +1,4 @@
-"""One generated sequence of :class:`~ludic_lab.inference.local_client.LocalChatClient` as the
+"""One generated sequence of :class:`~ludic_lab.inference.local.client.LocalChatClient` as the
 ``ChatClient`` reply: its running state while it decodes (:class:`RowState`: sampled ids,
 behaviour logprobs, top logprobs, stop strings) and the ``(ChatResponse, info)`` it ends as
 (:func:`build_response`). Shared by the static and the continuous batch schedulers."""

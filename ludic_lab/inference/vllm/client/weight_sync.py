@@ -4,7 +4,7 @@
 shared-memory folder on CPU, an NCCL group on CUDA), checks a state dict against the server's
 ``GET /param_spec`` before sending, stages it (a safetensors file in ``/dev/shm``, or an NCCL
 broadcast) and asks the server to load it between engine steps. Every HTTP call goes through
-:class:`~ludic_lab.inference.vllm_http.VLLMHttp`.
+:class:`~ludic_lab.inference.vllm.client.http.VLLMHttp`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ludic_lab.inference.tied_weights import check_tied_values
-from ludic_lab.inference.vllm_http import (
+from ludic_lab.inference.vllm.client.http import (
     RequestTimeout,
     VLLMError,
     VLLMHttp,
