@@ -6,20 +6,38 @@ at run time; pandas is imported when called.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ludic_lab.types import Rollout
+    from ludic_lab.types import Rollout, Step
+
+_THINK = re.compile(r"^\s*<think>(.*?)(?:</think>|$)", re.DOTALL)
+
+
+def step_reasoning(step: Step) -> tuple[str | None, str]:
+    """``(reasoning, answer)`` of a step's reply: the reasoning its model family parsed (the
+    agent's ``info["reasoning"]``), else a leading ``<think>`` block of the action; the answer
+    is the action without that block. ``(None, action)`` when the reply did not reason."""
+    agent = step.info.get("agent")
+    parsed = agent.get("reasoning") if isinstance(agent, Mapping) else None
+    parsed = parsed if isinstance(parsed, str) else None
+    m = _THINK.match(step.action)
+    if m is None:
+        return parsed, step.action
+    return (parsed if parsed is not None else m.group(1).strip()), step.action[m.end() :].lstrip()
 
 
 def rollouts_to_dataframe(rollouts: Sequence[Rollout], *, per: Literal["rollout", "step"] = "rollout") -> pd.DataFrame:
     """A pandas DataFrame with one row per rollout (default) or per step.
 
     Rewards applied by :func:`ludic_lab.rewards.apply_rewards` (judges, group rewards) add a
-    ``reward.<name>`` column (unweighted score) and, for judges, ``reasoning.<name>``.
+    ``reward.<name>`` column (unweighted score) and, for judges, ``reasoning.<name>``. The
+    model's own thinking is apart from its answer (:func:`step_reasoning`): per step the
+    ``reasoning`` and ``answer`` columns, per rollout ``final_reasoning``.
     """
     import pandas as pd
 
@@ -48,6 +66,7 @@ def rollouts_to_dataframe(rollouts: Sequence[Rollout], *, per: Literal["rollout"
                     "terminated": bool(last and last.terminated),
                     "truncated": bool(last and last.truncated),
                     "final_action": last.action if last else None,
+                    "final_reasoning": step_reasoning(last)[0] if last else None,
                     **_reward_columns(last.info if last else {}),
                     **{
                         f"meta.{k}": v for k, v in r.meta.items() if isinstance(v, (str, int, float, bool)) or v is None
@@ -56,12 +75,15 @@ def rollouts_to_dataframe(rollouts: Sequence[Rollout], *, per: Literal["rollout"
             )
         elif per == "step":
             for s in r.steps:
+                reasoning, answer = step_reasoning(s)
                 rows.append(
                     {
                         **base,
                         "step": s.index,
                         "prev_obs": s.prev_obs,
                         "action": s.action,
+                        "reasoning": reasoning,
+                        "answer": answer,
                         "parsed_action": s.parsed_action,
                         "next_obs": s.next_obs,
                         "reward": s.reward,
@@ -91,4 +113,4 @@ def _reward_columns(info: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["rollouts_to_dataframe"]
+__all__ = ["rollouts_to_dataframe", "step_reasoning"]

@@ -12,12 +12,8 @@ cleanly, so nothing shows as ``\\ufffd`` garbage. Whitespace is kept as is (HTML
 ``white-space: pre-wrap``): the concatenated text of the spans equals
 ``tokenizer.decode(ids)``. Without a tokenizer the token ids are shown instead of text.
 
-Example::
-
-    from ludic_lab.token_html import set_display_tokenizer, save_html
-    set_display_tokenizer(client)      # anything with .tokenizer or .decode, or a model path
-    batch                               # a SAWBatch renders itself in a notebook cell
-    save_html(batch, "credit.html")     # the same view as a standalone page
+Example: ``set_display_tokenizer(client)`` (a tokenizer, anything with ``.tokenizer``, or a
+model path), then a ``SAWBatch`` in a cell renders itself; ``save_html(batch, "credit.html")``.
 """
 
 from __future__ import annotations
@@ -60,6 +56,7 @@ CSS = """
 .ll-view .ll-msg{white-space:pre-wrap;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;
   border-left:3px solid #ccc;padding:1px 6px;margin:2px 0}
 .ll-view .ll-err{color:#b00020}
+.ll-view .ll-think{font-style:italic;text-decoration:underline dotted #8a6d00}
 .ll-view .ll-legend span{display:inline-block;padding:0 6px;margin-right:2px;border-radius:2px;font-size:11px}
 """
 
@@ -234,16 +231,19 @@ def tokens_html(
     scale: float | None = None,
     start: int = 0,
     stop: int | None = None,
+    reasoning: Sequence[int] | None = None,
 ) -> str:
     """Spans of tokens ``ids[start:stop]`` coloured by ``weights[t] * mask[t]`` (all per-token
     sequences align with ``ids``; ``mask`` defaults to all 1, ``weights`` to unknown = white).
 
-    Masked tokens are grey. Each span has ``data-ids``, ``data-mask``, ``data-w`` (effective
-    weight, when known), ``data-logprob``/``data-ratio``/``data-adv`` when known, and a
-    ``title`` with the same for hover. Returns the inner HTML of a ``.ll-seq`` block.
+    Masked tokens are grey; ``reasoning[t]`` set (thinking) makes them italic, underlined
+    (``ll-think``, ``data-reasoning``). Each span has ``data-ids``, ``data-mask``, ``data-w``
+    (effective weight, when known), ``data-logprob``/``data-ratio``/``data-adv`` when known,
+    and a ``title`` with the same for hover. Returns the inner HTML of a ``.ll-seq`` block.
     """
     n = len(ids)
-    for name, seq in (("mask", mask), ("weights", weights), ("logprobs", logprobs), ("ratios", ratios)):
+    per_token = {"mask": mask, "weights": weights, "logprobs": logprobs, "ratios": ratios, "reasoning": reasoning}
+    for name, seq in per_token.items():
         if seq is not None and len(seq) != n:
             raise ValueError(f"tokens_html: {name} has {len(seq)} entries for {n} token ids")
     m = [1] * n if mask is None else [1 if x else 0 for x in mask]
@@ -290,6 +290,9 @@ def tokens_html(
             style = _style(weight_rgb(w_piece or 0.0, scale))
         cls = "ll-t" + (" ll-nl" if "\n" in p.text else "") + (" ll-empty" if p.text == "" else "")
         cls += "" if tok is not None else " ll-id"
+        if reasoning is not None and any(reasoning[t] for t in rng):
+            cls, attrs["data-reasoning"] = cls + " ll-think", "1"
+            title.append("reasoning (thinking): sampled, trained like the answer")
         attr_s = "".join(f' {k}="{html.escape(v, quote=True)}"' for k, v in attrs.items())
         out.append(
             f'<span class="{cls}" style="{style}"{attr_s} title="{html.escape(" · ".join(title), quote=True)}">'

@@ -2,7 +2,9 @@
 
 A step's prompt tokens are masked (grey, folded); its completion tokens are coloured by the
 step's credit when ``weights`` (a credit assigner's ``{(rollout_id, step_index): weight}``)
-is given, else left white, with token id and behaviour logprob on hover. Rollouts that
+is given, else left white, with token id and behaviour logprob on hover. Thinking tokens
+(``<think>`` blocks) are italic and underlined: sampled and trained like the answer, shown
+apart from it, and the step's reasoning is listed under its tokens. Rollouts that
 share a ``group_id`` are shown side by side with one colour scale (the group's max ``|w|``).
 
 Importing this module gives :class:`~ludic_lab.types.Rollout` its notebook view
@@ -18,13 +20,53 @@ Example::
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ludic_lab.token_html import fmt, legend_html, resolve_tokenizer, scale_of, sequence_html, view_html
+from ludic_lab.rollout_table import step_reasoning
+from ludic_lab.token_html import (
+    fmt,
+    legend_html,
+    resolve_tokenizer,
+    scale_of,
+    sequence_html,
+    token_pieces,
+    view_html,
+)
 from ludic_lab.types import Rollout, Step
 
 Weights = Mapping[tuple[str, int], float]
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
+
+
+def reasoning_mask(ids: Sequence[int], tokenizer: Any) -> list[int] | None:
+    """1 for each of ``ids`` inside a ``<think>...</think>`` block (tags included), else 0;
+    ``None`` without a tokenizer or without a block."""
+    if tokenizer is None:
+        return None
+    pieces = token_pieces(ids, tokenizer)
+    spans = [m.span() for m in _THINK.finditer("".join(p.text for p in pieces))]
+    if not spans:
+        return None
+    out, pos = [0] * len(ids), 0
+    for p in pieces:
+        end = pos + len(p.text)
+        if any(a < end and pos < b for a, b in spans):
+            out[p.start : p.stop] = [1] * (p.stop - p.start)
+        pos = end
+    return out
+
+
+def _reasoning_html(s: Step) -> str:
+    reasoning, answer = step_reasoning(s)
+    if reasoning is None:
+        return ""
+    return (
+        f"<details><summary>reasoning · {len(reasoning)} chars (sampled and trained; answer: "
+        f"{html.escape(answer[:80])}{'…' if len(answer) > 80 else ''})</summary>"
+        f"<div class='ll-msg ll-think' data-reasoning='1'>{html.escape(reasoning)}</div></details>"
+    )
 
 
 def _step_html(r: Rollout, s: Step, weights: Weights | None, tok: Any, scale: float) -> str:
@@ -58,6 +100,7 @@ def _step_html(r: Rollout, s: Step, weights: Weights | None, tok: Any, scale: fl
         P = len(tr.prompt_token_ids)
         sampled = list(tr.sampled_mask)  # a tool turn's inserted results are 0: context, grey
         lps = tr.completion_logprobs
+        thinking = reasoning_mask(tr.completion_token_ids, tok)
         body = sequence_html(
             tr.input_ids,
             tokenizer=tok,
@@ -69,6 +112,7 @@ def _step_html(r: Rollout, s: Step, weights: Weights | None, tok: Any, scale: fl
             advantage=w,
             scale=scale,
             prompt_label=f"prompt ({tr.prompt_source})",
+            reasoning=None if thinking is None else [0] * P + thinking,
         )
     parsed = (
         "(none)"
@@ -82,7 +126,7 @@ def _step_html(r: Rollout, s: Step, weights: Weights | None, tok: Any, scale: fl
         tail += f" · next obs: <span class='ll-msg' style='display:inline'>{html.escape(s.next_obs)}</span>"
     elif isinstance(s.info.get("final_obs"), str):  # the episode ended here: next_obs is None
         tail += f" · final obs: <span class='ll-msg' style='display:inline'>{html.escape(s.info['final_obs'])}</span>"
-    return head + body + tail + "</div>" + _rewards_html(s.info)
+    return head + body + ("" if observed else _reasoning_html(s)) + tail + "</div>" + _rewards_html(s.info)
 
 
 def _rewards_html(info: Mapping[str, Any]) -> str:
@@ -211,4 +255,4 @@ def _rollout_repr_html(self: Rollout) -> str:
 setattr(Rollout, "_repr_html_", _rollout_repr_html)  # noqa: B010 - the view attaches itself; Rollout declares no HTML
 
 
-__all__ = ["rollout_html", "rollouts_html"]
+__all__ = ["reasoning_mask", "rollout_html", "rollouts_html"]

@@ -18,7 +18,7 @@ from ludic_lab.envs import SingleAgentEnv
 from ludic_lab.inference.request import ChatCompletionRequest
 from ludic_lab.interaction.single_agent import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.rendering import renderer_for
+from ludic_lab.rendering import read_reply, renderer_for
 from ludic_lab.rendering.edit import rewrite_ids
 from ludic_lab.rollouts.batch_stats import rollout_stats
 from ludic_lab.rollouts.saw import SAWItem
@@ -30,10 +30,12 @@ THINK = 151667  # <think> in Qwen3's vocabulary
 
 
 class Qwen3Client:
-    """Answers each request with the next scripted ids; text as Qwen3's tokenizer decodes."""
+    """Answers each request with the next scripted ids; text as Qwen3's tokenizer decodes,
+    reasoning as the clients read it (the rendering layer's parse of the ids)."""
 
     def __init__(self, tok: Any, replies: Sequence[list[int]]) -> None:
         self.tok, self.replies = tok, list(replies)
+        self.renderer = renderer_for(tok)
         self.stop = {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
         self.requests: list[ChatCompletionRequest] = []
 
@@ -41,8 +43,10 @@ class Qwen3Client:
         assert request.prompt_token_ids is not None
         self.requests.append(request)
         ids = self.replies[len(self.requests) - 1]
+        text = self.tok.decode([t for t in ids if t not in self.stop])
         resp = ChatResponse(
-            text=self.tok.decode([t for t in ids if t not in self.stop]),
+            text=text,
+            reasoning=read_reply(self.renderer, ids, text, request.prompt_token_ids).reasoning,
             completion_token_ids=tuple(ids),
             prompt_token_ids=request.prompt_token_ids,
             completion_logprobs=tuple([-0.5] * len(ids)),
@@ -192,3 +196,45 @@ async def test_a_tool_turn_after_the_last_user_message_is_no_prefix_break() -> N
     assert res.trace is not None and res.trace.completion_mask is not None
     sampled = [t for t, m in zip(res.trace.completion_token_ids, res.trace.completion_mask, strict=True) if m]
     assert sampled == [*replies[0], *replies[1]] and sampled.count(THINK) == 2
+
+
+async def test_views_show_reasoning_apart_from_the_answer() -> None:
+    """The rollout HTML view marks exactly the thinking tokens (``ll-think``) and lists the
+    reasoning under them; the table has ``reasoning`` and ``answer`` columns."""
+    from ludic_lab.rollout_table import rollouts_to_dataframe
+    from ludic_lab.types_html import rollouts_html
+    from tests.test_lab_html import parse
+
+    rollout, _, (r1, r2) = await _episode(FullDialog("Be brief."))
+    tok = ft.qwen3_tokenizer()
+    view = parse(rollouts_html(rollout, tokenizer=tok))
+    spans = view.cards[0]["spans"]
+    think_ids = [int(i) for s in spans if "ll-think" in s["attrs"]["class"] for i in s["attrs"]["data-ids"].split()]
+    expected = []
+    for reply in (r1, r2):
+        close = reply.index(THINK + 1)
+        expected += reply[: close + 1]  # <think> ... </think>, tags included
+    assert think_ids == expected
+    assert all(s["attrs"]["data-mask"] == "1" for s in spans if "ll-think" in s["attrs"]["class"])
+    answers = "".join(
+        s["text"] for s in spans if s["attrs"]["data-mask"] == "1" and "ll-think" not in s["attrs"]["class"]
+    )
+    assert "five" in answers and "eight" in answers and "four and four" not in answers
+    page = rollouts_html(rollout, tokenizer=tok)
+    assert "reasoning · " in page and "add two and three" in page
+    # the table: reasoning and answer apart, from the family's parse (the agent's info)
+    df = rollouts_to_dataframe([rollout], per="step")
+    assert list(df["reasoning"]) == ["add two and three", "four and four"]
+    assert list(df["answer"]) == ["five", "eight"]
+    assert rollout.steps[0].info["agent"]["reasoning"] == "add two and three"
+    assert rollouts_to_dataframe([rollout])["final_reasoning"].tolist() == ["four and four"]
+
+
+def test_a_step_without_reasoning_has_none_in_views() -> None:
+    from ludic_lab.rollout_table import step_reasoning
+    from ludic_lab.types import Step
+
+    plain = Step(index=0, prev_obs="q", action="just 5", parsed_action="just 5", next_obs=None, reward=0.0)
+    assert step_reasoning(plain) == (None, "just 5")
+    text = Step(index=0, prev_obs="q", action="<think>hm</think> 5", parsed_action="5", next_obs=None, reward=0.0)
+    assert step_reasoning(text) == ("hm", "5")

@@ -250,6 +250,8 @@ class Agent:
             info["prefix_break"] = plan.prefix_break
         if plan is not None and plan.rewritten_reply:
             info["rewritten_reply"] = True
+        if response.reasoning is not None:
+            info["reasoning"] = response.reasoning
         if response.finish_reason == "length":
             info["incomplete_completion"] = True
         if client_info:
