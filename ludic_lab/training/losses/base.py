@@ -90,33 +90,6 @@ def checked(name: str, x_RT: Tensor | None, mask_RT: Tensor, *, hint: str) -> Te
     return on_actions(x_RT, mask_RT)
 
 
-def weights_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype) -> Tensor:
-    """Per-token weights (advantages), 0 off actions; raises on NaN credit at an action."""
-    w = checked(
-        "weights",
-        batch.weights,
-        mask_RT,
-        hint="a NaN reward or credit reached the batch; drop or fix those items before training",
-    )
-    return w.to(dtype)
-
-
-def behaviour_logprobs_of(batch: TokenBatch, mask_RT: Tensor, dtype: torch.dtype) -> Tensor:
-    """Sampler logprobs, 0 off actions; raises when an action token has none (NaN)."""
-    b = checked(
-        "behaviour_logprobs",
-        batch.behaviour_logprobs,
-        mask_RT,
-        hint="sample with logprobs returned (ReturnSpec.for_training()) or use a loss that needs no ratio",
-    )
-    return b.to(dtype)
-
-
-def has_behaviour_logprobs(blp_RT: Tensor, mask_RT: Tensor) -> bool:
-    """False when every action token's behaviour logprob is exactly 0 (i.e. none were recorded)."""
-    return bool((on_actions(blp_RT, mask_RT) != 0).any())
-
-
 def stat_dtype(device: torch.device) -> torch.dtype:
     """float64 for statistics where the device has it (not on Apple's MPS), else float32."""
     return torch.float32 if device.type == "mps" else torch.float64
@@ -128,11 +101,3 @@ def masked_mean(x_RT: Tensor, mask_RT: Tensor, n: int | None = None) -> Tensor:
     n = int(mask_RT.sum()) if n is None else n
     total = on_actions(x_RT.detach(), mask_RT).sum()
     return total / n if n else torch.zeros_like(total)
-
-
-def basic_stats(logprobs_RT: Tensor, weights_RT: Tensor, mask_RT: Tensor, n: int | None = None) -> Stats:
-    """Statistics every policy-gradient loss reports."""
-    return {
-        "adv_mean": masked_mean(weights_RT, mask_RT, n),
-        "logp_mean": masked_mean(logprobs_RT, mask_RT, n),
-    }
