@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -88,6 +88,20 @@ class Screened:
     usable: list[Rollout]
     failed: int
     nonfinite: int
+    total: int = 0
+    """Rollouts passed in (usable or not)."""
+
+    def stats(self, weights: Mapping[RolloutStepKey, float], **group_counts: int) -> CreditStats:
+        """The :class:`CreditStats` of a ``compute`` call that screened these rollouts and
+        returned ``weights``; ``group_counts``: the group-based fields (``num_groups``, ...)."""
+        return CreditStats(
+            num_rollouts=self.total,
+            weighted_rollouts=len(self.usable),
+            weighted_steps=len(weights),
+            failed_rollouts=self.failed,
+            nonfinite_reward_rollouts=self.nonfinite,
+            **group_counts,
+        )
 
 
 def screen_rollouts(rollouts: Sequence[Rollout], on_nonfinite: OnNonFinite, owner: str) -> Screened:
@@ -125,7 +139,7 @@ def screen_rollouts(rollouts: Sequence[Rollout], on_nonfinite: OnNonFinite, owne
             f"{owner}: non-finite (NaN/inf) reward in rollout {shown}{more}. Fix the env's reward, or pass "
             f"on_nonfinite='skip' to leave such rollouts out (they are counted in last_stats)."
         )
-    return Screened(usable=usable, failed=failed, nonfinite=len(bad))
+    return Screened(usable=usable, failed=failed, nonfinite=len(bad), total=len(rollouts))
 
 
 class AssignerBase(abc.ABC):

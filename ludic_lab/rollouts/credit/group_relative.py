@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from ludic_lab.rollouts.credit.base import (
     AssignerBase,
-    CreditStats,
     OnNonFinite,
     check_on_nonfinite,
     screen_rollouts,
@@ -66,16 +65,7 @@ class _GroupAssigner(AssignerBase):
             for r in g.members:
                 for s in r.steps:
                     out[(r.id, s.index)] = adv[r.id]
-        self._last_stats = CreditStats(
-            num_rollouts=len(rollouts),
-            weighted_rollouts=len(sc.usable),
-            weighted_steps=len(out),
-            failed_rollouts=sc.failed,
-            nonfinite_reward_rollouts=sc.nonfinite,
-            num_groups=len(groups),
-            singleton_groups=singletons,
-            zero_std_groups=zero_std,
-        )
+        self._last_stats = sc.stats(out, num_groups=len(groups), singleton_groups=singletons, zero_std_groups=zero_std)
         return out
 
 

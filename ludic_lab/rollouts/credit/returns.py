@@ -10,7 +10,7 @@ import abc
 import math
 from dataclasses import dataclass
 
-from ludic_lab.rollouts.credit.base import AssignerBase, CreditStats, OnNonFinite, check_on_nonfinite, screen_rollouts
+from ludic_lab.rollouts.credit.base import AssignerBase, OnNonFinite, check_on_nonfinite, screen_rollouts
 from ludic_lab.rollouts.saw import RolloutStepKey
 from ludic_lab.types import Rollout
 
@@ -41,13 +41,7 @@ class _PerRollout(AssignerBase):
         for r in sc.usable:
             for s, w in zip(r.steps, self._step_weights(r), strict=True):
                 out[(r.id, s.index)] = w
-        self._last_stats = CreditStats(
-            num_rollouts=len(rollouts),
-            weighted_rollouts=len(sc.usable),
-            weighted_steps=len(out),
-            failed_rollouts=sc.failed,
-            nonfinite_reward_rollouts=sc.nonfinite,
-        )
+        self._last_stats = sc.stats(out)
         return out
 
 
