@@ -184,7 +184,7 @@ async def test_per_turn_seeds_are_deterministic_and_distinct(tpl):
 
 async def test_inference_spec_and_tools_are_forwarded(tpl):
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
-    agent = make_agent(["x"], tpl, model="tiny", tools=tools)
+    agent = make_agent(["x"], tpl, model="tiny", tool_schemas=tools)
     start(agent)
     spec = InferenceSpec(
         sampling=SamplingConfig(max_tokens=7), return_=ReturnSpec.for_training(), extensions={"foo": 1}
@@ -280,3 +280,46 @@ def test_act_result_is_frozen():
     r = ActResult(ParseResult("a"), ChatResponse(text="a"), None, {})
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.info = {}  # type: ignore[misc]  # the point: a frozen record refuses it
+
+
+ADD_SCHEMA = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+
+
+async def test_tool_schemas_go_with_every_request_and_tools_means_callables(tpl):
+    """``tool_schemas=`` describes tools to the model; ``tools=`` means callables the agent runs
+    (ToolAgent): schemas given as ``tools=`` still work with a DeprecationWarning, callables
+    given to a plain Agent are refused with what to do."""
+    import warnings
+
+    from ludic_lab.agents import ToolAgent
+    from ludic_lab.inference.request import ToolRequest
+
+    agent = make_agent(["ok"], tpl, tool_schemas=[ADD_SCHEMA])
+    start(agent)
+    await agent.act()
+    assert agent.client.requests[0].tools == ToolRequest(tools=(ADD_SCHEMA,))
+    assert agent.tool_schemas == [ADD_SCHEMA]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_agent([], tpl, tool_schemas=ToolRequest(tools=(ADD_SCHEMA,)))  # no warning
+    with pytest.warns(DeprecationWarning, match="tool_schemas="):
+        old = make_agent(["ok"], tpl, tools=[ADD_SCHEMA])
+    assert old.tools == agent.tools and old.tool_schemas == [ADD_SCHEMA]
+
+    def add(a: int, b: int) -> int:
+        """Add.
+
+        Args:
+            a: a.
+            b: b.
+        """
+        return a + b
+
+    with pytest.raises(TypeError, match=r"ToolAgent\(client, ctx, parser, tools=\[fn"):
+        make_agent([], tpl, tools=[add])
+    with pytest.raises(TypeError, match="once"):
+        make_agent([], tpl, tools=[ADD_SCHEMA], tool_schemas=[ADD_SCHEMA])
+    with pytest.raises(TypeError, match="external_tools"):
+        ToolAgent(ScriptedChatClient([], chat_template=tpl), FullDialog(), identity_parser, tool_schemas=[ADD_SCHEMA])
+    tool_agent = ToolAgent(ScriptedChatClient([], chat_template=tpl), FullDialog(), identity_parser, tools=[add])
+    assert [s["function"]["name"] for s in tool_agent.tool_schemas] == ["add"]

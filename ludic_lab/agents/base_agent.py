@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -87,7 +88,10 @@ class Agent:
     family of the chat template's tokenizer decides: a family with its own renderer (Qwen3,
     Llama 3.x, ...; :func:`~ludic_lab.rendering.renderer_of`) is used as if given; ChatML/Hermes
     and other template families render with the template itself, exactly as before.
-    ``tools`` are OpenAI-format tool schemas sent with every request (and to the template).
+    ``tool_schemas`` are OpenAI-format tool schemas (or a ``ToolRequest``) sent with every
+    request and rendered into the prompt; this agent runs no tools (``ToolAgent(tools=[fn])``
+    runs Python callables: ``tools=`` means callables everywhere). ``Agent(tools=<schemas>)``
+    still works with a ``DeprecationWarning``; ``Agent(tools=<callables>)`` is a ``TypeError``.
     ``system_prompt`` is the agent's own prompt; protocols prefer it (or the context's
     default) over the environment's suggestion. One Agent runs one episode at a time.
 
@@ -111,6 +115,7 @@ class Agent:
         model: str = "default",
         chat_template: ChatTemplate | None = None,
         renderer: Renderer | None = None,
+        tool_schemas: Sequence[dict[str, Any]] | ToolRequest | None = None,
         tools: Sequence[dict[str, Any]] | ToolRequest | None = None,
         system_prompt: str | None = None,
         name: str | None = None,
@@ -133,10 +138,12 @@ class Agent:
             chat_template if chat_template is not None else getattr(client, "chat_template", None)
         )
         self.renderer = renderer if renderer is not None else _family_renderer(self.chat_template)
-        if tools is None or isinstance(tools, ToolRequest):
-            self.tools: ToolRequest | None = tools
+        schemas = _schemas_of(tool_schemas, tools)
+        if schemas is None or isinstance(schemas, ToolRequest):
+            self.tools: ToolRequest | None = schemas
         else:
-            self.tools = ToolRequest(tools=tuple(tools))
+            self.tools = ToolRequest(tools=tuple(schemas))
+        self.tool_schemas: list[dict[str, Any]] = list(self.tools.tools) if self.tools is not None else []
         self._system_prompt = system_prompt
         self.name = name or type(self).__name__
         if not math.isfinite(incomplete_completion_penalty):
@@ -304,6 +311,28 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model!r}, ctx={self.ctx!r}, turn={self._turn})"
+
+
+def _schemas_of(tool_schemas: Any, tools: Any) -> Any:
+    """``tool_schemas``, or the deprecated ``tools=`` of schemas; callables are refused."""
+    if tools is None:
+        return tool_schemas
+    if tool_schemas is not None:
+        raise TypeError("Agent: pass tool schemas once, as tool_schemas= (tools= is its deprecated name)")
+    items = tools.tools if isinstance(tools, ToolRequest) else tools
+    if any(not isinstance(t, dict) for t in items):
+        raise TypeError(
+            "Agent(tools=) got callables or Tool objects, but Agent runs no tools: use "
+            "ToolAgent(client, ctx, parser, tools=[fn, ...]) to run them, or Agent(tool_schemas=[...]) "
+            "to only describe OpenAI-format schemas to the model"
+        )
+    warnings.warn(
+        "Agent(tools=<schemas>) is deprecated: pass tool_schemas= (tools= means callables the agent runs, "
+        "as in ToolAgent(tools=[fn]))",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return tools
 
 
 def _family_renderer(template: ChatTemplate | None) -> Renderer | None:

@@ -78,6 +78,11 @@ class ToolAgent(Agent):
         tool_call_parser: Callable[[str], ToolCallScan] | None = None,
         **agent_kwargs: Any,
     ) -> None:
+        if "tool_schemas" in agent_kwargs:
+            raise TypeError(
+                "ToolAgent makes its tool schemas from tools= and external_tools= (callables or Tool objects); "
+                "for a tool run elsewhere give external_tools=[Tool(...)]"
+            )
         super().__init__(client, ctx, parser, **agent_kwargs)
         self.internal_tools = {t.name: t for t in map(Tool.from_callable, tools)}
         self.external_tools = {t.name: t for t in map(Tool.from_callable, external_tools)}
