@@ -91,30 +91,29 @@ def plan_prompt(
         tok = _tokenizer(renderer, template)
         if rewrite_reply is None or tok is None or shown != rewrite_reply(last.text):
             return PromptPlan(render(), "retokenized")
-        completion = rewrite_ids(tok, last.completion_ids, rewrite_reply)
+        try:
+            completion = rewrite_ids(tok, last.completion_ids, rewrite_reply)
+        except (TypeError, ValueError, AttributeError):  # a tokenizer without the text API: render
+            completion = None
         if completion is None:
             return PromptPlan(render(), "retokenized")
     assert completion is not None
-    ids = _bridge(list(last.prompt_ids), completion, list(last.messages), msgs[n + 1 :], renderer, template, tools)
-    prefix_break = render() != ids if check_prefix else None
-    return PromptPlan(ids, "retokenized" if rewritten else "extended", prefix_break, rewritten)
-
-
-def _bridge(
-    prompt: list[int],
-    completion: list[int],
-    history: list[Message],
-    new: list[Message],
-    renderer: Renderer | None,
-    template: ChatTemplate | None,
-    tools: list[dict[str, Any]] | None,
-) -> list[int]:
+    prompt, history, new = list(last.prompt_ids), list(last.messages), msgs[n + 1 :]
+    prefix_break: bool | None = None
     if renderer is not None:
-        return renderer.bridge(prompt, completion, history, new, tools=tools).ids
-    assert template is not None
-    ended = bool(completion) and completion[-1] in template.stop_token_ids
-    cont = template.continuation_ids(history, new, completion_ended_with_stop=ended, tools=tools)
-    return [*prompt, *completion, *cont]
+        # the family's own check: a fresh render of the reply as the family parses it
+        # (reasoning and calls structured), so channels lost in the text do not count
+        bridge = renderer.bridge(prompt, completion, history, new, tools=tools, check_prefix=check_prefix)
+        ids, prefix_break = bridge.ids, bridge.prefix_break
+        if rewritten and check_prefix:
+            prefix_break = render() != ids
+    else:
+        assert template is not None
+        ended = bool(completion) and completion[-1] in template.stop_token_ids
+        cont = template.continuation_ids(history, new, completion_ended_with_stop=ended, tools=tools)
+        ids = [*prompt, *completion, *cont]
+        prefix_break = render() != ids if check_prefix else None
+    return PromptPlan(ids, "retokenized" if rewritten else "extended", prefix_break, rewritten)
 
 
 def _tokenizer(renderer: Renderer | None, template: ChatTemplate | None) -> Any:
