@@ -31,6 +31,7 @@ from ludic_lab.envs.calculator import calculator
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import ParseResult
 from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine
+from ludic_lab.task import Task
 from ludic_lab.types import Message, Rollout
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "evaluate_tool_task",
     "final_number_match",
     "final_number_parser",
+    "multiplication_task",
     "tool_stats",
     "tool_stats_callback",
     "tool_task_agent",
@@ -132,6 +134,23 @@ def tool_task_agent(
     )
 
 
+def multiplication_task(rows: Sequence[dict[str, Any]], *, use_tool: bool = True, max_tool_turns: int = 2) -> Task:
+    """The tool-use task as a :class:`~ludic_lab.task.Task`: env ``"multiplication"`` serving
+    ``rows`` (env seed ``i`` is question ``i``), protocol ``"tool_agent"`` (the tool agent, or
+    the no-tool control when ``use_tool`` is false), one env step per episode; ``stats``:
+    :func:`tool_stats`, ``evaluate``: :func:`evaluate_tool_task`."""
+    rows = list(rows)
+
+    def make_env() -> DatasetQAEnv:
+        return DatasetQAEnv(rows, verifier=final_number_match, system_prompt=None)
+
+    def make_protocol(client: Any) -> SingleAgentSyncProtocol:
+        return SingleAgentSyncProtocol(tool_task_agent(client, use_tool=use_tool, max_tool_turns=max_tool_turns))
+
+    return Task("multiplication", make_env, size=len(rows), protocol_kind="tool_agent", protocol=make_protocol,
+                max_steps=1, evaluate=evaluate_tool_task, stats=tool_stats)  # fmt: skip
+
+
 def tool_task_engine(
     client: Any,
     rows: Sequence[dict[str, Any]],
@@ -140,18 +159,9 @@ def tool_task_engine(
     max_tool_turns: int = 2,
     concurrency: int = 64,
 ) -> tuple[RolloutEngine, EnvSpec, ProtocolSpec]:
-    """``(engine, env_spec, protocol_spec)`` serving ``rows`` (env seed ``i`` is question
-    ``i``) to the tool agent, or to the no-tool control when ``use_tool`` is false."""
-    rows = list(rows)
-
-    def make_env() -> DatasetQAEnv:
-        return DatasetQAEnv(rows, verifier=final_number_match, system_prompt=None)
-
-    def make_protocol() -> SingleAgentSyncProtocol:
-        return SingleAgentSyncProtocol(tool_task_agent(client, use_tool=use_tool, max_tool_turns=max_tool_turns))
-
-    engine = RolloutEngine({"multiplication": make_env}, {"tool_agent": make_protocol}, max_concurrency=concurrency)
-    return engine, EnvSpec("multiplication"), ProtocolSpec("tool_agent")
+    """``(engine, env_spec, protocol_spec)`` of :func:`multiplication_task` sampling through ``client``."""
+    task = multiplication_task(rows, use_tool=use_tool, max_tool_turns=max_tool_turns)
+    return task.engine(client, max_concurrency=concurrency), EnvSpec(task.name), ProtocolSpec(task.protocol_kind)
 
 
 def tool_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:

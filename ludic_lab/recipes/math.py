@@ -1,5 +1,5 @@
-"""GSM8K-format math for the examples: data, the QA engine of a training step, and saving the
-trained policy as a model folder that an evaluation (or a vLLM server) loads.
+"""GSM8K-format math for the examples: data, the task (:func:`math_task`) and its engine, and
+saving the trained policy as a model folder that an evaluation (or a vLLM server) loads.
 
 ``load_math(data, split)``: ``"shipped"`` (the 400 word problems shipped with ludic_lab,
 80 held out), ``"gsm_symbolic"`` (reasoning-gym's GSM8K-style generator, offline), or a
@@ -15,13 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from ludic_lab.agents import Agent
-from ludic_lab.context import FullDialog
 from ludic_lab.envs import DatasetQAEnv
-from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-from ludic_lab.interaction import SingleAgentSyncProtocol
+from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.parsers import Parser, ParseResult
-from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine
+from ludic_lab.task import RequestStream, Task
 
 SYSTEM_PROMPT = (
     "Solve the math problem. Think briefly if you need to, then give the final number inside "
@@ -102,41 +100,38 @@ def math_verifier(data: str = "shipped") -> Callable[[str, str], bool]:
     return numeric_match
 
 
+def math_task(rows: list[dict[str, Any]], verifier: Callable[[str, str], bool], *,
+              answer_format: AnswerFormat = "tags") -> Task:  # fmt: skip
+    """The math task over ``rows``: env ``"math"`` (a :class:`DatasetQAEnv`; env seed = row),
+    read by :func:`answer_parser` of ``answer_format`` (-1 for a reply it cannot read);
+    request streams walk a seeded shuffle of the rows."""
+
+    def make_env() -> DatasetQAEnv:
+        return DatasetQAEnv(rows, verifier=verifier, system_prompt=SYSTEM_PROMPT)
+
+    return Task(ENV, make_env, parser=answer_parser(answer_format), size=len(rows), shuffle=True,
+                protocol_kind=PROTOCOL)  # fmt: skip
+
+
 def math_engine(client: Any, rows: list[dict[str, Any]], verifier: Callable[[str, str], bool], *,
                 concurrency: int = 64, episode_timeout_s: float = 600.0,
                 answer_format: AnswerFormat = "tags") -> RolloutEngine:  # fmt: skip
-    """An engine with env ``"math"`` (a :class:`DatasetQAEnv` over ``rows``; env seed = row)
-    and protocol ``"single_agent"`` (:func:`answer_parser` of ``answer_format``, -1 for a reply
-    it cannot read); an episode still running after ``episode_timeout_s`` is recorded as failed."""
-    parser = answer_parser(answer_format)
-    return RolloutEngine(
-        {ENV: lambda: DatasetQAEnv(rows, verifier=verifier, system_prompt=SYSTEM_PROMPT)},
-        {PROTOCOL: lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), parser))},
-        max_concurrency=concurrency,
-        episode_timeout_s=episode_timeout_s,
-    )
+    """The :func:`math_task`'s engine (env ``"math"``, protocol ``"single_agent"``) sampling
+    through ``client``; an episode still running after ``episode_timeout_s`` is recorded as failed."""
+    task = math_task(rows, verifier, answer_format=answer_format)
+    return task.engine(client, max_concurrency=concurrency, episode_timeout_s=episode_timeout_s)
 
 
-class QuestionRequests:
-    """``requests_fn``: ``questions`` rows per call, walking through a seeded shuffle of them."""
+class QuestionRequests(RequestStream):
+    """``requests_fn``: ``questions`` rows per call, walking through a seeded shuffle of them
+    (a :class:`~ludic_lab.task.RequestStream`: ``state_dict()`` says where it is)."""
 
     def __init__(self, num_rows: int, questions: int, inference: InferenceSpec, *, seed: int = 0) -> None:
-        import random
-
-        self.order = list(range(num_rows))
-        random.Random(seed).shuffle(self.order)
-        self.questions, self.inference, self.n = questions, inference, 0
-
-    def __call__(self) -> list[RolloutRequest]:
-        out = []
-        for _ in range(self.questions):
-            row = self.order[self.n % len(self.order)]
-            self.n += 1
-            out.append(RolloutRequest(EnvSpec(ENV), ProtocolSpec(PROTOCOL), env_seed=row, inference=self.inference))
-        return out
+        super().__init__(ENV, PROTOCOL, per_step=questions, size=num_rows, seed=seed, shuffle=True, inference=inference)
 
 
 def training_sampling(temperature: float, max_tokens: int) -> InferenceSpec:
+    """Sampling for training: ``temperature``, ``max_tokens``, token ids and logprobs returned."""
     return InferenceSpec(SamplingConfig(temperature=temperature, max_tokens=max_tokens), ReturnSpec.for_training())
 
 

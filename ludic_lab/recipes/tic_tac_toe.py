@@ -24,10 +24,11 @@ from typing import Any, Literal
 from ludic_lab.agents import Agent
 from ludic_lab.context import FullDialog
 from ludic_lab.envs import TicTacToeEnv, TicTacToeMultiAgentEnv
-from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
+from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
 from ludic_lab.parsers import Parser, ParseResult
 from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.task import RequestStream
 from ludic_lab.types import Rollout
 
 ENV, ENV_2P = "tic_tac_toe", "tic_tac_toe_2p"
@@ -92,23 +93,25 @@ def sampling(temperature: float, max_tokens: int) -> InferenceSpec:
     return InferenceSpec(SamplingConfig(temperature=temperature, max_tokens=max_tokens), ReturnSpec.for_training())
 
 
-class GameRequests:
+class GameRequests(RequestStream):
     """``requests_fn`` of a ``RolloutBatchSource``: ``games`` fresh games per call, seeds
-    ``seed * 7919 + n`` counting up (all below :data:`EVAL_SEED_BASE`)."""
+    ``seed * 7919 + n`` counting up (all below :data:`EVAL_SEED_BASE`); a
+    :class:`~ludic_lab.task.RequestStream`, so ``state_dict()`` says where it is."""
 
     def __init__(self, games: int, inference: InferenceSpec, *, self_play: bool = False, opponent: str = "random",
                  seed: int = 0) -> None:  # fmt: skip
-        self.games, self.inference, self.self_play = games, inference, self_play
-        self.opponent, self.next_seed = opponent, (seed * 7919) % (EVAL_SEED_BASE // 2)
+        super().__init__(ENV_2P if self_play else ENV, SELF_PLAY if self_play else SINGLE, per_step=games, seed=seed,
+                         inference=inference)  # fmt: skip
+        self.games, self.self_play, self.opponent, self.game_inference = games, self_play, opponent, inference
 
-    def __call__(self) -> list[RolloutRequest]:
-        out = []
-        for _ in range(self.games):
-            first = "XO"[self.next_seed % 2]  # self-play: X and O open in turn, so both roles learn to open
-            out.append(game_request(self.next_seed, self.inference, self_play=self.self_play, opponent=self.opponent,
-                                    first=first))  # fmt: skip
-            self.next_seed += 1
-        return out
+    def env_seed(self, c: int) -> int:
+        """The ``c``-th game's seed: ``(seed * 7919) % (EVAL_SEED_BASE // 2) + c``."""
+        return (self.seed * 7919) % (EVAL_SEED_BASE // 2) + c
+
+    def request(self, env_seed: int) -> RolloutRequest:
+        """One game (self-play: X and O open in turn, so both roles learn to open)."""
+        return game_request(env_seed, self.game_inference, self_play=self.self_play,
+                            opponent=self.opponent, first="XO"[env_seed % 2])  # fmt: skip
 
 
 def game_request(seed: int, inference: InferenceSpec, *, self_play: bool = False, opponent: str = "random",
