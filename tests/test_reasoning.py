@@ -238,3 +238,49 @@ def test_a_step_without_reasoning_has_none_in_views() -> None:
     assert step_reasoning(plain) == (None, "just 5")
     text = Step(index=0, prev_obs="q", action="<think>hm</think> 5", parsed_action="5", next_obs=None, reward=0.0)
     assert step_reasoning(text) == ("hm", "5")
+
+
+async def test_hidden_reasoning_of_a_whole_tool_step_is_rewritten_in_place() -> None:
+    """A tool step's two replies (a call, then the answer) both think; the next step's prompt
+    is that step's stream with both reasoning spans replaced and every other id as it was
+    (the tool call, the inserted result, the non-canonical answer), not a re-render."""
+    from ludic_lab.agents import ToolAgent
+
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a + b
+
+    tok = ft.qwen3_tokenizer()
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    replies = [
+        tok.encode(f"<think>\nI should add.\n</think>\n\n{call}<|im_end|>"),
+        _per_piece(tok, "<think>\nit is 5\n</think>\n\n", "fi", "ve", "<|im_end|>"),
+        tok.encode("<think>\n8\n</think>\n\neight<|im_end|>"),
+    ]
+    ctx = TruncatedThinkingContext("You are a calculator.", placeholder="...")
+    client = Qwen3Client(tok, replies)
+    agent = ToolAgent(client, ctx, identity_parser, tools=[add], renderer=renderer_for(tok))
+    agent.reset()
+    agent.on_env_reset("What is 2+3?", {})
+    first = await agent.act()
+    agent.on_after_step("And 4+4?", {})
+    second = await agent.act()
+    assert first.trace is not None and second.trace is not None
+    stream = list(first.trace.input_ids)  # the step's prompt, both replies and the tool result
+    p3 = list(client.requests[2].prompt_token_ids or ())
+    assert second.info["rewritten_reply"] is True and second.trace.prompt_source == "retokenized"
+    shown = [rewrite_ids(tok, r, ctx.rewrite_reply) for r in replies[:2]]
+    p1 = list(client.requests[0].prompt_token_ids or ())
+    glue = stream[len(p1) + len(replies[0]) : len(stream) - len(replies[1])]  # the tool result, as inserted
+    assert p3[: len(p1)] == p1
+    expected = [*p1, *(shown[0] or []), *glue, *(shown[1] or [])]
+    assert p3[: len(expected)] == expected
+    assert tok.decode(p3).count("<think>...</think>") == 2 and "I should add" not in tok.decode(p3)
+    # negative control: rendering the shown messages again re-tokenises the sampled answer
+    old = renderer_for(tok).render_ids(list(client.requests[2].messages), tools=agent.tool_schemas)
+    assert old != p3 and _per_piece(tok, "fi", "ve")[0] not in old[len(p1) :]

@@ -240,12 +240,10 @@ class Agent:
         trace: TokenTrace | None = None
         if response.prompt_token_ids is not None and response.completion_token_ids is not None:
             trace = TokenTrace.from_response(response, prompt_source=source)
-        self._last = LastTurn(
-            messages=tuple(messages),
-            prompt_ids=response.prompt_token_ids,
-            completion_ids=response.completion_token_ids,
-            text=response.text,
-        )
+        this = LastTurn(tuple(messages), response.prompt_token_ids, response.completion_token_ids, response.text)
+        if source == "extended" and self._last is not None:  # earlier replies of the chain stay known
+            this = self._last.extended(this)
+        self._last = this
         info: Info = {
             "turn": self._turn,
             "sampling_seed": turn_seed,

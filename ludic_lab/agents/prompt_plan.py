@@ -6,7 +6,8 @@ sampled, then the new messages as the renderer (or chat template) glues them on
 
 - **the context shows the previous reply differently** (``TruncatedThinkingContext`` hides its
   reasoning; :meth:`~ludic_lab.context.base.ContextStrategy.rewrite_reply` says how): the
-  previous prompt ids are kept and the reply's sampled ids are rewritten in place
+  previous prompt ids are kept and the reply's sampled ids (and those of the earlier replies
+  of the same chain, a tool step's calls: :attr:`LastTurn.spans`) are rewritten in place
   (:func:`~ludic_lab.rendering.edit.rewrite_ids`: only the hidden span is replaced), then the
   bridge glues the new messages on. The prompt no longer extends the sampled stream
   (``"retokenized"``: a new training chain starts), but every id it holds was sent as is.
@@ -19,7 +20,7 @@ sampled, then the new messages as the renderer (or chat template) glues them on
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ludic_lab.inference.chat_template import ChatTemplate
@@ -36,6 +37,17 @@ class LastTurn:
     prompt_ids: tuple[int, ...] | None
     completion_ids: tuple[int, ...] | None
     text: str
+    spans: tuple[tuple[int, int, int, str], ...] = ()
+    """Earlier replies sampled in the same chain, inside ``prompt_ids``: ``(index in
+    messages, start, stop, text)``; a context may show them rewritten (a tool step's calls)."""
+
+    def extended(self, nxt: LastTurn) -> LastTurn:
+        """``nxt`` (a call whose prompt extends this one) knowing this reply as a span."""
+        spans = self.spans
+        if self.prompt_ids is not None and self.completion_ids is not None:
+            a = len(self.prompt_ids)
+            spans = (*spans, (len(self.messages), a, a + len(self.completion_ids), self.text))
+        return replace(nxt, spans=spans)
 
 
 @dataclass(frozen=True)
@@ -76,34 +88,35 @@ def plan_prompt(
     if last is None:
         return PromptPlan(render(), "fresh")
     n = len(last.messages)
-    if (
-        not last.prompt_ids
-        or last.completion_ids is None
-        or len(msgs) < n + 1
-        or tuple(msgs[:n]) != last.messages
-        or msgs[n].get("role") != "assistant"
-    ):
+    if not last.prompt_ids or last.completion_ids is None or len(msgs) < n + 1 or msgs[n].get("role") != "assistant":
         return PromptPlan(render(), "retokenized")
-    completion: list[int] | None = list(last.completion_ids)
-    shown = msgs[n].get("content")
-    rewritten = shown != last.text
+    # every earlier message as sent, except sampled replies the context shows rewritten
+    replies = {i: (a, b, text) for i, a, b, text in last.spans}
+    edits: list[tuple[int, int]] = []
+    for i in range(n):
+        if msgs[i] != last.messages[i]:
+            span = replies.get(i)
+            if span is None or not _shown_rewritten(msgs[i], span[2], rewrite_reply):
+                return PromptPlan(render(), "retokenized")
+            edits.append(span[:2])
+    rewritten = bool(edits) or msgs[n].get("content") != last.text
+    prompt, completion = list(last.prompt_ids), list(last.completion_ids)
     if rewritten:
-        tok = _tokenizer(renderer, template)
-        if rewrite_reply is None or tok is None or shown != rewrite_reply(last.text):
+        if msgs[n].get("content") != last.text and not _shown_rewritten(msgs[n], last.text, rewrite_reply):
             return PromptPlan(render(), "retokenized")
-        try:
-            completion = rewrite_ids(tok, last.completion_ids, rewrite_reply)
-        except (TypeError, ValueError, AttributeError):  # a tokenizer without the text API: render
-            completion = None
-        if completion is None:
+        assert rewrite_reply is not None
+        edited = _rewrite(_tokenizer(renderer, template), prompt, completion, edits, rewrite_reply)
+        if edited is None:
             return PromptPlan(render(), "retokenized")
-    assert completion is not None
-    prompt, history, new = list(last.prompt_ids), list(last.messages), msgs[n + 1 :]
+        prompt, completion = edited
+    history, new = list(last.messages), msgs[n + 1 :]
     prefix_break: bool | None = None
     if renderer is not None:
         # the family's own check: a fresh render of the reply as the family parses it
         # (reasoning and calls structured), so channels lost in the text do not count
-        bridge = renderer.bridge(prompt, completion, history, new, tools=tools, check_prefix=check_prefix)
+        bridge = renderer.bridge(
+            prompt, completion, history, new, tools=tools, check_prefix=check_prefix and not rewritten
+        )
         ids, prefix_break = bridge.ids, bridge.prefix_break
         if rewritten and check_prefix:
             prefix_break = render() != ids
@@ -114,6 +127,40 @@ def plan_prompt(
         ids = [*prompt, *completion, *cont]
         prefix_break = render() != ids if check_prefix else None
     return PromptPlan(ids, "retokenized" if rewritten else "extended", prefix_break, rewritten)
+
+
+def _shown_rewritten(shown: Message, text: str, rewrite_reply: Callable[[str], str] | None) -> bool:
+    """True when ``shown`` is the sampled reply ``text`` as the context rewrites it."""
+    return (
+        rewrite_reply is not None
+        and shown.get("role") == "assistant"
+        and shown.get("content") == rewrite_reply(text)
+        and rewrite_reply(text) != text
+    )
+
+
+def _rewrite(
+    tok: Any,
+    prompt: list[int],
+    completion: list[int],
+    edits: list[tuple[int, int]],
+    rewrite_reply: Callable[[str], str],
+) -> tuple[list[int], list[int]] | None:
+    """``(prompt, completion)`` with ``rewrite_reply`` applied to the completion and to the
+    sampled replies at ``edits`` (spans of ``prompt``); ``None`` when the ids cannot be
+    rewritten (no text tokenizer, or a rewrite that does not decode back)."""
+    if tok is None:
+        return None
+    try:
+        out = rewrite_ids(tok, completion, rewrite_reply)
+        for a, b in sorted(edits, reverse=True):  # from the end: earlier offsets stay valid
+            part = rewrite_ids(tok, prompt[a:b], rewrite_reply)
+            if part is None:
+                return None
+            prompt = [*prompt[:a], *part, *prompt[b:]]
+    except (TypeError, ValueError, AttributeError):  # a tokenizer without the text API
+        return None
+    return None if out is None else (prompt, out)
 
 
 def _tokenizer(renderer: Renderer | None, template: ChatTemplate | None) -> Any:
