@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from ludic_lab.aio import run_sync
 from ludic_lab.inference.launch import processes
 
 PY = sys.executable
@@ -153,6 +154,9 @@ def test_server_start_health_stop(tiny_model_dir: str, free_port: int, tmp_path:
         assert len(tree) >= 2  # the API server and vLLM's engine process
         assert server.record.path.exists() and "ready" in server._repr_html_()
         assert log.exists() and server.tail(5)
+        client = server.client()  # through the one sampler starter
+        assert client.api_base == server.api_base and run_sync(client.get_policy_version()) == 0
+        run_sync(client.aclose())
     assert server.status == "stopped"
     assert not any(processes.is_alive(p, s) for p, s in tree.items())
     assert not server.record.path.exists() and _port_free(free_port)

@@ -15,7 +15,7 @@ never outlives the kernel:
 A busy port is an error before anything starts. Example::
 
     server = lab.VLLMServer(model="default", port=8000)     # returns once healthy
-    client = VLLMChatClient(server.model, api_base=server.api_base)
+    client = server.client()        # a VLLMChatClient, through ludic_lab.sampler.open_client
     ...
     server.stop()
 """
@@ -145,6 +145,14 @@ class VLLMServer(LiveStatus):
     def tail(self, n: int = 40) -> str:
         """The last ``n`` lines of the server log."""
         return self.proc.tail(n)
+
+    def client(self, *, enable_weight_updates: bool = True) -> Any:
+        """A ``VLLMChatClient`` of this server, opened by the one sampler starter
+        (:func:`~ludic_lab.sampler.open_client`); with ``enable_weight_updates`` a trainer can push
+        weights into it (``ludic_lab.sampler.publisher_for(client, policy)``)."""
+        from ludic_lab.sampler import open_client
+
+        return open_client("vllm", self.model, vllm_url=self.api_base, enable_weight_updates=enable_weight_updates)
 
     # -- control -------------------------------------------------------------------------
     def wait_ready(self, timeout: float = 600.0) -> VLLMServer:
