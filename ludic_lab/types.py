@@ -31,8 +31,10 @@ PromptSource = Literal["fresh", "extended", "retokenized"]
 - ``"fresh"``: the chat template rendered and tokenized (the first turn of an episode);
 - ``"extended"``: the previous turn's prompt ids + its completion ids + the tokens of the
   new messages only — the history the model saw is exactly the history it produced;
-- ``"retokenized"``: the context strategy rewrote history (e.g. trimmed ``<think>`` blocks),
-  so the whole prompt was rendered again from messages.
+- ``"retokenized"``: the context strategy rewrote history, so the prompt does not extend the
+  previous call's ids (a new training chain starts): either the sampled replies' ids were
+  rewritten in place (``TruncatedThinkingContext``: only their reasoning spans are replaced,
+  ``info["rewritten_reply"]``) or the whole prompt was rendered again from messages.
 """
 
 

@@ -4,12 +4,15 @@ For every family: render messages (and tools) to ids as the family's official te
 parse sampled ids into content / reasoning / tool calls, and bridge to the next turn without
 re-rendering sampled history. ``renderer_for(tokenizer)`` resolves the family from the
 tokenizer (``family=`` overrides); ``FAMILIES`` lists them; ``docs/models.md`` says how each
-is proven. Torch-free; the ``renderers`` and ``mistral-common`` backends load on first use.
+is proven. :func:`read_reply` is the parse both clients use (text, reasoning, tool calls);
+:func:`rewrite_ids` rewrites a sampled reply's ids in place (hidden reasoning). Torch-free;
+the ``renderers`` and ``mistral-common`` backends load on first use.
 """
 
 from __future__ import annotations
 
 from ludic_lab.rendering.base import Renderer
+from ludic_lab.rendering.edit import rewrite_ids
 from ludic_lab.rendering.families import FAMILIES, Family, detect_family, renderer_for
 from ludic_lab.rendering.hermes import (
     TOOL_PROMPT,
@@ -39,6 +42,7 @@ __all__ = [
     "read_reply",
     "renderer_for",
     "renderer_of",
+    "rewrite_ids",
     "scan_reply",
     "scan_tool_calls",
     "split_reply",
