@@ -170,3 +170,16 @@ def test_as_task_names_an_env_after_its_class() -> None:
     assert as_task(task, name="shout").name == "shout"
     with pytest.raises(ValueError, match="non-empty"):
         Task("", ShoutEnv)
+
+
+def test_train_env_runs_where_an_event_loop_is_running(tiny_model_dir: str) -> None:
+    """As in a Jupyter cell: one line after the env's definition, a loop already running."""
+    import asyncio
+
+    async def cell() -> EnvTraining:
+        return ludic_lab.train_env(
+            ShoutEnv, steps=1, model=tiny_model_dir, max_tokens=4, group_size=2, prompts_per_step=2, progress=False
+        )
+
+    run = asyncio.run(cell())
+    assert len(run.history) == 1 and run.client.policy_version == 1
