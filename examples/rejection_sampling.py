@@ -58,12 +58,14 @@ from ludic_lab.recipes.tic_tac_toe import (
 )
 from ludic_lab.recipes.training import (
     first_last,
+    lora_trainer_field,
     output_dir,
+    pass_down_trainer,
     sampler_trainer,
     train_timed,
-    trainer_config,
     write_summary,
 )
+from ludic_lab.training.config import TrainerConfig
 from ludic_lab.types import Rollout
 
 KEEP = {
@@ -106,12 +108,10 @@ class Config:
     """SFT optimizer steps on the kept games."""
     batch_size: int = 16
     """Samples (agent turns) per SFT step."""
-    lr: float = 3e-4
-    """Learning rate."""
-    lora_r: int = 16
-    """LoRA rank (0 = train every weight)."""
-    micro_token_budget: int = 1024
-    """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
+    trainer: TrainerConfig = lora_trainer_field(lr=3e-4)
+    """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r`` (0 = train every
+    weight), ``--micro-token-budget`` (tokens per micro-batch, padding included: small keeps CPU
+    memory low; raise it on a GPU), ...); LoRA alpha 2r."""
     eval_games: int = 32
     """Held-out games played greedily before and after."""
     episode_timeout_s: float = 600.0
@@ -122,6 +122,9 @@ class Config:
     """Seeds the games, the data order and the LoRA initialisation."""
     out: str = "runs/rejection_sampling"
     """Output folder: kept_games.jsonl, metrics.jsonl, summary.json."""
+
+    def __post_init__(self) -> None:
+        pass_down_trainer(self, on_policy=False)  # SFT: the trainer's own scoring temperature
 
 
 async def run(cfg: Config) -> dict[str, Any]:
@@ -160,7 +163,7 @@ async def run(cfg: Config) -> dict[str, Any]:
         readable = None if cfg.keep == "all" else drop_parse_errors
         source = OfflineBatchSource(out / "kept_games.jsonl", algo.credit_assigner, batch_size=cfg.batch_size,
                                     seed=cfg.seed, sample_filter=readable)  # fmt: skip
-        trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg), out=out,
+        trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=out,
                                   console_keys=("loss", "items", "grad_norm", "time/step_s"))  # fmt: skip
         history, train_s = await train_timed(trainer, cfg.sft_steps)
         trainer.close()

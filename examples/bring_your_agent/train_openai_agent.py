@@ -46,7 +46,14 @@ from ludic_lab.envs.calculator import calculator
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import AgentProgramProtocol
 from ludic_lab.recipes import Sampler
-from ludic_lab.recipes.training import first_last, output_dir, sampler_trainer, train_timed, trainer_config
+from ludic_lab.recipes.training import (
+    first_last,
+    lora_trainer_field,
+    output_dir,
+    pass_down_trainer,
+    sampler_trainer,
+    train_timed,
+)
 from ludic_lab.rollouts import (
     EnvSpec,
     GRPORequestStrategy,
@@ -56,6 +63,7 @@ from ludic_lab.rollouts import (
     RolloutRequest,
 )
 from ludic_lab.training import make_grpo
+from ludic_lab.training.config import TrainerConfig
 
 # -- the agent: plain openai-SDK code ------------------------------------------------------------
 
@@ -130,12 +138,10 @@ class Config:
     """Completion budget per model call (a calculator call takes ~30 tokens)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
-    lr: float = 1e-3
-    """Learning rate."""
-    lora_r: int = 16
-    """LoRA rank (0 = train every weight)."""
-    micro_token_budget: int = 1024
-    """Tokens per training micro-batch."""
+    trainer: TrainerConfig = lora_trainer_field(lr=1e-3)
+    """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r`` (0 = train every
+    weight), ``--micro-token-budget`` (tokens per micro-batch, padding included: small keeps CPU
+    memory low; raise it on a GPU), ...); LoRA alpha 2r."""
     eval_questions: int = 20
     """Held-out questions answered before and after training."""
     device: str = "cpu"
@@ -144,6 +150,9 @@ class Config:
     """Seeds questions, sampling and the LoRA initialisation."""
     out: str = "runs/openai_agent"
     """Output folder: metrics.jsonl, summary.json."""
+
+    def __post_init__(self) -> None:
+        pass_down_trainer(self)  # seed, device and sampling temperature into the trainer's config
 
 
 def engine_for(endpoint: OpenAIEndpoint, rows: list[dict[str, Any]], max_tokens: int) -> RolloutEngine:
@@ -207,8 +216,7 @@ async def run(cfg: Config) -> dict[str, Any]:
                 request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
             )  # fmt: skip
             trainer = sampler_trainer(sampler, algo, source,
-                                      trainer_config(cfg, scoring_temperature=cfg.temperature, max_seq_len=1024),
-                                      out=out)  # fmt: skip
+                                      cfg.trainer, out=out)  # fmt: skip
             history, train_s = await train_timed(trainer, cfg.steps)
             trainer.close()
             sessions = [r.meta.get("agent_program", {}) for r in source.last_rollouts]

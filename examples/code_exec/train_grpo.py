@@ -30,6 +30,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from ludic_lab.config import pass_down
+from ludic_lab.recipes.training import lora_trainer_field
+from ludic_lab.training.config import TrainerConfig
+
 
 @dataclass
 class Config:
@@ -47,8 +51,8 @@ class Config:
     """End a completion at a line holding only the closing ```` ``` ```` (the model keeps
     explaining its code otherwise, and those tokens earn nothing but a cut reply)."""
     temperature: float = 1.0
-    lr: float = 3e-4
-    lora_r: int = 16
+    trainer: TrainerConfig = lora_trainer_field(lr=3e-4, max_seq_len=512, micro_token_budget=2048)
+    """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r``, ...); LoRA alpha 2r."""
     sandboxes: int = 2
     """Concurrent sandboxes (one per core is plenty)."""
     per_test_timeout_s: float = 2.0
@@ -60,6 +64,9 @@ class Config:
     smoke: bool = False
     """Tiny settings for CI: 2 problems x 2 samples, 48 tokens, 4 held-out problems, 2 samples each."""
 
+    def __post_init__(self) -> None:
+        pass_down(self, "trainer", scoring_temperature=self.temperature)  # seed too; the trainer scores as sampled
+
 
 def split(rows: list[dict], name: str) -> list[dict]:
     return [r for r in rows if r.get("split") == name]
@@ -70,7 +77,6 @@ async def main(cfg: Config) -> dict:
 
     from ludic_lab.agents import Agent
     from ludic_lab.context import FullDialog
-    from ludic_lab.distributed import ClientPublisher
     from ludic_lab.envs.code_exec import CodeExecConfig, CodeExecEnv, RunConfig, SandboxPool, shipped_problems
     from ludic_lab.eval import evaluate
     from ludic_lab.eval.success import InfoKeySuccess
@@ -84,7 +90,8 @@ async def main(cfg: Config) -> dict:
         RolloutEngine,
         RolloutRequest,
     )
-    from ludic_lab.training import Trainer, TrainerConfig, make_grpo
+    from ludic_lab.sampler import Sampler
+    from ludic_lab.training import Trainer, make_grpo
     from ludic_lab.training.loggers import JSONLLogger
 
     if cfg.smoke:
@@ -96,27 +103,13 @@ async def main(cfg: Config) -> dict:
     if cfg.smoke:
         test = test[:4]
 
-    from ludic_lab.inference.models import resolve_model
-
-    model_path = resolve_model(cfg.model)
-    server = None
-    if cfg.sampler == "vllm":
-        from ludic_lab.inference import VLLMChatClient
-        from ludic_lab.inference.launch.server import start_vllm_server, wait_for_vllm_health
-
-        server = start_vllm_server(
-            model_path, port=0, dtype="bfloat16", max_model_len=1024, log_file=f"{cfg.run_dir}/vllm_server.log"
-        )
-        await wait_for_vllm_health(server.api_base, timeout=900, process=server)
-        client = VLLMChatClient(model_path, api_base=server.api_base, enable_weight_updates=True)
-    else:
-        from ludic_lab.inference import LocalChatClient
-
-        client = LocalChatClient(model_path, max_batch_size=cfg.problems_per_step * cfg.group_size)
     env_cfg = CodeExecConfig(run=RunConfig(per_test_timeout_s=cfg.per_test_timeout_s), partial_credit=True)
 
-    try:
+    # the bundled vLLM server (--sampler vllm) is stopped on leaving, also on error
+    async with Sampler(cfg.sampler, cfg.model, max_batch_size=cfg.problems_per_step * cfg.group_size,
+                       log_dir=cfg.run_dir, max_model_len=1024) as sampler:  # fmt: skip
         async with SandboxPool(cfg.sandboxes) as pool:  # refuses to start without bubblewrap
+            client, model_path = sampler.client, sampler.model_path
 
             def engine_for(data: list[dict]) -> RolloutEngine:
                 return RolloutEngine(
@@ -174,26 +167,12 @@ async def main(cfg: Config) -> dict:
                 request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
             )
             policy = AutoModelForCausalLM.from_pretrained(model_path)
-            if cfg.sampler == "vllm":
-                from ludic_lab.distributed.broadcast import BroadcastPolicyPublisher
-
-                publisher = BroadcastPolicyPublisher(client, model=policy)  # LoRA merged, pushed after each step
-            else:
-                publisher = ClientPublisher(client)
-            tconf = TrainerConfig(
-                lr=cfg.lr,
-                lora_r=cfg.lora_r,
-                lora_alpha=2.0 * cfg.lora_r,
-                scoring_temperature=cfg.temperature,
-                seed=cfg.seed,
-                max_seq_len=512,
-                micro_token_budget=2048,
-            )
+            publisher = sampler.publisher(policy)  # LoRA merged, pushed after each step
             trainer = Trainer(
                 policy,
                 algo,
                 source,
-                config=tconf,
+                config=cfg.trainer,
                 publisher=publisher,
                 pad_token_id=client.pad_token_id,
                 loggers=[JSONLLogger(f"{cfg.run_dir}/metrics.jsonl")],
@@ -215,10 +194,6 @@ async def main(cfg: Config) -> dict:
                 "sandbox": pool.stats(),
                 "minutes": round((time.perf_counter() - t0) / 60, 2),
             }
-    finally:
-        if server is not None:
-            await client.aclose()
-            server.stop()
     print(json.dumps(report, indent=2, default=str))
     Path(cfg.run_dir, "report.json").write_text(json.dumps(report, indent=2, default=str))
     return report

@@ -54,7 +54,8 @@ from ludic_lab.config import parse_config
 from ludic_lab.distributed.dist_utils import destroy_distributed, get_rank, get_world_size, init_distributed
 from ludic_lab.recipes import direct_sampler
 from ludic_lab.recipes.math import QuestionRequests, load_math, math_engine, math_verifier, training_sampling
-from ludic_lab.recipes.training import output_dir, trainer_config, write_summary
+from ludic_lab.recipes.training import lora_trainer_field, output_dir, pass_down_trainer, write_summary
+from ludic_lab.training.config import TrainerConfig
 
 
 @dataclass
@@ -79,18 +80,19 @@ class Config:
     """How answers are read: "tags" (<answer>42</answer> only) or "lenient" (else the last number)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
-    lr: float = 1e-3
-    """Learning rate."""
-    lora_r: int = 16
-    """LoRA rank (0 = train every weight)."""
-    micro_token_budget: int = 1024
-    """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
+    trainer: TrainerConfig = lora_trainer_field(lr=1e-3, batch_split="global")
+    """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r`` (0 = train every
+    weight), ``--micro-token-budget`` (tokens per micro-batch, padding included: small keeps CPU
+    memory low; raise it on a GPU), ...); LoRA alpha 2r."""
     device: str = "cpu"
     """"cpu" (gloo) or "cuda" (NCCL; each rank uses cuda:LOCAL_RANK)."""
     seed: int = 0
     """Seeds the problem order, sampling and the LoRA initialisation."""
     out: str = "runs/fsdp2_math"
     """Output folder (rank 0): metrics.jsonl, summary.json."""
+
+    def __post_init__(self) -> None:
+        pass_down_trainer(self)  # seed, device and sampling temperature into the trainer's config
 
 
 def main(cfg: Config) -> dict[str, Any]:
@@ -132,7 +134,7 @@ def main(cfg: Config) -> dict[str, Any]:
         policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         pad = policy.config.pad_token_id if policy.config.pad_token_id is not None else policy.config.eos_token_id
         # batch_split="global": every rank gets rank 0's batch and trains its share
-        tcfg = trainer_config(cfg, scoring_temperature=cfg.temperature, batch_split="global")
+        tcfg = cfg.trainer
         trainer = Trainer(policy, algo, Rank0BroadcastSource(inner), config=tcfg, publisher=publisher,
                           loggers=loggers, pad_token_id=int(pad or 0))  # fmt: skip
         t0 = time.perf_counter()

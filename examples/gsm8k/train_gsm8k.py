@@ -60,12 +60,14 @@ from ludic_lab.recipes.math import (
 )
 from ludic_lab.recipes.training import (
     first_last,
+    lora_trainer_field,
     output_dir,
+    pass_down_trainer,
     sampler_trainer,
     train_timed,
-    trainer_config,
     write_summary,
 )
+from ludic_lab.training.config import TrainerConfig
 
 
 @dataclass
@@ -92,12 +94,10 @@ class Config:
     """How answers are read: "tags" (<answer>42</answer> only) or "lenient" (else the last number)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
-    lr: float = 1e-3
-    """Learning rate."""
-    lora_r: int = 16
-    """LoRA rank (0 = train every weight)."""
-    micro_token_budget: int = 1024
-    """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
+    trainer: TrainerConfig = lora_trainer_field(lr=1e-3)
+    """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r`` (0 = train every
+    weight), ``--micro-token-budget`` (tokens per micro-batch, padding included: small keeps CPU
+    memory low; raise it on a GPU), ...); LoRA alpha 2r."""
     eval_questions: int = 40
     """Held-out problems evaluated (greedy) before and after."""
     episode_timeout_s: float = 600.0
@@ -108,6 +108,9 @@ class Config:
     """Seeds the problem order, sampling and the LoRA initialisation."""
     out: str = "runs/gsm8k"
     """Output folder: metrics.jsonl, summary.json, model/ (the trained policy)."""
+
+    def __post_init__(self) -> None:
+        pass_down_trainer(self)  # seed, device and sampling temperature into the trainer's config
 
 
 async def run(cfg: Config) -> dict[str, Any]:
@@ -146,7 +149,7 @@ async def run(cfg: Config) -> dict[str, Any]:
             request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
         )
         keys = ("reward_mean", "loss/clip_frac", "grad_norm", "time/step_s")
-        trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg, scoring_temperature=cfg.temperature),
+        trainer = sampler_trainer(sampler, algo, source, cfg.trainer,
                                   out=out, console_keys=keys)  # fmt: skip
         history, train_s = await train_timed(trainer, cfg.steps)
 

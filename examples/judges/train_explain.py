@@ -62,9 +62,17 @@ from ludic_lab.demos.explain_task import evaluate_explain, explain_engine, expla
 from ludic_lab.inference import LocalChatClient
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.recipes import Sampler
-from ludic_lab.recipes.training import output_dir, sampler_trainer, train_timed, trainer_config, write_summary
+from ludic_lab.recipes.training import (
+    lora_trainer_field,
+    output_dir,
+    pass_down_trainer,
+    sampler_trainer,
+    train_timed,
+    write_summary,
+)
 from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource, RolloutRequest
 from ludic_lab.training import make_grpo
+from ludic_lab.training.config import TrainerConfig
 
 
 @dataclass
@@ -87,12 +95,10 @@ class Config:
     """Completion budget (a good answer is about 20 tokens)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
-    lr: float = 1e-3
-    """Learning rate."""
-    lora_r: int = 16
-    """LoRA rank (0 = train every weight)."""
-    micro_token_budget: int = 1024
-    """Tokens per training micro-batch."""
+    trainer: TrainerConfig = lora_trainer_field(lr=1e-3, max_seq_len=256)
+    """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r`` (0 = train every
+    weight), ``--micro-token-budget`` (tokens per micro-batch, padding included: small keeps CPU
+    memory low; raise it on a GPU), ...); LoRA alpha 2r."""
     eval_concepts: int = 12
     """Held-out concepts answered (greedy) and judged before and after training (of 12)."""
     device: str = "cpu"
@@ -101,6 +107,9 @@ class Config:
     """Seeds concepts, sampling and the LoRA initialisation."""
     out: str = "runs/explain"
     """Output folder: metrics.jsonl, summary.json."""
+
+    def __post_init__(self) -> None:
+        pass_down_trainer(self)  # seed, device and sampling temperature into the trainer's config
 
 
 def judge_share(history: list[dict[str, Any]], name: str = "explain") -> dict[str, Any]:
@@ -156,7 +165,7 @@ async def run(cfg: Config) -> dict[str, Any]:
             engine, requests, algo.credit_assigner, request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
             rewards=[judge],  # scored after generation, before the group advantages
         )  # fmt: skip
-        config = trainer_config(cfg, scoring_temperature=cfg.temperature, max_seq_len=256)
+        config = cfg.trainer
         keys = ("reward_mean", "loss", "source/rewards/explain/mean", "source/rewards/seconds", "time/step_s")
         trainer = sampler_trainer(sampler, algo, source, config, out=out, console_keys=keys)
         history, train_s = await train_timed(trainer, cfg.steps)

@@ -56,7 +56,15 @@ from ludic_lab.recipes.tic_tac_toe import (
     short,
     tic_tac_toe_engine,
 )
-from ludic_lab.recipes.training import output_dir, sampler_trainer, train_timed, trainer_config, write_summary
+from ludic_lab.recipes.training import (
+    lora_trainer_field,
+    output_dir,
+    pass_down_trainer,
+    sampler_trainer,
+    train_timed,
+    write_summary,
+)
+from ludic_lab.training.config import TrainerConfig
 
 
 @dataclass
@@ -81,12 +89,10 @@ class Config:
     """How replies are read: "tags" (<move>B2</move> only) or "lenient" (else the first square named)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
-    lr: float = 1e-3
-    """Learning rate."""
-    lora_r: int = 16
-    """LoRA rank (0 = train every weight)."""
-    micro_token_budget: int = 1024
-    """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
+    trainer: TrainerConfig = lora_trainer_field(lr=1e-3)
+    """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r`` (0 = train every
+    weight), ``--micro-token-budget`` (tokens per micro-batch, padding included: small keeps CPU
+    memory low; raise it on a GPU), ...); LoRA alpha 2r."""
     merge_turns: bool = True
     """Train each game as one sequence (its turns' shared context scored once; see turn_merge)."""
     eval_games: int = 24
@@ -99,6 +105,9 @@ class Config:
     """Seeds games, sampling and the LoRA initialisation."""
     out: str = "runs/self_play"
     """Output folder: metrics.jsonl, summary.json."""
+
+    def __post_init__(self) -> None:
+        pass_down_trainer(self)  # seed, device and sampling temperature into the trainer's config
 
 
 async def evaluate(engine: Any, cfg: Config) -> dict[str, float]:
@@ -137,7 +146,7 @@ async def run(cfg: Config) -> dict[str, Any]:
             max_steps=MAX_ROUNDS_2P,
             merge_turns=cfg.merge_turns,
         )
-        trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg, scoring_temperature=cfg.temperature),
+        trainer = sampler_trainer(sampler, algo, source, cfg.trainer,
                                   out=out, console_keys=("reward_mean", "items", "loss", "time/step_s"))  # fmt: skip
         history, train_s = await train_timed(trainer, cfg.steps)
         trainer.close()

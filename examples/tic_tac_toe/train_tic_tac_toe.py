@@ -60,12 +60,14 @@ from ludic_lab.recipes import Sampler
 from ludic_lab.recipes.tic_tac_toe import MAX_TURNS, GameRequests, evaluate_games, sampling, short, tic_tac_toe_engine
 from ludic_lab.recipes.training import (
     first_last,
+    lora_trainer_field,
     output_dir,
+    pass_down_trainer,
     sampler_trainer,
     train_timed,
-    trainer_config,
     write_summary,
 )
+from ludic_lab.training.config import TrainerConfig
 
 
 @dataclass
@@ -90,12 +92,10 @@ class Config:
     """How replies are read: "tags" (<move>B2</move> only) or "lenient" (else the first square named)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
-    lr: float = 1e-3
-    """Learning rate."""
-    lora_r: int = 16
-    """LoRA rank (0 = train every weight)."""
-    micro_token_budget: int = 1024
-    """Tokens per training micro-batch, padding included (small keeps CPU memory low; raise it on a GPU)."""
+    trainer: TrainerConfig = lora_trainer_field(lr=1e-3)
+    """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r`` (0 = train every
+    weight), ``--micro-token-budget`` (tokens per micro-batch, padding included: small keeps CPU
+    memory low; raise it on a GPU), ...); LoRA alpha 2r."""
     merge_turns: bool = True
     """Train each game as one sequence (its turns' shared context scored once; see turn_merge)."""
     eval_games: int = 32
@@ -108,6 +108,9 @@ class Config:
     """Seeds games, sampling and the LoRA initialisation."""
     out: str = "runs/tic_tac_toe"
     """Output folder: metrics.jsonl, summary.json."""
+
+    def __post_init__(self) -> None:
+        pass_down_trainer(self)  # seed, device and sampling temperature into the trainer's config
 
 
 async def run(cfg: Config) -> dict[str, Any]:
@@ -132,8 +135,7 @@ async def run(cfg: Config) -> dict[str, Any]:
             max_steps=MAX_TURNS,
             merge_turns=cfg.merge_turns,
         )
-        trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg, scoring_temperature=cfg.temperature),
-                                  out=out)  # fmt: skip
+        trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=out)  # fmt: skip
         history, train_s = await train_timed(trainer, cfg.steps)
         trainer.close()
 

@@ -1,10 +1,13 @@
-"""The training set-up the example scripts share: a LoRA ``TrainerConfig`` from a script's
-config, a ``Trainer`` wired to a :class:`~ludic_lab.recipes.Sampler` (weights pushed into it
-after every step, a console table and ``<out>/metrics.jsonl``), a timed run, and the
-``summary.json`` every example writes.
+"""The training set-up the example scripts share: a LoRA ``TrainerConfig`` as a script
+config's ``trainer`` sub-config (:func:`lora_trainer_field`, :func:`pass_down_trainer`), a
+``Trainer`` wired to a :class:`~ludic_lab.recipes.Sampler` (weights pushed into it after every
+step, a console table and ``<out>/metrics.jsonl``), a timed run, and the ``summary.json``
+every example writes.
 
+    trainer: TrainerConfig = lora_trainer_field(lr=1e-3)   # a field of the script's Config
+    ...
     async with Sampler(cfg.backend, cfg.model, log_dir=cfg.out) as sampler:
-        trainer = sampler_trainer(sampler, algo, source, trainer_config(cfg), out=cfg.out)
+        trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=cfg.out)
         history, seconds = await train_timed(trainer, cfg.steps)
     write_summary(cfg.out, {"config": asdict(cfg), ...}, show=("before", "after"))
 """
@@ -24,6 +27,33 @@ def output_dir(out: str | os.PathLike) -> Path:
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def lora_trainer_field(*, lr: float, lora_r: int = 16, micro_token_budget: int = 1024, max_seq_len: int = 1024,
+                       **defaults: Any) -> Any:  # fmt: skip
+    """A script config's ``trainer: TrainerConfig`` field (:func:`~ludic_lab.config.sub_config`):
+    each ``TrainerConfig`` field is a flag of the script (``--lr``, ``--lora-r``, ...) with these
+    defaults — LoRA alpha ``2 * lora_r``, ``max_seq_len`` 1024 (a game's last turn holds the
+    whole dialog so far), ``defaults`` for any other field. ``model_device`` and
+    ``scoring_temperature`` are no flags: :func:`pass_down_trainer` sets them."""
+    from ludic_lab.config import sub_config
+    from ludic_lab.training.config import TrainerConfig
+
+    return sub_config(TrainerConfig, derived=("scoring_temperature", "model_device"), lr=lr, lora_r=lora_r,
+                      lora_alpha=None, max_seq_len=max_seq_len, micro_token_budget=micro_token_budget,
+                      **defaults)  # fmt: skip
+
+
+def pass_down_trainer(cfg: Any, *, on_policy: bool = True) -> None:
+    """In a script config's ``__post_init__``: its ``trainer`` takes the script's ``seed``,
+    ``model_device=cfg.device`` and, for on-policy RL, ``scoring_temperature=cfg.temperature``
+    (the trainer scores at the sampling temperature; SFT keeps the trainer's own)."""
+    from ludic_lab.config import pass_down
+
+    derived: dict[str, Any] = {"model_device": cfg.device}
+    if on_policy:
+        derived["scoring_temperature"] = cfg.temperature
+    pass_down(cfg, "trainer", **derived)
 
 
 def trainer_config(cfg: Any, *, scoring_temperature: float | None = None, max_seq_len: int = 1024,
