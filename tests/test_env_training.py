@@ -183,3 +183,23 @@ def test_train_env_runs_where_an_event_loop_is_running(tiny_model_dir: str) -> N
 
     run = asyncio.run(cell())
     assert len(run.history) == 1 and run.client.policy_version == 1
+
+
+def test_a_resumed_run_samples_the_requests_the_saved_run_would_have(tiny_model_dir: str, tmp_path: Any) -> None:
+    """The request stream's cursor and the strategy's seed RNG go into the trainer's checkpoint."""
+
+    def build() -> EnvTraining:
+        task = Task("digits", DigitsEnv, reject_incomplete_completions=False)
+        return build_env_training(task, model=tiny_model_dir, max_tokens=4, group_size=2, prompts_per_step=2)
+
+    run = build()
+    run.train_sync(1, progress=False)
+    saved = run.trainer.save_checkpoint(str(tmp_path / "ckpt"))
+    run.train_sync(1, progress=False)
+    expected = _trace_rows(run.rollouts)
+    resumed = build()
+    resumed.trainer.load_checkpoint(saved.path)
+    assert resumed.requests.cursor == 2  # type: ignore[attr-defined]
+    resumed.train_sync(1, progress=False)
+    assert [row[:2] for row in _trace_rows(resumed.rollouts)] == [row[:2] for row in expected]  # same seeds
+    assert {row[0] for row in expected} == {2, 3}  # the next two questions, not the first two again

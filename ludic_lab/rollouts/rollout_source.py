@@ -251,6 +251,26 @@ class RolloutBatchSource:
         """Blocking :meth:`next_batch` (scripts and Jupyter cells alike, via ``run_sync``)."""
         return run_sync(self.next_batch())
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the source is, for a checkpoint (the trainer saves it): ``batches_served`` and
+        the ``state_dict()`` of ``requests_fn`` (e.g. a :class:`~ludic_lab.task.RequestStream`'s
+        cursor) and of the request strategy (its seed RNG), where they have one."""
+        out: dict[str, Any] = {"batches_served": self.batches_served}
+        for key, part in (("requests", self.requests_fn), ("strategy", self.request_strategy)):
+            save = getattr(part, "state_dict", None)
+            if callable(save):
+                out[key] = save()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next batch asks for the requests the saved run would
+        have asked for next (parts without a ``load_state_dict`` start afresh)."""
+        self.batches_served = int(state.get("batches_served", 0))
+        for key, part in (("requests", self.requests_fn), ("strategy", self.request_strategy)):
+            load = getattr(part, "load_state_dict", None)
+            if key in state and callable(load):
+                load(state[key])
+
 
 def _check_rewards(rewards: Any) -> list[RolloutReward | GroupReward]:
     if rewards is None:

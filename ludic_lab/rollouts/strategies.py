@@ -13,7 +13,7 @@ import random
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ludic_lab.rollouts.requests import RolloutRequest
 
@@ -63,6 +63,16 @@ class GRPORequestStrategy:
 
     def _draw_seed(self) -> int:
         return self._rng.randrange(0, _SEED_BOUND - self.group_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The seed RNG's state (JSON-able), so a resumed run draws the seeds it would have drawn."""
+        version, internal, gauss = self._rng.getstate()
+        return {"group_size": self.group_size, "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s RNG state."""
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
 
     def expand(self, requests: Sequence[RolloutRequest]) -> list[RolloutRequest]:
         """``group_size`` requests of one episode per input episode, grouped (see class doc)."""
