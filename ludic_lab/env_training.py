@@ -40,7 +40,7 @@ DEFAULT_CONFIG: dict[str, Any] = {"lr": 1e-4, "lora_r": 8, "lora_alpha": 16}
 ``seed`` are added); a ``config`` mapping updates them, a ``TrainerConfig`` replaces them."""
 
 
-@dataclass
+@dataclass(repr=False)
 class EnvTraining:
     """The parts of a short-path run, the same objects the explicit API builds by hand."""
 
@@ -62,6 +62,15 @@ class EnvTraining:
     """The :class:`~ludic_lab.training.Trainer`."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """Metrics of every step trained so far, one dict per step."""
+
+    def __repr__(self) -> str:
+        last = self.history[-1] if self.history else {}
+        reward = last.get("reward_mean")
+        shown = f", reward_mean={reward:.3f}" if isinstance(reward, float) else ""
+        return (
+            f"EnvTraining(task={self.task.name!r}, algo={getattr(self.algo, 'name', self.algo)!r}, "
+            f"steps={len(self.history)}{shown}, client={type(self.client).__name__})"
+        )
 
     @property
     def rollouts(self) -> list[Rollout]:

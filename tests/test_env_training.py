@@ -90,6 +90,7 @@ def test_the_short_path_samples_what_the_explicit_api_samples(tiny_model_dir: st
     assert short_seen[0] != short_seen[1]  # new questions each step
     assert run.client.policy_version == client.policy_version == steps
     assert len(run.history) == steps and run.rollouts and isinstance(run, EnvTraining)
+    assert repr(run).startswith("EnvTraining(task='digits', algo='grpo', steps=2, reward_mean=")
 
 
 class ShoutEnv(SingleAgentEnv):
