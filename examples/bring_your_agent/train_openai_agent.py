@@ -62,6 +62,7 @@ from ludic_lab.rollouts import (
     RolloutEngine,
     RolloutRequest,
 )
+from ludic_lab.task import RequestStream
 from ludic_lab.training import make_grpo
 from ludic_lab.training.config import TrainerConfig
 
@@ -203,13 +204,10 @@ async def run(cfg: Config) -> dict[str, Any]:
             print(f"before: {before}", flush=True)
 
             algo = make_grpo()
-            counter = iter(range(10**9))
-
-            def requests() -> list[RolloutRequest]:
-                n = next(counter)
-                seeds = [(cfg.seed * 7919 + n * cfg.questions_per_step + q) % len(train_rows)
-                         for q in range(cfg.questions_per_step)]  # fmt: skip
-                return [request(s, cfg.temperature, cfg.max_tokens) for s in seeds]
+            spec = InferenceSpec(SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens),
+                                 ReturnSpec.for_training())  # fmt: skip
+            requests = RequestStream("multiplication", "openai_agent", per_step=cfg.questions_per_step,
+                                     size=len(train_rows), seed=cfg.seed, inference=spec, max_steps=1)  # fmt: skip
 
             source = RolloutBatchSource(
                 engine_for(endpoint, train_rows, cfg.max_tokens), requests, algo.credit_assigner,

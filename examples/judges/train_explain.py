@@ -70,7 +70,8 @@ from ludic_lab.recipes.training import (
     train_timed,
     write_summary,
 )
-from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource, RolloutRequest
+from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+from ludic_lab.task import RequestStream
 from ludic_lab.training import make_grpo
 from ludic_lab.training.config import TrainerConfig
 
@@ -152,13 +153,8 @@ async def run(cfg: Config) -> dict[str, Any]:
         spec = InferenceSpec(
             SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training()
         )
-        counter = iter(range(10**9))
-
-        def requests() -> list[RolloutRequest]:
-            n = next(counter)
-            seeds = [(cfg.seed * 7919 + n * cfg.questions_per_step + q) % len(train_rows)
-                     for q in range(cfg.questions_per_step)]  # fmt: skip
-            return [RolloutRequest(env=env, protocol=protocol, env_seed=s, inference=spec, max_steps=1) for s in seeds]
+        requests = RequestStream(env, protocol, per_step=cfg.questions_per_step, size=len(train_rows),  # next questions
+                                 seed=cfg.seed, inference=spec, max_steps=1)  # fmt: skip
 
         algo = make_grpo()
         source = RolloutBatchSource(
