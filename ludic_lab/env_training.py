@@ -50,8 +50,9 @@ class EnvTraining:
     """The sampler (a ``ChatClient``); the trainer pushes its weights here after every step."""
     engine: RolloutEngine
     """Runs the episodes (env kind ``task.name``, protocol kind ``task.protocol_kind``)."""
-    requests: Callable[[], Sequence[Any]]
-    """Fresh logical requests per step (a :class:`~ludic_lab.task.RequestStream` by default)."""
+    requests: Any
+    """Fresh logical requests per step: a :class:`~ludic_lab.task.RequestStream` by default, the
+    ``requests`` given, or a given ``source``'s ``requests_fn``."""
     strategy: RequestStrategy
     """Expands each request into a group (GRPO) or runs it as it is."""
     source: Any
@@ -162,6 +163,10 @@ def build_env_training(
         callbacks=callbacks,
         pad_token_id=getattr(client, "pad_token_id", None),
     )
+    # a ready-made source brings its own engine, requests and strategy: show those
+    engine = getattr(source, "engine", engine)
+    requests = getattr(source, "requests_fn", requests)
+    strategy = getattr(source, "request_strategy", strategy)
     return EnvTraining(task, client, engine, requests, strategy, source, algorithm, trainer)
 
 

@@ -136,6 +136,14 @@ def test_every_part_can_be_given_ready_made(tiny_model_dir: str) -> None:
     # group_size=1: no groups
     single = build_env_training(ShoutEnv, model=client, group_size=1, algo="reinforce", max_tokens=4)
     assert isinstance(single.strategy, IdentityStrategy)
+    # a ready-made batch source: the run shows its engine, requests and strategy
+    from ludic_lab.rollouts import RolloutBatchSource
+
+    task = as_task(ShoutEnv)
+    stream = task.requests(per_step=2)
+    source = RolloutBatchSource(task.engine(client), stream, algo.credit_assigner)
+    own = build_env_training(task, model=client, algo=algo, source=source)
+    assert own.source is source and own.requests is stream and own.engine is source.engine
 
 
 def test_a_broken_env_or_an_instance_is_refused_before_any_model_loads() -> None:
