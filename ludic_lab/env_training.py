@@ -11,9 +11,11 @@ keyword argument that takes either a value (``model="default"``, ``algo="grpo"``
 ``TrainerConfig``, a request stream, an engine, a batch source), so leaving the short path
 is replacing one argument, not rewriting the run.
 
-Why a function and a dataclass of parts, not a trainer subclass: TRL's
-``GRPOTrainer(model, reward_funcs, train_dataset)`` hides its parts inside one class; here
-the result, :class:`EnvTraining`, holds the very objects the explicit API builds (``client``,
+The name says what it does in the library's own words: an *env* (what a researcher writes,
+README's "Write your own env and train it") goes in, a trained policy comes out, through the
+same ``Trainer``; a ``Task`` is accepted wherever an env is. Why a function and a dataclass of
+parts, not a trainer subclass: TRL's ``GRPOTrainer(model, reward_funcs, train_dataset)``
+hides its parts inside one class; here the result, :class:`EnvTraining`, holds the very objects the explicit API builds (``client``,
 ``engine``, ``source``, ``trainer``, ...), so a notebook goes on from it — ``run.rollouts``
 is the last batch's rollouts, ``await run.train(10)`` trains on, ``run.trainer`` is the one
 ``Trainer``. :func:`build_env_training` builds without training; :func:`train_env_async`
