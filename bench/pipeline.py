@@ -8,7 +8,7 @@
              rounds) and a trainer (``PipelineBatchSource`` + ``Trainer`` + ``RedisWeightsPublisher``);
              the actor generates batch k+1 while the trainer trains on batch k
 
-Both sides use the same model, task (``ludic_lab.pipeline.tasks``), algorithm, batch
+Both sides use the same model, task (``ludic_lab.task.builtin``), algorithm, batch
 (``--prompts`` x ``--group-size`` items) and trainer settings. Model loading is excluded:
 each pipelined process loads its model, reports ready, and both start on a shared "go".
 Both sides then run ``--warmup-steps`` untimed steps (first-call costs; for the pipeline also
@@ -74,15 +74,16 @@ async def run_sync_mode(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from ludic_lab.distributed import ClientPublisher
-    from ludic_lab.pipeline.tasks import make_algo, make_task
     from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+    from ludic_lab.task.builtin import bind_builtin_task
     from ludic_lab.training import Trainer
+    from ludic_lab.training.algorithm import make_preset
 
     if a.sync_threads > 0:
         torch.set_num_threads(a.sync_threads)
     client, policy = _load(a)
-    task = make_task(a.task, client, prompts=a.prompts, max_tokens=a.max_tokens, seed=a.seed)
-    algo = make_algo(a.algo, max_tokens=a.max_tokens)
+    task = bind_builtin_task(a.task, client, prompts=a.prompts, max_tokens=a.max_tokens, seed=a.seed)
+    algo = make_preset(a.algo, max_tokens=a.max_tokens)
     source = RolloutBatchSource(
         task.engine,
         task.requests_fn,
@@ -128,14 +129,15 @@ async def run_actor_role(a: argparse.Namespace) -> dict[str, Any]:
 
     from ludic_lab.pipeline import QueueKeys, connect_redis, run_pipeline_actor
     from ludic_lab.pipeline.connection import close_client
-    from ludic_lab.pipeline.tasks import make_algo, make_task
     from ludic_lab.rollouts import GRPORequestStrategy
+    from ludic_lab.task.builtin import bind_builtin_task
+    from ludic_lab.training.algorithm import make_preset
 
     if a.actor_threads > 0:
         torch.set_num_threads(a.actor_threads)
     client, _ = _load(a)
-    task = make_task(a.task, client, prompts=a.prompts, max_tokens=a.max_tokens, seed=a.seed)
-    algo = make_algo(a.algo, max_tokens=a.max_tokens)
+    task = bind_builtin_task(a.task, client, prompts=a.prompts, max_tokens=a.max_tokens, seed=a.seed)
+    algo = make_preset(a.algo, max_tokens=a.max_tokens)
     r = await connect_redis(a.redis_url)
     await _gate(r, a.prefix, "actor")
     stop = asyncio.Event()
@@ -176,8 +178,8 @@ async def run_trainer_role(a: argparse.Namespace) -> dict[str, Any]:
 
     from ludic_lab.pipeline import PipelineBatchSource, QueueKeys, RedisWeightsPublisher, connect_redis
     from ludic_lab.pipeline.connection import close_client
-    from ludic_lab.pipeline.tasks import make_algo
     from ludic_lab.training import Trainer
+    from ludic_lab.training.algorithm import make_preset
 
     if a.trainer_threads > 0:
         torch.set_num_threads(a.trainer_threads)
@@ -188,7 +190,7 @@ async def run_trainer_role(a: argparse.Namespace) -> dict[str, Any]:
     path = resolve_model(a.model)  # the trainer samples nothing: no sampler copy of the model
     tok = AutoTokenizer.from_pretrained(path)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    algo = make_algo(a.algo, max_tokens=a.max_tokens)
+    algo = make_preset(a.algo, max_tokens=a.max_tokens)
     cfg = _trainer_config(a)
     source = PipelineBatchSource(a.redis_url, a.prefix, a.prompts * a.group_size, max_lag=cfg.max_lag)
     pub = RedisWeightsPublisher(a.redis_url, QueueKeys(a.prefix).weights)

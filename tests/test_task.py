@@ -33,13 +33,15 @@ def test_digits_and_the_registry() -> None:
 
 
 def test_the_pipeline_binds_a_builtin_task_to_its_sampler() -> None:
-    from ludic_lab.pipeline.tasks import make_algo, make_task
+    """As the actor does (``ludic-lab actor --task digits``)."""
+    from ludic_lab.task.builtin import bind_builtin_task
+    from ludic_lab.training.algorithm import make_preset
 
     client = ScriptedChatClient(["12"])
-    bound = make_task("digits", client, prompts=4, max_tokens=8, seed=0)
+    bound = bind_builtin_task("digits", client, prompts=4, max_tokens=8, seed=0)
     assert sorted(bound.engine.env_registry) == ["digits"] and sorted(bound.engine.protocol_registry) == ["agent"]
     assert [r.env_seed for r in bound.requests_fn()] == [0, 1, 2, 3]
     assert bound.requests_fn.state_dict()["cursor"] == 4
-    assert make_algo("dr_grpo", max_tokens=8).name == "dr_grpo"
+    assert make_preset("dr_grpo", max_tokens=8).name == "dr_grpo"
     with pytest.raises(ValueError, match="unknown algorithm preset"):
-        make_algo("nope")
+        make_preset("nope")

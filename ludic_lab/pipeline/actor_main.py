@@ -108,8 +108,10 @@ async def run_actor(cfg: PipelineActorConfig) -> dict[str, Any]:
     """Run the actor described by ``cfg``; returns its statistics as a dict."""
     from ludic_lab.pipeline.actor import run_pipeline_actor
     from ludic_lab.pipeline.connection import close_client, connect_redis
-    from ludic_lab.pipeline.tasks import IdLog, make_algo, make_task
+    from ludic_lab.pipeline.id_log import IdLog
     from ludic_lab.rollouts.strategies import GRPORequestStrategy
+    from ludic_lab.task.builtin import bind_builtin_task
+    from ludic_lab.training.algorithm import make_preset
 
     # a wrong URL fails here, before the model is loaded
     await close_client(await connect_redis(cfg.redis_url, connect_timeout_s=cfg.connect_timeout_s, role="actor"))
@@ -118,7 +120,7 @@ async def run_actor(cfg: PipelineActorConfig) -> dict[str, Any]:
 
         torch.set_num_threads(cfg.threads)
     client = _client(cfg)
-    task = make_task(
+    task = bind_builtin_task(
         cfg.task,
         client,
         prompts=cfg.prompts_per_round,
@@ -127,7 +129,7 @@ async def run_actor(cfg: PipelineActorConfig) -> dict[str, Any]:
         seed=cfg.seed,
         concurrency=cfg.concurrency,
     )
-    algo = make_algo(cfg.algo, max_tokens=cfg.max_tokens)
+    algo = make_preset(cfg.algo, max_tokens=cfg.max_tokens)  # the trainer names the same preset: it runs the loss
     strategy = GRPORequestStrategy(cfg.group_size, seed=cfg.seed) if cfg.group_size > 1 else None
     weights_key = QueueKeys(cfg.queue_key).weights if (cfg.local_weights and not cfg.vllm_url) else None
     stop = asyncio.Event()

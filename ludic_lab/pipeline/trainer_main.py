@@ -151,9 +151,10 @@ async def run_trainer(cfg: PipelineTrainerConfig) -> dict[str, Any]:
     from ludic_lab.distributed import Rank0OnlyPublisher
     from ludic_lab.inference.models import resolve_model
     from ludic_lab.pipeline.connection import close_client, connect_redis
+    from ludic_lab.pipeline.id_log import IdLog
     from ludic_lab.pipeline.source import PipelineBatchSource
-    from ludic_lab.pipeline.tasks import IdLog, make_algo
     from ludic_lab.pipeline.weights import RedisWeightsPublisher
+    from ludic_lab.training.algorithm import make_preset
     from ludic_lab.training.checkpoint import latest_checkpoint
     from ludic_lab.training.loggers import JSONLLogger
     from ludic_lab.training.trainer import Trainer
@@ -167,7 +168,7 @@ async def run_trainer(cfg: PipelineTrainerConfig) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     vocab = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[index]  # an nn.Embedding's weight
-    algo = make_algo(cfg.algo, max_tokens=cfg.max_tokens)
+    algo = make_preset(cfg.algo, max_tokens=cfg.max_tokens)  # the actors name the same preset: they run its credit
     max_lag = None if cfg.max_lag < 0 else cfg.max_lag
     id_log = IdLog(_rank_path(cfg.trained_ids_path, rank, world)) if cfg.trained_ids_path else None
     source = PipelineBatchSource(
