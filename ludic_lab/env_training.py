@@ -15,12 +15,12 @@ The name says what it does in the library's own words: an *env* (what a research
 README's "Write your own env and train it") goes in, a trained policy comes out, through the
 same ``Trainer``; a ``Task`` is accepted wherever an env is. Why a function and a dataclass of
 parts, not a trainer subclass: TRL's ``GRPOTrainer(model, reward_funcs, train_dataset)``
-hides its parts inside one class; here the result, :class:`EnvTraining`, holds the very objects the explicit API builds (``client``,
-``engine``, ``source``, ``trainer``, ...), so a notebook goes on from it — ``run.rollouts``
-is the last batch's rollouts, ``await run.train(10)`` trains on, ``run.trainer`` is the one
-``Trainer``. :func:`build_env_training` builds without training; :func:`train_env_async`
-is the ``await``-able twin of :func:`train_env` (which runs anywhere, a Jupyter cell
-included, through ``run_sync``).
+hides its parts inside one class; here the result, :class:`EnvTraining`, holds the very
+objects the explicit API builds (``client``, ``engine``, ``source``, ``trainer``, ...), so a
+notebook goes on from it — ``run.rollouts`` is the last batch's rollouts, ``await
+run.train(10)`` trains on, ``run.trainer`` is the one ``Trainer``. :func:`build_env_training`
+builds without training; :func:`train_env_async` is the ``await``-able twin of
+:func:`train_env` (which runs anywhere, a Jupyter cell included, through ``run_sync``).
 """
 
 from __future__ import annotations
