@@ -62,15 +62,13 @@ def _cmd_model_path(ns: argparse.Namespace) -> int:
 
 
 def _cmd_actor(ns: argparse.Namespace) -> int:
-    from ludic_lab.pipeline.actor_main import PipelineActorConfig
-    from ludic_lab.pipeline.actor_main import main as actor_main
+    from ludic_lab.pipeline.actor_main import PipelineActorConfig, main as actor_main
 
     return int(actor_main(config_or_usage_error(ns.parser, PipelineActorConfig, ns)) or 0)
 
 
 def _cmd_trainer(ns: argparse.Namespace) -> int:
-    from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig
-    from ludic_lab.pipeline.trainer_main import main as trainer_main
+    from ludic_lab.pipeline.trainer_main import PipelineTrainerConfig, main as trainer_main
 
     return int(trainer_main(config_or_usage_error(ns.parser, PipelineTrainerConfig, ns)) or 0)
 

@@ -231,6 +231,3 @@ def _check(task: Task) -> None:
     env = task.env()
     if isinstance(env, SingleAgentEnv) and not inspect.iscoroutinefunction(env.env_reset):
         check_env(env)
-
-
-__all__ = ["DEFAULT_CONFIG", "EnvTraining", "build_env_training", "train_env", "train_env_async"]

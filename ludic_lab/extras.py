@@ -101,14 +101,3 @@ def require_extra(extra: str, *, what: str) -> None:
             raise MissingExtraError(
                 f"{what} needs the {extra!r} extra (no module named {mod!r}): {install_hint(extra)}"
             )
-
-
-__all__ = [
-    "EXTRA_MODULES",
-    "MissingExtraError",
-    "extra_for_module",
-    "install_hint",
-    "missing_extra_message",
-    "require_extra",
-    "source_checkout",
-]

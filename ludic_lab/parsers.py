@@ -281,17 +281,3 @@ def compose_parsers(*parsers: Parser) -> Parser:
 
     parse.__name__ = "composed_parser"
     return parse
-
-
-__all__ = [
-    "ParseResult",
-    "Parser",
-    "identity_parser",
-    "xml_parser",
-    "xml_tag_parser",
-    "think_prefix_parser",
-    "cot_prefix_parser",
-    "boxed_parser",
-    "extract_last_boxed_content",
-    "compose_parsers",
-]

@@ -78,6 +78,3 @@ def group_rollouts(rollouts: Sequence[Rollout]) -> list[RolloutGroup]:
     for r in rollouts:
         members.setdefault(group_key(r), []).append(r)
     return [RolloutGroup(k, tuple(m)) for k, m in members.items()]
-
-
-__all__ = ["GroupKey", "RolloutGroup", "group_key", "group_rollouts"]

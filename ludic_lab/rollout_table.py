@@ -111,6 +111,3 @@ def _reward_columns(info: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, dict) and isinstance(v.get("reasoning"), str):
             out[f"reasoning.{k}"] = v["reasoning"]
     return out
-
-
-__all__ = ["rollouts_to_dataframe", "step_reasoning"]

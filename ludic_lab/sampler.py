@@ -171,6 +171,3 @@ def direct_sampler(model: str, *, vllm_url: str | None = None, max_batch_size: i
     :class:`~ludic_lab.inference.LocalChatClient`; the publisher pushes the trainer's weights into it."""
     client = open_client("vllm" if vllm_url else "local", model, vllm_url=vllm_url, max_batch_size=max_batch_size)
     return client, publisher_for(client)
-
-
-__all__ = ["Backend", "Sampler", "api_base", "direct_sampler", "open_client", "publisher_for"]

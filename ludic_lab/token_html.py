@@ -377,23 +377,3 @@ class HTMLView:
 
     def __repr__(self) -> str:
         return f"HTMLView({self.title!r}, {len(self.html)} chars)"
-
-
-__all__ = [
-    "CSS",
-    "HTMLView",
-    "TokenPiece",
-    "display_tokenizer",
-    "html_page",
-    "legend_html",
-    "resolve_tokenizer",
-    "save_html",
-    "scale_of",
-    "sequence_html",
-    "set_display_tokenizer",
-    "to_html",
-    "token_pieces",
-    "tokens_html",
-    "view_html",
-    "weight_rgb",
-]

@@ -253,6 +253,3 @@ def _rollout_repr_html(self: Rollout) -> str:
 
 
 setattr(Rollout, "_repr_html_", _rollout_repr_html)  # noqa: B010 - the view attaches itself; Rollout declares no HTML
-
-
-__all__ = ["reasoning_mask", "rollout_html", "rollouts_html"]

@@ -139,6 +139,3 @@ def check_config(
             raise TypeError(f"check_config: {owner}.{f.name} has a range rule but is annotated {tp!r}")
     if ranges:
         raise TypeError(f"check_config: {owner} has no field(s) {sorted(ranges)}")
-
-
-__all__ = ["check_config", "check_number", "in_range"]

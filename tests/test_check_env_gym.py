@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from ludic_lab.envs import check_env
-from ludic_lab.envs.checker import EnvCheckError
+from ludic_lab.envs import EnvCheckError, check_env
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 
 

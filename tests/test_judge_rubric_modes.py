@@ -133,8 +133,7 @@ def test_examples_become_earlier_turns_and_are_validated() -> None:
 
 def test_explain_task_checks_and_data() -> None:
     from ludic_lab.data import load_explain_concepts
-    from ludic_lab.demos.explain_task import explain_rubric, names_it, one_sentence, plain_words
-    from ludic_lab.demos.explain_task import short as short_enough
+    from ludic_lab.demos.explain_task import explain_rubric, names_it, one_sentence, plain_words, short as short_enough
 
     q = "Explain why we sleep in one sentence a young child understands."
     assert one_sentence(q, "We sleep to rest.") and not one_sentence(q, "We sleep. We rest.")

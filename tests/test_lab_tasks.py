@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from ludic_lab.lab import tasks
-from ludic_lab.lab.tasks import BackgroundTask, run_sync, show, start_background
+from ludic_lab import aio
+from ludic_lab.lab import BackgroundTask, run_sync, show, start_background
 
 
 async def _add_later(a: int, b: int, delay: float = 0.05) -> int:
@@ -98,7 +98,7 @@ async def test_a_failing_task_reports_its_exception():
 
 
 async def test_run_sync_reexport_works_inside_a_running_loop():
-    assert tasks.run_sync is run_sync
+    assert aio.run_sync is run_sync  # the lab re-exports the bottom layer's run_sync
     assert run_sync(_add_later(20, 22)) == 42  # on the background loop thread: no deadlock
 
 

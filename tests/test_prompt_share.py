@@ -136,8 +136,7 @@ def test_trainer_steps_the_same_with_and_without_shared_prompts(tiny_model_dir: 
     from trainer_helpers import ListBatchSource, max_abs_diff, params_of
 
     from ludic_lab.rollouts.saw import SAWBatch
-    from ludic_lab.training import Trainer, TrainerConfig
-    from ludic_lab.training import algorithm as alg
+    from ludic_lab.training import Trainer, TrainerConfig, algorithm as alg
 
     items = batch_of_groups(seed=2)
     runs = []

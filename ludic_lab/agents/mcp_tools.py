@@ -51,8 +51,6 @@ from ludic_lab.agents.mcp_sdk import (
 )
 from ludic_lab.agents.tools import Tool, ToolFailure
 
-__all__ = ["MCPServer", "MCPServerError", "content_text"]
-
 
 class MCPServerError(RuntimeError):
     """An MCP server could not be started."""

@@ -34,8 +34,12 @@ from ludic_lab.agents.base_agent import ActResult, Agent
 from ludic_lab.agents.tools import ExternalToolHandler, Tool, ToolResult, run_tool_call
 from ludic_lab.inference.request import InferenceSpec
 from ludic_lab.parsers import ParseResult
-from ludic_lab.rendering.hermes import TOOL_PROMPT as TOOL_PROMPT  # re-exported
-from ludic_lab.rendering.hermes import ToolCallScan, scan_tool_calls, tools_system_prompt
+from ludic_lab.rendering.hermes import (
+    TOOL_PROMPT as TOOL_PROMPT,  # re-exported
+    ToolCallScan,
+    scan_tool_calls,
+    tools_system_prompt,
+)
 from ludic_lab.rendering.reply import scan_reply
 from ludic_lab.rendering.template import TemplateRenderer
 from ludic_lab.traces import merge_traces

@@ -164,10 +164,6 @@ def reasoning_gym_verifier(name: str, *, threshold: float = 1.0, **config: Any) 
 
 
 __all__ = [
-    "DATA_DIR",
-    "EXPLAIN_CONCEPTS_PATH",
-    "MATH_WORD_PROBLEMS_PATH",
-    "MULTIPLICATION_PATH",
     "load_explain_concepts",
     "load_math_word_problems",
     "load_multiplication",

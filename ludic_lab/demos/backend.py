@@ -35,6 +35,3 @@ async def start_backend(cfg: Any, out: Path, cleanups: list[Callable[[], Any]]) 
 def publisher(client: Any, policy: Any) -> Any:
     """Where the trainer pushes its weights after each step (:func:`~ludic_lab.sampler.publisher_for`)."""
     return publisher_for(client, policy)
-
-
-__all__ = ["publisher", "start_backend"]

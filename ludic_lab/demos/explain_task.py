@@ -185,20 +185,3 @@ async def evaluate_explain(
         "answers": [r.steps[-1].action for r in result.rollouts],
         "result": result,
     }
-
-
-__all__ = [
-    "EXPLAIN_PROMPT",
-    "JUDGE_EXAMPLES",
-    "code_rubric",
-    "concept_keywords",
-    "evaluate_explain",
-    "explain_engine",
-    "explain_judge",
-    "explain_rubric",
-    "model_rubric",
-    "names_it",
-    "one_sentence",
-    "plain_words",
-    "short",
-]

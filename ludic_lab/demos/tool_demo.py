@@ -237,6 +237,3 @@ def _ends(history: list[dict[str, Any]], key: str) -> dict[str, float]:
         return {"first": float("nan"), "last": float("nan")}
     k = max(1, min(3, len(xs) // 3))
     return {"first": sum(xs[:k]) / k, "last": sum(xs[-k:]) / k}
-
-
-__all__ = ["EVAL_QUESTIONS", "TOOL_DEFAULTS", "TOOL_TRAINER_DEFAULTS", "run_tool_demo", "tool_demo_config"]

@@ -34,21 +34,6 @@ from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine
 from ludic_lab.task import Task
 from ludic_lab.types import Message, Rollout
 
-__all__ = [
-    "NO_TOOL_EXAMPLES",
-    "NO_TOOL_SYSTEM_PROMPT",
-    "TOOL_EXAMPLES",
-    "TOOL_SYSTEM_PROMPT",
-    "evaluate_tool_task",
-    "final_number_match",
-    "final_number_parser",
-    "multiplication_task",
-    "tool_stats",
-    "tool_stats_callback",
-    "tool_task_agent",
-    "tool_task_engine",
-]
-
 TOOL_SYSTEM_PROMPT = "Use the calculator tool for arithmetic, then reply with just the number."
 """System prompt with the tool (the agent appends the tool's description to it)."""
 NO_TOOL_SYSTEM_PROMPT = "Reply with just the number."

@@ -9,8 +9,8 @@ from ludic_lab.distributed.dist_utils import (
     is_main_process,
 )
 from ludic_lab.distributed.fsdp import (
-    ShardedRoot,
-    find_transformer_blocks,
+    ShardedRoot as ShardedRoot,
+    find_transformer_blocks as find_transformer_blocks,
     gather_full_state_dict,
     load_full_state_dict,
     shard_model,
@@ -29,8 +29,6 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "shard_model",
-    "ShardedRoot",
-    "find_transformer_blocks",
     "gather_full_state_dict",
     "load_full_state_dict",
 ]

@@ -3,8 +3,13 @@
 :class:`CodeExecEnv` of ``envs.code_exec``), answer verifiers and the :func:`check_env`
 conformance checker (:func:`check_env_async` in a running event loop)."""
 
-from ludic_lab.envs.checker import EnvCheckError, EnvCheckReport, check_env, check_env_async
-from ludic_lab.envs.code_exec import CodeExecConfig, CodeExecEnv, SandboxPool
+from ludic_lab.envs.checker import EnvCheckReport, check_env, check_env_async
+from ludic_lab.envs.checker_calls import EnvCheckError
+from ludic_lab.envs.code_exec import (
+    CodeExecConfig as CodeExecConfig,
+    CodeExecEnv as CodeExecEnv,
+    SandboxPool as SandboxPool,
+)
 from ludic_lab.envs.dataset_qa_env import DatasetQAEnv
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
@@ -20,14 +25,11 @@ __all__ = [
     "TicTacToeMultiAgentEnv",
     "TicTacToeGame",
     "TicTacToeRewards",
+    "Verifier",
+    "exact_match",
+    "numeric_match",
     "check_env",
     "check_env_async",
     "EnvCheckError",
     "EnvCheckReport",
-    "Verifier",
-    "numeric_match",
-    "exact_match",
-    "CodeExecEnv",
-    "CodeExecConfig",
-    "SandboxPool",
 ]

@@ -16,8 +16,6 @@ import operator
 from collections.abc import Callable
 from fractions import Fraction
 
-__all__ = ["CalculatorError", "MAX_EXPRESSION_CHARS", "MAX_MAGNITUDE", "calculator", "format_number", "safe_eval"]
-
 MAX_EXPRESSION_CHARS = 200
 """Longer expressions are refused before parsing."""
 MAX_MAGNITUDE = 10**15

@@ -51,7 +51,6 @@ from typing import Any
 
 from ludic_lab.aio import maybe_await, run_sync
 from ludic_lab.envs.checker_calls import (
-    EnvCheckError,
     active_ids,
     check_outcome,
     checked_reset,
@@ -322,6 +321,3 @@ async def check_env_async(
     return EnvCheckReport(
         env=name, agent_ids=tuple(map(str, ids_list)), seed=seed, num_steps=steps, returns=returns, rules=tuple(rules)
     )
-
-
-__all__ = ["check_env", "check_env_async", "EnvCheckError", "EnvCheckReport", "GARBAGE_ACTIONS"]

@@ -117,17 +117,3 @@ async def checked_reset(env: LudicEnv, seed: int | None, ids: set) -> dict:
             fail("reset_types", f"reset()[{a!r}] must be (str obs, dict info); got {v!r:.200}")
         check_json(v[1], f"reset()[{a!r}]")
     return res
-
-
-__all__ = [
-    "EnvCheckError",
-    "active_ids",
-    "check_json",
-    "check_outcome",
-    "checked_reset",
-    "checked_step",
-    "fail",
-    "gym_hint",
-    "signature",
-    "sysprompt",
-]

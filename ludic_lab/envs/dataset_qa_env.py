@@ -172,6 +172,3 @@ class DatasetQAEnv(SingleAgentEnv):
     def _sample_id(self, row: Sample, index: int) -> Any:
         v = row.get(self.id_key) if hasattr(row, "get") else None
         return v if isinstance(v, (str, int)) and not isinstance(v, bool) else index
-
-
-__all__ = ["DatasetQAEnv", "DEFAULT_QA_SYSPROMPT", "load_jsonl"]

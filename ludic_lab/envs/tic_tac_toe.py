@@ -28,15 +28,15 @@ from ludic_lab.envs.tic_tac_toe_game import (
     _resolve_opponent,
     _shown,
     _sysprompt,
-    coord_to_index,
+    coord_to_index as coord_to_index,
     index_to_coord,
-    minimax_moves,
-    minimax_opponent,
-    random_opponent,
+    minimax_moves as minimax_moves,
+    minimax_opponent as minimax_opponent,
+    random_opponent as random_opponent,
     read_move,
     recommended_move_parser,
 )
-from ludic_lab.envs.tic_tac_toe_multi import TicTacToeMultiAgentEnv
+from ludic_lab.envs.tic_tac_toe_multi import TicTacToeMultiAgentEnv as TicTacToeMultiAgentEnv
 from ludic_lab.parsers import Parser
 from ludic_lab.types import Info, StepOutcome
 
@@ -150,18 +150,3 @@ class TicTacToeEnv(SingleAgentEnv):
         if legal:
             parts.append(f"Legal moves: {', '.join(self.game.legal_coords())}")
         return "\n".join(parts)
-
-
-__all__ = [
-    "TicTacToeGame",
-    "TicTacToeEnv",
-    "TicTacToeMultiAgentEnv",
-    "TicTacToeRewards",
-    "coord_to_index",
-    "index_to_coord",
-    "read_move",
-    "minimax_moves",
-    "random_opponent",
-    "minimax_opponent",
-    "recommended_move_parser",
-]

@@ -207,18 +207,3 @@ def _sysprompt(mark: str, opponent: str) -> str:
 def recommended_move_parser(*, success_reward: float = 0.0, error_reward: float = -1.0) -> Parser:
     """Parser matching the Tic-Tac-Toe system prompts: the text inside ``<move>...</move>``."""
     return xml_tag_parser("move", success_reward=success_reward, error_reward=error_reward)
-
-
-__all__ = [
-    "TicTacToeGame",
-    "TicTacToeRewards",
-    "OpponentFn",
-    "coord_to_index",
-    "index_to_coord",
-    "other",
-    "read_move",
-    "minimax_moves",
-    "random_opponent",
-    "minimax_opponent",
-    "recommended_move_parser",
-]

@@ -174,6 +174,3 @@ class TicTacToeMultiAgentEnv(LudicEnv[str, str, str]):
             info = {"move": coord, "mover": mover, "result": result}
             out[a] = StepOutcome(self._final[a], reward, False, True, info)
         return out
-
-
-__all__ = ["TicTacToeMultiAgentEnv", "BotSpec"]

@@ -77,6 +77,3 @@ def numeric_match(prediction: str, target: str, *, rel_tol: float = 1e-6, abs_to
     if p is not None and t is not None:
         return math.isclose(p, t, rel_tol=rel_tol, abs_tol=abs_tol)
     return normalize_answer(prediction) == normalize_answer(target)
-
-
-__all__ = ["Verifier", "normalize_answer", "parse_number", "exact_match", "numeric_match"]

@@ -10,33 +10,28 @@ Jupyter cells alike).
 from ludic_lab.eval.evaluator import (
     EngineEvaluator,
     Evaluator,
-    eval_inference,
-    eval_requests,
+    eval_inference as eval_inference,
+    eval_requests as eval_requests,
     evaluate,
     evaluate_sync,
 )
 from ludic_lab.eval.metrics import mean_pass_at_k, pass_at_k, pass_at_k_curve, wilson_interval
-from ludic_lab.eval.qa import evaluate_qa, evaluate_qa_sync, qa_engine
-from ludic_lab.eval.result import TABLE_COLUMNS, EvalResult, eval_table
+from ludic_lab.eval.qa import evaluate_qa, evaluate_qa_sync, qa_engine as qa_engine
+from ludic_lab.eval.result import TABLE_COLUMNS as TABLE_COLUMNS, EvalResult, eval_table as eval_table
 from ludic_lab.eval.success import DefaultSuccess, InfoKeySuccess, RewardThresholdSuccess, SuccessFn
 
 __all__ = [
     "Evaluator",
     "EngineEvaluator",
     "EvalResult",
-    "evaluate",
-    "evaluate_sync",
-    "evaluate_qa",
-    "evaluate_qa_sync",
-    "qa_engine",
-    "eval_requests",
-    "eval_inference",
-    "eval_table",
-    "TABLE_COLUMNS",
     "SuccessFn",
     "DefaultSuccess",
     "InfoKeySuccess",
     "RewardThresholdSuccess",
+    "evaluate",
+    "evaluate_sync",
+    "evaluate_qa",
+    "evaluate_qa_sync",
     "pass_at_k",
     "mean_pass_at_k",
     "pass_at_k_curve",

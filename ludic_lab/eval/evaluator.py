@@ -182,6 +182,3 @@ class EngineEvaluator:
     def evaluate_sync(self) -> EvalResult:
         """Blocking :meth:`evaluate`."""
         return run_sync(self.evaluate())
-
-
-__all__ = ["Evaluator", "EngineEvaluator", "evaluate", "evaluate_sync", "eval_requests", "eval_inference"]

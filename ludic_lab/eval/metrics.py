@@ -92,6 +92,3 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
     return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-__all__ = ["pass_at_k", "mean_pass_at_k", "pass_at_k_curve", "wilson_interval"]

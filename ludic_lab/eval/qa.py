@@ -119,6 +119,3 @@ async def evaluate_qa(
 def evaluate_qa_sync(client: ChatClient, data: Any, **kwargs: Any) -> EvalResult:
     """Blocking :func:`evaluate_qa` (a script or a Jupyter cell alike, via ``run_sync``)."""
     return run_sync(evaluate_qa(client, data, **kwargs))
-
-
-__all__ = ["evaluate_qa", "evaluate_qa_sync", "qa_engine", "QA_ENV_KIND", "QA_PROTOCOL_KIND"]

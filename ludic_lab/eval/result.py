@@ -213,6 +213,3 @@ class EvalResult:
             f"<table><caption>{html.escape(self.name)}: evaluation summary</caption>"
             f"<thead><tr><th>metric</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>"
         )
-
-
-__all__ = ["EvalResult", "eval_table", "TABLE_COLUMNS", "ITEM_META_KEY"]

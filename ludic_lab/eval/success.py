@@ -81,6 +81,3 @@ def rule_name(rule: SuccessFn) -> str:
     if isinstance(name, str):
         return name
     return getattr(rule, "__name__", None) or repr(rule)
-
-
-__all__ = ["SuccessFn", "InfoKeySuccess", "RewardThresholdSuccess", "DefaultSuccess", "rule_name"]

@@ -5,6 +5,4 @@ in-process sampler that applies it to logits is :mod:`ludic_lab.inference.local.
 No torch import here.
 """
 
-from ludic_lab.inference.request import SamplingConfig
-
-__all__ = ["SamplingConfig"]
+from ludic_lab.inference.request import SamplingConfig as SamplingConfig

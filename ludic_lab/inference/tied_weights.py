@@ -64,6 +64,3 @@ def check_tied_values(params: Mapping[str, Any], groups: Iterable[Sequence[str]]
                 f"{who}: {present[0]!r} and {other!r} are one tied tensor in this model, but the update gives "
                 "them different values; send one of the names (or the same value under both); nothing was loaded"
             )
-
-
-__all__ = ["TiedWeightsMismatch", "check_tied_values", "same_tensor", "tied_groups"]

@@ -6,19 +6,13 @@ The client lives in :mod:`ludic_lab.inference.vllm.client` (``client.py``: the
 its public names.
 """
 
-from ludic_lab.inference.vllm.client.client import POLICY_VERSION_HEADER, VLLMChatClient
-from ludic_lab.inference.vllm.client.http import (
-    RequestTimeout,
-    VLLMError,
-    VLLMServerUnavailable,
-    WeightUpdateRejected,
+from ludic_lab.inference.vllm.client.client import (
+    POLICY_VERSION_HEADER as POLICY_VERSION_HEADER,
+    VLLMChatClient as VLLMChatClient,
 )
-
-__all__ = [
-    "POLICY_VERSION_HEADER",
-    "RequestTimeout",
-    "VLLMChatClient",
-    "VLLMError",
-    "VLLMServerUnavailable",
-    "WeightUpdateRejected",
-]
+from ludic_lab.inference.vllm.client.http import (
+    RequestTimeout as RequestTimeout,
+    VLLMError as VLLMError,
+    VLLMServerUnavailable as VLLMServerUnavailable,
+    WeightUpdateRejected as WeightUpdateRejected,
+)

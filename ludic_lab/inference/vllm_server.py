@@ -8,38 +8,21 @@ its public names and runs it.
 """
 
 from ludic_lab.inference.vllm.server.main import (
-    CONTROL_PATHS,
-    GENERATION_PATHS,
-    TOKEN_ENV,
-    VERSION_HEADER,
-    WORKER_EXTENSION,
-    ControlError,
-    DrainTimeout,
-    LudicControlPlane,
-    LudicMiddleware,
-    LudicServerOptions,
-    VersionGate,
-    build_parser,
+    CONTROL_PATHS as CONTROL_PATHS,
+    GENERATION_PATHS as GENERATION_PATHS,
+    TOKEN_ENV as TOKEN_ENV,
+    VERSION_HEADER as VERSION_HEADER,
+    WORKER_EXTENSION as WORKER_EXTENSION,
+    ControlError as ControlError,
+    DrainTimeout as DrainTimeout,
+    LudicControlPlane as LudicControlPlane,
+    LudicMiddleware as LudicMiddleware,
+    LudicServerOptions as LudicServerOptions,
+    VersionGate as VersionGate,
+    build_parser as build_parser,
     main,
-    options_from_args,
+    options_from_args as options_from_args,
 )
-
-__all__ = [
-    "CONTROL_PATHS",
-    "GENERATION_PATHS",
-    "TOKEN_ENV",
-    "VERSION_HEADER",
-    "WORKER_EXTENSION",
-    "ControlError",
-    "DrainTimeout",
-    "LudicControlPlane",
-    "LudicMiddleware",
-    "LudicServerOptions",
-    "VersionGate",
-    "build_parser",
-    "main",
-    "options_from_args",
-]
 
 if __name__ == "__main__":
     main()

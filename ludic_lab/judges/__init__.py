@@ -12,38 +12,32 @@ or to :func:`ludic_lab.rewards.apply_rewards`. A rubric may mix criteria a model
 
 from __future__ import annotations
 
-from ludic_lab.judges.caller import DEFAULT_JUDGE_SAMPLING, JudgeCaller, JudgeReply
-from ludic_lab.judges.group_judge import GroupJudge, linear_rank_rewards, parse_ranking, parse_scores
-from ludic_lab.judges.pairwise import PairwiseJudge, read_letter
-from ludic_lab.judges.questions import (
-    criterion_messages,
-    read_criterion,
-    read_rating,
-    read_yes_no,
-    read_yes_probability,
+from ludic_lab.judges.caller import DEFAULT_JUDGE_SAMPLING as DEFAULT_JUDGE_SAMPLING, JudgeCaller, JudgeReply
+from ludic_lab.judges.group_judge import (
+    GroupJudge,
+    linear_rank_rewards,
+    parse_ranking as parse_ranking,
+    parse_scores as parse_scores,
 )
-from ludic_lab.judges.rubric import Criterion, Rubric, RubricJudge, rubric_messages
-from ludic_lab.judges.verdicts import VerdictParseError, extract_json_object
+from ludic_lab.judges.pairwise import PairwiseJudge, read_letter as read_letter
+from ludic_lab.judges.questions import (
+    criterion_messages as criterion_messages,
+    read_criterion as read_criterion,
+    read_rating as read_rating,
+    read_yes_no as read_yes_no,
+    read_yes_probability as read_yes_probability,
+)
+from ludic_lab.judges.rubric import Criterion, Rubric, RubricJudge, rubric_messages as rubric_messages
+from ludic_lab.judges.verdicts import VerdictParseError, extract_json_object as extract_json_object
 
 __all__ = [
-    "DEFAULT_JUDGE_SAMPLING",
     "Criterion",
-    "GroupJudge",
-    "JudgeCaller",
-    "JudgeReply",
-    "PairwiseJudge",
     "Rubric",
     "RubricJudge",
+    "GroupJudge",
+    "PairwiseJudge",
+    "JudgeCaller",
+    "JudgeReply",
     "VerdictParseError",
-    "criterion_messages",
-    "extract_json_object",
     "linear_rank_rewards",
-    "parse_ranking",
-    "parse_scores",
-    "read_criterion",
-    "read_letter",
-    "read_rating",
-    "read_yes_no",
-    "read_yes_probability",
-    "rubric_messages",
 ]

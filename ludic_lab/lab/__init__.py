@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ludic_lab.aio import run_sync
 from ludic_lab.jupyter import ipython_shell
 from ludic_lab.lab.export import ExportedScript, ExportError, export_cells, export_notebook
 from ludic_lab.lab.live import LivePlot, plot_metrics_jsonl
 from ludic_lab.lab.servers import VLLMServer
-from ludic_lab.lab.stepper import RolloutStepper, StepperWidget, Turn
-from ludic_lab.lab.tasks import BackgroundTask, enable_nested_asyncio, run_sync, show, start_background
+from ludic_lab.lab.stepper import RolloutStepper, StepperWidget, Turn as Turn
+from ludic_lab.lab.task_output import show
+from ludic_lab.lab.tasks import BackgroundTask, enable_nested_asyncio as enable_nested_asyncio, start_background
 from ludic_lab.lab.torchrun import TorchrunError, TorchrunRun, launch_torchrun
 from ludic_lab.lab.views import (
     credit_view,
@@ -22,39 +24,35 @@ from ludic_lab.lab.views import (
     plot_group_distributions,
     plot_ratio_kl,
     policy_logprobs,
-    ratio_kl_stats,
+    ratio_kl_stats as ratio_kl_stats,
 )
 from ludic_lab.token_html import HTMLView, save_html, set_display_tokenizer
 
 __all__ = [
     "BackgroundTask",
-    "HTMLView",
+    "start_background",
+    "run_sync",
+    "show",
     "LivePlot",
+    "plot_metrics_jsonl",
     "RolloutStepper",
     "StepperWidget",
-    "Turn",
-    "credit_view",
-    "enable_nested_asyncio",
-    "log_html_to_wandb",
-    "plot_group_distributions",
-    "plot_metrics_jsonl",
-    "plot_ratio_kl",
-    "policy_logprobs",
-    "ratio_kl_stats",
-    "run_sync",
-    "save_html",
-    "set_display_tokenizer",
-    "show",
-    "start_background",
-    "ExportError",
-    "ExportedScript",
-    "TorchrunError",
-    "TorchrunRun",
     "VLLMServer",
+    "TorchrunRun",
+    "TorchrunError",
+    "launch_torchrun",
     "export_cells",
     "export_notebook",
-    "launch_torchrun",
-    "load_ipython_extension",
+    "ExportedScript",
+    "ExportError",
+    "credit_view",
+    "policy_logprobs",
+    "plot_group_distributions",
+    "plot_ratio_kl",
+    "log_html_to_wandb",
+    "HTMLView",
+    "save_html",
+    "set_display_tokenizer",
 ]
 
 

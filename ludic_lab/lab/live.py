@@ -20,17 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ludic_lab.training.progress import DEFAULT_PANELS, LivePlot, ProgressView, TqdmProgress, in_notebook, make_progress
-
-__all__ = [
-    "DEFAULT_PANELS",
-    "LivePlot",
-    "ProgressView",
-    "TqdmProgress",
-    "in_notebook",
-    "make_progress",
-    "plot_metrics_jsonl",
-]
+from ludic_lab.training.progress import LivePlot
 
 
 def plot_metrics_jsonl(path: str | os.PathLike, **kw: Any) -> LivePlot:

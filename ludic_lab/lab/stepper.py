@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from ludic_lab.agents.base_agent import Agent
+from ludic_lab.aio import run_sync
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.inference.request import InferenceSpec, SamplingConfig
 from ludic_lab.interaction.single_agent import (
@@ -39,10 +40,7 @@ from ludic_lab.interaction.single_agent import (
 )
 from ludic_lab.lab.stepper_turn import Turn, transcript_html
 from ludic_lab.lab.stepper_widget import StepperWidget
-from ludic_lab.lab.tasks import run_sync
 from ludic_lab.types import Rollout
-
-__all__ = ["RolloutStepper", "StepperWidget", "Turn"]
 
 _KEEP: Any = object()
 

@@ -141,6 +141,3 @@ def transcript_html(
     if error:
         body += f"<div class='ll-err'>{html.escape(error)}</div>"
     return view_html(head + body)
-
-
-__all__ = ["Turn", "transcript_html", "turn_html"]

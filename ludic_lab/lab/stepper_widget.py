@@ -142,6 +142,3 @@ class StepperWidget:
 
     def __repr__(self) -> str:
         return f"StepperWidget({self.stepper!r})"
-
-
-__all__ = ["StepperWidget"]

@@ -31,10 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
-from ludic_lab.aio import run_sync
-from ludic_lab.lab.task_output import SINK, OutputSink, auto_output, install_routing, show, uninstall_routing
-
-__all__ = ["BackgroundTask", "enable_nested_asyncio", "run_sync", "show", "start_background"]
+from ludic_lab.lab.task_output import SINK, OutputSink, auto_output, install_routing, uninstall_routing
 
 STATUSES = ("pending", "running", "done", "failed", "cancelled")
 

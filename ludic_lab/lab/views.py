@@ -27,23 +27,13 @@ import numpy as np
 
 from ludic_lab.jupyter import ipython_shell
 from ludic_lab.rollouts.saw import SAWBatch, SAWItem
-from ludic_lab.token_html import HTMLView, save_html, to_html
+from ludic_lab.token_html import HTMLView, to_html
 from ludic_lab.training.saw_html import saw_batch_html
 from ludic_lab.types import Rollout
 from ludic_lab.types_html import rollouts_html
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
-
-__all__ = [
-    "credit_view",
-    "log_html_to_wandb",
-    "plot_group_distributions",
-    "plot_ratio_kl",
-    "policy_logprobs",
-    "ratio_kl_stats",
-    "save_html",
-]
 
 
 def credit_view(

@@ -38,37 +38,22 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from ludic_lab.pipeline.actor import ActorStats as ActorStats
-    from ludic_lab.pipeline.actor import run_pipeline_actor as run_pipeline_actor
+    from ludic_lab.pipeline.actor import ActorStats as ActorStats, run_pipeline_actor as run_pipeline_actor
     from ludic_lab.pipeline.connection import (
         PipelineConnectionError as PipelineConnectionError,
-    )
-    from ludic_lab.pipeline.connection import (
         QueueKeys as QueueKeys,
-    )
-    from ludic_lab.pipeline.connection import (
         connect_redis as connect_redis,
     )
     from ludic_lab.pipeline.source import PipelineBatchSource as PipelineBatchSource
     from ludic_lab.pipeline.weights import (
         RedisWeightsPublisher as RedisWeightsPublisher,
-    )
-    from ludic_lab.pipeline.weights import (
         RedisWeightsSubscriber as RedisWeightsSubscriber,
     )
     from ludic_lab.pipeline.wire import (
         SCHEMA as SCHEMA,
-    )
-    from ludic_lab.pipeline.wire import (
         WireFormatError as WireFormatError,
-    )
-    from ludic_lab.pipeline.wire import (
         decode_entry as decode_entry,
-    )
-    from ludic_lab.pipeline.wire import (
         encode_item as encode_item,
-    )
-    from ludic_lab.pipeline.wire import (
         item_id as item_id,
     )
 

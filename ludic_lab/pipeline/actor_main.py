@@ -191,6 +191,3 @@ def cli(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(cli())
-
-
-__all__ = ["PipelineActorConfig", "main", "run_actor"]

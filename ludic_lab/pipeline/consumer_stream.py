@@ -219,6 +219,3 @@ def sid_order(sid: bytes) -> tuple[int, int]:
     """Numeric order of a stream id ``b"<ms>-<seq>"`` (byte order is wrong: ``-10`` < ``-9``)."""
     ms, _, seq = sid.partition(b"-")
     return int(ms), int(seq or 0)
-
-
-__all__ = ["ConsumerStream", "Entry", "entries_of", "sid_order"]

@@ -112,6 +112,3 @@ def split_stale(records: list[HeldItem], max_lag: int | None, now: int | None) -
         v = r.item.policy_version if r.item is not None else None
         (stale if is_stale(v, now, max_lag) else fresh).append(r)
     return fresh, stale
-
-
-__all__ = ["HeldItem", "HeldItems", "ItemState", "split_stale"]

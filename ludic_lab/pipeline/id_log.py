@@ -22,6 +22,3 @@ class IdLog:
     def close(self) -> None:
         """Close the file."""
         self._f.close()
-
-
-__all__ = ["IdLog"]

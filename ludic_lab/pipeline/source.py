@@ -395,6 +395,3 @@ class PipelineBatchSource:
     def _bump(self, per: dict[str, int], key: str, n: int = 1) -> None:
         per[key] += n
         self.counters[key] = self.counters.get(key, 0) + n
-
-
-__all__ = ["PipelineBatchSource", "default_consumer", "gather_state_dicts"]

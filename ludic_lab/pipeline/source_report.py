@@ -65,6 +65,3 @@ def gather_state_dicts(mine: dict[str, Any]) -> dict[str, Any]:
     for raw in all_gather_bytes(json.dumps(mine["consumers"]).encode()):
         merged.update(json.loads(raw))
     return {**mine, "consumers": merged}
-
-
-__all__ = ["batch_meta", "gather_state_dicts"]

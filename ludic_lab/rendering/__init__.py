@@ -15,37 +15,38 @@ from ludic_lab.rendering.base import Renderer
 from ludic_lab.rendering.edit import rewrite_ids
 from ludic_lab.rendering.families import FAMILIES, Family, detect_family, renderer_for
 from ludic_lab.rendering.hermes import (
-    TOOL_PROMPT,
-    ToolCallScan,
+    TOOL_PROMPT as TOOL_PROMPT,
+    ToolCallScan as ToolCallScan,
     format_tool_calls,
     parse_tool_calls,
-    scan_tool_calls,
+    scan_tool_calls as scan_tool_calls,
     tools_system_prompt,
 )
-from ludic_lab.rendering.parsed import Bridge, ParsedCompletion
-from ludic_lab.rendering.reply import Reply, read_reply, renderer_of, scan_reply, split_reply, tool_schemas
-from ludic_lab.rendering.template import TemplateRenderer
+from ludic_lab.rendering.parsed import Bridge as Bridge, ParsedCompletion
+from ludic_lab.rendering.reply import (
+    Reply,
+    read_reply,
+    renderer_of,
+    scan_reply as scan_reply,
+    split_reply,
+    tool_schemas,
+)
+from ludic_lab.rendering.template import TemplateRenderer as TemplateRenderer
 
 __all__ = [
-    "FAMILIES",
-    "TOOL_PROMPT",
-    "Bridge",
-    "Family",
-    "ParsedCompletion",
     "Renderer",
+    "ParsedCompletion",
     "Reply",
-    "TemplateRenderer",
-    "ToolCallScan",
+    "Family",
+    "FAMILIES",
     "detect_family",
-    "format_tool_calls",
-    "parse_tool_calls",
-    "read_reply",
     "renderer_for",
     "renderer_of",
-    "rewrite_ids",
-    "scan_reply",
-    "scan_tool_calls",
+    "read_reply",
     "split_reply",
+    "rewrite_ids",
+    "parse_tool_calls",
+    "format_tool_calls",
     "tool_schemas",
     "tools_system_prompt",
 ]

@@ -15,16 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "TOOL_PROMPT",
-    "ToolCallScan",
-    "format_tool_calls",
-    "openai_call",
-    "parse_tool_calls",
-    "scan_tool_calls",
-    "tools_system_prompt",
-]
-
 TOOL_PROMPT = (
     "# Tools\n\nYou may call one or more functions to help you. Their signatures, one JSON object "
     "per line:\n<tools>\n{tools}\n</tools>\n\nTo call a function, reply with\n<tool_call>\n"

@@ -12,12 +12,12 @@ rewards=[...])`` applies them to every batch. Model judges live in :mod:`ludic_l
 
 from __future__ import annotations
 
-from ludic_lab.rewards.apply import FAILURE_CAUSE, apply_rewards, check_rewards
+from ludic_lab.rewards.apply import FAILURE_CAUSE as FAILURE_CAUSE, apply_rewards, check_rewards as check_rewards
 from ludic_lab.rewards.base import (
     GroupReward,
-    ReportsStats,
+    ReportsStats as ReportsStats,
     Reward,
-    RewardContractError,
+    RewardContractError as RewardContractError,
     RewardResult,
     RolloutReward,
 )
@@ -27,22 +27,18 @@ from ludic_lab.rewards.text import rollout_answer, rollout_parsed_answer, rollou
 from ludic_lab.rollout_group import RolloutGroup
 
 __all__ = [
-    "FAILURE_CAUSE",
-    "DiversityBonus",
-    "MajorityVoteReward",
-    "GroupReward",
-    "ReportsStats",
-    "Reward",
-    "RewardContractError",
     "RewardResult",
-    "RolloutGroup",
+    "Reward",
     "RolloutReward",
-    "SoftOverlongPenalty",
+    "GroupReward",
+    "RolloutGroup",
     "apply_rewards",
-    "check_rewards",
-    "normalise_answer",
+    "MajorityVoteReward",
+    "DiversityBonus",
+    "SoftOverlongPenalty",
+    "soft_overlong_penalty",
     "rollout_answer",
     "rollout_parsed_answer",
     "rollout_prompt",
-    "soft_overlong_penalty",
+    "normalise_answer",
 ]

@@ -92,6 +92,3 @@ class SoftOverlongPenalty:
             info = {"length": n, "penalty_start": self.max_tokens - self.buffer_tokens, "max_tokens": self.max_tokens}
             out.append(RewardResult(soft_overlong_penalty(n, self.max_tokens, self.buffer_tokens), info))
         return out
-
-
-__all__ = ["OverlongLength", "SoftOverlongPenalty", "soft_overlong_penalty"]

@@ -40,8 +40,6 @@ from typing import Any
 from ludic_lab.rollouts.requests import RolloutRequest
 from ludic_lab.types import Rollout
 
-__all__ = ["DifficultyFilter", "default_prompt_key", "observe_rollouts", "take_stream_stats"]
-
 KEY_FIELD = "difficulty_key"
 """``request.meta`` / ``rollout.meta`` entry holding a prompt's key (a string)."""
 

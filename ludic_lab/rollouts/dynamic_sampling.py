@@ -31,8 +31,6 @@ from ludic_lab.rollouts.group_signal import GroupKey, informative_groups
 from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.types import Rollout
 
-__all__ = ["DynamicSampler", "DynamicSampling", "DynamicSamplingRound"]
-
 
 @dataclass(frozen=True)
 class DynamicSampling:

@@ -224,22 +224,3 @@ drop_parse_errors = ItemFilter(_drop_parse_errors, "drop_parse_errors")
 """Drops items whose reply the parser rejected (``item.meta["parse_error"]``)."""
 drop_incomplete_completions = ItemFilter(_drop_incomplete_completions, "drop_incomplete_completions")
 """Drops items whose completion was cut at ``max_tokens`` (``finish_reason == "length"``)."""
-
-
-__all__ = [
-    "FilterSpec",
-    "ItemFilter",
-    "SampleFilter",
-    "any_of",
-    "apply_filter",
-    "as_filter",
-    "combine",
-    "drop_incomplete_completions",
-    "drop_parse_errors",
-    "drop_truncated",
-    "filter_items",
-    "filter_name",
-    "keep_all",
-    "sample_meta",
-    "with_sample_meta",
-]

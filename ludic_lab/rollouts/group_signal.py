@@ -79,6 +79,3 @@ def drop_zero_variance_groups(batch: SAWBatch) -> SAWBatch:
         "informative_groups": len(kept),
     }
     return SAWBatch(items, meta)
-
-
-__all__ = ["GroupKey", "drop_zero_variance_groups", "group_items", "group_key", "has_signal", "informative_groups"]

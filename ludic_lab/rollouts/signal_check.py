@@ -26,8 +26,6 @@ from typing import Any
 from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.types import Rollout
 
-__all__ = ["NoSignalNotice", "count_steps_without_signal", "no_signal_warning", "problems", "signal_stats"]
-
 _NAN = float("nan")
 
 NO_GRADIENT_CAUSES = (

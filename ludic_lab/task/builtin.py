@@ -58,6 +58,3 @@ def bind_builtin_task(
     spec = InferenceSpec(SamplingConfig(temperature=temperature, max_tokens=max_tokens), ReturnSpec.for_training())
     requests = task.requests(per_step=prompts, seed=seed, inference=spec)
     return BoundTask(name, task.engine(client, max_concurrency=concurrency), requests)
-
-
-__all__ = ["BUILTIN_TASKS", "BoundTask", "bind_builtin_task", "builtin_task"]

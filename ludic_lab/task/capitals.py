@@ -105,6 +105,3 @@ async def evaluate_capitals(
         out["sampled_accuracy"] = float(s["accuracy"])
         out[f"pass@{k}"] = float(s.get(f"pass@{k}", float("nan")))
     return out
-
-
-__all__ = ["SYSTEM_PROMPT", "capital_parser", "capitals_task", "evaluate_capitals"]

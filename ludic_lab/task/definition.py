@@ -122,6 +122,3 @@ def as_task(env_or_task: Any, *, name: str | None = None, parser: Parser | None 
         )
     kind = name or getattr(env_or_task, "__name__", "env").lower()
     return Task(kind if kind != "<lambda>" else "env", env_or_task, parser=parser or identity_parser)
-
-
-__all__ = ["EvaluateFn", "StatsFn", "Task", "as_task"]

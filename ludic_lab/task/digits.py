@@ -41,6 +41,3 @@ def digits_task(*, protocol_kind: str = "single_agent") -> Task:
     """The digits task; the whole reply is scored however long (a reply cut at the token budget
     is the usual case here, not a failure)."""
     return Task("digits", DigitsEnv, size=SEEDS, protocol_kind=protocol_kind, reject_incomplete_completions=False)
-
-
-__all__ = ["SEEDS", "DigitsEnv", "digit_fraction", "digits_task"]

@@ -104,6 +104,3 @@ class RequestStream:
         if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
             raise ValueError(f"RequestStream.load_state_dict: cursor must be an int >= 0, got {cursor!r}")
         self.cursor = cursor
-
-
-__all__ = ["SEED_STRIDE", "RequestStream"]

@@ -13,7 +13,7 @@ import importlib
 from typing import Any
 
 from ludic_lab.rollouts import *  # noqa: F403 - the rollout side, re-exported under its former path
-from ludic_lab.rollouts import __all__ as _rollouts_all
+from ludic_lab.rollouts.credit import *  # noqa: F403 - credit assigners, re-exported under the former path
 from ludic_lab.training.algorithm import (
     PRESETS,
     RLAlgorithm,
@@ -78,8 +78,7 @@ __all__ = [
     "OfflineBatchSource",
     "Rank0BroadcastSource",
     "TrainerConfig",
-    *_rollouts_all,
-    *_LAZY,
+    *(name for name in _LAZY if name not in _LOSSES),
 ]
 
 

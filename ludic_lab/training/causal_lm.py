@@ -107,6 +107,3 @@ def logit_scale(config: Any) -> float:
     if getattr(config, "logit_scale", None) and not isinstance(config.logit_scale, bool):  # Cohere
         s *= float(config.logit_scale)
     return s
-
-
-__all__ = ["attention_mask_for", "find_body_and_head", "logit_scale"]

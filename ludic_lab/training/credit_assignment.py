@@ -4,4 +4,3 @@ Re-exports :mod:`ludic_lab.rollouts.credit`; see its modules for the formulas an
 """
 
 from ludic_lab.rollouts.credit import *  # noqa: F403 - the module the reference's map names
-from ludic_lab.rollouts.credit import __all__  # noqa: F401 - the same public names

@@ -351,16 +351,3 @@ def completion_table(
             row.append("-" if adv is None else format_value(float(adv)))
         table.add_row(*(Text(c) for c in row))  # Text: model output is never parsed as rich markup
     return table
-
-
-__all__ = [
-    "MetricLogger",
-    "MetricValue",
-    "ConsoleLogger",
-    "JSONLLogger",
-    "WandbLogger",
-    "MultiLogger",
-    "read_jsonl_metrics",
-    "completion_table",
-    "format_value",
-]

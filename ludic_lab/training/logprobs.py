@@ -34,16 +34,6 @@ DEFAULT_CHUNK_SIZE = 4096
 FALLBACK_ROWS = 256
 """Positions per checkpointed chunk when the LM head is not a plain ``nn.Linear``."""
 
-__all__ = [
-    "ChunkedTokenLogprobs",
-    "DEFAULT_CHUNK_SIZE",
-    "attention_mask_for",
-    "find_body_and_head",
-    "full_logits_token_logprobs",
-    "model_token_logprobs",
-    "token_logprobs",
-]
-
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype: float64 stays float64 (gradcheck), everything else float32."""

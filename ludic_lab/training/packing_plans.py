@@ -115,6 +115,3 @@ def _fill_per_batch(lengths: Sequence[int], budget: int, max_seq_len: int, floor
             rows.append(row)
         groups.append(rows)
     return groups
-
-
-__all__ = ["Groups", "candidate_plans", "plan_cost"]

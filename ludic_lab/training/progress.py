@@ -30,7 +30,6 @@ from ludic_lab.rollouts.signal_check import NoSignalNotice
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["DEFAULT_PANELS", "LivePlot", "ProgressView", "TqdmProgress", "in_notebook", "make_progress"]
 
 Panel = tuple[str, tuple[str, ...]]
 DEFAULT_PANELS: tuple[Panel, ...] = (

@@ -102,6 +102,3 @@ def _split(members: list[_PackSeq], prefix: int, max_seq_len: int) -> list[Unit]
     if cur:
         out.append(Unit(tuple(cur), prefix if len(cur) > 1 else 0))
     return out
-
-
-__all__ = ["Unit", "group_units", "prompt_length"]

@@ -164,6 +164,3 @@ def _batch_repr_html(self: SAWBatch) -> str:
 # the views register themselves with the data classes
 setattr(SAWItem, "_repr_html_", _item_repr_html)  # noqa: B010 - the data classes declare no HTML
 setattr(SAWBatch, "_repr_html_", _batch_repr_html)  # noqa: B010 - the data classes declare no HTML
-
-
-__all__ = ["item_ratios", "saw_batch_html", "saw_item_html"]

@@ -23,6 +23,3 @@ def is_stale(sampled_version: int | None, current_version: int | None, max_lag: 
     if max_lag is None or current_version is None or sampled_version is None:
         return False
     return current_version - sampled_version > max_lag
-
-
-__all__ = ["is_stale"]

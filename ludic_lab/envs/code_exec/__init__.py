@@ -11,57 +11,49 @@ from ludic_lab.envs.code_exec.adapters import (
     APPSAdapter,
     MBPPAdapter,
     TestAdapter,
-    assert_to_test,
-    auto_adapter,
+    assert_to_test as assert_to_test,
+    auto_adapter as auto_adapter,
     load_problems,
-    shipped_problems,
+    shipped_problems as shipped_problems,
 )
-from ludic_lab.envs.code_exec.bwrap import BubblewrapSandbox, find_bwrap
-from ludic_lab.envs.code_exec.cache import ResultCache
-from ludic_lab.envs.code_exec.env import DEFAULT_CODE_SYSPROMPT, CodeExecConfig, CodeExecEnv
+from ludic_lab.envs.code_exec.bwrap import BubblewrapSandbox, find_bwrap as find_bwrap
+from ludic_lab.envs.code_exec.cache import ResultCache as ResultCache
+from ludic_lab.envs.code_exec.env import DEFAULT_CODE_SYSPROMPT as DEFAULT_CODE_SYSPROMPT, CodeExecConfig, CodeExecEnv
 from ludic_lab.envs.code_exec.local import UnsafeLocalSandbox
-from ludic_lab.envs.code_exec.parsing import code_block_parser, extract_code
+from ludic_lab.envs.code_exec.parsing import code_block_parser, extract_code as extract_code
 from ludic_lab.envs.code_exec.pool import SandboxPool
-from ludic_lab.envs.code_exec.runners import RunConfig, outputs_match, run_tests
+from ludic_lab.envs.code_exec.runners import RunConfig as RunConfig, outputs_match as outputs_match, run_tests
 from ludic_lab.envs.code_exec.sandbox import (
-    Interpreter,
+    Interpreter as Interpreter,
     Sandbox,
     SandboxCrashError,
     SandboxLimits,
     SandboxUnavailableError,
 )
 from ludic_lab.envs.code_exec.tool import run_python_tool
-from ludic_lab.envs.code_exec.types import BatchTestResult, ExecutionResult, TestCase, TestResult
+from ludic_lab.envs.code_exec.types import (
+    BatchTestResult as BatchTestResult,
+    ExecutionResult as ExecutionResult,
+    TestCase,
+    TestResult as TestResult,
+)
 
 __all__ = [
-    "Sandbox",
-    "SandboxLimits",
-    "SandboxCrashError",
-    "SandboxUnavailableError",
-    "Interpreter",
-    "BubblewrapSandbox",
-    "UnsafeLocalSandbox",
-    "find_bwrap",
-    "SandboxPool",
-    "ResultCache",
-    "ExecutionResult",
-    "TestCase",
-    "TestResult",
-    "BatchTestResult",
-    "RunConfig",
-    "run_tests",
-    "outputs_match",
     "CodeExecEnv",
     "CodeExecConfig",
-    "DEFAULT_CODE_SYSPROMPT",
-    "code_block_parser",
-    "extract_code",
+    "Sandbox",
+    "BubblewrapSandbox",
+    "UnsafeLocalSandbox",
+    "SandboxPool",
+    "SandboxLimits",
+    "SandboxUnavailableError",
+    "SandboxCrashError",
+    "TestCase",
     "TestAdapter",
     "APPSAdapter",
     "MBPPAdapter",
-    "assert_to_test",
-    "auto_adapter",
-    "load_problems",
-    "shipped_problems",
+    "run_tests",
     "run_python_tool",
+    "load_problems",
+    "code_block_parser",
 ]

@@ -36,7 +36,6 @@ from ludic_lab.inference.request import ChatCompletionRequest
 if TYPE_CHECKING:
     from ludic_lab.inference.local.client import LocalChatClient
 
-__all__ = ["ContinuousBatcher", "Job"]
 
 ADMIT_WAIT_STEPS = 8
 """Decode steps a waiting request may wait for company before it is admitted anyway."""

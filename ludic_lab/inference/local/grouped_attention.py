@@ -28,8 +28,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["GROUPED_IMPLEMENTATIONS", "grouped_attention_forward", "use_grouped_attention"]
-
 GROUPED_IMPLEMENTATIONS = {"sdpa": "ludic_grouped_sdpa", "eager": "ludic_grouped_eager"}
 """Base implementation -> the registered name of its grouped variant."""
 

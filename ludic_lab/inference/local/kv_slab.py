@@ -23,8 +23,6 @@ from collections.abc import Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-__all__ = ["SlabCache", "SlabLayer"]
-
 MIN_SPARE = 64
 """Fewest spare columns a (re)allocated buffer gets."""
 

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["PrefixCache", "PrefixHit"]
-
 
 @dataclass(frozen=True)
 class PrefixHit:

@@ -14,8 +14,6 @@ from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.rendering.reply import read_reply
 from ludic_lab.types import ChatResponse
 
-__all__ = ["RowState", "build_response"]
-
 
 @dataclass
 class RowState:

@@ -19,8 +19,6 @@ import torch
 
 from ludic_lab.inference.request import SamplingConfig
 
-__all__ = ["SamplingConfig", "process_logits", "sample_rows"]
-
 _NEG_INF = float("-inf")
 _TOP_P_FIRST_K = 64  # nucleus search starts with this many candidates, then grows x4
 

@@ -18,8 +18,6 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["common_prefix_length", "prefill_shared_prefix", "shared_prompt_rows"]
-
 
 def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     """Length of the longest prefix all ``prompts`` share."""

@@ -187,14 +187,3 @@ def normalize_tokenizer_config(folder: Path, *, model_max_length: int) -> None:
     for key in ("is_local", "local_files_only", "name_or_path"):
         cfg.pop(key, None)
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-
-
-__all__ = [
-    "MANIFEST_FILE",
-    "ModelNotAvailableError",
-    "PathLike",
-    "cache_root",
-    "is_materialized",
-    "materialize",
-    "normalize_tokenizer_config",
-]

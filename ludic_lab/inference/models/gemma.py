@@ -91,13 +91,3 @@ def _convert_gemma3(gguf_file: Path, out: Path) -> None:
         chat_template=gemma3_chat_template(),
         eos_tokens=GEMMA3_STOP_TOKENS,
     )
-
-
-__all__ = [
-    "GEMMA3_MODEL_NAME",
-    "GEMMA3_PACKAGE",
-    "GEMMA3_STOP_TOKENS",
-    "gemma3_chat_template",
-    "gemma3_gguf_path",
-    "gemma3_model_path",
-]

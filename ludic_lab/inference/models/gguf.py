@@ -137,13 +137,3 @@ def convert_gguf(
     if "quantization_config" in saved:
         raise RuntimeError("materialised config.json still holds a quantization_config")
     (out / "README.md").write_text(readme)
-
-
-__all__ = [
-    "DEFAULT_MODEL_NAME",
-    "SMOLLM2_GGUF_FILE",
-    "convert_gguf",
-    "default_model_path",
-    "load_gguf_model",
-    "smollm2_gguf_path",
-]

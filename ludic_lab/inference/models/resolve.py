@@ -52,6 +52,3 @@ def resolve_model(name_or_path: PathLike | None = None, *, cache_dir: PathLike |
         "(weights are never downloaded). Pass a local folder written by save_pretrained, or "
         "'default' (SmolLM2-135M-Instruct), 'gemma3-270m' (Gemma 3 270M) or 'tiny' (a random test model)."
     )
-
-
-__all__ = ["MODEL_ALIASES_DEFAULT", "MODEL_ALIASES_GEMMA3", "MODEL_ALIASES_TINY", "resolve_model"]

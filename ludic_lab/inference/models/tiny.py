@@ -272,14 +272,3 @@ def tiny_model_path(cache_dir: PathLike | None = None) -> str:
     """
     dest = cache_root(cache_dir) / "models" / TINY_MODEL_NAME
     return materialize(dest, build_tiny_model, {"name": TINY_MODEL_NAME, "builder": "build_tiny_model"})
-
-
-__all__ = [
-    "CHATML_TEMPLATE",
-    "SPECIAL_TOKENS",
-    "TINY_MODEL_NAME",
-    "build_tiny_model",
-    "build_tiny_tokenizer",
-    "tiny_corpus",
-    "tiny_model_path",
-]

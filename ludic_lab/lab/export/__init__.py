@@ -60,14 +60,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ludic_lab.lab.export.build import build_script, export_cells
-from ludic_lab.lab.export.cells import MAGIC, Cell, ExportError, magic_parser
-from ludic_lab.lab.export.check import star_modules
-from ludic_lab.lab.export.ipython import kernel_cells, last_export, register
+from ludic_lab.lab.export.build import build_script as build_script, export_cells as export_cells
+from ludic_lab.lab.export.cells import MAGIC as MAGIC, Cell as Cell, ExportError, magic_parser as magic_parser
+from ludic_lab.lab.export.check import star_modules as star_modules
+from ludic_lab.lab.export.ipython import kernel_cells as kernel_cells, last_export as last_export, register as register
 from ludic_lab.lab.export.notebook import export_notebook
-from ludic_lab.lab.export.params import Param
-from ludic_lab.lab.export.script import MARKER, ExportedScript
-from ludic_lab.lab.export.syntax import free_names
+from ludic_lab.lab.export.params import Param as Param
+from ludic_lab.lab.export.script import MARKER as MARKER, ExportedScript as ExportedScript
+from ludic_lab.lab.export.syntax import free_names as free_names
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,23 +95,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in s.notes:
         print(f"  note: {n}")
     return 0
-
-
-__all__ = [
-    "MAGIC",
-    "MARKER",
-    "Cell",
-    "ExportError",
-    "ExportedScript",
-    "Param",
-    "build_script",
-    "export_cells",
-    "export_notebook",
-    "free_names",
-    "kernel_cells",
-    "last_export",
-    "magic_parser",
-    "main",
-    "register",
-    "star_modules",
-]

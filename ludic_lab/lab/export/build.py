@@ -86,6 +86,3 @@ def build(
         "notes": plan.notes + plan.rank0_notes,
     }
     return src, meta
-
-
-__all__ = ["build", "build_script", "export_cells"]

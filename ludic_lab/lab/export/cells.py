@@ -95,17 +95,3 @@ def try_parse(body: str) -> ast.Module | None:
         return compile(body, "<cell>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     except SyntaxError:
         return None
-
-
-__all__ = [
-    "MAGIC",
-    "Cell",
-    "ExportError",
-    "directives",
-    "magic_args",
-    "magic_line",
-    "magic_parser",
-    "parse_cell",
-    "strip_first_line",
-    "try_parse",
-]

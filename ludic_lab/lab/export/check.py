@@ -90,6 +90,3 @@ def check_free_names(
         + "\nMark the cells that define them with `#| export` on their first line (the parameters cell with "
         "`#| parameters`), or define them in the exported cell."
     )
-
-
-__all__ = ["check_free_names", "star_modules"]

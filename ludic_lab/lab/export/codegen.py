@@ -177,6 +177,3 @@ def script_docstring(
         f"    python {script_name} --help      # every flag, from the Config dataclass",
     ]
     return '"""' + docstring_text("\n".join(doc)) + '\n"""'
-
-
-__all__ = ["config_class_lines", "docstring_text", "generate", "script_docstring"]

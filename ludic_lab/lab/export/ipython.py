@@ -92,6 +92,3 @@ def magic_cell(line: str, cell: str) -> ExportedScript:
         force=ns.force,
     )
     return _last
-
-
-__all__ = ["kernel_cells", "last_export", "magic_cell", "register", "with_saved_tags"]

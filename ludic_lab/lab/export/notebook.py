@@ -125,6 +125,3 @@ def saved_tags(ipynb: Path) -> dict[str, frozenset[str]]:
         if t:
             out[c.cell.source.strip()] = t
     return out
-
-
-__all__ = ["NotebookCell", "code_cells", "export_notebook", "read_notebook", "saved_tags"]

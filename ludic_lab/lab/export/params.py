@@ -151,6 +151,3 @@ def dataclass_fields(exported: Sequence[tuple[Cell, str, ast.Module]], name: str
             if isinstance(n, ast.ClassDef) and n.name == name:
                 return [b.target.id for b in n.body if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name)]
     return []
-
-
-__all__ = ["Param", "dataclass_fields", "find_user_config", "imports_of", "parse_params"]

@@ -169,6 +169,3 @@ def plan_export(
         notes=notes,
         rank0_notes=rank0_notes,
     )
-
-
-__all__ = ["ExportPlan", "Parsed", "classify", "plan_export", "rank0_sampling", "split_main_cells"]

@@ -67,6 +67,3 @@ def write_script(path: Path, src: str, meta: dict[str, Any], *, force: bool) -> 
     os.chmod(tmp, 0o755)
     tmp.replace(path)
     return ExportedScript(path=path, source=src, **meta)
-
-
-__all__ = ["MARKER", "ExportedScript", "write_script"]

@@ -139,15 +139,3 @@ def free_names(src: str, filename: str = "<script>") -> set[str]:
             if s.is_referenced() and (s.is_global() or (t is table and not binds(s))):
                 used.add(s.get_name())
     return used - bound - set(dir(builtins)) - _DUNDERS
-
-
-__all__ = [
-    "bound_names",
-    "free_names",
-    "function_locals",
-    "global_lines",
-    "has_toplevel_await",
-    "indent",
-    "split_imports",
-    "toplevel_loads",
-]

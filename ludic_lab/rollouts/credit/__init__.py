@@ -1,39 +1,22 @@
 """Credit assigners: rollouts -> ``{(rollout_id, step_index): weight}`` (see ``base``)."""
 
 from ludic_lab.rollouts.credit.base import (
-    CreditAssigner,
-    CreditAssignmentError,
-    CreditStats,
-    NonFiniteRewardError,
+    CreditAssigner as CreditAssigner,
+    CreditAssignmentError as CreditAssignmentError,
+    CreditStats as CreditStats,
+    NonFiniteRewardError as NonFiniteRewardError,
 )
 from ludic_lab.rollouts.credit.group_relative import (
-    GroupNormalizedReturn,
-    HybridNormalizedReturn,
-    LeaveOneOutReturn,
-    RLOOReturn,
+    GroupNormalizedReturn as GroupNormalizedReturn,
+    HybridNormalizedReturn as HybridNormalizedReturn,
+    LeaveOneOutReturn as LeaveOneOutReturn,
+    RLOOReturn as RLOOReturn,
 )
 from ludic_lab.rollouts.credit.returns import (
-    ConstantCredit,
-    EpisodicReturn,
-    MonteCarloReturn,
-    PerStepReturn,
-    PerStepReward,
-    discounted_returns,
+    ConstantCredit as ConstantCredit,
+    EpisodicReturn as EpisodicReturn,
+    MonteCarloReturn as MonteCarloReturn,
+    PerStepReturn as PerStepReturn,
+    PerStepReward as PerStepReward,
+    discounted_returns as discounted_returns,
 )
-
-__all__ = [
-    "ConstantCredit",
-    "CreditAssigner",
-    "CreditAssignmentError",
-    "CreditStats",
-    "EpisodicReturn",
-    "GroupNormalizedReturn",
-    "HybridNormalizedReturn",
-    "LeaveOneOutReturn",
-    "MonteCarloReturn",
-    "NonFiniteRewardError",
-    "PerStepReturn",
-    "PerStepReward",
-    "RLOOReturn",
-    "discounted_returns",
-]

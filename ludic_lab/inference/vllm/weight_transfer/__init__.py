@@ -10,40 +10,33 @@ update against the served model. Importing this package does not import torch or
 """
 
 from ludic_lab.inference.vllm.weight_transfer.base import (
-    WIRE_DTYPES,
-    ParamMeta,
+    WIRE_DTYPES as WIRE_DTYPES,
+    ParamMeta as ParamMeta,
     WeightSender,
-    dtype_name,
-    param_metas,
-    torch_dtype,
-    update_body,
+    dtype_name as dtype_name,
+    param_metas as param_metas,
+    torch_dtype as torch_dtype,
+    update_body as update_body,
 )
-from ludic_lab.inference.vllm.weight_transfer.nccl import NcclReceiver, NcclSender, packed_nccl_available
+from ludic_lab.inference.vllm.weight_transfer.nccl import (
+    NcclReceiver,
+    NcclSender,
+    packed_nccl_available as packed_nccl_available,
+)
 from ludic_lab.inference.vllm.weight_transfer.shm import (
     ShmSender,
-    default_shm_dir,
-    iter_safetensors,
-    read_safetensors_header,
-    write_safetensors,
+    default_shm_dir as default_shm_dir,
+    iter_safetensors as iter_safetensors,
+    read_safetensors_header as read_safetensors_header,
+    write_safetensors as write_safetensors,
 )
 from ludic_lab.inference.vllm.weight_transfer.spec import ModelParamSpec, UpdateRejected
 
 __all__ = [
-    "WIRE_DTYPES",
-    "ParamMeta",
     "WeightSender",
-    "dtype_name",
-    "param_metas",
-    "torch_dtype",
-    "update_body",
     "ShmSender",
-    "default_shm_dir",
-    "iter_safetensors",
-    "read_safetensors_header",
-    "write_safetensors",
     "NcclSender",
     "NcclReceiver",
-    "packed_nccl_available",
     "ModelParamSpec",
     "UpdateRejected",
 ]
