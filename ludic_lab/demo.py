@@ -214,7 +214,7 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     from rich.console import Console
     from transformers import AutoModelForCausalLM
 
-    from ludic_lab.reports import format_metrics, plot_metrics, write_rollouts_html
+    from ludic_lab.lab.reports import format_metrics, plot_metrics, write_rollouts_html
     from ludic_lab.rollouts import RolloutBatchSource
     from ludic_lab.training import Trainer
     from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, TypeAlias
 
+from ludic_lab.display import html_of
 from ludic_lab.rollout_table import rollouts_to_dataframe as rollouts_to_dataframe  # re-exported
 
 Message: TypeAlias = dict[str, Any]
@@ -328,6 +329,10 @@ class Rollout:
     @classmethod
     def from_json(cls, line: str) -> Rollout:
         return cls.from_dict(json.loads(line))
+
+    def _repr_html_(self) -> str | None:
+        """Notebook view: the registered one (``ludic_lab.lab.rollout_html``), else ``repr``."""
+        return html_of(self)
 
 
 def _step_to_dict(s: Step) -> dict[str, Any]:

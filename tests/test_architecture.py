@@ -185,6 +185,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "0 base: data types and helpers every layer uses (no torch)",
         [
             "types",
+            "display",  # the registry of HTML views the data classes' _repr_html_ asks
             "rollout_table",
             "rollout_group",  # RolloutGroup: the rollouts of one prompt (rewards and credit build on it)
             "traces",
@@ -222,19 +223,13 @@ LAYERS: list[tuple[str, list[str]]] = [
         ["task", "env_training", "pipeline", "eval"],
     ),
     (
-        "7 lab and views: notebook layer, HTML and plots",
-        [
-            "lab",
-            "types_html",
-            "token_html",
-            "reports",
-            "training.saw_html",  # a view of SAW items, imported by lab/views.py only
-        ],
+        "7 lab and views: notebook layer, HTML and plots (lab/rollout_html, saw_html, token_html, reports)",
+        ["lab"],
     ),
     (
         "8 entry points",
         [
-            "",  # ludic_lab/__init__.py: the front door (run_sync, and train_env loaded on first use)
+            "",  # ludic_lab/__init__.py: the front door (run_sync, train_env on first use, the views registered)
             "cli",
             "demo",
             "demos",

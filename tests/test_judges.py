@@ -330,7 +330,7 @@ async def test_tiny_model_as_judge_end_to_end(tiny_judge_client) -> None:
 
 
 async def test_credit_view_shows_verdicts_and_failures() -> None:
-    from ludic_lab.types_html import rollouts_html
+    from ludic_lab.lab.rollout_html import rollouts_html
 
     client = ScriptedChatClient(
         lambda req: (

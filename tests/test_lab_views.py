@@ -14,6 +14,7 @@ import pytest
 import torch
 from test_lab_html import make_items, make_rollouts, parse
 
+from ludic_lab.lab.token_html import HTMLView
 from ludic_lab.lab.views import (
     credit_view,
     log_html_to_wandb,
@@ -23,7 +24,6 @@ from ludic_lab.lab.views import (
     ratio_kl_stats,
 )
 from ludic_lab.rollouts.saw import SAWBatch, SAWItem
-from ludic_lab.token_html import HTMLView
 
 
 def test_credit_view_dispatches_and_saves(tiny_tokenizer, tmp_path: Path):

@@ -259,8 +259,6 @@ def test_trace_collector_never_folds_into_a_rejected_step():
 
 
 async def test_rollout_view_labels_an_observation_step_as_such():
-    import ludic_lab.types_html  # noqa: F401 - the view registers Rollout._repr_html_ (as the lab does)
-
     ra, _ = await MultiAgentProtocol({"A": agent(["bad"]), "B": agent(["win"])}).run(env=DuelEnv(), max_steps=3)
     h = ra._repr_html_()
     assert h.count("parse error") == 2  # step 0: its flag and its parsed action; step 1 is not one

@@ -201,8 +201,8 @@ async def test_a_tool_turn_after_the_last_user_message_is_no_prefix_break() -> N
 async def test_views_show_reasoning_apart_from_the_answer() -> None:
     """The rollout HTML view marks exactly the thinking tokens (``ll-think``) and lists the
     reasoning under them; the table has ``reasoning`` and ``answer`` columns."""
+    from ludic_lab.lab.rollout_html import rollouts_html
     from ludic_lab.rollout_table import rollouts_to_dataframe
-    from ludic_lab.types_html import rollouts_html
     from tests.test_lab_html import parse
 
     rollout, _, (r1, r2) = await _episode(FullDialog("Be brief."))

@@ -1,4 +1,4 @@
-"""The demo's ``rollouts.html`` (:func:`ludic_lab.reports.write_rollouts_html`): the credit
+"""The demo's ``rollouts.html`` (:func:`ludic_lab.lab.reports.write_rollouts_html`): the credit
 weights the trainer used (rows and sampled tokens coloured by sign and size, with a legend),
 the parsed action rather than the completion again, the training step in the header, a turn
 column only for multi-step episodes, and short numbers (no 17-digit floats, no Python dicts)."""
@@ -21,7 +21,7 @@ from ludic_lab.demos.tool_task import final_number_match, final_number_parser
 from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
-from ludic_lab.reports import format_metrics, format_number, rollouts_html, weight_rgb, write_rollouts_html
+from ludic_lab.lab.reports import format_metrics, format_number, rollouts_html, weight_rgb, write_rollouts_html
 from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.rollouts.credit import GroupNormalizedReturn
 from ludic_lab.rollouts.rollout_source import RolloutBatchSource

@@ -144,7 +144,7 @@ async def test_the_notebook_stepper_runs_a_tool_turn_exactly_as_the_protocol() -
 async def test_credit_view_shows_tool_results_as_context() -> None:
     import re
 
-    from ludic_lab.types_html import rollout_html
+    from ludic_lab.lab.rollout_html import rollout_html
 
     agent = agent_for([call("lookup", key="rome"), "Italy"], external_tools=[lookup])
     (r,) = await SingleAgentSyncProtocol(agent).run(env=TableEnv(), max_steps=2)

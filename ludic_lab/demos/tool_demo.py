@@ -76,7 +76,7 @@ async def _evaluate(
 
 def _line(d: dict[str, Any]) -> str:
     """``greedy: accuracy 0.25, tool call rate 0.5, ...; sampled: ...`` (numbers to 3 digits)."""
-    from ludic_lab.reports import format_metrics
+    from ludic_lab.lab.reports import format_metrics
 
     return format_metrics(d)
 
@@ -151,7 +151,7 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     from transformers import AutoModelForCausalLM
 
     from ludic_lab.demos import backend
-    from ludic_lab.reports import plot_metrics, write_rollouts_html
+    from ludic_lab.lab.reports import plot_metrics, write_rollouts_html
 
     cfg = tool_demo_config(cfg)  # run_demo has run cfg.preflight() (these defaults included)
     console = Console()

@@ -11,12 +11,13 @@ from typing import Any
 
 from ludic_lab.aio import run_sync
 from ludic_lab.jupyter import ipython_shell
+from ludic_lab.lab.background import BackgroundTask, enable_nested_asyncio as enable_nested_asyncio, start_background
 from ludic_lab.lab.export import ExportedScript, ExportError, export_cells, export_notebook
 from ludic_lab.lab.live import LivePlot, plot_metrics_jsonl
 from ludic_lab.lab.servers import VLLMServer
 from ludic_lab.lab.stepper import RolloutStepper, StepperWidget, Turn as Turn
 from ludic_lab.lab.task_output import show
-from ludic_lab.lab.tasks import BackgroundTask, enable_nested_asyncio as enable_nested_asyncio, start_background
+from ludic_lab.lab.token_html import HTMLView, save_html, set_display_tokenizer
 from ludic_lab.lab.torchrun import TorchrunError, TorchrunRun, launch_torchrun
 from ludic_lab.lab.views import (
     credit_view,
@@ -26,7 +27,6 @@ from ludic_lab.lab.views import (
     policy_logprobs,
     ratio_kl_stats as ratio_kl_stats,
 )
-from ludic_lab.token_html import HTMLView, save_html, set_display_tokenizer
 
 __all__ = [
     "BackgroundTask",

@@ -10,8 +10,8 @@ from typing import Any
 
 from ludic_lab.agents.base_agent import ActResult
 from ludic_lab.inference.request import SamplingConfig
+from ludic_lab.lab.token_html import fmt, sequence_html, view_html
 from ludic_lab.parsers import ParseResult
-from ludic_lab.token_html import fmt, sequence_html, view_html
 from ludic_lab.types import Message, Step
 
 

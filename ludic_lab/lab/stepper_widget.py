@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ludic_lab.inference.request import SamplingConfig
-from ludic_lab.lab.tasks import BackgroundTask, start_background
+from ludic_lab.lab.background import BackgroundTask, start_background
 
 if TYPE_CHECKING:
     from ludic_lab.lab.stepper import RolloutStepper

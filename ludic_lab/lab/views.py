@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ludic_lab.jupyter import ipython_shell
+from ludic_lab.lab.rollout_html import rollouts_html
+from ludic_lab.lab.saw_html import saw_batch_html
+from ludic_lab.lab.token_html import HTMLView, to_html
 from ludic_lab.rollouts.saw import SAWBatch, SAWItem
-from ludic_lab.token_html import HTMLView, to_html
-from ludic_lab.training.saw_html import saw_batch_html
 from ludic_lab.types import Rollout
-from ludic_lab.types_html import rollouts_html
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -265,7 +265,7 @@ def log_html_to_wandb(obj: Any, key: str = "credit", *, run: Any = None, step: i
         return False
     import wandb
 
-    from ludic_lab.token_html import html_page
+    from ludic_lab.lab.token_html import html_page
 
     frag = to_html(obj)
     page = frag if frag.lstrip().lower().startswith("<!doctype") else html_page(frag, key)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ludic_lab.display import html_of
 from ludic_lab.types import Rollout, Step
 
 RolloutStepKey = tuple[str, int]
@@ -97,6 +98,10 @@ class SAWItem:
     def from_json(cls, s: str) -> SAWItem:
         return cls.from_dict(json.loads(s))
 
+    def _repr_html_(self) -> str | None:
+        """Notebook view: the registered one (``ludic_lab.lab.saw_html``), else ``repr``."""
+        return html_of(self)
+
     @classmethod
     def from_step(
         cls,
@@ -171,6 +176,10 @@ class SAWBatch:
     @property
     def num_action_tokens(self) -> int:
         return sum(it.num_action_tokens for it in self.items)
+
+    def _repr_html_(self) -> str | None:
+        """Notebook view: the registered one (``ludic_lab.lab.saw_html``), else ``repr``."""
+        return html_of(self)
 
 
 def saw_items_from_rollouts(

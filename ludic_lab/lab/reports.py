@@ -222,7 +222,7 @@ def rollouts_html(
     formatted short."""
     tok = None
     if tokenizer is not None:
-        from ludic_lab.token_html import resolve_tokenizer
+        from ludic_lab.lab.token_html import resolve_tokenizer
 
         tok = resolve_tokenizer(tokenizer)
     ordered = sorted(rollouts, key=lambda r: (str(r.group_id), r.sampling_seed or 0))

@@ -1,4 +1,4 @@
-"""HTML views of rollouts (layer 0): one rollout, or groups of siblings side by side.
+"""HTML views of rollouts (layer 7, lab): one rollout, or groups of siblings side by side.
 
 A step's prompt tokens are masked (grey, folded); its completion tokens are coloured by the
 step's credit when ``weights`` (a credit assigner's ``{(rollout_id, step_index): weight}``)
@@ -7,13 +7,13 @@ is given, else left white, with token id and behaviour logprob on hover. Thinkin
 apart from it, and the step's reasoning is listed under its tokens. Rollouts that
 share a ``group_id`` are shown side by side with one colour scale (the group's max ``|w|``).
 
-Importing this module gives :class:`~ludic_lab.types.Rollout` its notebook view
-(``_repr_html_``); the lab layer imports it, so a rollout renders in any notebook that
-imported ``ludic_lab.lab``. ``ludic_lab.types`` itself knows no HTML.
+:func:`rollout_html` is :class:`~ludic_lab.types.Rollout`'s notebook view: ``ludic_lab``
+registers it (:mod:`ludic_lab.display`) when the package loads, so ``Rollout._repr_html_``
+shows it whatever was imported; ``ludic_lab.types`` itself imports no HTML.
 
 Example::
 
-    from ludic_lab.types_html import rollouts_html
+    from ludic_lab.lab.rollout_html import rollouts_html
     HTMLView(rollouts_html(rollouts, weights=GroupNormalizedReturn()(rollouts), tokenizer=client))
 """
 
@@ -24,8 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ludic_lab.rollout_table import step_reasoning
-from ludic_lab.token_html import (
+from ludic_lab.lab.token_html import (
     fmt,
     legend_html,
     resolve_tokenizer,
@@ -34,6 +33,7 @@ from ludic_lab.token_html import (
     token_pieces,
     view_html,
 )
+from ludic_lab.rollout_table import step_reasoning
 from ludic_lab.types import Rollout, Step
 
 Weights = Mapping[tuple[str, int], float]
@@ -216,7 +216,7 @@ def rollouts_html(
     if tok is None:
         parts.append(
             "<div class='ll-head'>token ids shown: call "
-            "<code>ludic_lab.token_html.set_display_tokenizer(tokenizer)</code> "
+            "<code>ludic_lab.lab.token_html.set_display_tokenizer(tokenizer)</code> "
             "or pass <code>tokenizer=</code> to see text</div>"
         )
     overall = _group_scale(shown, weights)
@@ -244,12 +244,3 @@ def rollouts_html(
 def rollout_html(rollout: Rollout, **kw: Any) -> str:
     """The token view of one rollout (see :func:`rollouts_html`); what ``Rollout._repr_html_`` shows."""
     return rollouts_html([rollout], **kw)
-
-
-def _rollout_repr_html(self: Rollout) -> str:
-    """Notebook view: the steps' tokens (prompt masked), rewards, parse results; see
-    :func:`rollout_html` for weights and a tokenizer."""
-    return rollout_html(self)
-
-
-setattr(Rollout, "_repr_html_", _rollout_repr_html)  # noqa: B010 - the view attaches itself; Rollout declares no HTML

@@ -1,4 +1,4 @@
-"""Token-level HTML: the building blocks of the credit views (layer 0, pure strings).
+"""Token-level HTML: the building blocks of the credit views (lab layer, pure strings).
 
 A token view colours each token by the weight the loss actually sees (``weight x
 action_mask``): a diverging scale centred on 0 (blue > 0, red < 0, white = 0), masked

@@ -6,13 +6,14 @@ id, behaviour logprob, ratio (when the current policy's logprobs are given) and 
 Siblings (same ``group_id``) are shown side by side with their reward and advantage.
 No torch here: ``logprobs`` are plain per-item float sequences aligned with ``input_ids``.
 
-Importing this module gives :class:`~ludic_lab.rollouts.saw.SAWItem` and
-:class:`~ludic_lab.rollouts.saw.SAWBatch` their notebook views (``_repr_html_``); the lab
-layer imports it. ``ludic_lab.rollouts.saw`` itself knows no HTML.
+:func:`saw_item_html` and :func:`saw_batch_html` are the notebook views of
+:class:`~ludic_lab.rollouts.saw.SAWItem` and :class:`~ludic_lab.rollouts.saw.SAWBatch`:
+``ludic_lab`` registers them (:mod:`ludic_lab.display`) when the package loads;
+``ludic_lab.rollouts.saw`` itself imports no HTML.
 
 Example::
 
-    from ludic_lab.training.saw_html import saw_batch_html
+    from ludic_lab.lab.saw_html import saw_batch_html
     saw_batch_html(batch, tokenizer=client)                      # str
     saw_batch_html(batch, tokenizer=client, logprobs=current)    # + ratios on hover
 """
@@ -24,8 +25,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ludic_lab.lab.token_html import fmt, legend_html, resolve_tokenizer, scale_of, sequence_html, view_html
 from ludic_lab.rollouts.saw import SAWBatch, SAWItem
-from ludic_lab.token_html import fmt, legend_html, resolve_tokenizer, scale_of, sequence_html, view_html
 
 
 def _effective(it: SAWItem) -> list[float]:
@@ -120,7 +121,7 @@ def saw_batch_html(
     if tok is None:
         parts.append(
             "<div class='ll-head'>token ids shown: call "
-            "<code>ludic_lab.token_html.set_display_tokenizer(tokenizer)</code> "
+            "<code>ludic_lab.lab.token_html.set_display_tokenizer(tokenizer)</code> "
             "or pass <code>tokenizer=</code> to see text</div>"
         )
     parts.append(legend_html(scale_of([w for _, it in shown for w in _effective(it)])))
@@ -148,19 +149,3 @@ def saw_batch_html(
 def saw_item_html(item: SAWItem, **kw: Any) -> str:
     """The credit view of one item (what ``SAWItem._repr_html_`` shows); see :func:`saw_batch_html`."""
     return saw_batch_html(item, **kw)
-
-
-def _item_repr_html(self: SAWItem) -> str:
-    """Notebook view: tokens coloured by ``weight x action_mask`` (see :func:`saw_item_html`)."""
-    return saw_item_html(self)
-
-
-def _batch_repr_html(self: SAWBatch) -> str:
-    """Notebook view: siblings side by side, tokens coloured by the weight the loss sees
-    (see :func:`saw_batch_html`)."""
-    return saw_batch_html(self)
-
-
-# the views register themselves with the data classes
-setattr(SAWItem, "_repr_html_", _item_repr_html)  # noqa: B010 - the data classes declare no HTML
-setattr(SAWBatch, "_repr_html_", _batch_repr_html)  # noqa: B010 - the data classes declare no HTML
