@@ -366,3 +366,17 @@ def test_command_line_export_reads_notebooks_with_nbformat(
     monkeypatch.setitem(sys.modules, "nbformat", None)  # the notebook extra is not installed
     assert main(["export", str(nb)]) == 1
     assert "needs the 'notebook' extra" in capsys.readouterr().err and not (tmp_path / "out.py").exists()
+
+
+def test_names_a_kernel_adds_to_builtins_are_still_undefined_in_the_script() -> None:
+    """In a kernel IPython puts ``display`` and ``get_ipython`` into ``builtins``; the exported
+    script runs without them, so a cell that calls them bare must still be reported."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from ludic_lab.lab.export.syntax import free_names
+
+    InteractiveShell.instance()  # what a kernel (or the lab's background tests) leaves behind
+    import builtins
+
+    assert hasattr(builtins, "display")
+    assert free_names("display(1); get_ipython(); print(len([]))") == {"display", "get_ipython"}

@@ -15,6 +15,9 @@ from collections.abc import Iterable, Sequence
 
 _DUNDERS = {"__name__", "__file__", "__doc__", "__builtins__", "__spec__", "__loader__", "__package__",
             "__annotations__", "__dict__"}  # fmt: skip
+# Names an IPython shell adds to ``builtins`` once it exists: builtins in a kernel, undefined in
+# the exported script (so a cell's bare ``display(...)`` must be reported, kernel or not).
+_KERNEL_BUILTINS = {"display", "get_ipython", "__IPYTHON__", "dreload"}
 
 
 def split_imports(body: str, tree: ast.Module) -> tuple[list[str], str]:
@@ -138,4 +141,4 @@ def free_names(src: str, filename: str = "<script>") -> set[str]:
                 bound.add(s.get_name())
             if s.is_referenced() and (s.is_global() or (t is table and not binds(s))):
                 used.add(s.get_name())
-    return used - bound - set(dir(builtins)) - _DUNDERS
+    return used - bound - (set(dir(builtins)) - _KERNEL_BUILTINS) - _DUNDERS
