@@ -74,8 +74,12 @@ def tic_tac_toe_engine(client: Any, *, move_format: MoveFormat = "tags", concurr
     one sampler, so on a loaded CPU a game can legitimately take minutes)."""
 
     def agent() -> Agent:
-        # an unreadable reply is a parse error: reward -1, feedback, the agent tries again
-        return Agent(client, FullDialog(), move_parser(move_format))
+        # an unreadable reply is a parse error: reward -1, feedback, the agent tries again.
+        # A reply cut at max_tokens still goes to the parser (it usually names its square
+        # early): rejected, each cut turn cost only -0.1 with the env not stepped, so five cut
+        # replies (-0.5, game unfinished) beat any illegal square (-1) and the policy learned
+        # to ramble instead of to play.
+        return Agent(client, FullDialog(), move_parser(move_format), reject_incomplete_completions=False)
 
     return RolloutEngine(
         {ENV: lambda **kw: TicTacToeEnv(**kw), ENV_2P: lambda **kw: TicTacToeMultiAgentEnv(**kw)},
