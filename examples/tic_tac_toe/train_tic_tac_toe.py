@@ -36,17 +36,18 @@ Launch:
         --backend vllm --vllm-url http://127.0.0.1:8000 --device cuda --steps 100 --games-per-step 32
 
 Result it got here (SmolLM2-135M, the defaults above: 8 steps x 4 games x 4 plays, 16 new
-tokens a move, LoRA r=16, lr 1e-3, each game trained as one sequence; one CPU core,
-``OMP_NUM_THREADS=1``, another example on the other core), 32 held-out greedy games against
-the random opponent:
+tokens a move, LoRA r=16, lr 1e-3, each game trained as one sequence; 2 idle cores,
+2026-11-26), 32 held-out greedy games against the random opponent, two seeds:
 
-    before: win 0.00, draw 0.00, loss 0.00, win+draw 0.00, illegal-move rate 1.00
-    after:  win 0.81, draw 0.03, loss 0.06, win+draw 0.84, illegal-move rate 0.09 (unfinished 0.06)
+    before (both):  win 0.00, draw 0.00, loss 0.00, win+draw 0.00, illegal-move rate 1.00
+    after, seed 1:  win 0.72, draw 0.03, loss 0.06, win+draw 0.75, illegal-move rate 0.19
+    after, seed 0:  win 0.09, draw 0.00, loss 0.12, win+draw 0.09, illegal-move rate 0.78
 
-Before training every greedy game ended on an illegal square. The share of sampled replies
-naming no square fell from 0.86 (step 1) to 0.00 (steps 7-8); mean reward -4.19 -> -0.34.
-18 min 15 s wall (946 s training, 82-150 s a step; merging each game's turns cut the items
-to score from 43-73 to 16 a step, 0 prefix breaks). Each run writes ``<out>/summary.json``.
+Before training every greedy game ended on an illegal square; mean sampled reward -4.19 ->
+-0.13 (seed 0) and -4.00 -> 0.22 (seed 1) over the 8 steps. Greedy play after 8 steps swings
+with the seed: the library before continuous batching gave 0.75 (seed 0) and 0.00 (seed 1)
+on the same machine. 4.2-4.8 min wall (230-268 s training, 21-38 s a step; before continuous
+batching 6.5-6.8 min, 354-358 s). Each run writes ``<out>/summary.json``.
 """
 
 from __future__ import annotations
