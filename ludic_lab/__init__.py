@@ -4,12 +4,15 @@
 path, :mod:`ludic_lab.env_training`); ``run_sync`` runs a coroutine from sync code.
 
 Loading the package registers the notebook views of the data classes (:func:`_register_views`),
-so a ``Rollout``, ``SAWItem`` or ``SAWBatch`` displays the same whatever else was imported.
+so a ``Rollout``, ``SAWItem`` or ``SAWBatch`` displays the same whatever else was imported,
+and installs the finder of :mod:`ludic_lab.compat`, so module paths that moved still import
+(with a ``DeprecationWarning`` naming the new path).
 """
 
 from collections.abc import Callable
 from typing import Any
 
+from ludic_lab import compat as _compat
 from ludic_lab.aio import run_sync
 from ludic_lab.display import register_html
 
@@ -49,3 +52,4 @@ def _register_views() -> None:
 
 
 _register_views()
+_compat.install()

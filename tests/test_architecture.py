@@ -234,7 +234,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "demo",
             "demos",
             "recipes",
-            "tool_task",
+            "compat",  # the table of moved module paths and its import hook (imports the new paths by name)
         ],
     ),
 ]

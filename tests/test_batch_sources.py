@@ -17,6 +17,7 @@ from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfi
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
 from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts.batch_source import BatchSource, DataExhaustedError, EmptyBatchError
 from ludic_lab.rollouts.filters import with_sample_meta
 from ludic_lab.rollouts.rejection_sampling import (
     RejectionSamplingFilter,
@@ -24,15 +25,10 @@ from ludic_lab.rollouts.rejection_sampling import (
     keep_if_reward_at_least,
     rejection_sample,
 )
+from ludic_lab.rollouts.rollout_source import RolloutBatchSource
 from ludic_lab.rollouts.saw import SAWItem
-from ludic_lab.training.batch_sources import (
-    BatchSource,
-    DataExhaustedError,
-    EmptyBatchError,
-    OfflineBatchSource,
-    RolloutBatchSource,
-    sft_item_from_messages,
-)
+from ludic_lab.training.batching.chat_sft import sft_item_from_messages
+from ludic_lab.training.batching.offline_source import OfflineBatchSource
 from ludic_lab.training.credit_assignment import (
     ConstantCredit,
     EpisodicReturn,

@@ -15,6 +15,7 @@ from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfi
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
 from ludic_lab.parsers import ParseResult
 from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts.batch_source import EmptyBatchError
 from ludic_lab.rollouts.filters import (
     ItemFilter,
     any_of,
@@ -28,8 +29,8 @@ from ludic_lab.rollouts.filters import (
     keep_all,
     sample_meta,
 )
+from ludic_lab.rollouts.rollout_source import RolloutBatchSource
 from ludic_lab.rollouts.saw import SAWItem
-from ludic_lab.training.batch_sources import EmptyBatchError, RolloutBatchSource
 from ludic_lab.training.credit_assignment import ConstantCredit
 from ludic_lab.types import Rollout, Step
 from tests.helpers import CountingEnv, Reply, ScriptedChatClient, TurnGameEnv, chatml_template
@@ -284,7 +285,7 @@ def test_bad_sample_filter_is_refused_at_construction():
 
 
 async def test_offline_source_filters_saved_rollouts_once_and_reports_it(tmp_path):
-    from ludic_lab.training.batch_sources import OfflineBatchSource
+    from ludic_lab.training.batching.offline_source import OfflineBatchSource
     from ludic_lab.types import save_rollouts
 
     src = _source()

@@ -158,12 +158,3 @@ def test_tool_demo_runs_on_tiny_model(tiny_model_dir: str, tmp_path: Path) -> No
     # every number the page prints is short (the tiny model's replies may hold any digits: not checked)
     numbers = [*re.findall(r"<td class='num'[^>]*>(.*?)</td>", page), re.sub(r"<[^>]*>", "", summary_table)]
     assert numbers and not any(re.search(r"\d\.\d{7,}", re.sub(r"<[^>]*>", "", n)) for n in numbers)
-
-
-def test_the_old_import_path_re_exports_the_task() -> None:
-    import ludic_lab.demos.tool_task as new
-    import ludic_lab.tool_task as old
-
-    bound = [name for name in vars(old) if not name.startswith("_") and name != "annotations"]
-    assert {"tool_task_engine", "tool_task_agent", "evaluate_tool_task", "multiplication_task"} <= set(bound)
-    assert all(getattr(old, name) is getattr(new, name) for name in bound)
