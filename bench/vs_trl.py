@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-SYSTEM_PROMPT = "Answer with just the name of the city."
+SYSTEM_PROMPT = "Answer with just the name of the city."  # the capitals task's (ludic_lab.task.capitals)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -96,37 +96,33 @@ def linear_shapes(model: Any, tokens: int) -> list[tuple[int, int, int]]:
 
 
 # -- data ------------------------------------------------------------------------------------
+def question_stream(prompts: int, seed: int, inference: Any = None) -> Any:
+    """The capitals task's request stream: ``prompts`` questions per step, consecutive rows of
+    the train split from row ``seed * 7919 % rows`` (no shuffle). Both sides walk this one."""
+    from ludic_lab.task.capitals import capitals_task
+
+    return capitals_task("train").requests(per_step=prompts, seed=seed, inference=inference)
+
+
 def question_rows(steps: int, prompts: int, seed: int) -> list[dict[str, Any]]:
     """The training questions in the order ludic's side asks them (TRL keeps it: no shuffle)."""
     from ludic_lab.data import load_capitals
 
-    rows = load_capitals("train")
-    return [rows[(seed * 7919 + s * prompts + q) % len(rows)] for s in range(steps) for q in range(prompts)]
+    rows, stream = load_capitals("train"), question_stream(prompts, seed)
+    return [rows[r.env_seed] for _ in range(steps) for r in stream()]
 
 
 # -- ludic_lab -------------------------------------------------------------------------------
 def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from ludic_lab.agents import Agent
     from ludic_lab.aio import run_sync
-    from ludic_lab.context import FullDialog
-    from ludic_lab.data import capital_verifier, load_capitals
     from ludic_lab.distributed import ClientPublisher
-    from ludic_lab.envs import DatasetQAEnv
     from ludic_lab.inference.local.client import LocalChatClient
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-    from ludic_lab.interaction import SingleAgentSyncProtocol
-    from ludic_lab.parsers import identity_parser
-    from ludic_lab.rollouts import (
-        EnvSpec,
-        GRPORequestStrategy,
-        ProtocolSpec,
-        RolloutBatchSource,
-        RolloutEngine,
-        RolloutRequest,
-    )
+    from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
     from ludic_lab.rollouts.credit import GroupNormalizedReturn
+    from ludic_lab.task.capitals import capitals_task
     from ludic_lab.training import RLAlgorithm, Trainer, TrainerConfig
     from ludic_lab.training.losses import TokenClippedSurrogateLoss
 
@@ -142,26 +138,11 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
         num_threads=sampler_threads if a.ludic_async_level else None,
     )
     policy = AutoModelForCausalLM.from_pretrained(str(client.model_path))
-    rows, verifier = load_capitals("train"), capital_verifier()
-    engine = RolloutEngine(
-        {"qa": lambda: DatasetQAEnv(rows, verifier=verifier, system_prompt=SYSTEM_PROMPT)},
-        {"single": lambda: SingleAgentSyncProtocol(Agent(client, FullDialog(), identity_parser))},
-        max_concurrency=64,
-    )
+    # the demo's task: DatasetQAEnv over the train split with SYSTEM_PROMPT, the capital verifier
+    # (its parser hands the env the city the reply names: the verdict on the whole reply)
+    engine = capitals_task("train").engine(client, max_concurrency=64)
     spec = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=a.max_tokens), ReturnSpec.for_training())
-    counter = {"n": 0}
-
-    def requests() -> list[Any]:
-        n, counter["n"] = counter["n"], counter["n"] + 1
-        return [
-            RolloutRequest(
-                EnvSpec("qa"),
-                ProtocolSpec("single"),
-                env_seed=(a.seed * 7919 + n * a.prompts + q) % len(rows),
-                inference=spec,
-            )
-            for q in range(a.prompts)
-        ]
+    requests = question_stream(a.prompts, a.seed, spec)  # the questions TRL's dataset holds, in order
 
     loss = TokenClippedSurrogateLoss(clip_eps_low=0.2, clip_eps_high=0.2, aggregation="token_mean")
     algo = RLAlgorithm("grpo_token_mean", GroupNormalizedReturn(normalize_adv=True), loss)
