@@ -24,7 +24,6 @@ A rank that raises ends its process; torchrun then stops the others and prints t
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic_lab.agents import Agent
+from ludic_lab.config import parse_config, pass_down, sub_config
 from ludic_lab.context import FullDialog
 from ludic_lab.data import capital_verifier, load_capitals
 from ludic_lab.distributed import ClientPublisher, Rank0OnlyPublisher
@@ -43,6 +43,7 @@ from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
 from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.training import Rank0BroadcastSource
+from ludic_lab.training.config import TrainerConfig
 
 SYSTEM_PROMPT = "Answer with just the name of the city."
 
@@ -65,14 +66,27 @@ class Config:
     """Completion budget."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same temperature)."""
-    lr: float = 3e-4
-    """Learning rate."""
-    lora_r: int = 16
-    """LoRA rank (0 = train every weight)."""
+    trainer: TrainerConfig = sub_config(
+        TrainerConfig,
+        derived=("model_device", "scoring_temperature", "batch_split"),
+        lr=3e-4,
+        lora_r=16,
+        lora_alpha=None,
+        max_seq_len=512,
+        micro_token_budget=2048,
+    )
+    """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r`` (0 = train every
+    weight), ``--micro-token-budget``, ...); LoRA alpha 2r. Not flags: the device, the scoring
+    temperature (the sampling one) and ``batch_split="global"`` (every rank gets rank 0's batch)."""
     device: str = "cpu"
     """"cpu" or "cuda" (under torchrun: cuda:LOCAL_RANK)."""
     seed: int = 0
     """Seeds the questions, the sampling and the LoRA initialisation."""
+
+    def __post_init__(self) -> None:
+        # the trainer takes the seed, the device and the sampling temperature from this config;
+        # Rank0BroadcastSource hands every rank rank 0's batch, which each trains a share of
+        pass_down(self, "trainer", model_device=self.device, scoring_temperature=self.temperature, batch_split="global")
 
 
 def make_sampler_source(cfg: Config, client: Any, algo: Any) -> Any:
@@ -113,7 +127,7 @@ def main(cfg: Config) -> dict[str, Any]:
 
     from ludic_lab.inference.local.client import LocalChatClient
     from ludic_lab.inference.models import resolve_model
-    from ludic_lab.training import Trainer, TrainerConfig, make_grpo
+    from ludic_lab.training import Trainer, make_grpo
     from ludic_lab.training.loggers import JSONLLogger
 
     # the process group first: rank 0 builds its sampler while the others wait in the first broadcast
@@ -138,22 +152,11 @@ def main(cfg: Config) -> dict[str, Any]:
             pad_id = (
                 policy.config.pad_token_id if policy.config.pad_token_id is not None else policy.config.eos_token_id
             )
-        tcfg = TrainerConfig(
-            model_device=cfg.device,
-            lr=cfg.lr,
-            lora_r=cfg.lora_r,
-            lora_alpha=2.0 * cfg.lora_r if cfg.lora_r else 16.0,
-            max_seq_len=512,
-            micro_token_budget=2048,
-            scoring_temperature=cfg.temperature,
-            seed=cfg.seed,
-            batch_split="global",  # every rank gets rank 0's batch and trains its share
-        )
         trainer = Trainer(
             policy,
             algo,
             Rank0BroadcastSource(inner),
-            config=tcfg,
+            config=cfg.trainer,
             publisher=publisher,
             loggers=loggers,
             pad_token_id=int(pad_id or 0),
@@ -186,11 +189,9 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    """``--field value`` for every field of :class:`Config`."""
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    for f in dataclasses.fields(Config):
-        ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    return Config(**vars(ap.parse_args(argv)))
+    """``--field value`` for every field of :class:`Config` and of its ``trainer`` (``--lr``,
+    ``--lora-r``, ...: :func:`~ludic_lab.config.parse_config`); each rank parses the same argv."""
+    return parse_config(Config, argv, description=(__doc__ or "").split("\n\n")[0])
 
 
 if __name__ == "__main__":
