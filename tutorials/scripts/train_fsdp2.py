@@ -41,7 +41,8 @@ from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.rollouts import GRPORequestStrategy, RolloutEngine
+from ludic_lab.task import RequestStream
 from ludic_lab.training import Rank0BroadcastSource
 from ludic_lab.training.config import TrainerConfig
 
@@ -102,20 +103,10 @@ def make_sampler_source(cfg: Config, client: Any, algo: Any) -> Any:
     spec = InferenceSpec(
         SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training()
     )
-    step = [0]
-
-    def requests() -> list[RolloutRequest]:
-        n, step[0] = step[0], step[0] + 1
-        return [
-            RolloutRequest(
-                env=EnvSpec("capitals"),
-                protocol=ProtocolSpec("single_agent"),
-                env_seed=(cfg.seed * 7919 + n * cfg.questions_per_step + q) % len(rows),
-                inference=spec,
-            )
-            for q in range(cfg.questions_per_step)
-        ]
-
+    # a cursor over the rows (resumable through the source's state_dict), not a counter closure
+    requests = RequestStream(
+        "capitals", "single_agent", per_step=cfg.questions_per_step, size=len(rows), seed=cfg.seed, inference=spec
+    )
     strategy = GRPORequestStrategy(cfg.group_size, seed=cfg.seed)
     return RolloutBatchSource(engine, requests, algo.credit_assigner, request_strategy=strategy)
 
