@@ -36,7 +36,10 @@ class Sampler:
     """Opens (``async with``) the sampler of ``backend`` for ``model``; see the module docstring.
 
     After entering: ``client`` (a ``ChatClient``), ``model_path`` (the local folder the trainer
-    loads too), ``server`` (the started vLLM process, or ``None``).
+    loads too), ``server`` (the started vLLM process, or ``None``). ``num_threads``: the
+    in-process sampler's generation threads (with ``TrainerConfig(async_level=1,
+    num_threads=n)`` on a CPU, the cores the step leaves; see
+    :func:`~ludic_lab.recipes.training.sampler_threads`); a vLLM server ignores it.
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class Sampler:
         dtype: str = "bfloat16",
         max_model_len: int = 1024,
         start_timeout_s: float = 900.0,
+        num_threads: int | None = None,
     ) -> None:
         if backend not in ("local", "vllm"):
             raise ValueError(f"backend must be 'local' or 'vllm', got {backend!r}")
@@ -59,6 +63,7 @@ class Sampler:
         self.max_batch_size = max_batch_size
         self.vllm_url, self.log_dir = vllm_url, log_dir
         self.dtype, self.max_model_len, self.start_timeout_s = dtype, max_model_len, start_timeout_s
+        self.num_threads = num_threads
         self.client: Any = None
         self.model_path: str = ""
         self.server: Any = None
@@ -80,7 +85,7 @@ class Sampler:
 
         if self.backend == "local" or self.vllm_url:
             self.client = open_client(self.backend, self.model, max_batch_size=self.max_batch_size,
-                                      vllm_url=self.vllm_url, enable_weight_updates=True)  # fmt: skip
+                                      vllm_url=self.vllm_url, num_threads=self.num_threads)  # fmt: skip
             self.model_path = str(self.client.model_path) if self.backend == "local" else resolve_model(self.model)
             if self.backend == "vllm":
                 self._cleanups.append(self.client.aclose)
@@ -127,11 +132,12 @@ class Sampler:
 
 
 def open_client(backend: Backend, model: str, *, max_batch_size: int = 64, vllm_url: str | None = None,
-                enable_weight_updates: bool = True) -> Any:  # fmt: skip
+                enable_weight_updates: bool = True, num_threads: int | None = None) -> Any:  # fmt: skip
     """A ``ChatClient`` without starting a server: ``backend="local"`` an in-process
     :class:`~ludic_lab.inference.LocalChatClient` over ``model`` (batches of up to
-    ``max_batch_size``), ``backend="vllm"`` a :class:`~ludic_lab.inference.VLLMChatClient` of the
-    server already running at ``vllm_url`` and serving ``model``'s folder."""
+    ``max_batch_size``; ``num_threads``: its generation thread's intra-op threads),
+    ``backend="vllm"`` a :class:`~ludic_lab.inference.VLLMChatClient` of the server already
+    running at ``vllm_url`` and serving ``model``'s folder."""
     from ludic_lab.inference.models import resolve_model
 
     if backend == "local":
@@ -139,7 +145,7 @@ def open_client(backend: Backend, model: str, *, max_batch_size: int = 64, vllm_
             raise ValueError("vllm_url is for backend='vllm' (the local backend samples in-process)")
         from ludic_lab.inference import LocalChatClient
 
-        return LocalChatClient(model, max_batch_size=max_batch_size)
+        return LocalChatClient(model, max_batch_size=max_batch_size, num_threads=num_threads)
     if backend != "vllm":
         raise ValueError(f"backend must be 'local' or 'vllm', got {backend!r}")
     if not vllm_url:

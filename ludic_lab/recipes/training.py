@@ -56,6 +56,15 @@ def pass_down_trainer(cfg: Any, *, on_policy: bool = True) -> None:
     pass_down(cfg, "trainer", **derived)
 
 
+def sampler_threads(trainer: Any) -> int | None:
+    """The in-process sampler's threads for a trainer config: with ``async_level=1`` and
+    ``num_threads`` the cores the step leaves (at least one), else None (torch's default)."""
+    if not (trainer.async_level and trainer.num_threads):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - trainer.num_threads)
+
+
 def trainer_config(cfg: Any, *, scoring_temperature: float | None = None, max_seq_len: int = 1024,
                    **overrides: Any) -> Any:  # fmt: skip
     """The examples' :class:`~ludic_lab.training.TrainerConfig`, read from a script config with

@@ -44,6 +44,11 @@ class TrainerConfig:
     num_threads: int | None = None
     """Intra-op threads of the trainer's step (set on its worker thread; torch's count is per
     thread). None: torch's default. With ``async_level=1`` on a CPU, about half the cores."""
+    num_threads_alone: int | None = None
+    """With ``async_level=1`` and ``num_threads``: the step's threads once the batch sampled
+    ahead is in (the sampler then idles), from the next micro-batch until the next pull starts
+    (``training/batching/core_share.py``). None: torch's count when the trainer is built (every
+    core); equal to ``num_threads``: a static split."""
 
     grad_accum_steps: int = 1
     """Batches pulled from the source per optimizer step."""
@@ -173,6 +178,7 @@ _RANGES = {
     "sync_every_steps": ">= 0",
     "max_lag": ">= 0",
     "num_threads": ">= 1",
+    "num_threads_alone": ">= 1",
     "grad_accum_steps": ">= 1",
     "max_grad_norm": "> 0",
     "weight_decay": ">= 0",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ludic_lab.training.config import TrainerConfig
@@ -41,3 +43,10 @@ def lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainerConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """A ``LambdaLR`` following :func:`lr_lambda`."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's generators (the trainer's at construction)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

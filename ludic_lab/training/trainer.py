@@ -27,12 +27,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import math
-import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from ludic_lab.aio import run_sync
@@ -41,6 +39,7 @@ from ludic_lab.rollouts.batch_source import BatchSource
 from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.rollouts.signal_check import count_steps_without_signal
 from ludic_lab.training.algorithm import RLAlgorithm
+from ludic_lab.training.batching.core_share import CoreShare
 from ludic_lab.training.batching.sample_ahead import pull_ahead, sample_ahead
 from ludic_lab.training.checkpoint import CheckpointInfo, load_checkpoint, save_checkpoint
 from ludic_lab.training.config import TrainerConfig
@@ -48,7 +47,7 @@ from ludic_lab.training.loggers import MetricLogger
 from ludic_lab.training.lora import reference_context
 from ludic_lab.training.losses.base import LossNeeds, Stats
 from ludic_lab.training.model_setup import prepare_models
-from ludic_lab.training.optim import make_optimizer, make_scheduler
+from ludic_lab.training.optim import make_optimizer, make_scheduler, seed_everything
 from ludic_lab.training.packing import PackedMicroBatches
 from ludic_lab.training.padding import padding_batch
 from ludic_lab.training.parallel import StepTotals, make_data_parallel
@@ -86,11 +85,12 @@ class Trainer:
         callbacks: Sequence[Callable[[int, dict[str, Any]], None]] = (),
     ) -> None:
         self.config = cfg = config or TrainerConfig()
-        _seed_everything(cfg.seed)
+        seed_everything(cfg.seed)
         self.algo = algo
         self.loggers, self.callbacks = list(loggers), list(callbacks)
         self.data_parallel = dp = make_data_parallel(cfg)
         self.batch_source = sample_ahead(batch_source, cfg.async_level, dp.world_size)  # async_level=1: wrapped
+        self._cores = CoreShare(self.batch_source, cfg.num_threads, cfg.num_threads_alone or torch.get_num_threads())
         self.device, self.rank, self.world_size = dp.device, dp.rank, dp.world_size
         self._failed = False
         self.model, self.ref_model = prepare_models(model, ref_model, cfg, algo.loss, dp)
@@ -246,6 +246,7 @@ class Trainer:
             lr=self.scheduler.get_last_lr()[0], action_tokens=totals.action_tokens, sequences=totals.sequences
         )
         metrics.update({"policy_version": self.policy_version, "time/fwd_bwd_s": fb_s, "time/optimizer_s": opt_s})
+        metrics.update({"threads/switches": self._cores.pop_switches()} if self._cores.active else {})
         metrics["tokens_per_s"] = tokens / fb_s if fb_s > 0 else math.nan  # optimizer_s: clip + optimizer/schedule
         return metrics
 
@@ -262,6 +263,7 @@ class Trainer:
         for i in range(n_micro):
             real = i < len(micro)
             mb = micro[i] if real else padding_batch(self.pad_token_id)
+            self._cores.adjust()  # async_level=1: every core once the batch sampled ahead is in
             self.data_parallel.gradient_sync(i == n_micro - 1)  # reduce once, after the last micro-batch
             loss, stats = self._micro_batch_loss(mb, norms)
             loss = loss if real else loss * 0.0
@@ -392,9 +394,3 @@ class Trainer:
             self._executor.shutdown(wait=True)
             self._executor = None
         self.data_parallel.close(self._failed)
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
