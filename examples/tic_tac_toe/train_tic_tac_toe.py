@@ -36,18 +36,21 @@ Launch:
         --backend vllm --vllm-url http://127.0.0.1:8000 --device cuda --steps 100 --games-per-step 32
 
 Result it got here (SmolLM2-135M, the defaults above: 8 steps x 4 games x 4 plays, 16 new
-tokens a move, LoRA r=16, lr 1e-3, each game trained as one sequence; 2 idle cores,
-2026-11-26), 32 held-out greedy games against the random opponent, two seeds:
+tokens a move, LoRA r=16, lr 1e-3, bf16 autocast in the trainer, each game trained as one
+sequence; 2 idle cores, 2026-11-26), 32 held-out greedy games against the random opponent,
+two seeds:
 
     before (both):  win 0.00, draw 0.00, loss 0.00, win+draw 0.00, illegal-move rate 1.00
-    after, seed 1:  win 0.72, draw 0.03, loss 0.06, win+draw 0.75, illegal-move rate 0.19
-    after, seed 0:  win 0.09, draw 0.00, loss 0.12, win+draw 0.09, illegal-move rate 0.78
+    after, seed 0:  win 0.78, draw 0.09, loss 0.12, win+draw 0.88, illegal-move rate 0.00
+    after, seed 1:  win 0.25, draw 0.00, loss 0.03, win+draw 0.25, illegal-move rate 0.72
 
 Before training every greedy game ended on an illegal square; mean sampled reward -4.19 ->
--0.13 (seed 0) and -4.00 -> 0.22 (seed 1) over the 8 steps. Greedy play after 8 steps swings
-with the seed: the library before continuous batching gave 0.75 (seed 0) and 0.00 (seed 1)
-on the same machine. 4.2-4.8 min wall (230-268 s training, 21-38 s a step; before continuous
-batching 6.5-6.8 min, 354-358 s). Each run writes ``<out>/summary.json``.
+0.50 (seed 0) and -4.00 -> -0.38 (seed 1) over the 8 steps. Greedy play after 8 steps swings
+with the seed: in fp32 (``--autocast off``) the same machine gave 0.09 / 0.47 (seed 0, two
+runs) and 0.75 (seed 1). 3.6-4.1 min wall (188-212 s training, 15-31 s a step: about half
+sampling, half the forward/backward, which bf16 autocast takes from 17-21 s to 10-18 s); the
+library before continuous batching took 6.5-6.8 min (354-358 s training), in fp32.
+Each run writes ``<out>/summary.json``.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from ludic_lab.recipes.training import (
     lora_trainer_field,
     output_dir,
     pass_down_trainer,
+    sampler_threads,
     sampler_trainer,
     train_timed,
     write_summary,
@@ -93,10 +97,12 @@ class Config:
     """How replies are read: "tags" (<move>B2</move> only) or "lenient" (else the first square named)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer scores at the same one)."""
-    trainer: TrainerConfig = lora_trainer_field(lr=1e-3)
+    trainer: TrainerConfig = lora_trainer_field(lr=1e-3, autocast="bf16")
     """The trainer's config; each of its fields is a flag (``--lr``, ``--lora-r`` (0 = train every
     weight), ``--micro-token-budget`` (tokens per micro-batch, padding included: small keeps CPU
-    memory low; raise it on a GPU), ...); LoRA alpha 2r."""
+    memory low; raise it on a GPU), ``--autocast off`` (fp32 compute; bf16 by default: fp32
+    weights and optimizer, the forward/backward ~1.5x faster on a CPU with AVX512-BF16), ...);
+    LoRA alpha 2r."""
     merge_turns: bool = True
     """Train each game as one sequence (its turns' shared context scored once; see turn_merge)."""
     eval_games: int = 32
@@ -120,7 +126,8 @@ async def run(cfg: Config) -> dict[str, Any]:
 
     out = output_dir(cfg.out)
     async with Sampler(cfg.backend, cfg.model, vllm_url=cfg.vllm_url, log_dir=str(out),
-                       max_batch_size=cfg.games_per_step * cfg.group_size) as sampler:  # fmt: skip
+                       max_batch_size=cfg.games_per_step * cfg.group_size,
+                       num_threads=sampler_threads(cfg.trainer)) as sampler:  # fmt: skip
         engine = tic_tac_toe_engine(
             sampler.client, move_format=cfg.move_format, episode_timeout_s=cfg.episode_timeout_s
         )
