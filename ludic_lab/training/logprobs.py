@@ -19,6 +19,7 @@ FLOPs of the full-logits path). Memory at V=128k, T=2048 is measured by
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ludic_lab.training.causal_lm import attention_mask_for, find_body_and_head, logit_scale
+from ludic_lab.training.packed_attention import segment_plan, segmented
 from ludic_lab.training.token_batch import TokenBatch
 
 DEFAULT_CHUNK_SIZE = 4096
@@ -281,6 +283,7 @@ def model_token_logprobs(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     return_entropy: bool = False,
     only_at_RT: Tensor | None = None,
+    segment_attention: bool = True,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Per-token logprobs ``[R, T]`` (fp32) of a packed batch under ``model`` (and entropy).
 
@@ -288,6 +291,9 @@ def model_token_logprobs(
     of its own sequence; 0 at each sequence's first token, at padding, and (when
     ``only_at_RT`` is given, e.g. the action mask) wherever ``only_at_RT`` is 0 — which skips
     the LM-head work there. Entropy ``[R, T]`` is that of the same predictive distribution.
+    ``segment_attention``: on a CPU with sdpa, attend each packed sequence on its own
+    (:mod:`.packed_attention`: the same result, without the masked-out scores); False: one
+    masked sdpa over each row.
     """
     lm, body, head = find_body_and_head(model)
     config = getattr(lm, "config", None)
@@ -295,12 +301,19 @@ def model_token_logprobs(
     param = next(body.parameters())
     mask = attention_mask_for(batch, attn_implementation=impl, dtype=param.dtype)
     dev = param.device
-    out = body(
-        input_ids=batch.input_ids.to(dev),
-        position_ids=batch.position_ids.to(dev),
-        attention_mask=mask.to(dev) if mask is not None else None,
-        use_cache=False,
-    )
+    # on a CPU each packed sequence is attended on its own (packed_attention.py): the same result
+    plan = segment_plan(batch.seq_ids, batch.prefix_source, batch.prefix_length) if (
+        segment_attention and impl == "sdpa" and dev.type == "cpu"
+        and not getattr(lm, "is_gradient_checkpointing", False)
+    ) else None  # fmt: skip
+    with segmented(body.config) if plan is not None else contextlib.nullcontext():
+        out = body(
+            input_ids=batch.input_ids.to(dev),
+            position_ids=batch.position_ids.to(dev),
+            attention_mask=mask.to(dev) if mask is not None else None,
+            use_cache=False,
+            **({"ludic_segments": plan} if plan is not None else {}),
+        )
     hidden_RTH = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     ids, seq = batch.input_ids.to(dev), batch.seq_ids.to(dev)
     R, T = ids.shape

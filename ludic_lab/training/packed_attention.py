@@ -1,0 +1,149 @@
+"""Attention of a packed batch, one sequence at a time (CPU).
+
+A packed micro-batch row holds several sequences; with shared prompts (:mod:`.prompt_share`)
+a sequence stored without its prompt sees the first ``prefix_length`` tokens of the
+sequence that holds it. The mask :func:`~.causal_lm.attention_mask_for` builds says so
+exactly, but sdpa then computes the whole ``T x T`` score matrix of the row and throws most
+of it away: with a 185-token prompt shared by four ~120-token tails, about a fifth of the
+matrix is allowed. On a CPU that masked matrix is a third of the step's forward/backward.
+
+Here each sequence of a row is attended on its own: its queries against its own keys
+(causal; sdpa's ``is_causal`` kernel skips the upper triangle) and, for a tail, the keys of
+its shared prompt in front (a ``[L, P + L]`` mask). The outputs are concatenated back in
+column order; the result equals the masked attention (the same softmax over the same keys).
+
+:func:`segment_plan` reads the row layout once per micro-batch (host side); passing it as the
+``ludic_segments`` keyword of the model's forward reaches every attention layer (transformers
+hands extra keywords down), where :func:`segmented_attention_forward`, registered as the
+``"ludic_segments"`` implementation, uses it. Without a plan it is transformers' sdpa, mask
+creation included, so a model set to it behaves as with ``"sdpa"`` everywhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+IMPLEMENTATION = "ludic_segments"
+"""The name under which :func:`segmented_attention_forward` is registered with transformers."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Columns ``[lo, hi)`` of one row: one sequence's tokens (``prefix``: the columns of the
+    shared prompt it also sees, ``None`` for none), or padding (``padding=True``)."""
+
+    lo: int
+    hi: int
+    prefix: tuple[int, int] | None = None
+    padding: bool = False
+
+
+SegmentPlan = tuple[tuple[Segment, ...], ...]
+"""Per row, its segments in column order, covering every column."""
+
+
+def segment_plan(
+    seq_ids_RT: Tensor, prefix_source_RT: Tensor | None = None, prefix_length_RT: Tensor | None = None
+) -> SegmentPlan:
+    """The segments of every row of a packed batch (see :class:`Segment`): runs of equal
+    ``seq_ids`` (-1: padding); a run whose ``prefix_source`` is ``s >= 0`` sees the first
+    ``prefix_length`` columns of sequence ``s``'s run in the same row."""
+    seq = seq_ids_RT.cpu().tolist()
+    src = prefix_source_RT.cpu().tolist() if prefix_source_RT is not None else None
+    plen = prefix_length_RT.cpu().tolist() if prefix_length_RT is not None else None
+    rows = []
+    for r, ids in enumerate(seq):
+        runs: list[tuple[int, int]] = []
+        start = 0
+        for t in range(1, len(ids) + 1):
+            if t == len(ids) or ids[t] != ids[start]:
+                runs.append((start, t))
+                start = t
+        first_col = {ids[lo]: lo for lo, _ in runs if ids[lo] >= 0}
+        segs = []
+        for lo, hi in runs:
+            if ids[lo] < 0:
+                segs.append(Segment(lo, hi, padding=True))
+                continue
+            prefix = None
+            if src is not None and plen is not None and src[r][lo] >= 0:
+                s0 = first_col[src[r][lo]]
+                prefix = (s0, s0 + int(plen[r][lo]))
+            segs.append(Segment(lo, hi, prefix))
+        rows.append(tuple(segs))
+    return tuple(rows)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, seg: Segment, scaling: float | None, dropout: float) -> Tensor:
+    """One segment's output ``[1, H, L, D]`` from one row's ``q [1, H, T, D]``, ``k``/``v [1, Hkv, T, D]``."""
+    lo, hi = seg.lo, seg.hi
+    if seg.padding:  # nothing attends to padding and its outputs are never read
+        return q.new_zeros(q.shape[0], q.shape[1], hi - lo, v.shape[-1])
+    gqa = k.shape[1] != q.shape[1]
+    if seg.prefix is None:
+        return F.scaled_dot_product_attention(
+            q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], is_causal=True, dropout_p=dropout, scale=scaling,
+            enable_gqa=gqa,
+        )  # fmt: skip
+    p0, p1 = seg.prefix
+    L, P = hi - lo, p1 - p0
+    kk = torch.cat([k[:, :, p0:p1], k[:, :, lo:hi]], dim=2)
+    vv = torch.cat([v[:, :, p0:p1], v[:, :, lo:hi]], dim=2)
+    ones = torch.ones(L, P + L, dtype=torch.bool, device=q.device)
+    mask = torch.cat([ones[:, :P], ones[:, P:].tril()], dim=1)
+    return F.scaled_dot_product_attention(
+        q[:, :, lo:hi], kk, vv, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=gqa
+    )
+
+
+def segmented_attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    ludic_segments: SegmentPlan | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention interface: ``query [R, H, T, D]``, ``key``/``value [R, Hkv, T, D]``
+    -> ``([R, T, H, D], None)``; per segment with a plan, else transformers' sdpa."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if ludic_segments is None or query.shape[2] != key.shape[2]:  # no plan, or decoding with a cache
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)  # fmt: skip
+    rows = []
+    for r, segs in enumerate(ludic_segments):
+        q, k, v = query[r : r + 1], key[r : r + 1], value[r : r + 1]
+        rows.append(torch.cat([_attend(q, k, v, s, scaling, dropout) for s in segs], dim=2))
+    return torch.cat(rows, dim=0).transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Register :data:`IMPLEMENTATION` with transformers (attention and mask creation as sdpa's); idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(IMPLEMENTATION, segmented_attention_forward)
+    AttentionMaskInterface.register(IMPLEMENTATION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+@contextlib.contextmanager
+def segmented(config: Any) -> Iterator[None]:
+    """While inside: ``config``'s attention implementation is :data:`IMPLEMENTATION` (it was sdpa)."""
+    register()
+    before = config._attn_implementation
+    config._attn_implementation = IMPLEMENTATION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
