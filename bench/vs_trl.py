@@ -116,11 +116,15 @@ def question_rows(steps: int, prompts: int, seed: int) -> list[dict[str, Any]]:
 def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
+    from ludic_lab.agents import Agent
     from ludic_lab.aio import run_sync
+    from ludic_lab.context import FullDialog
     from ludic_lab.distributed import ClientPublisher
     from ludic_lab.inference.local.client import LocalChatClient
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
-    from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+    from ludic_lab.interaction import SingleAgentSyncProtocol
+    from ludic_lab.parsers import identity_parser
+    from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource, RolloutEngine
     from ludic_lab.rollouts.credit import GroupNormalizedReturn
     from ludic_lab.task.capitals import capitals_task
     from ludic_lab.training import RLAlgorithm, Trainer, TrainerConfig
@@ -138,9 +142,14 @@ def run_ludic(a: argparse.Namespace) -> dict[str, Any]:
         num_threads=sampler_threads if a.ludic_async_level else None,
     )
     policy = AutoModelForCausalLM.from_pretrained(str(client.model_path))
-    # the demo's task: DatasetQAEnv over the train split with SYSTEM_PROMPT, the capital verifier
-    # (its parser hands the env the city the reply names: the verdict on the whole reply)
-    engine = capitals_task("train").engine(client, max_concurrency=64)
+    # the capitals task's env (DatasetQAEnv over the train split, SYSTEM_PROMPT, the capital
+    # verifier), each whole reply judged as TRL's reward function judges it: identity_parser,
+    # and a reply cut at max_tokens judged too (the task's own parser would give it -0.1)
+    task = capitals_task("train")
+    agent = lambda: Agent(client, FullDialog(), identity_parser, reject_incomplete_completions=False)  # noqa: E731
+    engine = RolloutEngine(
+        {task.name: task.env}, {task.protocol_kind: lambda: SingleAgentSyncProtocol(agent())}, max_concurrency=64
+    )
     spec = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=a.max_tokens), ReturnSpec.for_training())
     requests = question_stream(a.prompts, a.seed, spec)  # the questions TRL's dataset holds, in order
 
