@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ludic_lab.inference.local.kv_slab import SlabCache
+from ludic_lab.inference.local.prefill_buckets import prefill_buckets
 from ludic_lab.inference.local.response import RowState, build_response
 from ludic_lab.inference.local.sampling import sample_rows
 from ludic_lab.inference.local.shared_prefix import prefill_shared_prefix, shared_prompt_rows
@@ -154,11 +155,12 @@ class ContinuousBatcher:
             return
         try:
             self._prune(force=True)
-            cache, mask, logits = self._prefill(rows)
             for r in rows:
                 r.batch_size = len(self.rows) + len(rows)
-            self._merge(rows, cache, mask)
-            self._sample(rows, logits, list(range(len(self.rows) - len(rows), len(self.rows))))
+            for part in self._buckets(rows):  # rows of like length prefill together
+                cache, mask, logits = self._prefill(part)
+                self._merge(part, cache, mask)
+                self._sample(part, logits, list(range(len(self.rows) - len(part), len(self.rows))))
         except BaseException as e:  # the arrivals are not all in self.rows yet: fail them here
             err = e if isinstance(e, Exception) else RuntimeError(repr(e))
             for r in rows:
@@ -166,6 +168,12 @@ class ContinuousBatcher:
                     r.done = True
                     r.job.deliver(err)
             raise
+
+    def _buckets(self, rows: list[_Row]) -> list[list[_Row]]:
+        """``rows`` split into prefill calls of like new length (:mod:`.prefill_buckets`)."""
+        c, version = self.client, self.client.kv_version()
+        new = [len(r.prompt) - c.prefix_cache.reusable(r.prompt[:-1], version) for r in rows]
+        return [[rows[i] for i in part] for part in prefill_buckets(new, [tuple(r.prompt) for r in rows])]
 
     def _new_row(self, job: Job) -> _Row:
         c = self.client
