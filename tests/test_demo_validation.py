@@ -81,6 +81,7 @@ BAD: list[tuple[list[str], int, list[str]]] = [
     (["--adam-betas", "0.9", "1.5"], 2, ["--adam-betas[1] must be a finite number in [0, 1)"]),
     (["--max-grad-norm", "-1"], 2, ["--max-grad-norm must be a finite number > 0 (or None), got -1"]),
     (["--num-threads", "0"], 2, ["--num-threads must be an integer >= 1"]),
+    (["--num-threads-alone", "0"], 2, ["--num-threads-alone must be an integer >= 1"]),
     (["--grad-accum-steps", "0"], 2, ["--grad-accum-steps must be an integer >= 1"]),
     (["--sync-every-steps", "-1"], 2, ["--sync-every-steps must be an integer >= 0"]),
     (["--logprob-chunk-size", "0"], 2, ["--logprob-chunk-size must be an integer >= 1"]),
