@@ -77,8 +77,9 @@ def main_rows(page: str) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def visible(page: str) -> str:
-    """The page's text as a browser shows it (no tags, no attributes)."""
-    return re.sub(r"<[^>]*>", "", page)
+    """The page's text as a browser shows it (no tags, no attributes); a tag separates, as a cell border does,
+    so a number is never read on into the next cell (a group id may start with digits)."""
+    return re.sub(r"<[^>]*>", " ", page)
 
 
 def rgb(style: str) -> tuple[int, int, int]:
