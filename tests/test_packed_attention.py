@@ -10,7 +10,7 @@ import torch
 from test_prompt_share import batch_of_groups
 from trainer_helpers import load_model
 
-from ludic_lab.training import packed_attention
+from ludic_lab.training import packed_attention, segment_groups
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.packed_attention import Segment, segment_plan, segmented
 from ludic_lab.training.packing import pack_items
@@ -27,22 +27,30 @@ def test_the_plan_reads_sequences_prompts_and_padding() -> None:
     assert segment_plan(seq[1:]) == ((Segment(0, 2), Segment(2, 6), Segment(6, 8, padding=True)),)
 
 
+@pytest.mark.parametrize("max_keys", [512, 10, 0])  # every sequence in groups; some alone; every one alone
 @pytest.mark.parametrize("share_prompts", [True, False])
 @pytest.mark.parametrize("autocast", [False, True])
 def test_segmented_attention_scores_like_the_masked_row(
-    tiny_model_dir: str, share_prompts: bool, autocast: bool, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: str, share_prompts: bool, autocast: bool, max_keys: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch.manual_seed(0)
     model = load_model(tiny_model_dir)
     assert model.config._attn_implementation == "sdpa"
-    calls = {"n": 0}
-    attend = packed_attention._attend
+    calls = {"alone": 0, "groups": 0, "padded groups": 0}
+    attend, attend_group = packed_attention._attend, packed_attention.attend_group
 
-    def counting(*a, **kw):  # type: ignore[no-untyped-def]
-        calls["n"] += 1
+    def alone(*a, **kw):  # type: ignore[no-untyped-def]
+        calls["alone"] += 1
         return attend(*a, **kw)
 
-    monkeypatch.setattr(packed_attention, "_attend", counting)
+    def grouped(qf, kf, vf, group, scale):  # type: ignore[no-untyped-def]
+        calls["groups"] += 1
+        calls["padded groups"] += int(not bool(group.q_valid.all()))
+        return attend_group(qf, kf, vf, group, scale)
+
+    monkeypatch.setattr(packed_attention, "_attend", alone)
+    monkeypatch.setattr(packed_attention, "attend_group", grouped)
+    monkeypatch.setattr(packed_attention, "MAX_KEYS", max_keys)
     packed = pack_items(batch_of_groups(), micro_token_budget=128, max_seq_len=32, share_prompts=share_prompts)
     assert any(mb.input_ids.shape[0] > 1 for mb in packed)  # several rows
     assert any((mb.seq_ids < 0).any() for mb in packed)  # padding
@@ -64,8 +72,30 @@ def test_segmented_attention_scores_like_the_masked_row(
         assert (lps[0] - lps[1]).abs().max().item() <= tol
         scale = grads[1].abs().max().item()
         assert (grads[0] - grads[1]).abs().max().item() <= tol * max(scale, 1.0)
-    assert calls["n"] > 0  # the segmented path ran (its calls; the masked one makes none)
+    # the segmented path ran (its calls; the masked one makes none), as the key limit says
+    assert (calls["alone"] > 0) == (max_keys < 512) and (calls["groups"] > 0) == (max_keys > 0)
+    assert max_keys < 512 or calls["padded groups"] > 0  # sequences of unlike length shared a group
     assert model.config._attn_implementation == "sdpa"  # restored after every call
+
+
+def test_groups_stack_like_shapes_and_mask_prompts_causality_and_padding(monkeypatch: pytest.MonkeyPatch) -> None:
+    # flat columns: a 3-token prompt at 0..2 seen by tails at 3..4 and 5; lone sequences at 10..11 and 12..13
+    tail2, tail1, lone, lone2 = (3, 5, 0, 3), (5, 6, 0, 3), (10, 12, 10, 10), (12, 14, 12, 12)
+    assert len(segment_groups.build_groups([tail2, tail1, lone])) == 3  # padding any into another: over the slack
+    (g,) = segment_groups.build_groups([lone, lone2])  # like shapes: one group, no padding
+    assert g.q_idx.tolist() == [[10, 11], [12, 13]] and bool(g.q_valid.all())
+    monkeypatch.setattr(segment_groups, "PADDING_SLACK", 2.0)
+    (g,) = segment_groups.build_groups([tail1, tail2])  # 2 x 2 x 5 = 20 padded scores for 10 + 4 real
+    want_allowed = torch.tensor(
+        [[[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]],  # tail 3..4: the prompt, then itself causally
+         [[1, 1, 1, 1, 0], [0, 0, 0, 1, 0]]],  # tail 5: the prompt and itself; its padding slot sees one key
+        dtype=torch.bool,
+    )  # fmt: skip
+    assert torch.equal(g.allowed[:, 0, 0], want_allowed)
+    assert g.q_idx.tolist() == [[3, 4], [5, 5]] and g.k_idx[:, :4].tolist() == [[0, 1, 2, 3], [0, 1, 2, 5]]
+    assert g.q_valid.tolist() == [[True, True], [True, False]] and g.out_idx.tolist() == [3, 4, 5]
+    monkeypatch.setattr(segment_groups, "MAX_GROUP_SCORES", 19)  # the memory bound splits it again
+    assert len(segment_groups.build_groups([tail1, tail2])) == 2
 
 
 def test_the_implementation_is_restored_after_an_error_and_plain_sdpa_without_a_plan(tiny_model_dir: str) -> None:

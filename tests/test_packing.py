@@ -121,6 +121,38 @@ def test_several_sequences_share_rows_and_positions_restart() -> None:
     assert res.stats.efficiency == 1.0
 
 
+def test_wide_rows_pad_less_and_keep_every_item_and_the_budget() -> None:
+    items = random_items(40, seed=5, max_len=60)
+    narrow = pack_items(items, micro_token_budget=480, max_seq_len=64)
+    wide = pack_items(items, micro_token_budget=480, max_seq_len=64, row_len=480)
+    got = unpack(wide)
+    assert sorted(got) == list(range(len(items)))
+    for i, it in enumerate(items):
+        assert_same_item(got[i], it)
+    assert all(b.shape[0] * b.shape[1] <= 480 for b in wide) and max(b.shape[1] for b in wide) > 64
+    assert wide.stats.computed_tokens < narrow.stats.computed_tokens  # less padding
+    for bad in (63, 481):
+        with pytest.raises(ValueError, match="row_len must be in"):
+            pack_items(items, micro_token_budget=480, max_seq_len=64, row_len=bad)
+
+
+def test_a_step_packs_wide_rows_only_where_each_sequence_is_attended_alone(tiny_models) -> None:
+    from ludic_lab.training.config import TrainerConfig
+    from ludic_lab.training.step_data import pack_step
+
+    items = random_items(40, seed=5, max_len=60)
+    cfg = TrainerConfig(micro_token_budget=480, max_seq_len=64)
+    for attn, model in tiny_models.items():  # sdpa on a CPU: by segment; eager: one masked row
+        widest = max(b.shape[1] for b in pack_step(items, cfg, 0, model))
+        assert (widest > 64) == (attn == "sdpa"), (attn, widest)
+    model = tiny_models["sdpa"]
+    model.gradient_checkpointing_enable()
+    try:  # checkpointing recomputes through transformers' own attention: rows stay narrow
+        assert max(b.shape[1] for b in pack_step(items, cfg, 0, model)) <= 64
+    finally:
+        model.gradient_checkpointing_disable()
+
+
 def test_equal_padding_prefers_less_attention_work() -> None:
     # eight 5-token items: 4 rows of 5 and 2 rows of 10 cost the same tokens; narrow rows
     # cost half the attention pairs

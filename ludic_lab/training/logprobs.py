@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ludic_lab.training.causal_lm import attention_mask_for, find_body_and_head, logit_scale
-from ludic_lab.training.packed_attention import segment_plan, segmented
+from ludic_lab.training.packed_attention import segment_layout, segment_plan, segmented
 from ludic_lab.training.token_batch import TokenBatch
 
 DEFAULT_CHUNK_SIZE = 4096
@@ -275,6 +275,19 @@ def _module_head_logprobs(
     return lp_N, ent_N
 
 
+def attends_by_segment(model: torch.nn.Module) -> bool:
+    """Whether :func:`model_token_logprobs` attends each packed sequence on its own for
+    ``model`` (:mod:`.packed_attention`): sdpa, on a CPU, without gradient checkpointing. A
+    row's width then costs nothing in attention, so rows may hold a whole micro-batch."""
+    try:
+        lm, body, _ = find_body_and_head(model)
+    except TypeError:  # not a causal LM this module knows
+        return False
+    impl = getattr(getattr(lm, "config", None), "_attn_implementation", None)
+    dev = next(body.parameters()).device
+    return impl == "sdpa" and dev.type == "cpu" and not getattr(lm, "is_gradient_checkpointing", False)
+
+
 def model_token_logprobs(
     model: torch.nn.Module,
     batch: TokenBatch,
@@ -297,15 +310,19 @@ def model_token_logprobs(
     """
     lm, body, head = find_body_and_head(model)
     config = getattr(lm, "config", None)
-    impl = getattr(config, "_attn_implementation", None) or "eager"
     param = next(body.parameters())
-    mask = attention_mask_for(batch, attn_implementation=impl, dtype=param.dtype)
     dev = param.device
-    # on a CPU each packed sequence is attended on its own (packed_attention.py): the same result
-    plan = segment_plan(batch.seq_ids, batch.prefix_source, batch.prefix_length) if (
-        segment_attention and impl == "sdpa" and dev.type == "cpu"
-        and not getattr(lm, "is_gradient_checkpointing", False)
-    ) else None  # fmt: skip
+    # on a CPU each packed sequence is attended on its own (packed_attention.py): the same result;
+    # the model's mask is then a placeholder (the segments carry their own), not R x T x T
+    if segment_attention and attends_by_segment(model):
+        plan = segment_layout(
+            segment_plan(batch.seq_ids, batch.prefix_source, batch.prefix_length), batch.input_ids.shape[1], dev
+        )
+        mask: Tensor | None = torch.ones(batch.input_ids.shape[0], 1, 1, 1, dtype=torch.bool)
+    else:
+        plan = None
+        impl = getattr(config, "_attn_implementation", None) or "eager"
+        mask = attention_mask_for(batch, attn_implementation=impl, dtype=param.dtype)
     with segmented(body.config) if plan is not None else contextlib.nullcontext():
         out = body(
             input_ids=batch.input_ids.to(dev),

@@ -11,6 +11,8 @@ Here each sequence of a row is attended on its own: its queries against its own 
 (causal; sdpa's ``is_causal`` kernel skips the upper triangle) and, for a tail, the keys of
 its shared prompt in front (a ``[L, P + L]`` mask). The outputs are concatenated back in
 column order; the result equals the masked attention (the same softmax over the same keys).
+Sequences with few keys are attended many at once (:mod:`.segment_groups`: one batched
+matmul attention per group of like shape); long ones by sdpa's kernel, one call each.
 
 :func:`segment_plan` reads the row layout once per micro-batch (host side); passing it as the
 ``ludic_segments`` keyword of the model's forward reaches every attention layer (transformers
@@ -30,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ludic_lab.training.segment_groups import MAX_KEYS, SegmentGroup, attend_group, build_groups
+
 IMPLEMENTATION = "ludic_segments"
 """The name under which :func:`segmented_attention_forward` is registered with transformers."""
 
@@ -47,6 +51,34 @@ class Segment:
 
 SegmentPlan = tuple[tuple[Segment, ...], ...]
 """Per row, its segments in column order, covering every column."""
+
+
+@dataclass(frozen=True)
+class SegmentLayout:
+    """How a micro-batch (``plan``, rows of ``columns``) is attended: its short sequences in
+    ``groups``, its long ones ``alone``, as ``(row, segment)`` (under attention dropout: all alone)."""
+
+    plan: SegmentPlan
+    columns: int
+    groups: tuple[SegmentGroup, ...]
+    alone: tuple[tuple[int, Segment], ...]
+
+
+def segment_layout(plan: SegmentPlan, columns: int, device: torch.device | None = None) -> SegmentLayout:
+    """The :class:`SegmentLayout` of ``plan`` (rows of ``columns`` each): a sequence with at
+    most :data:`~.segment_groups.MAX_KEYS` keys, its shared prompt included, joins a group."""
+    spans, alone = [], []
+    for r, segs in enumerate(plan):
+        base = r * columns
+        for s in segs:
+            if s.padding:
+                continue
+            p0, p1 = s.prefix if s.prefix is not None else (0, 0)
+            if (p1 - p0) + (s.hi - s.lo) > MAX_KEYS:
+                alone.append((r, s))
+            else:
+                spans.append((base + s.lo, base + s.hi, base + p0, base + p1))
+    return SegmentLayout(plan, columns, tuple(build_groups(spans, device)), tuple(alone))
 
 
 def segment_plan(
@@ -111,21 +143,38 @@ def segmented_attention_forward(
     attention_mask: Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
-    ludic_segments: SegmentPlan | None = None,
+    ludic_segments: SegmentLayout | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """transformers' attention interface: ``query [R, H, T, D]``, ``key``/``value [R, Hkv, T, D]``
-    -> ``([R, T, H, D], None)``; per segment with a plan, else transformers' sdpa."""
+    -> ``([R, T, H, D], None)``; per segment with a layout, else transformers' sdpa."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if ludic_segments is None or query.shape[2] != key.shape[2]:  # no plan, or decoding with a cache
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)  # fmt: skip
-    rows = []
-    for r, segs in enumerate(ludic_segments):
-        q, k, v = query[r : r + 1], key[r : r + 1], value[r : r + 1]
-        rows.append(torch.cat([_attend(q, k, v, s, scaling, dropout) for s in segs], dim=2))
-    return torch.cat(rows, dim=0).transpose(1, 2).contiguous(), None
+    R, H, T, D = query.shape
+    scale = scaling if scaling is not None else D**-0.5
+    layout = ludic_segments
+    idx: list[Tensor] = []
+    outs: list[Tensor] = []
+    if dropout == 0.0:  # dropout: every sequence alone, by sdpa's kernel (which applies it)
+        qf, kf, vf = (x.transpose(1, 2).reshape(R * T, x.shape[1], D) for x in (query, key, value))
+        for group in layout.groups:
+            idx.append(group.out_idx)
+            outs.append(attend_group(qf, kf, vf, group, scale))
+    alone = layout.alone if dropout == 0.0 else tuple(
+        (r, s) for r, segs in enumerate(layout.plan) for s in segs if not s.padding
+    )  # fmt: skip
+    for r, s in alone:
+        o = _attend(query[r : r + 1], key[r : r + 1], value[r : r + 1], s, scaling, dropout)  # [1, H, L, D]
+        idx.append(torch.arange(r * T + s.lo, r * T + s.hi, device=query.device))
+        outs.append(o[0].transpose(0, 1))
+    if not outs:  # every column padding
+        return query.new_zeros(R, T, H, D), None
+    values = torch.cat(outs)
+    out = values.new_zeros(R * T, H, D).index_put((torch.cat(idx),), values)  # padding columns: 0, never read
+    return out.view(R, T, H, D), None
 
 
 def register() -> None:

@@ -125,6 +125,7 @@ def pack_items(
     truncation: TruncationPolicy = "truncate",
     tolerance: float = DEFAULT_TOLERANCE,
     share_prompts: bool = False,
+    row_len: int | None = None,
 ) -> PackedMicroBatches:
     """Pack items into micro-batches, several sequences per row, ``R * T <= micro_token_budget``.
 
@@ -132,8 +133,14 @@ def pack_items(
     output is deterministic for the same input. ``tolerance=0`` minimises padding alone.
     ``share_prompts``: items with the same prompt (a GRPO group) share one copy of it in their
     row (:mod:`~ludic_lab.training.prompt_share`; needs sdpa or eager attention).
+    ``row_len``: the widest a row may be (default ``max_seq_len``, the longest a sequence may
+    be); wider rows pad less and cost nothing where each sequence is attended on its own.
     """
     _check_args(micro_token_budget, max_seq_len, truncation)
+    row_len = max_seq_len if row_len is None else row_len
+    if not max_seq_len <= row_len <= micro_token_budget:
+        raise ValueError(f"row_len must be in [max_seq_len={max_seq_len}, micro_token_budget={micro_token_budget}], "
+                         f"got {row_len}")  # fmt: skip
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
     seqs, counts = _prepare(items, max_seq_len, truncation)
@@ -141,7 +148,7 @@ def pack_items(
         return PackedMicroBatches([], _stats(len(items), [], counts))
     units = group_units(seqs, max_seq_len) if share_prompts else [Unit((s,), 0) for s in seqs]
     lengths = [u.length for u in units]
-    plans = candidate_plans(lengths, micro_token_budget, max_seq_len)
+    plans = candidate_plans(lengths, micro_token_budget, row_len)
     costs = [plan_cost(groups, lengths) for _, groups in plans]
     least = min(tokens for tokens, _ in costs)
     k = min(

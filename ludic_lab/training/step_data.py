@@ -10,6 +10,7 @@ import numpy as np
 from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 from ludic_lab.training.causal_lm import find_body_and_head
 from ludic_lab.training.config import TrainerConfig
+from ludic_lab.training.logprobs import attends_by_segment
 from ludic_lab.training.packing import PackedMicroBatches, pack_items
 from ludic_lab.training.parallel import StepTotals
 from ludic_lab.training.staleness import is_stale
@@ -47,7 +48,8 @@ def filter_batches(
 
 def pack_step(items: list[SAWItem], cfg: TrainerConfig, pad_token_id: int, model: Any = None) -> PackedMicroBatches:
     """``items`` packed into micro-batches as ``cfg`` says (budget, length, truncation; shared
-    prompts when ``cfg.share_prompts`` and ``model``'s attention takes a custom mask)."""
+    prompts when ``cfg.share_prompts`` and ``model``'s attention takes a custom mask); rows as
+    wide as the budget where ``model`` attends each sequence on its own (less padding)."""
     return pack_items(
         items,
         micro_token_budget=cfg.micro_token_budget,
@@ -55,6 +57,7 @@ def pack_step(items: list[SAWItem], cfg: TrainerConfig, pad_token_id: int, model
         pad_token_id=pad_token_id,
         truncation=cfg.truncation,
         share_prompts=cfg.share_prompts and takes_custom_mask(model),
+        row_len=cfg.micro_token_budget if model is not None and attends_by_segment(model) else None,
     )
 
 
