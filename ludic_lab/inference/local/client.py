@@ -27,6 +27,7 @@ from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, ge
 from ludic_lab.inference.local.batcher import LoopBatcher
 from ludic_lab.inference.local.continuous import ContinuousBatcher
 from ludic_lab.inference.local.grouped_attention import use_grouped_attention
+from ludic_lab.inference.local.packed_linear import pack_linear_weights
 from ludic_lab.inference.local.prefix_cache import PrefixCache
 from ludic_lab.inference.local.response import RowState, build_response
 from ludic_lab.inference.local.sampling import sample_rows
@@ -62,6 +63,9 @@ class LocalChatClient:
     taken (:mod:`.grouped_attention`); a model object passed in is left as it is.
     ``shared_prefix_prefill``: prompts admitted together that share a prefix the prefix cache
     lacks (a system prompt and few-shot examples) run it once (:mod:`.shared_prefix`).
+    ``packed_weights``: a model loaded from a path onto a CPU multiplies by its linear weights
+    packed for oneDNN (:mod:`.packed_linear`: decode steps' products ~2x faster), repacked
+    after every weight update; a model object passed in is left as it is.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class LocalChatClient:
         kv_cache: str = "slab",
         grouped_attention: bool = True,
         shared_prefix_prefill: bool = True,
+        packed_weights: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -105,6 +110,8 @@ class LocalChatClient:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
             if grouped_attention:
                 use_grouped_attention(model)
+            if packed_weights and torch.device(device).type == "cpu":
+                pack_linear_weights(model)
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(path)
         else:
