@@ -27,12 +27,16 @@ def test_the_plan_reads_sequences_prompts_and_padding() -> None:
     assert segment_plan(seq[1:]) == ((Segment(0, 2), Segment(2, 6), Segment(6, 8, padding=True)),)
 
 
-@pytest.mark.parametrize("max_keys", [512, 10, 0])  # every sequence in groups; some alone; every one alone
+@pytest.mark.parametrize(
+    "max_keys,chunk",
+    [(512, 256), (512, 3), (10, 256), (0, 256)],  # all in groups, whole or in chunks of 3; some alone; all alone
+)
 @pytest.mark.parametrize("share_prompts", [True, False])
 @pytest.mark.parametrize("autocast", [False, True])
 def test_segmented_attention_scores_like_the_masked_row(
-    tiny_model_dir: str, share_prompts: bool, autocast: bool, max_keys: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    tiny_model_dir: str, share_prompts: bool, autocast: bool, max_keys: int, chunk: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     torch.manual_seed(0)
     model = load_model(tiny_model_dir)
     assert model.config._attn_implementation == "sdpa"
@@ -51,6 +55,7 @@ def test_segmented_attention_scores_like_the_masked_row(
     monkeypatch.setattr(packed_attention, "_attend", alone)
     monkeypatch.setattr(packed_attention, "attend_group", grouped)
     monkeypatch.setattr(packed_attention, "MAX_KEYS", max_keys)
+    monkeypatch.setattr(segment_groups, "QUERY_CHUNK", chunk)
     packed = pack_items(batch_of_groups(), micro_token_budget=128, max_seq_len=32, share_prompts=share_prompts)
     assert any(mb.input_ids.shape[0] > 1 for mb in packed)  # several rows
     assert any((mb.seq_ids < 0).any() for mb in packed)  # padding
@@ -96,6 +101,27 @@ def test_groups_stack_like_shapes_and_mask_prompts_causality_and_padding(monkeyp
     assert g.q_valid.tolist() == [[True, True], [True, False]] and g.out_idx.tolist() == [3, 4, 5]
     monkeypatch.setattr(segment_groups, "MAX_GROUP_SCORES", 19)  # the memory bound splits it again
     assert len(segment_groups.build_groups([tail1, tail2])) == 2
+
+
+def test_a_sequence_in_chunks_sees_its_prompt_and_its_earlier_chunks_whole() -> None:
+    # queries 10..14 seeing the prompt 0..2, in chunks of 2: [10, 12), [12, 14), [14, 15)
+    assert segment_groups.split_span(10, 15, 0, 3, 2) == [
+        (10, 12, ((0, 3),)), (12, 14, ((0, 3), (10, 12))), (14, 15, ((0, 3), (10, 14))),
+    ]  # fmt: skip
+    assert segment_groups.split_span(4, 7, 4, 4, 2) == [(4, 6, ()), (6, 7, ((4, 6),))]  # no prompt
+
+    def seen(spans: list[tuple[int, int, int, int]]) -> dict[int, list[int]]:
+        """Each real query's visible keys, over the groups."""
+        out = {}
+        for g in segment_groups.build_groups(spans, chunk=2):
+            for i in range(g.q_idx.shape[0]):
+                for j in range(int(g.q_valid[i].sum())):
+                    keys = g.k_idx[i][g.allowed[i, 0, 0, j]].tolist()
+                    out[int(g.q_idx[i, j])] = keys
+        return out
+
+    assert seen([(4, 7, 4, 4)]) == {4: [4], 5: [4, 5], 6: [4, 5, 6]}  # causal, as one sequence
+    assert seen([(10, 13, 0, 2)]) == {10: [0, 1, 10], 11: [0, 1, 10, 11], 12: [0, 1, 10, 11, 12]}
 
 
 def test_the_implementation_is_restored_after_an_error_and_plain_sdpa_without_a_plan(tiny_model_dir: str) -> None:

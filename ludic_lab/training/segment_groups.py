@@ -32,6 +32,10 @@ PADDING_SLACK = 1.25
 MAX_GROUP_SCORES = 1 << 21
 """Padded query x key scores per head of one group: bounds a group's transient memory."""
 
+QUERY_CHUNK = 256
+"""A sequence's queries are attended in chunks of this many (each sees the chunks before it
+whole): the masked-out upper triangle of a long causal sequence is then mostly not computed."""
+
 
 @dataclass(frozen=True)
 class SegmentGroup:
@@ -45,14 +49,34 @@ class SegmentGroup:
     q_valid: Tensor  # [S, Lq] bool: real query slots
 
 
-def build_groups(spans: list[tuple[int, int, int, int]], device: torch.device | None = None) -> list[SegmentGroup]:
+Span = tuple[int, int, tuple[tuple[int, int], ...]]
+"""``(q0, q1, ranges)``: queries ``[q0, q1)`` seeing every key in ``ranges``, then their own causally."""
+
+
+def split_span(q0: int, q1: int, p0: int, p1: int, chunk: int) -> list[Span]:
+    """A sequence's queries ``[q0, q1)`` (seeing the prompt ``[p0, p1)`` first) in chunks of
+    ``chunk``: chunk ``i`` sees the prompt and the sequence's earlier chunks whole, then itself
+    causally. A causal sequence of ``L`` queries then scores about ``L**2 / 2`` pairs, not ``L**2``."""
+    prompt = ((p0, p1),) if p1 > p0 else ()
+    out: list[Span] = []
+    for a in range(q0, q1, chunk):
+        out.append((a, min(q1, a + chunk), prompt + (((q0, a),) if a > q0 else ())))
+    return out
+
+
+def build_groups(
+    spans: list[tuple[int, int, int, int]], device: torch.device | None = None, *, chunk: int | None = None
+) -> list[SegmentGroup]:
     """Groups of like shape from ``spans``: ``(q0, q1, p0, p1)`` flat columns of a sequence's
-    queries ``[q0, q1)`` and of the shared prompt it sees ``[p0, p1)`` (``p0 == p1``: none)."""
-    order = sorted(spans, key=lambda s: ((s[1] - s[0]) + (s[3] - s[2]), s[1] - s[0]), reverse=True)
-    groups: list[list[tuple[int, int, int, int]]] = []
+    queries ``[q0, q1)`` and of the shared prompt it sees ``[p0, p1)`` (``p0 == p1``: none),
+    each sequence's queries split in chunks of ``chunk`` (default :data:`QUERY_CHUNK`)."""
+    c = QUERY_CHUNK if chunk is None else chunk
+    parts = [part for q0, q1, p0, p1 in spans for part in split_span(q0, q1, p0, p1, c)]
+    order = sorted(parts, key=lambda s: (_keys(s), s[1] - s[0]), reverse=True)
+    groups: list[list[Span]] = []
     real, lq, lk = 0, 0, 0
     for s in order:
-        q, k = s[1] - s[0], (s[1] - s[0]) + (s[3] - s[2])
+        q, k = s[1] - s[0], _keys(s)
         if groups:
             n = len(groups[-1]) + 1
             padded = n * max(lq, q) * max(lk, k)
@@ -65,24 +89,30 @@ def build_groups(spans: list[tuple[int, int, int, int]], device: torch.device | 
     return [_group(g, device) for g in groups]
 
 
-def _group(spans: list[tuple[int, int, int, int]], device: torch.device | None) -> SegmentGroup:
-    Lq = max(q1 - q0 for q0, q1, _, _ in spans)
-    Lk = max((q1 - q0) + (p1 - p0) for q0, q1, p0, p1 in spans)
+def _keys(s: Span) -> int:
+    return (s[1] - s[0]) + sum(b - a for a, b in s[2])
+
+
+def _group(spans: list[Span], device: torch.device | None) -> SegmentGroup:
+    Lq = max(q1 - q0 for q0, q1, _ in spans)
+    Lk = max(_keys(s) for s in spans)
     S = len(spans)
     q_idx = torch.empty(S, Lq, dtype=torch.long)
     k_idx = torch.empty(S, Lk, dtype=torch.long)
     allowed = torch.zeros(S, Lq, Lk, dtype=torch.bool)
     q_valid = torch.zeros(S, Lq, dtype=torch.bool)
-    for i, (q0, q1, p0, p1) in enumerate(spans):
-        L, P = q1 - q0, p1 - p0
+    for i, (q0, q1, ranges) in enumerate(spans):
+        L = q1 - q0
+        seen = torch.cat([torch.arange(a, b) for a, b in ranges]) if ranges else torch.empty(0, dtype=torch.long)
+        P = len(seen)
         q_idx[i] = q0
         q_idx[i, :L] = torch.arange(q0, q1)
         k_idx[i] = q0
-        k_idx[i, :P] = torch.arange(p0, p1)
+        k_idx[i, :P] = seen
         k_idx[i, P : P + L] = torch.arange(q0, q1)
         allowed[i, :L, :P] = True
         allowed[i, :L, P : P + L] = torch.ones(L, L, dtype=torch.bool).tril()
-        allowed[i, L:, P] = True  # a padding query sees its sequence's first key: no empty softmax row
+        allowed[i, L:, P] = True  # a padding query sees its own first key: no empty softmax row
         q_valid[i, :L] = True
     return SegmentGroup(
         q_idx.to(device), k_idx.to(device), allowed[:, None, None].to(device), q_idx[q_valid].to(device),
