@@ -41,16 +41,18 @@ sequence; 2 idle cores, 2026-11-26), 32 held-out greedy games against the random
 two seeds:
 
     before (both):  win 0.00, draw 0.00, loss 0.00, win+draw 0.00, illegal-move rate 1.00
-    after, seed 0:  win 0.56, draw 0.00, loss 0.03, win+draw 0.56, illegal-move rate 0.41
+    after, seed 0:  win 0.59, draw 0.03, loss 0.19, win+draw 0.62, illegal-move rate 0.19
     after, seed 1:  win 0.88, draw 0.00, loss 0.12, win+draw 0.88, illegal-move rate 0.00
 
 Before training every greedy game ended on an illegal square; mean sampled reward -4.19 ->
--0.50 (seed 0) and -4.00 -> 0.56 (seed 1) over the 8 steps. Greedy play after 8 steps swings
+-0.38 (seed 0) and -4.00 -> -0.50 (seed 1) over the 8 steps. Greedy play after 8 steps swings
 with the seed and with anything that changes the rounding: other runs of these defaults gave
-0.53 / 0.88 and 0.88 / 0.25 (seeds 0 / 1), fp32 (``--autocast off``) 0.09-0.47 / 0.75.
-3.8-4.3 min wall (204-221 s training, 15-33 s a step: about half sampling, half the
-forward/backward, which bf16 autocast and per-sequence attention take from 17-21 s to 10-17 s);
-the library before continuous batching took 6.5-6.8 min (354-358 s training), in fp32.
+0.56-0.69 (seed 0) and 0.00-0.88 (seed 1; at 0.00 the sampled reward still rose -4.0 -> -0.75),
+fp32 (``--autocast off``) 0.09-0.47 / 0.75.
+3.4 min wall (203 s for each seed; 173-175 s training, 15-29 s a step: sampling 5-16 s, the
+forward/backward 9-16 s); the library before continuous batching (62b6420, its defaults then,
+fp32) took 8.1 / 9.1 min here the same day (seeds 0 / 1: 483 / 544 s, 430 / 490 s training;
+held-out win+draw after 0.88 / 0.00): 0.42x / 0.37x of its wall time.
 Each run writes ``<out>/summary.json``.
 """
 
