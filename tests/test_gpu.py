@@ -180,6 +180,28 @@ def test_cuda_sampler_is_seeded_and_agrees_with_the_cpu_sampler(tiny_model_dir: 
     assert same >= len(reqs) - 1 and max(diffs) < 1e-3
 
 
+def test_the_cpu_only_speedups_stay_off_on_cuda(tiny_model_dir: str) -> None:
+    """oneDNN-packed sampler weights and per-sequence attention (with rows as wide as the
+    budget) are CPU paths: on CUDA the client keeps its plain linears and a step packs rows no
+    wider than max_seq_len, scored by the masked sdpa path."""
+    from ludic_lab.inference.local.packed_linear import is_packed
+    from ludic_lab.training.logprobs import attends_by_segment
+    from ludic_lab.training.step_data import pack_step
+
+    gpu = LocalChatClient(tiny_model_dir, device="cuda")
+    assert not any(is_packed(m) for m in gpu.model.modules())
+    assert any(is_packed(m) for m in LocalChatClient(tiny_model_dir).model.modules())
+    model = load_model(tiny_model_dir).to("cuda")
+    assert not attends_by_segment(model) and attends_by_segment(load_model(tiny_model_dir))
+    cfg = TrainerConfig(model_device="cuda", max_seq_len=64, micro_token_budget=512)
+    micro = pack_step(list(random_items(24, vocab_size=V, seed=3)), cfg, 0, model)
+    assert max(mb.input_ids.shape[1] for mb in micro) <= 64
+    with torch.no_grad():
+        lp = model_token_logprobs(model, micro[0].to("cuda"))
+    assert torch.isfinite(lp).all()
+    report("cpu_only_speedups_off_on_cuda", rows=[tuple(mb.input_ids.shape) for mb in micro])
+
+
 # ---------------------------------------------------------------------------------------
 # LoRA and checkpoints on the GPU
 # ---------------------------------------------------------------------------------------
