@@ -49,6 +49,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 WORKLOADS = ("single", "ttt", "tool", "program")
 
+from ideal_schedule import episode_calls, ideal_wall, step_cost  # noqa: E402
+
 
 def generated_tokens(rollouts: list[Any]) -> tuple[int, int]:
     """(sampled tokens, model calls) over ``rollouts`` (tool results and prompts not counted)."""
@@ -149,6 +151,8 @@ def tokens_digest(rollouts: list[Any]) -> str:
 async def measure(client: Any, backend: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     await run_workload("single", client, argparse.Namespace(**{**vars(args), "episodes": 2}), 90_000)  # warm-up
+    await run_workload("single", client, argparse.Namespace(**{**vars(args), "episodes": 1}), 91_000)  # one row
+    episodes: dict[str, list[list[int]]] = {}
     for w in args.workloads:
         cache = getattr(client, "prefix_cache", None)
         reused0 = cache.reused_tokens if cache is not None else 0
@@ -165,11 +169,17 @@ async def measure(client: Any, backend: str, args: argparse.Namespace) -> dict[s
         reused = (cache.reused_tokens - reused0) / args.repeats if cache is not None else float("nan")
         out[w] = {"wall_s": dt, "episodes_s": len(rs) / dt, "calls": calls, "tok_s": toks / dt, "reused": reused}
         out[w]["digest"] = digest  # type: ignore[assignment]
+        episodes[w] = episode_calls(rs)
         print(
             f"  {backend:10s} {w:8s} {dt:7.2f} s  {len(rs) / dt:6.2f} episodes/s  {calls:4d} calls  "
             f"{toks / dt:7.1f} tok/s  prefix tokens reused/run {reused:8.0f}  tokens {digest}",
             flush=True,
         )
+    if hasattr(client, "decode_step_times"):  # the in-process continuous batcher: its bound
+        cost = step_cost(client.decode_step_times())
+        for w, eps in episodes.items():
+            out[w]["ideal_s"] = ideal_wall(eps, cost)
+            out[w]["ideal_tok_s"] = sum(map(sum, eps)) / out[w]["ideal_s"]
     return out
 
 
@@ -268,6 +278,18 @@ def report(results: dict[str, dict[str, dict[str, float]]], workloads: list[str]
                 if w in cells and w != "single"
             ]
             print(f"  {backend:10s} " + "   ".join(rows))
+    ideal = results.get("continuous", {})
+    if any("ideal_s" in c for c in ideal.values()):
+        print("an ideal continuous batcher (bench/ideal_schedule.py: only decode steps, at this run's cost by rows)")
+        for w in workloads:
+            c = ideal.get(w, {})
+            if "ideal_s" in c:
+                print(f"  {w:8s} {c['ideal_s']:6.2f} s  {c['ideal_tok_s']:6.1f} tok/s  measured/ideal tokens/s "
+                      f"{c['tok_s'] / c['ideal_tok_s']:.2f}", end="")  # fmt: skip
+                single = ideal.get("single", {})
+                if w != "single" and "ideal_tok_s" in single:
+                    print(f"  multi/single at the ideal {c['ideal_tok_s'] / single['ideal_tok_s']:.2f}", end="")
+                print()
 
 
 if __name__ == "__main__":

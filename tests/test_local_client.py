@@ -732,6 +732,52 @@ def test_model_object_needs_a_tokenizer(client):
         LocalChatClient(client.model)
 
 
+def test_a_model_from_a_path_is_loaded_and_packed_on_the_generation_thread(tiny_model_dir, monkeypatch):
+    """torch's OpenMP team belongs to the thread that runs a parallel op. Loading on the
+    thread that generates leaves a process that only samples with one team (with a second
+    one, more OpenMP threads than cores, libgomp sleeps between ops and decode slows)."""
+    from transformers import AutoModelForCausalLM
+
+    from ludic_lab.inference.local import client as client_module
+
+    seen: dict[str, str] = {}
+    load, pack = AutoModelForCausalLM.from_pretrained, client_module.pack_linear_weights
+
+    def spy_load(*a: Any, **k: Any) -> Any:
+        seen["load"] = threading.current_thread().name
+        return load(*a, **k)
+
+    def spy_pack(model: Any) -> int:
+        seen["pack"] = threading.current_thread().name
+        return pack(model)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy_load)
+    monkeypatch.setattr(client_module, "pack_linear_weights", spy_pack)
+    c = LocalChatClient(tiny_model_dir)
+    forward = c.model.forward
+
+    def spy_forward(*a: Any, **k: Any) -> Any:
+        seen["generate"] = threading.current_thread().name
+        return forward(*a, **k)
+
+    c.model.forward = spy_forward
+    resp, _ = run_sync(c.complete(req("hi", max_tokens=2, seed=0)))
+    assert resp.completion_token_ids
+    assert seen["load"].startswith("ludic-generate") and seen["load"] != threading.current_thread().name
+    assert seen["pack"] == seen["load"] == seen["generate"], seen
+
+
+def test_an_error_while_loading_reaches_the_caller(tiny_model_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    def broken(*a: Any, **k: Any) -> Any:
+        raise OSError("model.safetensors is truncated")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", broken)
+    with pytest.raises(OSError, match="truncated"):
+        LocalChatClient(tiny_model_dir)
+
+
 # --------------------------------------------------------------------------------------------
 # tools
 # --------------------------------------------------------------------------------------------

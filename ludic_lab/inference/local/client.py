@@ -100,18 +100,29 @@ class LocalChatClient:
             raise ValueError(f"LocalChatClient kv_cache must be 'slab' or 'dynamic', got {kv_cache!r}")
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
+        # Every batch runs on this one long-lived thread (whichever loop submits it): torch's
+        # OpenMP team belongs to the calling thread, and a thread per loop would add teams.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ludic-generate")
+        weakref.finalize(self, self._executor.shutdown, wait=False)
         if model is None or isinstance(model, str) or hasattr(model, "__fspath__"):
             from ludic_lab.inference.models import resolve_model
 
             path = resolve_model(None if model is None else str(model))
             self.model_path: str | None = path
-            if attn_implementation is None and dtype in (torch.bfloat16, torch.float16) and device == "cpu":
-                attn_implementation = "eager"
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
-            if grouped_attention:
-                use_grouped_attention(model)
-            if packed_weights and torch.device(device).type == "cpu":
-                pack_linear_weights(model)
+            eager = attn_implementation is None and dtype in (torch.bfloat16, torch.float16) and device == "cpu"
+            attn = "eager" if eager else attn_implementation
+
+            def load() -> Any:
+                m: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+                if grouped_attention:
+                    use_grouped_attention(m)
+                if packed_weights and torch.device(device).type == "cpu":
+                    pack_linear_weights(m)
+                return m.to(device)
+
+            # loaded on that thread: a second OpenMP team (the caller's) puts more threads than
+            # cores and libgomp sleeps between ops (a one-row SmolLM2 decode step 44 -> 55 ms)
+            model = self._executor.submit(load).result()
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(path)
         else:
@@ -144,13 +155,8 @@ class LocalChatClient:
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad if pad is not None else tokenizer.eos_token_id)
         self._global_rng = torch.Generator().manual_seed(int(time.time_ns()) % (2**63))
-        # Every batch runs on this one long-lived thread (whichever event loop submits it):
-        # torch's OpenMP worker team belongs to the calling thread, so a fresh thread per
-        # loop (asyncio.to_thread) would build a new team and leave the old one spinning.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ludic-generate")
         if num_threads is not None:
             self.set_num_threads(num_threads)
-        weakref.finalize(self, self._executor.shutdown, wait=False)
 
     # -- ChatClient API ------------------------------------------------------------------
     async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
@@ -162,11 +168,15 @@ class LocalChatClient:
         return await batcher.submit(request)
 
     def set_num_threads(self, n: int) -> None:
-        """Generation's intra-op threads from the next batch on (torch's count is per thread:
-        it is set on the generation thread itself)."""
+        """Generation's intra-op threads from the next batch on (set on its own thread)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"LocalChatClient num_threads must be an int >= 1, got {n!r}")
         self._executor.submit(torch.set_num_threads, n)
+
+    def decode_step_times(self) -> list[tuple[int, float]]:
+        """``(rows, seconds)`` of the continuous batch's recent decode steps (the last 4,096;
+        a step's forward, sampling and bookkeeping): what a step costs at each batch size."""
+        return list(self._continuous.step_times)
 
     def complete_sync(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
         """Blocking single request (no batching across callers)."""

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 ADMIT_WAIT_STEPS = 8
 """Decode steps a waiting request may wait for company before it is admitted anyway."""
 
+STEP_TIMES_KEPT = 4096
+"""Recent decode steps whose (rows, seconds) the batcher keeps (``LocalChatClient.decode_step_times``)."""
+
 
 @dataclass
 class Job:
@@ -84,6 +87,7 @@ class ContinuousBatcher:
         self.tokens_generated = 0
         self.steps = 0
         self._since_admit = 0
+        self.step_times: deque[tuple[int, float]] = deque(maxlen=STEP_TIMES_KEPT)  # (rows, seconds) a decode step
 
     # -- any thread ----------------------------------------------------------------------------
     def submit(self, jobs: Sequence[Job]) -> None:
@@ -268,6 +272,7 @@ class ContinuousBatcher:
 
     def _decode_step(self) -> None:
         assert self.mask is not None and self.pos is not None and self.next_tok is not None
+        t0 = time.perf_counter()
         B = len(self.rows)
         self.mask = torch.cat([self.mask, torch.ones((B, 1), dtype=self.mask.dtype, device=self.mask.device)], dim=1)
         out = self.client.model(
@@ -285,6 +290,7 @@ class ContinuousBatcher:
         self._sample([self.rows[j] for j in live], logits[live] if len(live) < B else logits, live)
         self.steps += 1
         self._prune()
+        self.step_times.append((B, time.perf_counter() - t0))
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor, batch_idx: list[int]) -> None:
         """Sample one token for each of ``rows`` (batch rows ``batch_idx``); finish those done."""

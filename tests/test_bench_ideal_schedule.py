@@ -1,0 +1,31 @@
+"""bench/ideal_schedule.py, the bound that bench/agent_throughput.py prints: replays by hand."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+
+from ideal_schedule import ideal_wall, step_cost
+
+
+def test_a_replay_counts_decode_steps_and_their_live_rows() -> None:
+    # A: calls of 3 then 2 tokens (2 then 1 decode steps); B: one token (its prefill gave it);
+    # C: 2 tokens. Step 1: A and C live (cost 2); step 2: A alone ends its first call; step 3:
+    # A's second call. With a step costing its row count: 2 + 1 + 1.
+    assert ideal_wall([[3, 2], [1], [2]], lambda b: float(b)) == 4.0
+    assert ideal_wall([[1, 1, 4]], lambda b: 1.0) == 3.0  # calls of one token cost no step
+    assert ideal_wall([], lambda b: 1.0) == 0.0
+
+
+def test_the_step_cost_never_falls_with_more_rows() -> None:
+    cost = step_cost([(1, 0.1), (1, 0.3), (2, 0.15), (4, 0.5), (0, 9.0)])
+    assert cost(1) == pytest.approx(0.2)  # the median of the one-row steps
+    assert cost(2) == pytest.approx(0.2)  # measured cheaper than one row: noise, held at 0.2
+    assert cost(3) == pytest.approx(0.2)  # unseen: the dearest smaller size (an under-estimate)
+    assert cost(4) == cost(40) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="no decode steps"):
+        step_cost([])
