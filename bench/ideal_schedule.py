@@ -5,16 +5,19 @@ order, each generating the tokens it generated in the run, the first from its pr
 more a step; a call starts at the step after the previous call of its episode ended; prefill,
 tool calls, environments and the event loop cost nothing. A step with ``b`` live rows costs
 what the run's own decode steps with ``b`` rows cost (their median, from
-``LocalChatClient.decode_step_times``).
+``LocalChatClient.decode_step_times``: a step's cost grows with its rows and, less, with the
+length of their KV, so only the run's own steps stand in, and a lone request's for one row).
 
-The replay's wall time is a lower bound for any scheduler whose decode steps cost what this
-run's did: a step with more rows never costs less, so where ``b`` rows were not seen, the
-dearest seen size below ``b`` stands in (an under-estimate). The workload's shape alone
-(calls in sequence, episodes of unequal length leaving a thin tail) then bounds its tokens/s.
+Between sizes not seen the cost is interpolated (a finished row stays in the batch until a
+quarter are finished, so a run measures few sizes). The replay's tokens/s is then what the
+workload's shape allows at this step cost (calls in sequence, episodes of unequal length
+leaving a thin tail), with prefill and every gap between turns free: the measured rate over
+it is the scheduler's share.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -32,8 +35,8 @@ def episode_calls(rollouts: Sequence[Any]) -> list[list[int]]:
 
 def step_cost(step_times: Sequence[tuple[int, float]]) -> Callable[[int], float]:
     """Seconds of a decode step with ``b`` rows: the median of the measured steps with ``b``
-    rows, at least that of any smaller size (a step never costs less with more rows); a size
-    below every measured one gets the smallest measured size's cost."""
+    rows, held at least at that of any smaller size (a step never costs less with more rows);
+    between measured sizes linear, outside them the nearest measured size's."""
     by_rows: dict[int, list[float]] = defaultdict(list)
     for b, s in step_times:
         if b > 0:
@@ -41,14 +44,19 @@ def step_cost(step_times: Sequence[tuple[int, float]]) -> Callable[[int], float]
     if not by_rows:
         raise ValueError("no decode steps were measured")
     sizes = sorted(by_rows)
-    floor, cost = 0.0, {}
+    costs, floor = [], 0.0
     for b in sizes:
         floor = max(floor, statistics.median(by_rows[b]))
-        cost[b] = floor
+        costs.append(floor)
 
     def at(b: int) -> float:
-        seen = [n for n in sizes if n <= b]
-        return cost[seen[-1]] if seen else cost[sizes[0]]
+        i = bisect.bisect_left(sizes, b)
+        if i < len(sizes) and sizes[i] == b:
+            return costs[i]
+        if i == 0 or i == len(sizes):
+            return costs[min(i, len(sizes) - 1)]
+        lo, hi = sizes[i - 1], sizes[i]
+        return costs[i - 1] + (costs[i] - costs[i - 1]) * (b - lo) / (hi - lo)
 
     return at
 

@@ -21,11 +21,12 @@ def test_a_replay_counts_decode_steps_and_their_live_rows() -> None:
     assert ideal_wall([], lambda b: 1.0) == 0.0
 
 
-def test_the_step_cost_never_falls_with_more_rows() -> None:
+def test_the_step_cost_never_falls_with_more_rows_and_is_linear_between_sizes() -> None:
     cost = step_cost([(1, 0.1), (1, 0.3), (2, 0.15), (4, 0.5), (0, 9.0)])
     assert cost(1) == pytest.approx(0.2)  # the median of the one-row steps
     assert cost(2) == pytest.approx(0.2)  # measured cheaper than one row: noise, held at 0.2
-    assert cost(3) == pytest.approx(0.2)  # unseen: the dearest smaller size (an under-estimate)
-    assert cost(4) == cost(40) == pytest.approx(0.5)
+    assert cost(3) == pytest.approx(0.35)  # unseen: halfway between 2 and 4 rows
+    assert cost(4) == cost(40) == pytest.approx(0.5)  # beyond the largest: the largest's
+    assert step_cost([(8, 0.4)])(1) == pytest.approx(0.4)  # below the smallest: the smallest's
     with pytest.raises(ValueError, match="no decode steps"):
         step_cost([])
