@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 WORKLOADS = ("single", "ttt", "tool", "program")
 
-from ideal_schedule import episode_calls, ideal_wall, step_cost  # noqa: E402
+from ideal_schedule import episode_calls, ideal_wall, measure_step_cost, step_cost  # noqa: E402
 
 
 def generated_tokens(rollouts: list[Any]) -> tuple[int, int]:
@@ -150,30 +150,29 @@ def tokens_digest(rollouts: list[Any]) -> str:
 
 async def measure(client: Any, backend: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
-    step_times = getattr(client, "decode_step_times", lambda: [])  # the continuous batcher's log
     await run_workload("single", client, argparse.Namespace(**{**vars(args), "episodes": 2}), 90_000)  # warm-up
-    await run_workload("single", client, argparse.Namespace(**{**vars(args), "episodes": 1}), 91_000)  # one row
-    one_row = [(b, s) for b, s in step_times() if b == 1]
+    log = getattr(client, "step_times", None)  # the in-process continuous batcher's
+    cost = step_cost(await measure_step_cost(client)) if log is not None else None
     for w in args.workloads:
         cache = getattr(client, "prefix_cache", None)
         reused0 = cache.reused_tokens if cache is not None else 0
-        best: tuple[float, list[Any], list[tuple[int, float]]] | None = None
+        best: tuple[float, list[Any], float] | None = None
         digest = ""
         for rep in range(args.repeats):
-            n0 = len(step_times())  # a bench's few hundred steps stay under the log's 4,096
+            n0 = len(log()["prefill"]) if log is not None else 0  # a bench stays under the log's 4,096
             dt, rs = await run_workload(w, client, args, 1000 * rep)
+            prefill_s = sum(s for _, _, s in log()["prefill"][n0:]) if log is not None else float("nan")
             digest = digest or tokens_digest(rs)  # the first run's seeds: comparable across backends
             if best is None or dt < best[0]:
-                best = (dt, rs, step_times()[n0:])
+                best = (dt, rs, prefill_s)
         assert best is not None
-        dt, rs, steps = best
+        dt, rs, prefill_s = best
         toks, calls = generated_tokens(rs)
         reused = (cache.reused_tokens - reused0) / args.repeats if cache is not None else float("nan")
         out[w] = {"wall_s": dt, "episodes_s": len(rs) / dt, "calls": calls, "tok_s": toks / dt, "reused": reused}
         out[w]["digest"] = digest  # type: ignore[assignment]
-        if steps:  # the same episodes on an ideal batcher, at this run's decode-step cost by rows
-            out[w]["ideal_s"] = ideal_wall(episode_calls(rs), step_cost(one_row + steps))
-            out[w]["ideal_tok_s"] = toks / out[w]["ideal_s"]
+        if cost is not None:  # the same episodes on an ideal batcher (decode steps only)
+            out[w].update(ideal_s=ideal_wall(episode_calls(rs), cost), prefill_s=prefill_s, toks=toks)
         print(
             f"  {backend:10s} {w:8s} {dt:7.2f} s  {len(rs) / dt:6.2f} episodes/s  {calls:4d} calls  "
             f"{toks / dt:7.1f} tok/s  prefix tokens reused/run {reused:8.0f}  tokens {digest}",
@@ -264,10 +263,10 @@ def report(results: dict[str, dict[str, dict[str, float]]], workloads: list[str]
     others = [b for b in results if b != "continuous"]
     print("\nratios (generated tokens/s)")
     for w in workloads:
-        cells = "   ".join(f"continuous/{b} {ratio('continuous', b, w)}" for b in others)
+        versus = "   ".join(f"continuous/{b} {ratio('continuous', b, w)}" for b in others)
         local = {b: str(c[w].get("digest")) for b, c in results.items() if b in LOCAL_BACKENDS and w in c}
         same = "same tokens" if len(set(local.values())) == 1 else f"tokens differ {local}"
-        print(f"  {w:8s} {cells}   local backends: {same}")
+        print(f"  {w:8s} {versus}   local backends: {same}")
     print("multi-turn tokens/s over the same backend's single-turn tokens/s")
     for backend, cells in results.items():
         if "single" in cells:
@@ -279,16 +278,25 @@ def report(results: dict[str, dict[str, dict[str, float]]], workloads: list[str]
             print(f"  {backend:10s} " + "   ".join(rows))
     ideal = results.get("continuous", {})
     if any("ideal_s" in c for c in ideal.values()):
-        print("an ideal continuous batcher (bench/ideal_schedule.py: decode steps only, at each run's step cost)")
+        print(
+            "the default on an ideal scheduler (bench/ideal_schedule.py: decode steps only, each at the cost "
+            "measured apart for its rows), then with the run's own prefill added"
+        )
+        single = ideal.get("single", {}).get("tok_s")
         for w in workloads:
             c = ideal.get(w, {})
-            if "ideal_s" in c:
-                print(f"  {w:8s} {c['ideal_s']:6.2f} s  {c['ideal_tok_s']:6.1f} tok/s  measured/ideal tokens/s "
-                      f"{c['tok_s'] / c['ideal_tok_s']:.2f}", end="")  # fmt: skip
-                single = ideal.get("single", {})
-                if w != "single" and "ideal_tok_s" in single:
-                    print(f"  multi/single at the ideal {c['ideal_tok_s'] / single['ideal_tok_s']:.2f}", end="")
-                print()
+            if "ideal_s" not in c:
+                continue
+            best, with_prefill = c["toks"] / c["ideal_s"], c["toks"] / (c["ideal_s"] + c["prefill_s"])
+            line = (
+                f"  {w:8s} measured {c['wall_s']:6.2f} s  ideal {c['ideal_s']:6.2f} s ({best:6.1f} tok/s)  "
+                f"+ prefill {c['prefill_s']:5.2f} s ({with_prefill:6.1f} tok/s)"
+            )
+            if single and w != "single":
+                line += (
+                    f"  over measured single-turn: ideal {best / single:.2f}, with prefill {with_prefill / single:.2f}"
+                )
+            print(line)
 
 
 if __name__ == "__main__":

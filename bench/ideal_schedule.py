@@ -4,19 +4,21 @@ The episodes of a run are replayed with nothing but decode steps: every episode'
 order, each generating the tokens it generated in the run, the first from its prefill and one
 more a step; a call starts at the step after the previous call of its episode ended; prefill,
 tool calls, environments and the event loop cost nothing. A step with ``b`` live rows costs
-what the run's own decode steps with ``b`` rows cost (their median, from
-``LocalChatClient.decode_step_times``: a step's cost grows with its rows and, less, with the
-length of their KV, so only the run's own steps stand in, and a lone request's for one row).
+what a decode step of ``b`` rows costs on this client, measured apart
+(:func:`measure_step_cost`: ``b`` concurrent requests with short prompts, the median step;
+linear between measured sizes). Short prompts and a quiet event loop make those steps cheaper
+than a workload's own (longer KV, the GIL shared with the episodes' Python).
 
-Between sizes not seen the cost is interpolated (a finished row stays in the batch until a
-quarter are finished, so a run measures few sizes). The replay's tokens/s is then what the
-workload's shape allows at this step cost (calls in sequence, episodes of unequal length
-leaving a thin tail), with prefill and every gap between turns free: the measured rate over
-it is the scheduler's share.
+The replay's tokens/s is then more than any scheduler could reach on the workload with this
+step cost: what its shape allows (calls in sequence, episodes of unequal length leaving a thin
+tail) with prefill and every gap between turns free. Over the client's measured single-turn
+rate it bounds the multi-turn/single-turn ratio; adding the run's own prefill time shows what
+prefill costs on top.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import statistics
 from collections import defaultdict
@@ -83,3 +85,27 @@ def ideal_wall(episodes: Sequence[Sequence[int]], cost: Callable[[int], float]) 
         for i in live:
             left[i] -= 1
             next_call(i)
+
+
+async def measure_step_cost(
+    client: Any, sizes: Sequence[int] = (1, 2, 4, 8, 16, 24, 32), tokens: int = 24
+) -> list[tuple[int, float]]:
+    """``(rows, seconds)`` of decode steps of ``client`` (a ``LocalChatClient``) with ``b``
+    concurrent requests, for each ``b`` in ``sizes``: ``tokens`` new tokens each, T=1."""
+    from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig
+
+    out: list[tuple[int, float]] = []
+    for b in sizes:
+        n0 = len(client.step_times()["decode"])
+        reqs = [
+            ChatCompletionRequest(
+                model="local",
+                messages=[{"role": "user", "content": f"Count from {i} to 1000, one number a line."}],
+                sampling=SamplingConfig(temperature=1.0, max_tokens=tokens, seed=i),
+                return_=ReturnSpec.for_training(),
+            )
+            for i in range(b)
+        ]
+        await asyncio.gather(*(client.complete(r) for r in reqs))
+        out += [(rows, s) for rows, s in client.step_times()["decode"][n0:] if rows == b]
+    return out

@@ -30,3 +30,17 @@ def test_the_step_cost_never_falls_with_more_rows_and_is_linear_between_sizes() 
     assert step_cost([(8, 0.4)])(1) == pytest.approx(0.4)  # below the smallest: the smallest's
     with pytest.raises(ValueError, match="no decode steps"):
         step_cost([])
+
+
+def test_step_costs_are_measured_for_each_batch_size(tiny_model_dir: str) -> None:
+    from ideal_schedule import measure_step_cost
+
+    from ludic_lab.aio import run_sync
+    from ludic_lab.inference.local.client import LocalChatClient
+
+    client = LocalChatClient(tiny_model_dir)
+    steps = run_sync(measure_step_cost(client, sizes=(1, 3), tokens=6))
+    assert {b for b, _ in steps} <= {1, 3} and all(s > 0 for _, s in steps)
+    assert sum(b == 1 for b, _ in steps) >= 3 and sum(b == 3 for b, _ in steps) >= 3  # 5 decode steps each at most
+    prefills = client.step_times()["prefill"]  # (rows, new tokens, seconds) of each admission
+    assert sum(rows for rows, _, _ in prefills) == 4 and all(n > 0 and s > 0 for _, n, s in prefills)

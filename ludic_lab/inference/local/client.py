@@ -173,10 +173,10 @@ class LocalChatClient:
             raise ValueError(f"LocalChatClient num_threads must be an int >= 1, got {n!r}")
         self._executor.submit(torch.set_num_threads, n)
 
-    def decode_step_times(self) -> list[tuple[int, float]]:
-        """``(rows, seconds)`` of the continuous batch's recent decode steps (the last 4,096;
-        a step's forward, sampling and bookkeeping): what a step costs at each batch size."""
-        return list(self._continuous.step_times)
+    def step_times(self) -> dict[str, list[tuple[Any, ...]]]:
+        """The continuous batch's recent work (the last 4,096 of each): ``"decode"`` steps as
+        ``(rows, seconds)``, ``"prefill"`` calls (arrivals admitted) as ``(rows, new tokens, seconds)``."""
+        return {"decode": list(self._continuous.step_times), "prefill": list(self._continuous.prefill_times)}
 
     def complete_sync(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
         """Blocking single request (no batching across callers)."""

@@ -42,7 +42,7 @@ ADMIT_WAIT_STEPS = 8
 """Decode steps a waiting request may wait for company before it is admitted anyway."""
 
 STEP_TIMES_KEPT = 4096
-"""Recent decode steps whose (rows, seconds) the batcher keeps (``LocalChatClient.decode_step_times``)."""
+"""Recent decode steps and prefill calls the batcher keeps the times of (``LocalChatClient.step_times``)."""
 
 
 @dataclass
@@ -88,6 +88,7 @@ class ContinuousBatcher:
         self.steps = 0
         self._since_admit = 0
         self.step_times: deque[tuple[int, float]] = deque(maxlen=STEP_TIMES_KEPT)  # (rows, seconds) a decode step
+        self.prefill_times: deque[tuple[int, int, float]] = deque(maxlen=STEP_TIMES_KEPT)  # (rows, new tokens, s)
 
     # -- any thread ----------------------------------------------------------------------------
     def submit(self, jobs: Sequence[Job]) -> None:
@@ -162,9 +163,12 @@ class ContinuousBatcher:
             for r in rows:
                 r.batch_size = len(self.rows) + len(rows)
             for part in self._buckets(rows):  # rows of like length prefill together
+                t0 = time.perf_counter()
                 cache, mask, logits = self._prefill(part)
                 self._merge(part, cache, mask)
                 self._sample(part, logits, list(range(len(self.rows) - len(part), len(self.rows))))
+                new = sum(len(r.prompt) - r.reused for r in part)
+                self.prefill_times.append((len(part), new, time.perf_counter() - t0))
         except BaseException as e:  # the arrivals are not all in self.rows yet: fail them here
             err = e if isinstance(e, Exception) else RuntimeError(repr(e))
             for r in rows:
