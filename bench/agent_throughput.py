@@ -151,7 +151,7 @@ def tokens_digest(rollouts: list[Any]) -> str:
 async def measure(client: Any, backend: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     await run_workload("single", client, argparse.Namespace(**{**vars(args), "episodes": 2}), 90_000)  # warm-up
-    log = getattr(client, "step_times", None)  # the in-process continuous batcher's
+    log = client.step_times if getattr(client, "scheduling", None) == "continuous" else None  # its batcher's log
     cost = step_cost(await measure_step_cost(client)) if log is not None else None
     for w in args.workloads:
         cache = getattr(client, "prefix_cache", None)
