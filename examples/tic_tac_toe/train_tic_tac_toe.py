@@ -52,7 +52,9 @@ fp32 (``--autocast off``) 0.09-0.47 / 0.75.
 3.4 min wall (203 s for each seed; 173-175 s training, 15-29 s a step: sampling 5-16 s, the
 forward/backward 9-16 s); the library before continuous batching (62b6420, its defaults then,
 fp32) took 8.1 / 9.1 min here the same day (seeds 0 / 1: 483 / 544 s, 430 / 490 s training;
-held-out win+draw after 0.88 / 0.00): 0.42x / 0.37x of its wall time.
+held-out win+draw after 0.88 / 0.00): 0.42x / 0.37x of its wall time. Again after the sampler
+loaded its model on its own thread (one OpenMP team less): seed 0 187 s wall (167 s training),
+win+draw 0.84, 0.39x.
 Each run writes ``<out>/summary.json``.
 """
 
