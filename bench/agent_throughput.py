@@ -13,6 +13,8 @@ Backends, each measured in the same run on the same model:
 
   continuous  ``LocalChatClient()``: continuous batching + the KV prefix cache, decoding in place
               into preallocated KV buffers with grouped-query attention (the default)
+  no-cascade  the same with every row holding its own copy of a shared prompt prefix's KV
+              (``cascade_attention=False``; the previous default)
   cont-gqa    the same with transformers' ``DynamicCache`` (``kv_cache="dynamic"``), and
               prompts admitted together prefilling their common prefix each
               (``shared_prefix_prefill=False``)
@@ -122,7 +124,8 @@ async def run_workload(name: str, client: Any, args: argparse.Namespace, seed0: 
 _OLD_KV = {"kv_cache": "dynamic", "grouped_attention": False, "shared_prefix_prefill": False}
 LOCAL_BACKENDS: dict[str, dict[str, Any]] = {
     "continuous": {},
-    "cont-gqa": {"kv_cache": "dynamic", "shared_prefix_prefill": False},
+    "no-cascade": {"cascade_attention": False},
+    "cont-gqa": {"kv_cache": "dynamic", "shared_prefix_prefill": False, "cascade_attention": False},
     "cont-old": _OLD_KV,
     "static": {"scheduling": "static", "prefix_cache_mb": 0.0, **_OLD_KV},
 }

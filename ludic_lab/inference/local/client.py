@@ -25,6 +25,7 @@ import torch
 
 from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
 from ludic_lab.inference.local.batcher import LoopBatcher
+from ludic_lab.inference.local.cascade import cascade_supported
 from ludic_lab.inference.local.continuous import ContinuousBatcher
 from ludic_lab.inference.local.grouped_attention import use_grouped_attention
 from ludic_lab.inference.local.packed_linear import pack_linear_weights
@@ -56,13 +57,13 @@ class LocalChatClient:
     ``"static"`` (a gathered batch runs to its longest member; the next batch waits).
     ``prefix_cache_mb``: memory for the KV of finished sequences that later prompts extend
     (continuous scheduling; 0 turns it off); see ``prefix_cache.stats()``.
-    ``kv_cache``: ``"slab"`` (continuous scheduling decodes into preallocated per-layer buffers
-    in place, :mod:`.kv_slab`) or ``"dynamic"`` (transformers' ``DynamicCache``: a copy of the
-    whole cache per step). ``grouped_attention``: a model loaded from a path with fewer KV heads
-    than query heads attends without copying its KV heads per query head when no gradient is
-    taken (:mod:`.grouped_attention`); a model object passed in is left as it is.
+    ``kv_cache``: ``"slab"`` (decode in place into per-layer buffers, :mod:`.kv_slab`) or
+    ``"dynamic"`` (transformers' ``DynamicCache``). ``grouped_attention``: a model loaded from
+    a path with fewer KV heads than query heads attends without copying its KV heads per query
+    head when no gradient is taken (:mod:`.grouped_attention`); a model object passed in is left as it is.
     ``shared_prefix_prefill``: prompts admitted together that share a prefix the prefix cache
-    lacks (a system prompt and few-shot examples) run it once (:mod:`.shared_prefix`).
+    lacks (a system prompt and few-shot examples) run it once (:mod:`.shared_prefix`);
+    ``cascade_attention``: the running rows keep such a prefix's KV once (:mod:`.cascade`).
     ``packed_weights``: a model loaded from a path onto a CPU multiplies by its linear weights
     packed for oneDNN (:mod:`.packed_linear`: decode steps' products ~2x faster), repacked
     after every weight update; a model object passed in is left as it is.
@@ -89,6 +90,7 @@ class LocalChatClient:
         grouped_attention: bool = True,
         shared_prefix_prefill: bool = True,
         packed_weights: bool = True,
+        cascade_attention: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -98,8 +100,7 @@ class LocalChatClient:
             raise ValueError(f"LocalChatClient prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
         if kv_cache not in ("slab", "dynamic"):
             raise ValueError(f"LocalChatClient kv_cache must be 'slab' or 'dynamic', got {kv_cache!r}")
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         # Every batch runs on this one long-lived thread (whichever loop submits it): torch's
         # OpenMP team belongs to the calling thread, and a thread per loop would add teams.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ludic-generate")
@@ -144,6 +145,7 @@ class LocalChatClient:
         self.scheduling = scheduling
         self.kv_cache = kv_cache
         self.shared_prefix_prefill = bool(shared_prefix_prefill)
+        self.cascade_attention = bool(cascade_attention) and cascade_supported(self.model)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
         self._continuous = ContinuousBatcher(self)
         self._updates_waiting = 0  # weight updates waiting for the running rows to finish
@@ -207,19 +209,13 @@ class LocalChatClient:
             except (TypeError, ValueError):
                 raise ValueError(f"sync_weights: version must be an integer (or its string), got {version!r}") from None
         own = self.model.state_dict()
-        unknown = [k for k in params if k not in own]
-        if unknown:
+        if unknown := [k for k in params if k not in own]:
             raise KeyError(
                 f"sync_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}; "
                 f"names must match model.state_dict() (e.g. {next(iter(own))!r}); nothing was loaded"
             )
         tensors = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in params.items()}
-        bad = [
-            (k, tuple(v.shape), tuple(own[k].shape))
-            for k, v in tensors.items()
-            if tuple(v.shape) != tuple(own[k].shape)
-        ]
-        if bad:
+        if bad := [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in tensors.items() if v.shape != own[k].shape]:
             raise ValueError(f"sync_weights: shape mismatch for {bad[:3]} (got, expected); nothing was loaded")
         check_tied_values(tensors, tied_groups(own), who="sync_weights")  # the rule vLLM's client applies too
         with self._updates_lock:

@@ -8,7 +8,7 @@ Each row keeps its own attention mask, so rows of different lengths (and the hol
 where a reused prefix meets a new suffix) need no re-padding; columns no live row uses
 are trimmed. Prompts reuse the longest prefix that a finished row already ran through the
 model (:class:`~ludic_lab.inference.local.prefix_cache.PrefixCache`): an agent's next turn
-prefills only its new messages.
+prefills only its new messages. Rows sharing a long prompt prefix keep its KV once (:mod:`.cascade`).
 
 Everything here runs on the client's one generation thread. A weight update
 (``sync_weights``) stops new admissions, lets the running rows finish, then loads: every
@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from ludic_lab.inference.local.arrivals import arrival_inputs
+from ludic_lab.inference.local.cascade import SharedAttention, SharedPrefix, choose_shared_prefix
 from ludic_lab.inference.local.kv_slab import SlabCache
 from ludic_lab.inference.local.prefill_buckets import prefill_buckets
 from ludic_lab.inference.local.response import RowState, build_response
@@ -84,6 +86,8 @@ class ContinuousBatcher:
         self.mask: torch.Tensor | None = None  # (B, T) 1 where a cache column holds a token of that row
         self.pos: torch.Tensor | None = None  # (B,) position id of each row's next fed token
         self.next_tok: torch.Tensor | None = None  # (B,) the token each row feeds next
+        self.shared: SharedPrefix | None = None  # a prompt prefix kept once for the rows on it
+        self.on_shared: torch.Tensor | None = None  # (B,) bool: the row's cache starts after it
         self.tokens_generated = 0
         self.steps = 0
         self._since_admit = 0
@@ -160,12 +164,13 @@ class ContinuousBatcher:
             return
         try:
             self._prune(force=True)
+            self._share(rows)
             for r in rows:
                 r.batch_size = len(self.rows) + len(rows)
             for part in self._buckets(rows):  # rows of like length prefill together
                 t0 = time.perf_counter()
-                cache, mask, logits = self._prefill(part)
-                self._merge(part, cache, mask)
+                cache, mask, logits, on = self._prefill(part)
+                self._merge(part, cache, mask, on)
                 self._sample(part, logits, list(range(len(self.rows) - len(part), len(self.rows))))
                 new = sum(len(r.prompt) - r.reused for r in part)
                 self.prefill_times.append((len(part), new, time.perf_counter() - t0))
@@ -176,6 +181,23 @@ class ContinuousBatcher:
                     r.done = True
                     r.job.deliver(err)
             raise
+
+    def _share(self, rows: list[_Row]) -> None:
+        """Keep the prefix the arrivals share once for the batch (:mod:`.cascade`), unless
+        rows are on one already or it covers them all."""
+        c, sp, version = self.client, self.shared, self.client.kv_version()
+        if not c.cascade_attention:
+            return
+        in_use = sp is not None and self.on_shared is not None and bool(self.on_shared.any())
+        if sp is not None and (in_use or (sp.version == version and all(sp.covers(r.prompt) for r in rows))):
+            return
+        self.shared = choose_shared_prefix(c, [r.prompt for r in rows], version)
+
+    def _attend(self, on: torch.Tensor | None) -> dict[str, Any]:
+        """The forward's keyword for rows ``on`` a shared prefix (none: no keyword)."""
+        if self.shared is None or on is None or not bool(on.any()):
+            return {}
+        return {"ludic_shared": SharedAttention(self.shared.kv, on)}
 
     def _buckets(self, rows: list[_Row]) -> list[list[_Row]]:
         """``rows`` split into prefill calls of like new length (:mod:`.prefill_buckets`)."""
@@ -194,8 +216,9 @@ class ContinuousBatcher:
         state = RowState(cfg, top_k)
         return _Row(job, prompt, state, c._generator(cfg), counts, time.perf_counter(), self.tokens_generated)
 
-    def _prefill(self, rows: list[_Row]) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """Run the arrivals' prompts (each distinct prompt once, after its reused prefix)."""
+    def _prefill(self, rows: list[_Row]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the arrivals' prompts (each distinct prompt once, after its reused prefix);
+        returns their KV, mask, last logits and which are on the shared prefix."""
         from transformers import DynamicCache
 
         c, dev = self.client, self.client.device
@@ -207,57 +230,39 @@ class ContinuousBatcher:
         if c.shared_prefix_prefill:
             prefill_shared_prefix(c, distinct, version)
         hits = [c.prefix_cache.lookup(p, version) for p in distinct]
-        reuse = [h.length if h is not None else 0 for h in hits]
-        P = max(reuse)
-        S = max(len(p) - n for p, n in zip(distinct, reuse, strict=True))
-        n = len(distinct)
-        ids = torch.full((n, S), c.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, P + S), dtype=torch.long)
-        pos = torch.zeros((n, S), dtype=torch.long)
-        for d, (p, r) in enumerate(zip(distinct, reuse, strict=True)):
-            s = len(p) - r
-            ids[d, S - s :] = torch.tensor(p[r:], dtype=torch.long)
-            mask[d, P - r : P] = 1
-            mask[d, P + S - s :] = 1
-            pos[d, S - s :] = torch.arange(r, len(p))
-        past = []
-        if P:
-            template = next(h for h in hits if h is not None).kv
-            for layer, (k0, v0) in enumerate(template):
-                k = k0.new_zeros((n, k0.shape[0], P, k0.shape[-1]))
-                v = v0.new_zeros((n, v0.shape[0], P, v0.shape[-1]))
-                for d, h in enumerate(hits):
-                    if h is not None:
-                        k[d, :, P - h.length :] = h.kv[layer][0]
-                        v[d, :, P - h.length :] = h.kv[layer][1]
-                past.append((k.to(dev), v.to(dev)))
+        sp = self.shared  # a row on the shared prefix keeps in its own cache only the columns after it
+        start = [sp.length if sp is not None and sp.covers(p) else 0 for p in distinct]
+        x = arrival_inputs(distinct, hits, start, c.pad_token_id)
+        past = [(k.to(dev), v.to(dev)) for k, v in x.past]
         if c.kv_cache == "slab":  # the prompt's keys land in buffers with room to decode into
-            cache: Any = SlabCache.from_kv(past, extra=S) if past else SlabCache()
+            cache: Any = SlabCache.from_kv(past, extra=x.ids.shape[1]) if past else SlabCache()
         else:
             cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
         out = c.model(
-            input_ids=ids.to(dev),
-            attention_mask=mask.to(dev),
-            position_ids=pos.to(dev),
+            input_ids=x.ids.to(dev),
+            attention_mask=x.mask.to(dev),
+            position_ids=x.pos.to(dev),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **self._attend(on := torch.tensor([s > 0 for s in start], device=dev)),
         )
         cache = out.past_key_values
         logits = out.logits[:, -1, :].float().cpu()
         back = shared[1].tolist() if shared is not None else range(len(rows))
         for row, i in zip(rows, back, strict=True):
-            row.reused = reuse[i]
+            row.reused = x.reused[i]
+        mask = x.mask
         if shared is not None:
             cache.batch_select_indices(shared[1].to(dev))
-            mask, logits = mask[shared[1]], logits[shared[1]]
-        return cache, mask.to(dev), logits
+            mask, logits, on = mask[shared[1]], logits[shared[1]], on[shared[1].to(dev)]
+        return cache, mask.to(dev), logits, on
 
-    def _merge(self, rows: list[_Row], cache: Any, mask: torch.Tensor) -> None:
+    def _merge(self, rows: list[_Row], cache: Any, mask: torch.Tensor, on: torch.Tensor) -> None:
         """Append the prefilled ``rows`` to the running batch (the shorter side left-padded)."""
         pos = torch.tensor([len(r.prompt) for r in rows], dtype=torch.long, device=mask.device)
-        if self.cache is None or self.mask is None or self.pos is None:
-            self.rows, self.cache, self.mask, self.pos = list(rows), cache, mask, pos
+        if self.cache is None or self.mask is None or self.pos is None or self.on_shared is None:
+            self.rows, self.cache, self.mask, self.pos, self.on_shared = list(rows), cache, mask, pos, on
             self.next_tok = torch.zeros(len(rows), dtype=torch.long, device=mask.device)
             return
         T, Ta = self.mask.shape[1], mask.shape[1]
@@ -270,6 +275,7 @@ class ContinuousBatcher:
                 mine.values = torch.cat([F.pad(mine.values, (0, 0, n - T, 0)), F.pad(theirs.values, (0, 0, n - Ta, 0))])
         self.mask = torch.cat([F.pad(self.mask, (n - T, 0)), F.pad(mask, (n - Ta, 0))])
         self.pos = torch.cat([self.pos, pos])
+        self.on_shared = torch.cat([self.on_shared, on])
         assert self.next_tok is not None
         self.next_tok = torch.cat([self.next_tok, torch.zeros(len(rows), dtype=torch.long, device=mask.device)])
         self.rows.extend(rows)
@@ -286,6 +292,7 @@ class ContinuousBatcher:
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
+            **self._attend(self.on_shared),
         )
         self.cache = out.past_key_values
         self.pos = self.pos + 1
@@ -327,8 +334,10 @@ class ContinuousBatcher:
         fed = row.prompt + row.state.ids[:-1]
         if c.prefix_cache.max_bytes:
             cols = self.mask[b].nonzero().squeeze(-1)
-            if len(cols) == len(fed):
-                kv = [(layer.keys[b][:, cols], layer.values[b][:, cols]) for layer in self.cache.layers]
+            kv = [(layer.keys[b][:, cols], layer.values[b][:, cols]) for layer in self.cache.layers]
+            if (sp := self.shared) is not None and self.on_shared is not None and bool(self.on_shared[b]):
+                kv = [(torch.cat([a, k], 1), torch.cat([z, v], 1)) for (a, z), (k, v) in zip(sp.kv, kv, strict=True)]
+            if kv[0][0].shape[1] == len(fed):
                 c.prefix_cache.add(fed, kv, c.kv_version())
         now = time.perf_counter()
         info = {
@@ -349,8 +358,7 @@ class ContinuousBatcher:
 
     def _drop_cancelled(self) -> None:
         for r in self.rows:
-            if not r.done and r.job.cancelled():
-                r.done = True
+            r.done = r.done or r.job.cancelled()
 
     def _prune(self, force: bool = False) -> None:
         """Drop finished rows from the batch (once a quarter is finished, or ``force``), then
@@ -367,6 +375,7 @@ class ContinuousBatcher:
         self.cache.batch_select_indices(idx)
         self.rows = [self.rows[j] for j in keep]
         self.mask, self.pos, self.next_tok = self.mask[idx], self.pos[idx], self.next_tok[idx]
+        self.on_shared = self.on_shared[idx] if self.on_shared is not None else None
         used = self.mask.any(dim=0)
         first = int(used.to(torch.uint8).argmax())
         if first > 0:
@@ -379,6 +388,7 @@ class ContinuousBatcher:
 
     def _reset(self) -> None:
         self.rows, self.cache, self.mask, self.pos, self.next_tok = [], None, None, None, None
+        self.shared = self.on_shared = None
 
     def _fail_all(self, e: BaseException) -> None:
         err = e if isinstance(e, Exception) else RuntimeError(repr(e))

@@ -61,9 +61,17 @@ def grouped_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """Attention of ``query_BHQD`` over ``key/value_BKTD`` (K divides H) as ``base`` computes
     it, without expanding the K heads to H; returns ``(out_BQHD, None)``. Calls with grad
-    enabled, dropout, a sliding window, softcapping or sinks go to ``base`` itself."""
+    enabled, dropout, a sliding window, softcapping or sinks go to ``base`` itself; a
+    ``ludic_shared`` keyword (rows on a shared prefix) to :func:`.cascade.cascade_attention`."""
     groups = getattr(module, "num_key_value_groups", 1)
     special = any(kwargs.get(k) is not None for k in ("sliding_window", "softcap", "s_aux", "position_bias"))
+    shared = kwargs.pop("ludic_shared", None)  # rows on a shared prefix (:mod:`.cascade`)
+    if shared is not None:
+        if torch.is_grad_enabled() or module.training or dropout or special:
+            raise RuntimeError("cascade attention serves sampling only (no grad, dropout or sliding window)")
+        from ludic_lab.inference.local.cascade import cascade_attention
+
+        return cascade_attention(module, query, key, value, attention_mask, scaling, shared)
     # no mask over a longer past: transformers' own causal alignment applies, leave it to it
     special = special or (attention_mask is None and 1 < query.shape[2] != key.shape[2])
     # CUDA's fused sdpa kernels take no mask with enable_gqa (the math kernel would run): CPU only

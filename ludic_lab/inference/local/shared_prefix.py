@@ -37,7 +37,7 @@ def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
 def prefill_shared_prefix(client: Any, prompts: Sequence[Sequence[int]], version: object) -> int:
     """Run the prefix ``prompts`` share and keep its KV in ``client.prefix_cache`` when that
     saves prefill work (the prompts would reuse less of it than its length, together by more
-    than its length). Returns the tokens run (0: nothing done). Each prompt keeps its last
+    than its length). Returns the prefix's length (0: nothing done). Each prompt keeps its last
     token out of the prefix (it must run to give the next-token logits)."""
     cache = client.prefix_cache
     if len(prompts) < 2 or not cache.max_bytes:
@@ -48,9 +48,18 @@ def prefill_shared_prefix(client: Any, prompts: Sequence[Sequence[int]], version
     have = [cache.reusable(p[:n], version) for p in prompts]
     if sum(n - h for h in have) <= n:
         return 0
+    prefix_kv(client, list(prompts[0][:n]), version)
+    return n
+
+
+@torch.no_grad()
+def prefix_kv(client: Any, ids: list[int], version: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The KV of ``ids`` per layer ``(keys_KTD, values_KTD)``: what ``client.prefix_cache``
+    holds of it reused, the rest run as one row (and the whole kept in the cache)."""
     from transformers import DynamicCache
 
-    ids = list(prompts[0][:n])
+    cache = client.prefix_cache
+    n = len(ids)
     hit = cache.lookup(ids, version)
     r = hit.length if hit is not None else 0
     past = DynamicCache(ddp_cache_data=[(k[None], v[None]) for k, v in hit.kv]) if hit is not None else DynamicCache()
@@ -65,7 +74,7 @@ def prefill_shared_prefix(client: Any, prompts: Sequence[Sequence[int]], version
     )
     kv = [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers]
     cache.add(ids, kv, version)
-    return n - r
+    return kv
 
 
 def shared_prompt_rows(prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
