@@ -381,11 +381,16 @@ def test_concurrent_generation_during_an_update_never_mixes_versions(tiny_server
             results.append((i % len(prompts), _cut(ids), v, t0, time.monotonic()))
             i += 1
 
-    with ThreadPoolExecutor(6) as pool:
+    with ThreadPoolExecutor(7) as pool:
         futs = [pool.submit(worker, k) for k in range(6)]
-        time.sleep(0.5)
+        time.sleep(0.4)
+        # one long generation surely running when the update is posted (the short ones may all
+        # sit between requests at that instant): the drain must wait for it
+        long_gen = pool.submit(completion, tiny_server, prompts[0], max_tokens=900, ignore_eos=True)
+        time.sleep(0.1)
         t_update = time.monotonic()
         answer = push_weights(tiny_server, b, version=vb)
+        assert long_gen.result()[1] == va  # it finished on the weights it started with
         time.sleep(0.5)
         stop.set()
         for f in futs:
