@@ -66,7 +66,8 @@ def test_cascade_refuses_a_training_call() -> None:
         grouped_attention_forward("sdpa", mod, q, k, v, None, ludic_shared=shared)
 
 
-async def test_episodes_on_a_shared_prefix_sample_like_without_it(tiny_model_dir: str) -> None:
+@pytest.mark.parametrize("kv_cache", ["slab", "dynamic"])
+async def test_episodes_on_a_shared_prefix_sample_like_without_it(tiny_model_dir: str, kv_cache: str) -> None:
     """Six three-turn episodes whose prompts share a 90-token system prompt arrive at once (and
     a seventh unrelated one): with cascade attention the batch keeps the prefix once and the
     rows hold only their own columns; the tokens equal those of a client without it, and every
@@ -93,7 +94,8 @@ async def test_episodes_on_a_shared_prefix_sample_like_without_it(tiny_model_dir
         finally:
             handle.remove()
 
-    on, off = LocalChatClient(tiny_model_dir), LocalChatClient(tiny_model_dir, cascade_attention=False)
+    on = LocalChatClient(tiny_model_dir, kv_cache=kv_cache)
+    off = LocalChatClient(tiny_model_dir, kv_cache=kv_cache, cascade_attention=False)
     assert on.cascade_attention and not off.cascade_attention and cascade_supported(on.model)
     widths: list[int] = []
     real = on._continuous._decode_step

@@ -522,3 +522,41 @@ def test_continuous_batching_on_cuda_samples_like_static_and_reuses_turns(tiny_m
         assert same == len(reqs) and max(diffs) < 1e-4 and turn_diff < 1e-4
     else:
         assert same >= len(reqs) - 1 and max(diffs) < 0.1 and turn_diff < 0.1
+
+
+def test_cascade_attention_on_cuda_samples_like_the_rows_own_copies(tiny_model_dir: str) -> None:
+    """Six prompts sharing a 96-token prefix, admitted together: on CUDA the batch keeps the
+    prefix once (cascade attention) and samples what a client without it samples (fp32); a
+    reply's logprobs equal a plain forward pass's."""
+    import asyncio
+    import random
+
+    from ludic_lab.inference.local.cascade import CASCADE_MIN_PREFIX
+
+    rng = random.Random(7)
+    system = [rng.randrange(5, 2000) for _ in range(CASCADE_MIN_PREFIX + 32)]
+    prompts = [[*system, *[rng.randrange(5, 2000) for _ in range(5 + k)]] for k in range(6)]
+    reqs = [_ids_req(p, seed=k, max_tokens=10) for k, p in enumerate(prompts)]
+
+    async def together(client: LocalChatClient, seen: list[int]) -> list[Any]:
+        handle = client.model.register_forward_pre_hook(
+            lambda m, a, kw: seen.append(1) if "ludic_shared" in kw else None, with_kwargs=True
+        )
+        try:
+            return await asyncio.gather(*(client.complete(r) for r in reqs))
+        finally:
+            handle.remove()
+
+    on = LocalChatClient(tiny_model_dir, device="cuda")
+    off = LocalChatClient(tiny_model_dir, device="cuda", cascade_attention=False)
+    seen_on: list[int] = []
+    a, b = run_sync(together(on, seen_on)), run_sync(together(off, []))
+    same = sum(x.completion_token_ids == y.completion_token_ids for (x, _), (y, _) in zip(a, b, strict=True))
+    x = a[-1][0]
+    ids = torch.tensor([[*prompts[-1], *x.completion_token_ids]], device="cuda")
+    with torch.no_grad():
+        logits = on.model(input_ids=ids).logits[0].float()
+    ref = torch.log_softmax(logits[len(prompts[-1]) - 1 : -1], -1).gather(-1, ids[0, len(prompts[-1]) :, None])
+    diff = (ref.squeeze(-1).cpu().double() - torch.tensor(x.completion_logprobs, dtype=torch.float64)).abs().max()
+    report("cuda_cascade_attention", forwards_on_shared=len(seen_on), identical=f"{same}/6", vs_forward=diff.item())
+    assert seen_on and same == len(reqs) and diff.item() < 1e-4
