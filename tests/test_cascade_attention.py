@@ -14,6 +14,7 @@ import pytest
 import torch
 from test_local_client import assert_exact, random_ids, req
 
+from ludic_lab.inference.local import cascade
 from ludic_lab.inference.local.cascade import CASCADE_MIN_PREFIX, SharedAttention, cascade_supported
 from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.inference.local.grouped_attention import grouped_attention_forward
@@ -29,8 +30,16 @@ def _one_torch_thread() -> Iterator[None]:
 
 @pytest.mark.parametrize("Q,T", [(1, 30), (7, 20), (5, 5)])
 @pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
-def test_cascade_equals_attention_over_the_full_kv(Q: int, T: int, mask_kind: str) -> None:
+@pytest.mark.parametrize("kernel", ["fused", "matmul"])
+def test_cascade_equals_attention_over_the_full_kv(
+    Q: int, T: int, mask_kind: str, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both kernels (the CPU's fused one merged by log-sum-exps; the one-softmax one other
+    devices take) against the eager formula over each row's full KV."""
     from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    if kernel == "matmul":
+        monkeypatch.setattr(cascade, "_CPU_FLASH", None)
 
     B, H, K, D, P = 4, 6, 2, 32, 50
     g = torch.Generator().manual_seed(Q * 100 + T)

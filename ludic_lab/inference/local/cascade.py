@@ -21,7 +21,7 @@ their whole KV in their own rows (their prefix scores are masked out).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,6 +57,7 @@ class SharedAttention:
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     rows: torch.Tensor
+    memo: dict[str, Any] = field(default_factory=dict)  # what every layer of the pass shares
 
 
 def cascade_supported(model: Any) -> bool:
@@ -102,18 +103,96 @@ def cascade_attention(
     """Attention of ``query_BHQD`` over the shared prefix (rows ``shared.rows`` only) and the
     rows' own ``key/value_BKTD`` (``attention_mask``: transformers' 4D mask over the own
     columns, boolean or additive; ``None``: causal, aligned on the last column). Returns
-    ``(out_BQHD, None)``."""
+    ``(out_BQHD, None)``. On a CPU the two parts run through torch's fused attention kernel
+    and are merged by their log-sum-exps; elsewhere as one softmax over both."""
     kp, vp = shared.kv[module.layer_idx]  # type: ignore[index]  # (K, P, D)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if query.device.type == "cpu" and _CPU_FLASH is not None:
+        out = _merged_parts(query, key, value, attention_mask, scale, kp, vp, shared)
+    else:
+        out = _one_softmax(query, key, value, attention_mask, scale, kp, vp, shared.rows)
+    return out.transpose(1, 2).contiguous(), None
+
+
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+"""torch's fused CPU attention, which returns the log-sum-exp of every query's scores too."""
+
+
+def _own_mask(m: torch.Tensor | None, g: int, Q: int, T: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """transformers' mask over the own columns as the fused kernel takes it: additive, in the
+    query's dtype, with the ``g`` query heads of a KV head stacked along the query axis."""
+    if m is None:
+        if Q == 1:
+            return None
+        cols = torch.arange(T)
+        m = (cols[None, :] <= (T - Q + torch.arange(Q))[:, None])[None, None]  # causal, ending at the last column
+    m = m[..., :T]
+    add = (
+        torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, float("-inf"))
+        if m.dtype == torch.bool
+        else m.to(dtype)
+    )
+    return add.repeat(1, 1, g, 1) if Q > 1 else add
+
+
+def _merged_parts(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    kp: torch.Tensor,
+    vp: torch.Tensor,
+    shared: SharedAttention,
+) -> torch.Tensor:
+    """``out_BHQD``: the own part (per row) and the prefix part (every row's queries against
+    the one prefix) by the fused kernel, merged as ``lerp(o_own, o_pre, sigmoid(lse_pre -
+    lse_own))`` (the softmax over both parts); rows off the prefix get weight 0 on it."""
+    assert _CPU_FLASH is not None
+    B, H, Q, D = query.shape
+    K, T = key.shape[1], key.shape[-2]
+    g = H // K
+    memo = shared.memo
+    if "own" not in memo or memo["mask_of"] is not mask:  # once per forward pass, not per layer
+        own = _own_mask(mask, g, Q, T, query.dtype)
+        on = shared.rows.view(B, 1, 1)
+        # added to lse_pre - lse_own: -inf off the prefix (own part only); +inf where a query on
+        # it sees none of its own columns (the fused kernel gives such a query lse 0, output 0)
+        bias = torch.zeros(B, 1, 1, device=query.device).masked_fill(~on, float("-inf"))
+        if own is not None:
+            blind = ~(own > torch.finfo(own.dtype).min).any(-1)  # (B | 1, 1, g*Q | 1)
+            bias = bias.masked_fill(on & blind, float("inf"))
+        memo.update(mask_of=mask, own=own, bias=bias)
+    q = query.reshape(B, K, g * Q, D)
+    o_own, l_own = _CPU_FLASH(q, key, value, 0.0, False, attn_mask=memo["own"], scale=scale)
+    qp = q.transpose(0, 1).reshape(1, K, B * g * Q, D)
+    o_pre, l_pre = _CPU_FLASH(qp, kp[None], vp[None], 0.0, False, scale=scale)
+    o_pre = o_pre.reshape(K, B, g * Q, D).transpose(0, 1)
+    l_pre = l_pre.reshape(K, B, g * Q).transpose(0, 1)
+    w = (l_pre + memo["bias"]).sub_(l_own).sigmoid_().unsqueeze(-1).to(o_own.dtype)
+    return torch.lerp(o_own, o_pre, w).reshape(B, H, Q, D)
+
+
+def _one_softmax(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scale: float,
+    kp: torch.Tensor,
+    vp: torch.Tensor,
+    rows: torch.Tensor,
+) -> torch.Tensor:
+    """``out_BHQD`` as the eager formula computes it over ``[prefix, own]`` columns (fp32
+    softmax cast back); the prefix's scores one product per KV head for all rows' queries."""
     B, H, Q, D = query.shape
     K, T, P = key.shape[1], key.shape[-2], kp.shape[1]
     g = H // K
-    scale = scaling if scaling is not None else D**-0.5
     low = torch.finfo(query.dtype).min
     q = query.reshape(B, K, g * Q, D)
-    # the prefix: one product per KV head for every row's queries (its KV read once)
     qk = q.transpose(0, 1).reshape(K, B * g * Q, D)
     s_pre = torch.matmul(qk, kp.transpose(1, 2)).view(K, B, g * Q, P).transpose(0, 1) * scale
-    s_pre = s_pre.masked_fill(~shared.rows.view(B, 1, 1, 1), low)
+    s_pre = s_pre.masked_fill(~rows.view(B, 1, 1, 1), low)
     if key.is_contiguous():
         s_own = torch.matmul(q, key.transpose(2, 3)) * scale  # (B, K, g*Q, T)
     else:  # a view into longer buffers: as the left operand it takes the fast bf16 kernel
@@ -131,5 +210,4 @@ def cascade_attention(
     p = torch.softmax(s, dim=-1, dtype=torch.float32).to(query.dtype)
     p_pre = p[..., :P].transpose(0, 1).reshape(K, B * g * Q, P)
     out = torch.matmul(p_pre, vp).view(K, B, g * Q, D).transpose(0, 1)
-    out = out + torch.matmul(p[..., P:], value)
-    return out.reshape(B, H, Q, D).transpose(1, 2).contiguous(), None
+    return (out + torch.matmul(p[..., P:], value)).reshape(B, H, Q, D)
