@@ -53,9 +53,15 @@ def case(B: int, P: int, T: int, dtype: torch.dtype, reps: int) -> tuple[float, 
     # one SharedAttention per forward pass: its mask work is shared by the pass's layers, as here
     shared = SharedAttention([(kp, vp)], torch.ones(B, dtype=torch.bool))
     attend = grouped_attention_forward
-    full = per_call_ms(attend, "sdpa", mod, q, kb[:, :, : P + T], vb[:, :, : P + T], full_mask, 0.0, 0.125, reps=reps)
+    # the base the sampler picks: sdpa in fp32, eager in bf16/fp16 (LocalChatClient's attn_implementation)
+    base = "sdpa" if dtype == torch.float32 else "eager"
+    full_mask_in = (
+        full_mask if base == "sdpa" else torch.zeros(full_mask.shape, dtype=dtype).masked_fill(~full_mask, -1e30)
+    )
+    full = per_call_ms(attend, base, mod, q, kb[:, :, : P + T], vb[:, :, : P + T], full_mask_in, 0.0, 0.125, reps=reps)
     own_k, own_v = kb[:, :, :T], vb[:, :, :T]
-    casc = per_call_ms(attend, "sdpa", mod, q, own_k, own_v, own_mask, 0.0, 0.125, reps=reps, ludic_shared=shared)
+    own_in = own_mask if base == "sdpa" else torch.zeros(own_mask.shape, dtype=dtype).masked_fill(~own_mask, -1e30)
+    casc = per_call_ms(attend, base, mod, q, own_k, own_v, own_in, 0.0, 0.125, reps=reps, ludic_shared=shared)
     return full, casc
 
 

@@ -31,11 +31,12 @@ def _one_torch_thread() -> Iterator[None]:
 @pytest.mark.parametrize("Q,T", [(1, 30), (7, 20), (5, 5)])
 @pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
 @pytest.mark.parametrize("kernel", ["fused", "matmul"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cascade_equals_attention_over_the_full_kv(
-    Q: int, T: int, mask_kind: str, kernel: str, monkeypatch: pytest.MonkeyPatch
+    Q: int, T: int, mask_kind: str, kernel: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both kernels (the CPU's fused one merged by log-sum-exps; the one-softmax one other
-    devices take) against the eager formula over each row's full KV."""
+    devices take) against the eager formula over each row's full KV (in fp32 for bf16 inputs)."""
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
     if kernel == "matmul":
@@ -50,11 +51,17 @@ def test_cascade_equals_attention_over_the_full_kv(
     keep = torch.ones(B, 1, Q, T, dtype=torch.bool).tril(T - Q)
     if mask_kind != "none":
         keep[2, :, :, : T // 3] = False  # a row left-padded in its own columns
+    q, k, v, kp, vp = (t.to(dtype).float() for t in (q, k, v, kp, vp))  # the reference sees the rounded inputs
     mask = {"bool": keep, "additive": torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)}
     mod = types.SimpleNamespace(num_key_value_groups=H // K, training=False, is_causal=True, layer_idx=0)
-    shared = SharedAttention([(kp, vp)], rows)
+    low = SharedAttention([(kp.to(dtype), vp.to(dtype))], rows)
+    m_in = mask.get(mask_kind)
+    m_in = m_in.to(dtype) if m_in is not None and m_in.dtype != torch.bool else m_in
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
     with torch.no_grad():
-        out = grouped_attention_forward("sdpa", mod, q, k, v, mask.get(mask_kind), scaling=0.2, ludic_shared=shared)[0]
+        out = grouped_attention_forward(
+            "sdpa", mod, q.to(dtype), k.to(dtype), v.to(dtype), m_in, scaling=0.2, ludic_shared=low
+        )[0].float()
         for b in range(B):  # the reference: the prefix's columns copied in front of the row's own
             kf = torch.cat([kp, k[b]], 1)[None] if rows[b] else k[b][None]
             vf = torch.cat([vp, v[b]], 1)[None] if rows[b] else v[b][None]
@@ -63,7 +70,7 @@ def test_cascade_equals_attention_over_the_full_kv(
                 m = torch.cat([torch.ones(1, 1, Q, P, dtype=torch.bool), m], -1)
             add = torch.zeros(m.shape).masked_fill(~m, torch.finfo(torch.float32).min)
             ref = eager_attention_forward(mod, q[b : b + 1], kf, vf, add, scaling=0.2)[0]
-            assert (ref - out[b : b + 1]).abs().max().item() < 1e-5, b
+            assert (ref - out[b : b + 1]).abs().max().item() < tol, b
 
 
 def test_cascade_refuses_a_training_call() -> None:
