@@ -15,9 +15,9 @@ import torch
 from test_local_client import assert_exact, random_ids, req
 
 from ludic_lab.inference.local import cascade
-from ludic_lab.inference.local.cascade import CASCADE_MIN_PREFIX, SharedAttention, cascade_supported
+from ludic_lab.inference.local.cascade import CASCADE_MIN_PREFIX, SharedAttention
 from ludic_lab.inference.local.client import LocalChatClient
-from ludic_lab.inference.local.grouped_attention import grouped_attention_forward
+from ludic_lab.inference.local.grouped_attention import cascade_supported, grouped_attention_forward
 
 
 @pytest.fixture(scope="module", autouse=True)

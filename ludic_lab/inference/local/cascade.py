@@ -60,19 +60,6 @@ class SharedAttention:
     memo: dict[str, Any] = field(default_factory=dict)  # what every layer of the pass shares
 
 
-def cascade_supported(model: Any) -> bool:
-    """Whether ``model`` attends through :mod:`.grouped_attention` (which hands a forward's
-    ``ludic_shared`` to :func:`cascade_attention`) with full attention in every layer."""
-    from ludic_lab.inference.local.grouped_attention import GROUPED_IMPLEMENTATIONS
-
-    config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) not in GROUPED_IMPLEMENTATIONS.values():
-        return False
-    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
-        return False
-    return not (getattr(config, "model_type", None) == "mistral" and getattr(config, "sliding_window", None))
-
-
 def choose_shared_prefix(client: Any, prompts: Sequence[Sequence[int]], version: object) -> SharedPrefix | None:
     """The prefix the largest group of ``prompts`` (arrivals) shares, with its KV (run through
     the model after what the prefix cache holds of it), or ``None`` when no two prompts share

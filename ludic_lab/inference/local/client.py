@@ -25,9 +25,8 @@ import torch
 
 from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
 from ludic_lab.inference.local.batcher import LoopBatcher
-from ludic_lab.inference.local.cascade import cascade_supported
 from ludic_lab.inference.local.continuous import ContinuousBatcher
-from ludic_lab.inference.local.grouped_attention import use_grouped_attention
+from ludic_lab.inference.local.grouped_attention import cascade_supported, use_grouped_attention
 from ludic_lab.inference.local.packed_linear import pack_linear_weights
 from ludic_lab.inference.local.prefix_cache import PrefixCache
 from ludic_lab.inference.local.response import RowState, build_response

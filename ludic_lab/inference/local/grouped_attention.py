@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ludic_lab.inference.local.cascade import cascade_attention
+
 GROUPED_IMPLEMENTATIONS = {"sdpa": "ludic_grouped_sdpa", "eager": "ludic_grouped_eager"}
 """Base implementation -> the registered name of its grouped variant."""
 
@@ -69,8 +71,6 @@ def grouped_attention_forward(
     if shared is not None:
         if torch.is_grad_enabled() or module.training or dropout or special:
             raise RuntimeError("cascade attention serves sampling only (no grad, dropout or sliding window)")
-        from ludic_lab.inference.local.cascade import cascade_attention
-
         return cascade_attention(module, query, key, value, attention_mask, scaling, shared)
     # no mask over a longer past: transformers' own causal alignment applies, leave it to it
     special = special or (attention_mask is None and 1 < query.shape[2] != key.shape[2])
@@ -136,3 +136,14 @@ def use_grouped_attention(model: Any) -> bool:
     _register()
     model.set_attn_implementation(GROUPED_IMPLEMENTATIONS[base])
     return True
+
+
+def cascade_supported(model: Any) -> bool:
+    """Whether ``model`` attends through :mod:`.grouped_attention` (which hands a forward's
+    ``ludic_shared`` to :func:`.cascade.cascade_attention`) with full attention in every layer."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) not in GROUPED_IMPLEMENTATIONS.values():
+        return False
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+        return False
+    return not (getattr(config, "model_type", None) == "mistral" and getattr(config, "sliding_window", None))
