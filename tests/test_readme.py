@@ -37,12 +37,15 @@ def run_notebook_code(code: str, ns: dict) -> None:
 @pytest.mark.slow
 def test_the_tour_runs_and_shows_a_group_with_signal_or_not() -> None:
     (code,) = blocks_under("A tour")
-    ns: dict = {}
-    run_notebook_code(code, ns)
-    rollouts = ns["rollouts"]
-    assert len(rollouts) == 16 and all(not r.failed for r in rollouts)
-    rewards = [r.total_reward for r in rollouts]
-    assert set(rewards) <= {-0.1, 0.0, 1.0}  # right, wrong, or cut at the 20-token budget (not judged)
+    for _attempt in range(3):  # the tour samples unseeded at T=1: all 16 can miss now and then
+        ns: dict = {}
+        run_notebook_code(code, ns)
+        rollouts = ns["rollouts"]
+        assert len(rollouts) == 16 and all(not r.failed for r in rollouts)
+        rewards = [r.total_reward for r in rollouts]
+        assert set(rewards) <= {-0.1, 0.0, 1.0}  # right, wrong, or cut at the 20-token budget (not judged)
+        if 0 < rewards.count(1.0) < 16:
+            break
     # the point of the tour: the untrained model gets some right and some wrong
     assert 0 < rewards.count(1.0) < 16, rewards
     for r in rollouts:  # the only parse errors are replies cut at max_tokens, rejected before the env
