@@ -23,11 +23,15 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "wandb": ("wandb",),
     "openai": ("fastapi", "uvicorn", "openai"),
     "mcp": ("mcp",),
+    "verifiers": ("verifiers",),
+    "openenv": ("openenv",),
+    "textarena": ("textarena",),
+    "gym": ("gymnasium", "pettingzoo"),
 }
 """Top-level modules each extra provides (the ones the library imports)."""
 
 _EXTRA_OF_MODULE = {m: extra for extra, mods in EXTRA_MODULES.items() for m in mods}
-_REQUIRED = {"vllm": ("vllm",), "notebook": ("ipywidgets", "IPython")}
+_REQUIRED = {"vllm": ("vllm",), "notebook": ("ipywidgets", "IPython"), "gym": ("gymnasium",)}
 """What :func:`require_extra` checks where not every module of the extra is needed at run time."""
 
 

@@ -211,7 +211,10 @@ LAYERS: list[tuple[str, list[str]]] = [
         "2 env / agent, and rewards that run before credit",
         ["envs", "parsers", "context", "agents", "rewards", "judges"],
     ),
-    ("3 interaction", ["interaction"]),
+    (
+        "3 interaction, and the environments of other packages as ludic_lab envs, protocols and rewards",
+        ["interaction", "integrations"],
+    ),
     (
         "4 distribution: publishers, and starting a sampler with its publisher (imports inference, never training)",
         ["distributed", "sampler"],

@@ -1,0 +1,1 @@
+"""The word environment's server."""

@@ -1,0 +1,53 @@
+"""The word environment: ``reset(seed)`` picks a word, the agent has two attempts to reply with it.
+
+Reward 1.0 for a reply that holds the word (case ignored), else 0.0; the episode ends on a
+right reply or after the second attempt. ``reset(delay_s=...)`` makes every step of that
+episode take ``delay_s`` seconds (a slow environment, for timeout tests).
+"""
+
+import time
+from typing import Any, Optional
+from uuid import uuid4
+
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import State
+
+from ..models import WordAction, WordObservation
+
+WORDS = ("apple", "river", "cloud", "stone", "tiger", "music", "bread", "light")
+ATTEMPTS = 2
+
+
+class WordEnvironment(Environment):
+    """Repeat the word (module docstring); one instance per WebSocket session."""
+
+    SUPPORTS_CONCURRENT_SESSIONS: bool = True
+
+    def __init__(self) -> None:
+        self._state = State(episode_id=str(uuid4()), step_count=0)
+        self._word = WORDS[0]
+        self._attempts = ATTEMPTS
+        self._delay_s = 0.0
+
+    def reset(
+        self, seed: Optional[int] = None, episode_id: Optional[str] = None, delay_s: float = 0.0, **kwargs: Any
+    ) -> WordObservation:
+        self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
+        self._word = WORDS[(seed or 0) % len(WORDS)]
+        self._attempts, self._delay_s = ATTEMPTS, float(delay_s)
+        return WordObservation(prompt=f"Repeat the word: {self._word}", attempts_left=ATTEMPTS, done=False, reward=0.0)
+
+    def step(self, action: WordAction, timeout_s: Optional[float] = None, **kwargs: Any) -> WordObservation:  # type: ignore[override]
+        if self._delay_s:
+            time.sleep(self._delay_s)
+        self._state.step_count += 1
+        self._attempts -= 1
+        if self._word in action.message.lower():
+            return WordObservation(prompt="Correct.", attempts_left=self._attempts, done=True, reward=1.0)
+        done = self._attempts <= 0
+        prompt = "Wrong." if done else f"Not quite. Repeat the word: {self._word}"
+        return WordObservation(prompt=prompt, attempts_left=self._attempts, done=done, reward=0.0)
+
+    @property
+    def state(self) -> State:
+        return self._state

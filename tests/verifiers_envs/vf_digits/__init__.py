@@ -1,0 +1,3 @@
+from vf_digits.taskset import DigitsTaskset
+
+__all__ = ["DigitsTaskset"]
