@@ -328,3 +328,36 @@ async def test_another_tool_call_format_through_tool_call_parser() -> None:
     )
     res = await agent.act()
     assert [m["content"] for m in tool_messages(agent)] == ["9"] and res.action == "9"
+
+
+def exits(path: str) -> str:
+    """A command-line tool: argparse exits on what it cannot parse.
+
+    Args:
+        path: A file path.
+    """
+    import argparse
+
+    p = argparse.ArgumentParser(exit_on_error=False)
+    p.add_argument("--count", type=int, required=True)
+    p.parse_args([path])  # no --count: argparse calls sys.exit(2)
+    return "unreachable"
+
+
+async def exits_async(code: int) -> str:
+    """An async tool that calls sys.exit.
+
+    Args:
+        code: The exit code.
+    """
+    raise SystemExit(code)
+
+
+@pytest.mark.parametrize("reply", [call("exits", path="x.txt"), call("exits_async", code=3)])
+async def test_a_tool_that_calls_sys_exit_is_a_failed_tool_call_and_the_loop_goes_on(reply: str) -> None:
+    agent, client = make_agent([reply, "5"], tools=[exits, exits_async])
+    res = await agent.act()  # before: SystemExit out of act(), and so out of generate_rollouts (the batch lost)
+    assert res.action == "5" and len(client.requests) == 2
+    (msg,) = tool_messages(agent)
+    assert msg["content"].startswith("Error:") and "SystemExit" in msg["content"]
+    assert res.info["tools"]["errors"] == {"raised": 1}

@@ -239,6 +239,8 @@ def _run_in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: 
     def target() -> None:
         try:
             value, exc = fn(**kwargs), None
+        except SystemExit as e:  # argparse on the model's arguments: the tool's failure, never the caller's exit
+            value, exc = None, _exit_failure(name, e)
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
             value, exc = None, e
         try:
@@ -250,9 +252,18 @@ def _run_in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: 
     return fut
 
 
+def _exit_failure(name: str, exc: SystemExit) -> ToolFailure:
+    """A tool that called ``sys.exit()`` (argparse refusing what the model wrote) failed; the
+    episode and the batch go on."""
+    return ToolFailure("raised", f"{name} exited (SystemExit, code {exc.code!r}) instead of returning")
+
+
 async def _call(fn: Callable[..., Any], kwargs: dict[str, Any], name: str, is_async: bool) -> Any:
     if is_async:
-        return await fn(**kwargs)
+        try:
+            return await fn(**kwargs)
+        except SystemExit as e:  # caught here, inside the coroutine: asyncio would re-raise it out of the loop
+            raise _exit_failure(name, e) from None
     value = await _run_in_daemon_thread(fn, kwargs, name)
     if inspect.isawaitable(value):  # a sync wrapper that returned a coroutine
         value = await value
