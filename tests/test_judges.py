@@ -490,3 +490,32 @@ async def test_pairwise_failed_comparisons_are_left_out_and_counted() -> None:
     assert out[2].failed and "all 4 comparisons of member 3 failed" in out[2].error
     assert out[0].steps[-1].info["reward_info"]["pairwise"]["failed_comparisons"] == 2
     assert stats["rewards/pairwise/parse_failures"] == 4
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # legal JSON past Python's recursion limit
+
+
+async def test_a_deeply_nested_judge_reply_is_retried_and_fails_only_its_own_rollout() -> None:
+    def script(req: ChatCompletionRequest) -> str:
+        nested = any("<<<\nnested\n>>>" in str(m["content"]) for m in req.messages)  # the retry too
+        return '{"reasoning": "r", "verdicts": ' + DEEP + "}" if nested else verdict("yes", 5, "yes")
+
+    client = ScriptedChatClient(script)
+    out, stats = await apply_rewards([ro("fine", gid="a"), ro("nested", gid="b")], [RubricJudge(client, RUBRIC)])
+    assert not out[0].failed and out[0].total_reward == 1.0  # before: RecursionError failed every rollout of the call
+    assert out[1].failed and out[1].meta["failure_cause"] == "judge_failure" and "nested too deeply" in out[1].error
+    assert stats["rewards/rubric/parse_retries"] == 1 and stats["rewards/rubric/parse_failures"] == 1
+    with pytest.raises(VerdictParseError, match="nested too deeply"):
+        extract_json_object("{" + '"a": ' + DEEP + "}")
+
+
+async def test_a_deeply_nested_group_judge_reply_fails_only_its_group() -> None:
+    def script(req: ChatCompletionRequest) -> str:
+        if "broken" in shown_answers(req).values():
+            return '{"scores": ' + DEEP + "}"
+        return json.dumps({"reasoning": "r", "scores": {str(k): 0.5 for k in shown_answers(req)}})
+
+    rs = [ro("good", gid="g1"), ro("ok", gid="g1"), ro("ok", gid="g2"), ro("broken", gid="g2")]
+    out, stats = await apply_rewards(rs, [GroupJudge(ScriptedChatClient(script))])
+    assert [r.failed for r in out] == [False, False, True, True]
+    assert stats["rewards/group_judge/parse_retries"] == 1

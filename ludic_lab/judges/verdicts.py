@@ -63,6 +63,9 @@ def extract_json_object(text: str) -> dict[str, Any]:
         except json.JSONDecodeError as e:
             last_error = f"{e.msg} at character {e.pos} of {span[:80]!r}"
             continue
+        except RecursionError:  # nested past Python's stack: a bad reply, never a crash of the whole call
+            last_error = f"it is nested too deeply to read ({span[:40]!r}...)"
+            continue
         if isinstance(value, dict):
             return value
     raise VerdictParseError(f"the JSON object in the reply does not parse: {last_error}")
