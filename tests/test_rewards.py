@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -284,3 +285,64 @@ async def test_rollout_table_shows_reward_columns() -> None:
     assert list(df["reward.lookup"]) == [1.0, 0.25]
     steps = rollouts_to_dataframe(out, per="step")
     assert list(steps["reward.lookup"]) == [1.0, 0.25]
+
+
+async def test_numpy_scores_are_scores() -> None:
+    import numpy as np
+
+    out, _ = await apply_rewards(
+        [ro("a"), ro("b")],
+        [LookupReward({"a": np.float32(0.5), "b": np.int64(1)})],  # type: ignore[dict-item]
+    )
+    assert [r.total_reward for r in out] == [0.5, 1.0] and not any(r.failed for r in out)
+    assert type(out[0].steps[-1].info["rewards"]["lookup"]) is float  # stored as a plain float (JSON-ready)
+    with pytest.raises(TypeError, match="must be a float"):
+        RewardResult(np.bool_(True))  # type: ignore[arg-type]
+
+
+async def test_a_reward_that_hangs_fails_its_rollouts_at_the_timeout_and_the_others_score() -> None:
+    @dataclass
+    class Hang:
+        name: str = "hang"
+        weight: float = 1.0
+
+        async def score(self, rollouts: Sequence[Rollout]) -> Sequence[RewardResult]:
+            await asyncio.Event().wait()  # never set
+            return []
+
+    t0 = time.perf_counter()
+    out, stats = await apply_rewards([ro("a")], [Hang(), LookupReward({"a": 1.0})], timeout_s=0.2)
+    assert time.perf_counter() - t0 < 5
+    assert out[0].failed and out[0].error == "judge_failure: hang: timed out: no verdict within 0.2 s"
+    assert out[0].steps[-1].info["rewards"] == {"lookup": 1.0} and stats["rewards/hang/failures"] == 1
+    with pytest.raises(ValueError, match="timeout_s must be a positive"):
+        await apply_rewards([ro("a")], [LookupReward({"a": 1.0})], timeout_s=0)
+
+
+async def test_a_cancelled_error_raised_by_a_judge_client_is_a_failure_a_real_cancel_still_cancels() -> None:
+    @dataclass
+    class RaisesCancelled:
+        name: str = "judge"
+        weight: float = 1.0
+
+        async def score(self, rollouts: Sequence[Rollout]) -> Sequence[RewardResult]:
+            raise asyncio.CancelledError()  # what some HTTP clients raise when their connection pool closes
+
+    out, _ = await apply_rewards([ro("a"), ro("b")], [RaisesCancelled()])
+    assert all(r.failed and r.meta["failure_cause"] == "judge_failure" for r in out)
+    assert "CancelledError" in out[0].error
+
+    @dataclass
+    class Slow:
+        name: str = "slow"
+        weight: float = 1.0
+
+        async def score(self, rollouts: Sequence[Rollout]) -> Sequence[RewardResult]:
+            await asyncio.sleep(30)
+            return [RewardResult(1.0) for _ in rollouts]
+
+    task = asyncio.ensure_future(apply_rewards([ro("a")], [Slow()]))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -237,6 +237,7 @@ def _run_in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: 
             fut.set_result(value)
 
     def target() -> None:
+        exc: BaseException | None
         try:
             value, exc = fn(**kwargs), None
         except SystemExit as e:  # argparse on the model's arguments: the tool's failure, never the caller's exit

@@ -96,16 +96,30 @@ def _exc_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
-async def _call(reward: Any, kind: str, batch: Sequence[Rollout]) -> tuple[list[RewardResult], float, float]:
-    """Results of one call (a raise becomes one failure per rollout), with start/end times."""
+async def _call(
+    reward: Any, kind: str, batch: Sequence[Rollout], timeout_s: float | None
+) -> tuple[list[RewardResult], float, float]:
+    """Results of one call (a raise or a timeout becomes one failure per rollout), with start/end times."""
     t0 = time.perf_counter()
+    limit = getattr(reward, "timeout_s", timeout_s)
+
+    def failed(why: str) -> tuple[list[RewardResult], float, float]:
+        return [RewardResult.fail(why[:_FAILURE_TEXT_CHARS]) for _ in batch], t0, time.perf_counter()
+
     try:
-        results = await (reward.score_group(batch) if kind == "group" else reward.score(batch))
+        pending = reward.score_group(batch) if kind == "group" else reward.score(batch)
+        results = await (asyncio.wait_for(pending, limit) if limit is not None else pending)
     except RewardContractError:
         raise  # a misconfigured reward: loud, not a recorded failure of every rollout
+    except TimeoutError:
+        return failed(f"timed out: no verdict within {limit:g} s")
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # this batch is really being cancelled
+        return failed(f"raised {_exc_text(exc)} (a CancelledError from inside the reward, not a cancellation)")
     except Exception as exc:  # noqa: BLE001 - any error of a reward is recorded as a failure of its rollouts
-        failure = f"raised {_exc_text(exc)}"[:_FAILURE_TEXT_CHARS]
-        return [RewardResult.fail(failure) for _ in batch], t0, time.perf_counter()
+        return failed(f"raised {_exc_text(exc)}")
     t1 = time.perf_counter()
     method = "score_group" if kind == "group" else "score"
     if isinstance(results, (str, bytes, RewardResult)) or not isinstance(results, Sequence):
@@ -165,13 +179,25 @@ def _with_rewards(rollout: Rollout, verdicts: list[tuple[Any, RewardResult]]) ->
     return replace(rollout, steps=(*rollout.steps[:-1], new_last))
 
 
+DEFAULT_TIMEOUT_S = 600.0
+"""How long one reward call may take before its rollouts are failed (``judge_failure``)."""
+
+
 async def apply_rewards(
-    rollouts: Sequence[Rollout], rewards: Sequence[RolloutReward | GroupReward]
+    rollouts: Sequence[Rollout],
+    rewards: Sequence[RolloutReward | GroupReward],
+    *,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> tuple[list[Rollout], dict[str, Any]]:
     """Score ``rollouts`` with ``rewards``; returns the new rollouts (same order) and stats.
 
-    See the module docstring for where scores go, what a failure does and the stats keys.
+    Each reward call is bounded by ``timeout_s`` (a reward's own ``timeout_s`` attribute wins;
+    ``None``: unbounded): past it, that call's rollouts fail with ``judge_failure`` and the
+    batch goes on. See the module docstring for where scores go, what a failure does and the
+    stats keys.
     """
+    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"apply_rewards: timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
     if isinstance(rollouts, Rollout) or not isinstance(rollouts, Sequence):
         raise TypeError(f"apply_rewards expects a list of Rollout, got {type(rollouts).__name__}")
     seen: set[str] = set()
@@ -196,7 +222,7 @@ async def apply_rewards(
         elif usable:
             calls.append((rw, usable))
     kinds = {id(rw): kind for rw, kind in checked}
-    outcomes = await asyncio.gather(*(_call(rw, kinds[id(rw)], batch) for rw, batch in calls))
+    outcomes = await asyncio.gather(*(_call(rw, kinds[id(rw)], batch, timeout_s) for rw, batch in calls))
 
     verdicts: dict[str, list[tuple[Any, RewardResult]]] = {r.id: [] for r in usable}
     per_reward: dict[str, dict[str, Any]] = {

@@ -19,6 +19,8 @@ applies a list of rewards to a batch.
 from __future__ import annotations
 
 import math
+import numbers
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -59,7 +61,8 @@ class RewardResult:
         else:
             if self.score is None:
                 raise ValueError("RewardResult: score=None needs failure='why no score could be given'")
-            if isinstance(self.score, bool) or not isinstance(self.score, (int, float)):
+            # numbers.Real admits numpy's scalars (float32, int64) as well as int and float
+            if isinstance(self.score, (bool, np_bool())) or not isinstance(self.score, numbers.Real):
                 raise TypeError(f"RewardResult.score must be a float, got {type(self.score).__name__}")
             if not math.isfinite(float(self.score)):
                 raise ValueError(
@@ -78,6 +81,12 @@ class RewardResult:
     def fail(cls, failure: str, **info: Any) -> RewardResult:
         """A failure result (no score) with ``info``."""
         return cls(score=None, info=dict(info), failure=failure)
+
+
+def np_bool() -> type:
+    """numpy's bool scalar type when numpy is loaded (a yes/no is not a score), else ``bool``."""
+    np = sys.modules.get("numpy")
+    return np.bool_ if np is not None else bool
 
 
 @runtime_checkable
