@@ -322,6 +322,10 @@ async def test_a_server_that_cannot_start_is_a_clear_error(make: Any) -> None:
         await srv.start()
     assert time.perf_counter() - t0 < 8
     assert not srv.running
+    with pytest.raises(ToolFailure) as failed:  # before: "it is still starting"
+        await srv.call_tool("multiply", {"a": 1, "b": 2})
+    assert failed.value.kind == "server_error" and "its start failed: could not start" in failed.value.message
+    assert "still starting" not in failed.value.message
     await srv.close()
 
 

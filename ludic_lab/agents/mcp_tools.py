@@ -346,6 +346,8 @@ class MCPServer:
             why = f"it stopped: {conn.lost}"
         elif self._closed or conn.stop_requested:
             why = "it was closed"
+        elif conn.ready.done() and not conn.ready.cancelled() and conn.ready.exception() is not None:
+            why = f"its start failed: {conn.ready.exception()}; start it again (await server.start())"
         else:
             why = "it is still starting"
         return f"the MCP server {self.name!r} is not running ({why})"
