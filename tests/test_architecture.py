@@ -197,6 +197,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "validation",
             "extras",
             "config",  # a CLI from a config dataclass: plain dataclass reflection
+            "surrogates",  # lone surrogates shown as U+FFFD before any tokenizer sees them
             "data",  # the bundled datasets' files
         ],
     ),

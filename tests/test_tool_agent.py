@@ -361,3 +361,29 @@ async def test_a_tool_that_calls_sys_exit_is_a_failed_tool_call_and_the_loop_goe
     (msg,) = tool_messages(agent)
     assert msg["content"].startswith("Error:") and "SystemExit" in msg["content"]
     assert res.info["tools"]["errors"] == {"raised": 1}
+
+
+def listing() -> str:
+    """File names as a subprocess printed them (decoded with surrogateescape)."""
+    return b"caf\xe9.txt".decode("utf-8", "surrogateescape")
+
+
+async def test_a_lone_surrogate_in_a_tool_result_or_an_observation_is_shown_as_u_fffd() -> None:
+    agent, client = make_agent([call("listing"), "done"], tools=[listing])
+    agent.on_env_reset("What is in r\udce9sum\udce9/?", {})  # an observation with lone surrogates too
+    res = await agent.act()  # before: TypeError: TextEncodeInput must be Union[...] from the tokenizer
+    assert res.action == "done" and len(client.requests) == 2
+    second = raw_decode(agent.chat_template, client.requests[1].prompt_token_ids)
+    assert "caf\ufffd.txt" in second and "r\ufffdsum\ufffd/" in second
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3"])
+def test_library_renderers_show_lone_surrogates_as_u_fffd(family: str) -> None:
+    from ludic_lab.rendering import renderer_for
+    from tests.family_tokenizers import llama3_tokenizer, qwen3_tokenizer
+
+    tok = qwen3_tokenizer() if family == "qwen3" else llama3_tokenizer()
+    r = renderer_for(tok)
+    bad = r.render_ids([{"role": "user", "content": "caf\udce9"}])
+    good = r.render_ids([{"role": "user", "content": "caf\ufffd"}])
+    assert bad == good

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ludic_lab.surrogates import clean_text
 from ludic_lab.types import Message
 
 _SENTINEL = "\u2063LUDIC_SENTINEL\u2063"
@@ -82,7 +83,7 @@ class ChatTemplate:
 
     def encode_text(self, text: str) -> list[int]:
         """Tokenize template output (special tokens in the text are honoured, none added)."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(clean_text(text), add_special_tokens=False)["input_ids"])
 
     def render_ids(
         self,

@@ -18,6 +18,7 @@ from typing import Any
 from ludic_lab.rendering.base import Messages, Tools
 from ludic_lab.rendering.hermes import ToolCallScan, openai_call
 from ludic_lab.rendering.parsed import Bridge, ParsedCompletion
+from ludic_lab.surrogates import clean_messages
 
 _WHY = {
     "invalid_json": "the tool call is not valid JSON",
@@ -63,7 +64,7 @@ class LibraryRenderer:
     def render_ids(self, messages: Messages, *, tools: Tools = None, add_generation_prompt: bool = True) -> list[int]:
         return list(
             self.renderer.render_ids(
-                [dict(m) for m in messages], tools=_tools(tools), add_generation_prompt=add_generation_prompt
+                clean_messages(messages), tools=_tools(tools), add_generation_prompt=add_generation_prompt
             )
         )
 
@@ -92,7 +93,7 @@ class LibraryRenderer:
     ) -> Bridge:
         prev = [*prompt_ids, *completion_ids]
         out = self._extender.bridge_to_next_turn(
-            list(prompt_ids), list(completion_ids), [dict(m) for m in new_messages], tools=_tools(tools)
+            list(prompt_ids), list(completion_ids), clean_messages(new_messages), tools=_tools(tools)
         )
         if out is None:
             raise ValueError(

@@ -16,6 +16,7 @@ from typing import Any
 from ludic_lab.rendering.base import Messages, Tools
 from ludic_lab.rendering.hermes import ToolCallScan, openai_call
 from ludic_lab.rendering.parsed import Bridge, ParsedCompletion
+from ludic_lab.surrogates import clean_messages
 
 _SENTINEL = "\u2063LUDIC_SENTINEL\u2063"
 
@@ -34,7 +35,7 @@ class MistralRenderer:
     def _request(self, messages: Messages, tools: Tools) -> Any:
         from mistral_common.protocol.instruct.request import ChatCompletionRequest
 
-        msgs = [_openai_message(m) for m in messages]
+        msgs = [_openai_message(m) for m in clean_messages(messages)]
         return ChatCompletionRequest.from_openai(msgs, tools=[dict(t) for t in tools] if tools else None)
 
     def render_ids(self, messages: Messages, *, tools: Tools = None, add_generation_prompt: bool = True) -> list[int]:
