@@ -129,3 +129,46 @@ def test_vllm_completion_parse_reads_the_familys_calls_from_ids() -> None:
     assert json.loads(resp.tool_calls[0]["function"]["arguments"]) == {"a": 2, "b": 3}
     assert resp.completion_token_ids == tuple(ids)
     assert parse_tool_calls(tpl.decode(ids[:-1]))[0] is None  # the Hermes-only parse misses it
+
+
+_ADD = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+
+
+def test_a_llama3_json_call_after_python_tag_is_a_call() -> None:
+    tok = ft.llama3_tokenizer()
+    r = renderer_for(tok)
+    ids = tok.encode(
+        '<|python_tag|>{"name": "add", "parameters": {"a": 2, "b": 3}}<|eom_id|>', add_special_tokens=False
+    )
+    p = r.parse(ids, tools=_ADD)  # before: no call, the tag and the JSON left as content
+    assert [c["function"]["name"] for c in p.scan.calls] == ["add"] and p.content == ""
+    assert json.loads(p.scan.calls[0]["function"]["arguments"]) == {"a": 2, "b": 3}
+    assert p.scan.call_starts == (1,)  # the call starts after the tag, in the completion's positions
+    plain = r.parse(tok.encode("<|python_tag|>print(1)<|eom_id|>", add_special_tokens=False), tools=_ADD)
+    assert not plain.scan.calls  # python code after the tag is not a JSON call: content, as before
+
+
+def test_a_qwen35_call_with_an_unclosed_parameter_is_a_reported_error() -> None:
+    tok = ft.qwen35_tokenizer()
+    r = renderer_for(tok)
+    text = "<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n<parameter=b>\n3\n</function>\n</tool_call><|im_end|>"
+    p = r.parse(tok.encode(text, add_special_tokens=False), tools=_ADD)
+    assert not p.scan.calls  # before: a call add(a=2), b silently dropped, no error
+    ((_raw, why),) = p.scan.errors
+    assert "not closed" in why and "parameter" in why
+    good = text.replace("3\n</function>", "3\n</parameter>\n</function>")
+    ok = r.parse(tok.encode(good, add_special_tokens=False), tools=_ADD)
+    assert json.loads(ok.scan.calls[0]["function"]["arguments"]) == {"a": 2, "b": 3}

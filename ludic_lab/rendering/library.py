@@ -26,6 +26,7 @@ _WHY = {
     "missing_name": "the tool call has no function name",
     "malformed_structure": "the tool call does not have the format's structure",
     "unknown_tool": "the tool call names a tool that was not offered",
+    "unclosed_parameter": "a <parameter=...> of the tool call is not closed (</parameter> is missing)",
 }
 
 
@@ -71,12 +72,23 @@ class LibraryRenderer:
     def parse(
         self, completion_ids: Sequence[int], *, tools: Tools = None, prompt_ids: Sequence[int] | None = None
     ) -> ParsedCompletion:
-        parsed = self.renderer.parse_response(
-            [int(t) for t in completion_ids],
-            tools=_tools(tools),
-            prompt_ids=list(prompt_ids) if prompt_ids is not None else None,
-        )
+        ids = [int(t) for t in completion_ids]
+        prompt = list(prompt_ids) if prompt_ids is not None else None
+        parsed = self.renderer.parse_response(ids, tools=_tools(tools), prompt_ids=prompt)
+        tag = self._python_tag()
+        if not parsed.tool_calls and tag is not None and ids[:1] == [tag]:
+            # Llama 3.1/3.2 put <|python_tag|> before a JSON call at times; vLLM's llama3_json strips it too
+            after = self.renderer.parse_response(ids[1:], tools=_tools(tools), prompt_ids=prompt)
+            if after.tool_calls:
+                return _to_parsed(after, offset=1)
         return _to_parsed(parsed)
+
+    def _python_tag(self) -> int | None:
+        """The id of Llama 3's ``<|python_tag|>`` (None for other families)."""
+        if self.family != "llama-3":
+            return None
+        tid = self.tokenizer.convert_tokens_to_ids("<|python_tag|>")
+        return tid if isinstance(tid, int) and tid != getattr(self.tokenizer, "unk_token_id", None) else None
 
     def parse_text(self, text: str) -> ParsedCompletion:
         return self.parse(self.tokenizer.encode(text, add_special_tokens=False))
@@ -121,14 +133,24 @@ def _tools(tools: Tools) -> list[dict[str, Any]] | None:
     return [dict(t) for t in tools] if tools else None
 
 
-def _to_parsed(parsed: Any) -> ParsedCompletion:
+def _unclosed_parameter(raw: Any) -> bool:
+    """An XML call (``<function=...><parameter=...>``, Qwen3.5 / Qwen3-Coder) with a ``<parameter=``
+    never closed: ``renderers`` drops that parameter and reports the call as read."""
+    if not isinstance(raw, str) or not raw.lstrip().startswith("<function="):
+        return False
+    return raw.count("<parameter=") > raw.count("</parameter>")
+
+
+def _to_parsed(parsed: Any, offset: int = 0) -> ParsedCompletion:
     calls: list[dict[str, Any]] = []
     errors: list[tuple[str, str]] = []
     call_starts: list[int] = []
     error_starts: list[int] = []
     for k, tc in enumerate(parsed.tool_calls):
-        pos = tc.token_span[0] if tc.token_span is not None else k
+        pos = offset + (tc.token_span[0] if tc.token_span is not None else k)
         status = str(getattr(tc.status, "value", tc.status))
+        if status == "ok" and _unclosed_parameter(tc.raw):
+            status = "unclosed_parameter"
         args = tc.arguments
         if status == "ok" and isinstance(args, str):
             try:
