@@ -6,6 +6,7 @@ the held-out rows never appear among the training rows."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import pytest
@@ -43,6 +44,17 @@ def test_an_unknown_name_lists_close_names_and_a_bad_config_lists_its_fields() -
         reasoning_gym_task("countdown", max_numberz=3)
     with pytest.raises(ValueError, match=r"overlap the training seeds \[0, 10\)"):
         reasoning_gym_task("countdown", size=10, heldout_seed=5)
+
+
+def test_without_reasoning_gym_the_error_is_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ludic_lab.extras import MissingExtraError, install_hint
+
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # as when it is not installed
+    with pytest.raises(MissingExtraError) as e:
+        reasoning_gym_task("countdown")
+    assert str(e.value) == (
+        f"reasoning_gym_task needs the 'tasks' extra (no module named 'reasoning_gym'): {install_hint('tasks')}"
+    )
 
 
 def test_heldout_rows_are_disjoint_from_training_rows() -> None:

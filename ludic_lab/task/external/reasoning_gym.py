@@ -167,16 +167,19 @@ class ReasoningGymData:
     async def score(self, split: Split, answer: str | None, entry: dict[str, Any]) -> tuple[float, str | None]:
         """``(score, error)``: reasoning-gym's ``score_answer(answer, entry)``; ``(0.0, why)`` when
         the scorer raised or ran past ``scorer_timeout_s``."""
-        from ludic_lab.task.external.reasoning_gym_scorer import shared_scorer
+        from ludic_lab.task.external.reasoning_gym_scorer import NotSendable, shared_scorer
 
         ds = self._datasets[split]
         try:
-            if not self.isolate_scorer:
-                return float(ds.score_answer(answer, entry)), None
-            kwargs = self.dataset_kwargs(split)
-            return await asyncio.to_thread(
-                shared_scorer().score, self.name, kwargs, answer, entry, timeout_s=self.scorer_timeout_s
-            ), None
+            if self.isolate_scorer:
+                try:
+                    kwargs = self.dataset_kwargs(split)
+                    return await asyncio.to_thread(
+                        shared_scorer().score, self.name, kwargs, answer, entry, timeout_s=self.scorer_timeout_s
+                    ), None
+                except NotSendable:
+                    pass  # an entry that does not pickle is scored here, without the time limit
+            return float(ds.score_answer(answer, entry)), None
         except Exception as e:  # noqa: BLE001 - a scorer that chokes on model text scores 0, with the reason
             return 0.0, f"{type(e).__name__}: {e}"
 

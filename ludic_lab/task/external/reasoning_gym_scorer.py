@@ -36,6 +36,10 @@ class ScorerError(RuntimeError):
     """The scorer raised on one answer; the message is the scorer's own error."""
 
 
+class NotSendable(TypeError):
+    """The request cannot be pickled for the child (an entry holding a function, ...); score in-process."""
+
+
 def _write(stream: Any, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_HEADER.pack(len(data)) + data)
@@ -78,9 +82,12 @@ class ScorerProcess:
               timeout_s: float) -> float:  # fmt: skip
         """``create_dataset(name, **dataset_kwargs).score_answer(answer, entry)`` in the child.
 
-        Raises :class:`ScorerTimeout` after ``timeout_s`` (the child is killed) and
-        :class:`ScorerError` when the scorer raises."""
-        request = pickle.dumps((name, dataset_kwargs, answer, entry), protocol=pickle.HIGHEST_PROTOCOL)
+        Raises :class:`ScorerTimeout` after ``timeout_s`` (the child is killed), :class:`ScorerError`
+        when the scorer raises, :class:`NotSendable` when the request does not pickle."""
+        try:
+            request = pickle.dumps((name, dataset_kwargs, answer, entry), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # pickling fails in many ways (TypeError, AttributeError, ...)
+            raise NotSendable(f"cannot send this entry to the scorer process: {type(e).__name__}: {e}") from e
         with self._lock:
             proc = self._ensure_started()
             assert proc.stdin is not None and proc.stdout is not None
