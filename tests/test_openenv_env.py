@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sys
 import time
@@ -63,16 +64,18 @@ def _engine(client: Any, factory: OpenEnvEnvFactory, **options: Any) -> RolloutE
     from ludic_lab.parsers import identity_parser
 
     def protocol() -> SingleAgentSyncProtocol:
-        return SingleAgentSyncProtocol(Agent(client, FullDialog(), identity_parser, reject_incomplete_completions=False))
+        return SingleAgentSyncProtocol(
+            Agent(client, FullDialog(), identity_parser, reject_incomplete_completions=False)
+        )
 
     return RolloutEngine({"word": factory}, {"agent": protocol}, **options)
 
 
-def _requests(seeds: list[int], max_steps: int = 1) -> list[RolloutRequest]:
+def _requests(seeds: list[int], *, kind: str = "word", protocol: str = "agent") -> list[RolloutRequest]:
     from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
 
     spec = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=4), ReturnSpec.for_training())
-    return [RolloutRequest(EnvSpec("word"), ProtocolSpec("agent"), env_seed=s, inference=spec, max_steps=max_steps)
+    return [RolloutRequest(EnvSpec(kind), ProtocolSpec(protocol), env_seed=s, inference=spec, max_steps=1)
             for s in seeds]  # fmt: skip
 
 
@@ -189,7 +192,9 @@ def test_a_server_given_by_url_shares_its_sessions(word_server: OpenEnvServer, t
     at = OpenEnvServer.at(word_server.base_url, max_sessions=2)
     task = openenv_task(at, name="word_url")
     engine = task.engine(tiny_client)
-    rollouts = run_sync(engine.generate_rollouts(task.requests(per_step=5)(), max_steps=1))
+    rollouts = run_sync(
+        engine.generate_rollouts(_requests(list(range(5)), kind=task.name, protocol=task.protocol_kind), max_steps=1)
+    )
     assert len(rollouts) == 5 and not any(r.failed for r in rollouts)
     at.close_sync()
     assert OpenEnvServer.at(word_server.base_url).start_sync().started  # closing it left it running
@@ -201,9 +206,14 @@ def test_a_server_that_is_down_or_cannot_start_is_a_clear_error() -> None:
     with pytest.raises(OpenEnvServerError, match="no OpenEnv server answers at .*Start it first"):
         openenv_task(url)
     t0 = time.monotonic()
-    with pytest.raises(OpenEnvServerError, match=r"exited with code \d+ before it was healthy(.|\n)*no_such_module"):
+    with pytest.raises(
+        OpenEnvServerError, match=r"exited with code \d+ before it was healthy(.|\n)*no_such_module"
+    ) as e:
         OpenEnvServer.launch("no_such_module.app:app", cwd=SERVERS).start_sync()
     assert time.monotonic() - t0 < 60
+    log = re.search(r"log (\S+):\n", str(e.value))
+    assert log is not None and Path(log.group(1)).is_file()  # kept for the user to read
+    Path(log.group(1)).unlink()
     with pytest.raises(ValueError, match="import path"):
         OpenEnvServer.launch("not_an_import_path")
 
@@ -228,6 +238,19 @@ async def test_a_step_slower_than_the_timeout_fails_that_episode_only(
     assert slow.failed and slow.meta["failure_cause"] == "env_error"
     assert "did not answer within 1 s" in (slow.error or "")
     assert not by_seed[0].failed and not by_seed[2].failed
+
+
+async def test_after_a_timeout_the_next_reset_opens_a_fresh_session(word_server: OpenEnvServer) -> None:
+    env = OpenEnvEnv(word_server, timeout_s=0.5, reset_kwargs=lambda s: {"delay_s": 2.0 * (s == 1)})
+    try:
+        await env.reset(seed=1)
+        with pytest.raises(OpenEnvError, match=r"OpenEnv step at .* did not answer within 0.5 s"):
+            await env.step({"agent_0": "river"})
+        (obs, _) = (await env.reset(seed=0))["agent_0"]  # not the slow step's late answer
+        assert obs == "Repeat the word: apple"
+        assert (await env.step({"agent_0": "apple"}))["agent_0"].reward == 1.0
+    finally:
+        await env.close()
 
 
 async def test_a_server_at_capacity_queues_the_episode_then_says_what_to_do(word_server: OpenEnvServer) -> None:

@@ -29,9 +29,13 @@ from typing import Any
 
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.extras import require_extra
-from ludic_lab.integrations.openenv_server import OpenEnvServer, OpenEnvServerError
+from ludic_lab.integrations.openenv_server import (
+    OpenEnvServer as OpenEnvServer,
+    OpenEnvServerError as OpenEnvServerError,
+)
 from ludic_lab.integrations.openenv_text import (
     ActionFromText,
+    InvalidAction as InvalidAction,
     ObservationToText,
     action_prompt,
     as_dict,
@@ -93,10 +97,14 @@ class OpenEnvEnv(SingleAgentEnv):
         self._to_text = observation_to_text or default_observation_to_text
         self._custom_action = action_from_text is not None or action_field is not None
         self.reset_kwargs, self.system_prompt = reset_kwargs, system_prompt
-        self.timeout_s, self.connect_timeout_s, self.session_wait_s = float(timeout_s), float(connect_timeout_s), session_wait_s
+        self.timeout_s, self.connect_timeout_s, self.session_wait_s = (
+            float(timeout_s),
+            float(connect_timeout_s),
+            session_wait_s,
+        )
         self.invalid_action_reward = float(invalid_action_reward)
         self._client: Any = None
-        self._has_slot = False
+        self._has_slot = self._stale = False
         self._obs = self._server_obs = ""
         self.last_observation: Any = None
         """The last observation as the client returned it (a dict for ``GenericEnvClient``)."""
@@ -113,6 +121,8 @@ class OpenEnvEnv(SingleAgentEnv):
         """Open this env's session (once; later resets reuse it) and reset it with ``seed``."""
         extra = self.reset_kwargs(seed) if callable(self.reset_kwargs) else dict(self.reset_kwargs or {})
         kwargs = {**({"seed": seed} if seed is not None else {}), **extra}
+        if self._client is not None and self._stale:  # a call failed: this session is out of step
+            await self._drop_client()
         if self._client is None:
             result = await self._open_and_reset(kwargs)
         else:
@@ -130,7 +140,8 @@ class OpenEnvEnv(SingleAgentEnv):
         try:
             result = await self._call("step", self._client.step(payload))
         except OpenEnvError as exc:
-            if "VALIDATION_ERROR" in str(exc.__cause__ or ""):  # the server rejected the action itself
+            if _rejected(exc.__cause__):  # the server refused the action itself; the session goes on
+                self._stale = False
                 return self._invalid(f"the environment rejected the action: {exc.__cause__}")
             raise
         reward = 0.0 if result.reward is None else float(result.reward)
@@ -150,13 +161,8 @@ class OpenEnvEnv(SingleAgentEnv):
 
     async def close(self) -> None:  # type: ignore[override]  # the engine awaits an async close
         """End the session (bounded) and give its slot back; safe to call twice."""
-        client, self._client = self._client, None
         try:
-            if client is not None:
-                try:
-                    await asyncio.wait_for(client.close(), timeout=min(5.0, self.timeout_s))
-                except (Exception, asyncio.TimeoutError):  # noqa: BLE001 - a dead server has nothing to close
-                    pass
+            await self._drop_client()
         finally:
             if self._has_slot:
                 self._has_slot = False
@@ -186,16 +192,21 @@ class OpenEnvEnv(SingleAgentEnv):
                     if _refused(exc.__cause__):
                         raise OpenEnvError(_REFUSED.format(url=base, wait=self.session_wait_s)) from exc
                     raise
-            self._client = None
-            try:
-                await asyncio.wait_for(client.close(), timeout=2.0)
-            except (Exception, asyncio.TimeoutError):  # noqa: BLE001 - the server closed it already
-                pass
+            await self._drop_client()
             if not self.server.capacity_warned:
                 self.server.capacity_warned = True
                 warnings.warn(_REFUSED_WARNING.format(url=base), stacklevel=2)
             await asyncio.sleep(delay)
             delay = min(1.0, delay * 2)
+
+    async def _drop_client(self) -> None:
+        """Close the session's connection (bounded; a dead server has nothing to close)."""
+        client, self._client, self._stale = self._client, None, False
+        if client is not None:
+            try:
+                await asyncio.wait_for(client.close(), timeout=min(5.0, self.timeout_s))
+            except Exception:  # noqa: BLE001 - a timeout, or a connection already gone
+                pass
 
     async def _call(self, what: str, pending: Awaitable[Any], *, timeout: float | None = None) -> Any:
         limit = self.timeout_s if timeout is None else timeout
@@ -204,20 +215,23 @@ class OpenEnvEnv(SingleAgentEnv):
             async with asyncio.timeout(limit):
                 return await pending
         except TimeoutError as exc:
-            raise OpenEnvError(f"OpenEnv {what} at {url} did not answer within {limit:g} s{self._exit()}") from exc
+            self._stale = True  # an answer may still come: the next reset opens a new session
+            exit_note = self.server.describe_exit()
+            raise OpenEnvError(f"OpenEnv {what} at {url} did not answer within {limit:g} s{exit_note}") from exc
         except OpenEnvServerError:
+            self._stale = True
             raise
-        except Exception as exc:  # noqa: BLE001 - every other failure of the call is the env's
-            raise OpenEnvError(f"OpenEnv {what} at {url} failed: {type(exc).__name__}: {exc}{self._exit()}") from exc
+        except Exception as exc:
+            self._stale = True
+            # a lost connection: say whether the (launched) server died, once its process is reaped
+            exit_note = await asyncio.to_thread(self.server.describe_exit, 1.0) if self.server.launched else ""
+            raise OpenEnvError(f"OpenEnv {what} at {url} failed: {type(exc).__name__}: {exc}{exit_note}") from exc
 
     def _client_url(self) -> str:
         try:
             return self.server.base_url
         except OpenEnvServerError:
             return "(server not started)"
-
-    def _exit(self) -> str:
-        return self.server.describe_exit()
 
     def _take(self, result: Any) -> str:
         self.last_observation = result.observation
@@ -244,6 +258,11 @@ _REFUSED_WARNING = (
     "the OpenEnv server at {url} refused a session (at capacity: its max_concurrent_envs); episodes retry "
     "with backoff. Pass OpenEnvServer(max_sessions=N) (N = the app's max_concurrent_envs) to queue them instead"
 )
+
+
+def _rejected(exc: BaseException | None) -> bool:
+    """The server answered that the action is not valid for its schema (pydantic validation)."""
+    return exc is not None and "VALIDATION_ERROR" in str(exc)
 
 
 def _refused(exc: BaseException | None) -> bool:

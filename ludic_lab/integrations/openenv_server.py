@@ -88,6 +88,7 @@ class OpenEnvServer:
         self._url = url.rstrip("/") if url is not None else None
         self._popen: subprocess.Popen[bytes] | None = None
         self._log_fh: Any = None
+        self._logs: list[str] = []
         self._watchdog: int | None = None
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(self.max_sessions) if self.max_sessions else None
@@ -155,6 +156,9 @@ class OpenEnvServer:
         with self._lock:
             self._closed = True
             self._stop_process()
+            for log in self._logs:  # every error message carried its tail already
+                Path(log).unlink(missing_ok=True)
+            self._logs.clear()
         with _LIVE_LOCK:
             _LIVE.discard(self)
 
@@ -171,7 +175,9 @@ class OpenEnvServer:
     async def __aenter__(self) -> OpenEnvServer:
         return await self.start()
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()
 
     @property
@@ -192,7 +198,7 @@ class OpenEnvServer:
             if self._closed:
                 raise OpenEnvServerError(f"{self!r} was closed")
             code = self.exit_code()
-            if code is None:
+            if code is None and not (self.launched and self._popen is None):  # (None: a restart failed)
                 return self.base_url
             if self.restarts >= self.max_restarts:
                 raise OpenEnvServerError(
@@ -204,8 +210,15 @@ class OpenEnvServer:
             self._spawn_and_wait()
             return self.base_url
 
-    def describe_exit(self) -> str:
-        """A sentence on the server process, for error messages ('' for a server given by URL)."""
+    def describe_exit(self, wait_s: float = 0.0) -> str:
+        """A sentence on a launched server's process that has exited, for error messages (''
+        otherwise); waits up to ``wait_s`` for a dying process to be reaped. Blocking."""
+        popen = self._popen
+        if popen is not None and wait_s > 0:
+            try:
+                popen.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                pass
         code = self.exit_code()
         if code is None:
             return ""
@@ -245,7 +258,7 @@ class OpenEnvServer:
     # -- internals ----------------------------------------------------------------------------
     def _get(self, path: str, base: str | None = None) -> tuple[int, bytes]:
         url = (base or self.base_url) + path
-        with urllib.request.urlopen(url, timeout=self.http_timeout_s) as r:  # noqa: S310 - http(s) URLs only
+        with urllib.request.urlopen(url, timeout=self.http_timeout_s) as r:
             return int(r.status), r.read()
 
     def _check_health(self) -> None:
@@ -276,7 +289,8 @@ class OpenEnvServer:
         cmd += ["--log-level", "warning", *self.uvicorn_args]
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env}
         self.log_path = os.path.join(tempfile.gettempdir(), f"ludic_openenv_{port}_{os.getpid()}_{time.time_ns()}.log")
-        self._log_fh = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - closed with the process
+        self._logs.append(self.log_path)
+        self._log_fh = open(self.log_path, "ab", buffering=0)
         self._log_fh.write(("$ " + " ".join(cmd) + "\n").encode())
         self._popen = subprocess.Popen(
             cmd, cwd=self.cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=self._log_fh,
@@ -293,7 +307,11 @@ class OpenEnvServer:
                 pass
             code = self._popen.poll()
             if code is not None or time.monotonic() > deadline:
-                what = f"exited with code {code}" if code is not None else f"did not answer /health in {self.startup_timeout_s:g} s"
+                what = (
+                    f"exited with code {code}"
+                    if code is not None
+                    else f"did not answer /health in {self.startup_timeout_s:g} s"
+                )
                 tail = self.tail()
                 self._stop_process()
                 raise OpenEnvServerError(
@@ -307,7 +325,9 @@ class OpenEnvServer:
 
         assert self._popen is not None
         try:
-            rec = processes.ProcessRecord.for_process("openenv", self._popen.pid, info={"port": port, "log": self.log_path})
+            rec = processes.ProcessRecord.for_process(
+                "openenv", self._popen.pid, info={"port": port, "log": self.log_path}
+            )
             self._watchdog = processes.start_watchdog(rec)
         except ProcessLookupError:
             self._watchdog = None  # it died at once: the health wait reports it with the log

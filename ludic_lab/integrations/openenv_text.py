@@ -75,7 +75,7 @@ def json_object(reply: str) -> dict[str, Any]:
             continue
         if isinstance(value, dict):
             return value
-    raise InvalidAction("the reply holds no JSON object; answer with the action as JSON, e.g. {\"field\": value}")
+    raise InvalidAction('the reply holds no JSON object; answer with the action as JSON, e.g. {"field": value}')
 
 
 def default_action_from_text(schema: Mapping[str, Any] | None, action_field: str | None = None) -> ActionFromText:
@@ -102,8 +102,7 @@ def default_action_from_text(schema: Mapping[str, Any] | None, action_field: str
         unknown, missing = set(obj) - set(fields), required - set(obj)
         if unknown or missing:
             raise InvalidAction(
-                f"the action takes the fields {sorted(fields)} (required: {sorted(required)}); "
-                f"got {sorted(obj)}"
+                f"the action takes the fields {sorted(fields)} (required: {sorted(required)}); got {sorted(obj)}"
             )
         return obj
 

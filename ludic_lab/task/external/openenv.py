@@ -22,7 +22,7 @@ from typing import Any
 
 from ludic_lab.eval import RewardThresholdSuccess, evaluate
 from ludic_lab.eval.result import EvalResult
-from ludic_lab.integrations.openenv_env import OpenEnvEnv, OpenEnvEnvFactory
+from ludic_lab.integrations.openenv_env import OpenEnvEnvFactory
 from ludic_lab.integrations.openenv_server import OpenEnvServer
 from ludic_lab.parsers import Parser, identity_parser
 from ludic_lab.rollouts.requests import EnvSpec, ProtocolSpec
@@ -92,26 +92,15 @@ async def evaluate_openenv(
     client: Any,
     *,
     seeds: Sequence[int] | range,
-    k: int = 1,
-    temperature: float | None = None,
     max_tokens: int = 64,
     max_steps: int | None = None,
-    success: Any = None,
-    concurrency: int | None = None,
-    timeout_s: float | None = None,
-    name: str = "eval",
-    progress: bool = False,
+    **options: Any,
 ) -> EvalResult:
-    """Run ``task`` (an :func:`openenv_task`) on ``seeds``, ``k`` samples each, sampled through
-    ``client``, with :func:`ludic_lab.eval.evaluate` (greedy for ``k = 1``); the full :class:`EvalResult`."""
+    """Run ``task`` (an :func:`openenv_task`) on ``seeds`` sampled through ``client`` with
+    :func:`ludic_lab.eval.evaluate` (``options``: its ``k``, ``temperature`` (greedy for ``k = 1``),
+    ``success``, ``sampling_seed``, ``concurrency``, ...); the full :class:`EvalResult`."""
     if not isinstance(task.env, OpenEnvEnvFactory):
         raise TypeError(f"evaluate_openenv needs a task built by openenv_task, got env {task.env!r}")
     steps = max_steps if max_steps is not None else (task.max_steps or 1)
-    return await evaluate(
-        task.engine(client), EnvSpec(task.name), ProtocolSpec(task.protocol_kind), seeds, k=k,
-        temperature=temperature, max_tokens=max_tokens, max_steps=steps, success=success,
-        concurrency=concurrency, timeout_s=timeout_s, name=name, progress=progress,
-    )  # fmt: skip
-
-
-__all__ = ["OpenEnvEnv", "evaluate_openenv", "openenv_server", "openenv_task"]
+    env, protocol = EnvSpec(task.name), ProtocolSpec(task.protocol_kind)
+    return await evaluate(task.engine(client), env, protocol, seeds, max_tokens=max_tokens, max_steps=steps, **options)

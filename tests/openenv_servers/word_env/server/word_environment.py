@@ -6,7 +6,7 @@ episode take ``delay_s`` seconds (a slow environment, for timeout tests).
 """
 
 import time
-from typing import Any, Optional
+from typing import Any
 from uuid import uuid4
 
 from openenv.core.env_server.interfaces import Environment
@@ -30,14 +30,14 @@ class WordEnvironment(Environment):
         self._delay_s = 0.0
 
     def reset(
-        self, seed: Optional[int] = None, episode_id: Optional[str] = None, delay_s: float = 0.0, **kwargs: Any
+        self, seed: int | None = None, episode_id: str | None = None, delay_s: float = 0.0, **kwargs: Any
     ) -> WordObservation:
         self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
         self._word = WORDS[(seed or 0) % len(WORDS)]
         self._attempts, self._delay_s = ATTEMPTS, float(delay_s)
         return WordObservation(prompt=f"Repeat the word: {self._word}", attempts_left=ATTEMPTS, done=False, reward=0.0)
 
-    def step(self, action: WordAction, timeout_s: Optional[float] = None, **kwargs: Any) -> WordObservation:  # type: ignore[override]
+    def step(self, action: WordAction, timeout_s: float | None = None, **kwargs: Any) -> WordObservation:  # type: ignore[override]
         if self._delay_s:
             time.sleep(self._delay_s)
         self._state.step_count += 1
