@@ -32,6 +32,8 @@ SCRIPTS = {
     "rejection_sampling.py": "--sample-games",
     "bring_your_agent/train_openai_agent.py": "--questions-per-step",
     "judges/train_explain.py": "--judge-model",
+    "openenv_server.py": "--eval-k",
+    "textarena_game.py": "--games-per-step",
 }
 SMOKE_TIMEOUT_S = 600
 
@@ -118,6 +120,23 @@ def test_openai_sdk_agent_trains_through_the_endpoint(tmp_path: Path, tiny_model
     assert s["last_step_sessions"]["calls"] >= 4 and s["last_step_sessions"]["refused"] == 0  # 4 episodes, >= 1 call
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["action_tokens"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_openenv_server_example_trains_on_its_own_server(tmp_path: Path, tiny_model_dir: str) -> None:
+    _run([PY, str(EX / "openenv_server.py"), "--model", tiny_model_dir, "--steps", "1", "--questions-per-step", "2",
+          "--group-size", "2", "--eval-k", "2", "--out", str(tmp_path)])  # fmt: skip
+    s = _json(tmp_path / "summary.json")
+    assert len(s["reward_per_step"]) == 1 and s["before"] and s["after"]
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+@pytest.mark.slow
+def test_textarena_example_plays_and_trains(tmp_path: Path, tiny_model_dir: str) -> None:
+    _run([PY, str(EX / "textarena_game.py"), "--model", tiny_model_dir, "--steps", "1", "--games-per-step", "2",
+          "--group-size", "2", "--eval-games", "2", "--out", str(tmp_path)])  # fmt: skip
+    s = _json(tmp_path / "summary.json")
+    assert s["before"] and s["after"] and s["sampler_policy_version"] >= 1
 
 
 @pytest.mark.slow
