@@ -6,6 +6,7 @@ last reply's last number is the product; ``tool_calls``: how many tool results i
 import re
 
 import verifiers.v1 as vf
+
 from vf_calc.servers.calc import CalcToolset
 
 _NUMBER = re.compile(r"-?\d+")
@@ -18,7 +19,7 @@ class CalcData(vf.TaskData):
 
 class CalcTask(vf.Task[CalcData]):
     @vf.stop
-    async def max_turns(self, trace: vf.Trace) -> bool:
+    async def turn_cap(self, trace: vf.Trace) -> bool:
         return trace.num_turns >= 3
 
     @vf.reward(weight=1.0)

@@ -1,6 +1,7 @@
-"""vf-digits: a single-turn v1 taskset. The model is asked for a number; the reward is the
-share of digits in its reply (a graded signal even a random model's replies differ in), and
-``exact`` (weight 0, recorded beside it) says whether the reply is the number itself."""
+"""vf-digits: a single-turn v1 taskset. The model is asked for a number; its reward is the
+weighted sum of ``exact`` (the reply is the number), ``digit_share`` (the share of digits in
+the reply) and ``concise`` (shorter replies score more: a graded signal even a random model's
+replies differ in)."""
 
 import verifiers.v1 as vf
 
@@ -16,13 +17,17 @@ class DigitsTask(vf.Task[DigitsData]):
         return trace.num_turns >= 1
 
     @vf.reward(weight=1.0)
+    async def exact(self, trace: vf.Trace) -> float:
+        return float(trace.last_reply == self.data.number)
+
+    @vf.reward(weight=0.5)
     async def digit_share(self, trace: vf.Trace) -> float:
         reply = trace.last_reply
         return sum(ch.isdigit() for ch in reply) / max(1, len(reply))
 
-    @vf.reward(weight=0.0)
-    async def exact(self, trace: vf.Trace) -> float:
-        return float(trace.last_reply == self.data.number)
+    @vf.reward(weight=0.1)
+    async def concise(self, trace: vf.Trace) -> float:
+        return max(0.0, 1.0 - len(trace.last_reply) / 60)
 
     @vf.metric
     async def reply_chars(self, trace: vf.Trace) -> float:

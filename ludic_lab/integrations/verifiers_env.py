@@ -1,0 +1,256 @@
+"""verifiers (v1) environments as ludic_lab episodes: loading one, its tasks as a ludic_lab env.
+
+:func:`load_verifiers_env` loads a verifiers environment the way verifiers does
+(``resolve_env_config`` + ``load_environment``: the taskset package by id, its ``Task`` class
+with its ``@reward`` / ``@metric`` / ``@stop`` methods, its tool servers), seats verifiers'
+endpoint-backed ``null`` harness in the local ``subprocess`` runtime, refuses what this
+machine cannot run (:mod:`ludic_lab.integrations.verifiers_checks`) and loads the tasks. The
+:class:`VerifiersSource` it returns is shared by every episode; :class:`VerifiersTaskEnv` is
+the ludic_lab env over it (env seed ``i``: task ``i``), and
+:class:`~ludic_lab.integrations.verifiers_protocol.VerifiersProtocol` runs the episode.
+Needs the ``verifiers`` extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from ludic_lab.envs.single_agent_env import SingleAgentEnv
+from ludic_lab.extras import require_extra
+from ludic_lab.integrations.verifiers_checks import (
+    VerifiersEnvError,
+    check_env,
+    check_harness,
+    check_runtime,
+    env_role,
+    use_this_python,
+)
+from ludic_lab.types import Info, StepOutcome
+
+_NETWORK_MODULES = ("huggingface_hub", "datasets", "requests", "urllib", "httpx", "socket", "aiohttp")
+
+
+class VerifiersSource:
+    """A loaded verifiers environment that episodes share: ``env`` (the verifiers ``Env``),
+    ``tasks`` (its loaded tasks, in ``load()`` order), ``agent`` (the seat's ``AgentConfig``:
+    harness, runtime, limits, timeouts) and ``role`` (the seat's name: ``"agent"`` for
+    ``SingleAgentEnv``). The taskset's shared tool servers start on first use in each event
+    loop and stop with :meth:`aclose`. At most ``max_concurrent`` episodes run at once (each
+    is a harness process; default twice the CPU count), the others wait their turn."""
+
+    def __init__(
+        self, env: Any, tasks: list[Any], agent: Any, role: str = "agent", *, max_concurrent: int | None = None
+    ) -> None:
+        from verifiers.v1.envs.single_agent import SingleAgentEnv as PlainEnv
+
+        limit = max_concurrent if max_concurrent is not None else 2 * (os.cpu_count() or 1)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_concurrent must be an int >= 1 or None, got {max_concurrent!r}")
+        self.max_concurrent = limit
+
+        self.env = env
+        self.tasks = tuple(tasks)
+        self.agent = agent
+        self.role = role
+        self.single_agent = type(env) is PlainEnv
+        """``SingleAgentEnv``: the seat runs the task once (else the env's own ``run()`` drives it)."""
+        self.taskset_id: str = env.config.taskset.id
+        self._has_shared = bool(type(env.taskset).toolsets(env.taskset.config))
+        self._served: dict[asyncio.AbstractEventLoop, _SharedTools] = {}
+        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def task(self, index: int) -> Any:
+        """Task ``index`` (an ``IndexError`` naming the range otherwise)."""
+        if not 0 <= index < len(self.tasks):
+            raise IndexError(f"task {index} is outside the {len(self.tasks)} loaded tasks of {self.taskset_id!r}")
+        return self.tasks[index]
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of the ``max_concurrent`` episode slots of this event loop."""
+        loop = asyncio.get_running_loop()
+        sem = self._slots.setdefault(loop, asyncio.Semaphore(self.max_concurrent))
+        async with sem:
+            yield
+
+    @contextlib.asynccontextmanager
+    async def tools(self) -> AsyncIterator[dict[str, Any]]:
+        """The taskset's shared tool servers, live in this event loop (started on first use)."""
+        if not self._has_shared:
+            yield {}
+            return
+        loop = asyncio.get_running_loop()
+        served = self._served.get(loop)
+        if served is None or served.failed:
+            served = self._served[loop] = _SharedTools(self.env)
+        yield await served.ready()
+
+    async def aclose(self) -> None:
+        """Stop the shared tool servers started in this event loop (the others stop with the process)."""
+        served = self._served.pop(asyncio.get_running_loop(), None)
+        if served is not None:
+            await served.close()
+
+    def __repr__(self) -> str:
+        return f"VerifiersSource({self.taskset_id!r}, tasks={len(self.tasks)}, harness={self.agent.harness.id!r})"
+
+
+class _SharedTools:
+    """One task that holds verifiers' ``Env.shared_tools()`` open until closed (the tool
+    servers' context is entered and left in the same task)."""
+
+    def __init__(self, env: Any) -> None:
+        self._env = env
+        self._stop = asyncio.Event()
+        self._ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.get_running_loop().create_task(self._hold(), name="verifiers-shared-tools")
+        self.failed = False
+
+    async def _hold(self) -> None:
+        try:
+            async with self._env.shared_tools() as shared:
+                self._ready.set_result(shared)
+                await self._stop.wait()
+        except BaseException as e:
+            self.failed = True
+            if not self._ready.done():
+                self._ready.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+
+    async def ready(self) -> dict[str, Any]:
+        return await asyncio.shield(self._ready)
+
+    async def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(Exception):
+            await self._task
+
+
+def load_verifiers_env(
+    taskset: str,
+    *,
+    taskset_options: Mapping[str, Any] | None = None,
+    env_id: str = "",
+    agent: Mapping[str, Any] | None = None,
+    limit: int | None = None,
+    max_concurrent: int | None = None,
+) -> VerifiersSource:
+    """Load verifiers taskset ``taskset`` (an installed package id) as verifiers does.
+
+    ``taskset_options``: its ``TasksetConfig`` fields (``num_tasks``, ``tools``, ...);
+    ``env_id``: an ``Env`` to pair it with (default: the taskset's own, else ``SingleAgentEnv``);
+    ``agent``: ``AgentConfig`` fields of its one seat (``max_turns``, ``timeout``, ...; harness
+    ``null`` and runtime ``subprocess`` by default, the only ones supported); ``limit``: load
+    the first ``limit`` tasks (required for an infinite taskset); ``max_concurrent``: episodes
+    run at once (see :class:`VerifiersSource`). Raises
+    :class:`VerifiersEnvError` for what cannot run here, before anything runs.
+    """
+    require_extra("verifiers", what="ludic_lab.integrations.verifiers_env")
+    import pydantic
+    import verifiers.v1 as vf
+
+    seat: dict[str, Any] = {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}, **dict(agent or {})}
+    try:
+        role = env_role(vf.environment_class(taskset, env_id), vf.env_config_type(taskset, env_id), taskset)
+        raw = {"id": env_id, "taskset": {**dict(taskset_options or {}), "id": taskset}, role: seat}
+        config = vf.resolve_env_config(raw)
+        spec = getattr(config, role)
+        check_harness(spec.harness)
+        check_runtime(spec.runtime, f"the {role} of {taskset!r}")
+        env = vf.load_environment(config)
+    except VerifiersEnvError:
+        raise
+    except ModuleNotFoundError as e:
+        raise VerifiersEnvError(
+            f"verifiers environment {taskset!r} cannot be loaded: {e}. Install its package first (pip install "
+            "<its folder or wheel>); a Hub id (owner/name) is downloaded by `prime env install`, which needs the "
+            "network"
+        ) from e
+    except pydantic.ValidationError as e:
+        raise VerifiersEnvError(f"invalid verifiers config for {taskset!r}: {e}") from e
+    except Exception as e:
+        raise VerifiersEnvError(f"verifiers environment {taskset!r} failed to load: {type(e).__name__}: {e}") from e
+    check_env(env)
+    use_this_python()
+    return VerifiersSource(env, _load_tasks(env, taskset, limit), spec, role, max_concurrent=max_concurrent)
+
+
+def _load_tasks(env: Any, taskset: str, limit: int | None) -> list[Any]:
+    view = env.taskset
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1 or None, got {limit!r}")
+        view = view.take(limit)
+    elif not view.bounded:
+        raise VerifiersEnvError(f"verifiers taskset {taskset!r} is infinite: pass limit=N to load its first N tasks")
+    try:
+        tasks = list(view)
+    except Exception as e:
+        hint = (
+            " (it reads data over the network, which this machine does not reach: give the taskset a local copy)"
+            if _network_error(e)
+            else ""
+        )
+        raise VerifiersEnvError(
+            f"loading the tasks of verifiers taskset {taskset!r} failed{hint}: {type(e).__name__}: {e}"
+        ) from e
+    if not tasks:
+        raise VerifiersEnvError(f"verifiers taskset {taskset!r} loaded no tasks")
+    return tasks
+
+
+def _network_error(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (ConnectionError, TimeoutError)) or type(e).__module__.split(".")[0] in _NETWORK_MODULES:
+            return True
+        if "offline" in str(e).lower() or "network" in str(e).lower():
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+class VerifiersTaskEnv(SingleAgentEnv):
+    """The tasks of a :class:`VerifiersSource` as a ludic_lab env: ``reset(seed=i)`` picks task
+    ``i`` (its prompt text is the observation). The episode itself (harness, tools, stops,
+    scoring) is run by :class:`~ludic_lab.integrations.verifiers_protocol.VerifiersProtocol`,
+    which reads :attr:`task`; stepping this env directly is an error."""
+
+    def __init__(self, source: VerifiersSource) -> None:
+        super().__init__()
+        if not isinstance(source, VerifiersSource):
+            raise TypeError(
+                f"VerifiersTaskEnv needs a VerifiersSource (load_verifiers_env), got {type(source).__name__}"
+            )
+        self.source = source
+        self.task: Any = None
+        self._obs = ""
+
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
+        self.task = self.source.task(0 if seed is None else int(seed))
+        data = self.task.data
+        self._obs = data.prompt_text
+        return self._obs, {"verifiers_task": {"idx": data.idx, "key": self.task.key, "name": data.name}}
+
+    def env_step(self, action: str) -> StepOutcome:
+        raise TypeError(
+            "VerifiersTaskEnv is played by VerifiersProtocol (verifiers' harness runs the episode and its "
+            "rewards score it); register the env with that protocol"
+        )
+
+    def env_current_obs(self) -> str:
+        return self._obs
+
+    @property
+    def suggested_sysprompt(self) -> str | None:  # type: ignore[override]  # a property, as the base declares
+        return None if self.task is None else self.task.data.system_prompt

@@ -1,0 +1,3 @@
+from vf_faulty.taskset import FaultyTaskset
+
+__all__ = ["FaultyTaskset"]

@@ -1,0 +1,3 @@
+from vf_hint.taskset import HintEnv, HintTaskset
+
+__all__ = ["HintEnv", "HintTaskset"]

@@ -1,0 +1,3 @@
+from vf_reverse_text.taskset import ReverseTextTaskset
+
+__all__ = ["ReverseTextTaskset"]
