@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
@@ -82,3 +83,58 @@ def requests(n: int, *, max_tokens: int = 40, seed0: int = 0) -> list[RolloutReq
         RolloutRequest(env=EnvSpec("product"), protocol=ProtocolSpec("program"), env_seed=seed0 + i, inference=spec)
         for i in range(n)
     ]
+
+
+# -- raw HTTP, for what the openai SDK would refuse to send (hardening and fuzz tests) --------------
+
+
+def raw_post(ep: Any, content: bytes, *, key: str | None, path: str = "/chat/completions", timeout: float = 60) -> Any:
+    """POST ``content`` as it is (no re-encoding) to ``ep``'s ``/v1`` + ``path`` with plain httpx."""
+    import httpx
+
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return httpx.post(ep.base_url + path, content=content, headers=headers, timeout=timeout)
+
+
+def openai_error(resp: Any, status: int) -> dict[str, Any]:
+    """The error object of ``resp``, asserting the status and OpenAI's shape exactly."""
+    assert resp.status_code == status, (resp.status_code, resp.text[:500])
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert isinstance(err["message"], str) and err["message"], err
+    assert err["type"] == ("invalid_request_error" if status < 500 else "server_error") or status == 401, err
+    return err
+
+
+def request_head(ep: Any, key: str, length: int, path: str = "/v1/chat/completions") -> bytes:
+    """The request line and headers of a JSON POST whose body is ``length`` bytes (for raw sockets)."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {ep.host}:{ep.port}\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+class _Collect(logging.Handler):
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+class uvicorn_errors:
+    """``with uvicorn_errors() as errors:`` collects what uvicorn logs at ERROR (an ASGI
+    traceback, a 500) in the block."""
+
+    def __enter__(self) -> list[str]:
+        self.handler = _Collect(logging.ERROR)
+        logging.getLogger("uvicorn.error").addHandler(self.handler)
+        return self.handler.messages
+
+    def __exit__(self, *exc: Any) -> None:
+        logging.getLogger("uvicorn.error").removeHandler(self.handler)

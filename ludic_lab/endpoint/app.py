@@ -4,52 +4,40 @@
 ``GET /v1/models``, ``GET /health``. The API key selects the episode's
 :class:`~ludic_lab.endpoint.sessions.Session`; every call is sampled token-in from the ids the
 session plans and recorded with its exact trace. Tool calls in the model's reply (parsed by the
-rendering layer in the model family's format) come back as OpenAI ``tool_calls``. Every malformed request is a 4xx
-with OpenAI's error object; a failing backend a 502 naming the failure.
+rendering layer in the model family's format) come back as OpenAI ``tool_calls``. Every
+malformed request is a 4xx with OpenAI's error object (:mod:`~ludic_lab.endpoint.body`: size,
+time, nesting; :mod:`~ludic_lab.endpoint.messages`; strict parameter types), unknown routes and
+methods too; a failing backend a 502 naming the failure. A call's ``max_tokens`` is held
+against the episode's token budget while it samples (:meth:`Session.claim`); when a reply
+counts as delivered: :mod:`~ludic_lab.endpoint.replies`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from ludic_lab.endpoint.body import read_json
+from ludic_lab.endpoint.errors import EndpointError, error_response, install_handlers
 from ludic_lab.endpoint.messages import MessageError, check_messages
-from ludic_lab.endpoint.schemas import (
-    ChatCompletionBody,
-    completion_reply,
-    error_body,
-    stream_chunks,
-    token_logprobs,
-    usage,
-)
-from ludic_lab.endpoint.sessions import RecordedCall, Session, SessionError, SessionStore
+from ludic_lab.endpoint.replies import CALLS_HEADER, DELIVERY_HEADER, EventStream, JSONReply, sse_events
+from ludic_lab.endpoint.schemas import ChatCompletionBody, completion_reply, stream_chunks, token_logprobs, usage
+from ludic_lab.endpoint.sessions import Claim, RecordedCall, Session, SessionError, SessionStore
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig
 from ludic_lab.rendering.reply import split_reply
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """Largest request body accepted (4 MiB: ~1M tokens of text, past any context this serves)."""
-
-
-class _HTTPError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
-
-
-def _err(status: int, message: str, *, param: str | None = None, code: str | None = None) -> JSONResponse:
-    type_ = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error"}.get(
-        status, "invalid_request_error" if status < 500 else "server_error"
-    )
-    return JSONResponse(error_body(message, type_=type_, param=param, code=code), status_code=status)
+DEFAULT_BODY_TIMEOUT_S = 30.0
+"""Longest a request body may take to arrive whole (then 408 and the connection is closed)."""
 
 
 def template_renders_tools(template: ChatTemplate) -> bool:
@@ -77,8 +65,10 @@ def build_app(
     *,
     model_names: Sequence[str],
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
-    """The app serving ``client`` under ``model_names`` (the first is the one ``/v1/models`` lists first)."""
+    """The app serving ``client`` under ``model_names`` (the first is the one ``/v1/models`` lists
+    first); a request body must arrive whole within ``body_timeout_s`` (``None``: no bound)."""
     template: ChatTemplate | None = getattr(client, "chat_template", None)
     if template is None:
         raise ValueError(
@@ -92,13 +82,11 @@ def build_app(
     app.state.store = store
     created = int(time.time())
 
-    @app.exception_handler(_HTTPError)
-    async def _on_http_error(request: Request, exc: _HTTPError) -> JSONResponse:
-        return _err(exc.status, str(exc), param=exc.param, code=exc.code)
+    install_handlers(app)
 
     @app.exception_handler(SessionError)
     async def _on_session_error(request: Request, exc: SessionError) -> JSONResponse:
-        return _err(exc.status, str(exc), code=exc.code)
+        return error_response(exc.status, str(exc), code=exc.code)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -115,15 +103,10 @@ def build_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         session = store.get(_key(request))
-        body = await _read_json(request, max_request_bytes)
-        try:
-            req = ChatCompletionBody.model_validate(body)
-        except ValidationError as e:
-            err = e.errors()[0]
-            param = ".".join(str(p) for p in err.get("loc", ()))
-            raise _HTTPError(400, f"invalid request: {param}: {err.get('msg')}", param=param) from None
+        body = await read_json(request, limit=max_request_bytes, timeout_s=body_timeout_s)
+        req = _validate(body)
         if req.model not in names:
-            raise _HTTPError(
+            raise EndpointError(
                 404,
                 f"the model {req.model!r} does not exist; this endpoint serves {names}",
                 param="model",
@@ -132,41 +115,78 @@ def build_app(
         try:
             messages = check_messages(req.messages)
         except MessageError as e:
-            raise _HTTPError(400, str(e), param=e.param) from None
+            raise EndpointError(400, str(e), param=e.param) from None
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         try:
             plan = session.plan(template, messages, tools, template_renders_tools=renders_tools)
         except MessageError as e:
-            raise _HTTPError(400, str(e), param=e.param) from None
+            raise EndpointError(400, str(e), param=e.param) from None
         if context is not None and len(plan.ids) >= context:
-            raise _HTTPError(
+            raise EndpointError(
                 400,
                 f"the prompt is {len(plan.ids)} tokens; this model's context is {context} tokens",
                 param="messages",
                 code="context_length_exceeded",
             )
-        first = session.reserve(req.n)
-        calls = await _sample(client, session, req, plan, first, None if context is None else context - len(plan.ids))
-        parse = tools is not None and req.tool_choice != "none"
-        top = [c[1] for c in calls]
-        recorded = [
-            _record(session, template, c[0], plan, messages, first, k, parse, delivered=not req.stream)
-            for k, c in enumerate(calls)
-        ]
+        want = req.max_completion_tokens or req.max_tokens or session.sampling.max_tokens
+        claim = session.claim(req.n, want if context is None else min(want, context - len(plan.ids)))
+        confirms = request.headers.get(DELIVERY_HEADER) == "client"  # the endpoint's own client
+        try:
+            calls = await _sample(client, session, req, plan, claim)
+            parse = tools is not None and req.tool_choice != "none"
+            recorded = [
+                _record(
+                    session,
+                    template,
+                    resp,
+                    plan,
+                    messages,
+                    claim.first,
+                    k,
+                    parse,
+                    delivered=not (req.stream or confirms),
+                )
+                for k, (resp, _) in enumerate(calls)
+            ]
+        finally:
+            session.release(claim)
         lps = [
-            token_logprobs(template.tokenizer, c, t) if req.logprobs else None
-            for c, t in zip(recorded, top, strict=True)
+            token_logprobs(template.tokenizer, c, top) if req.logprobs else None
+            for c, (_, top) in zip(recorded, calls, strict=True)
         ]
+        headers = {CALLS_HEADER: ",".join(str(c.index) for c in recorded)}
+        what = f"session {session.id} call {claim.first}"
         if not req.stream:
-            return completion_reply(req.model, recorded, len(plan.ids), lps)
-        include_usage = bool((req.stream_options or {}).get("include_usage"))
+            gone = None if confirms else _marker(session, recorded, delivered=False)
+            return JSONReply(
+                completion_reply(req.model, recorded, len(plan.ids), lps), headers=headers, on_gone=gone, what=what
+            )
+        include_usage = bool(req.stream_options is not None and req.stream_options.include_usage)
         pieces = [_pieces(template, c) for c in recorded]
         chunks = stream_chunks(req.model, recorded, pieces, lps)
-        tail = usage(recorded, len(plan.ids)) if include_usage else None
-        events = _sse(request, session, recorded, chunks, tail)
-        return StreamingResponse(events, media_type="text/event-stream")
+        tail = dict(chunks[-1][1], choices=[], usage=usage(recorded, len(plan.ids))) if include_usage else None
+        events = sse_events([c for _, c in chunks], tail)
+        done = None if confirms else _marker(session, recorded, delivered=True)
+        return EventStream(events, headers=headers, on_delivered=done, what=what)
 
     return app
+
+
+def _validate(body: Any) -> ChatCompletionBody:
+    try:
+        return ChatCompletionBody.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(str(p) for p in err.get("loc", ()))
+        raise EndpointError(400, f"invalid request: {param or 'body'}: {err.get('msg')}", param=param or None) from None
+
+
+def _marker(session: Session, calls: list[RecordedCall], *, delivered: bool) -> Any:
+    def mark() -> None:
+        for c in calls:
+            session.mark_delivered(c.index, c.choice, delivered=delivered)
+
+    return mark
 
 
 def _key(request: Request) -> str | None:
@@ -176,34 +196,17 @@ def _key(request: Request) -> str | None:
     return request.headers.get("api-key") or None
 
 
-async def _read_json(request: Request, limit: int) -> Any:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise _HTTPError(413, f"request body of {int(length)} bytes is over this endpoint's limit of {limit}")
-    chunks, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise _HTTPError(413, f"request body is over this endpoint's limit of {limit} bytes")
-        chunks.append(part)
-    try:
-        return json.loads(b"".join(chunks))
-    except ValueError as e:
-        raise _HTTPError(400, f"the request body is not valid JSON ({e})") from None
-
-
 async def _sample(
-    client: Any, session: Session, req: ChatCompletionBody, plan: Any, first: int, room: int | None
+    client: Any, session: Session, req: ChatCompletionBody, plan: Any, claim: Claim
 ) -> list[tuple[Any, Any]]:
+    """Sample the ``claim.n`` choices (``max_tokens`` as claimed: cut to the episode's budget and
+    the context's room)."""
     d = session.sampling
-    max_tokens = req.max_completion_tokens or req.max_tokens or d.max_tokens
-    for cap in (session.tokens_left(), room):  # the episode's token budget; the model's context
-        if cap is not None:
-            max_tokens = min(max_tokens, cap)
+    max_tokens = claim.max_tokens or d.max_tokens
     out = []
     requests = []
     for k in range(req.n):
-        seed = req.seed + k if req.seed is not None else session.call_seed(first + k)
+        seed = req.seed + k if req.seed is not None else session.call_seed(claim.first + k)
         try:
             sampling = SamplingConfig(
                 temperature=d.temperature if req.temperature is None else req.temperature,
@@ -216,7 +219,7 @@ async def _sample(
                 stop=req.stop_tuple() or d.stop,
             )
         except ValueError as e:
-            raise _HTTPError(400, str(e)) from None
+            raise EndpointError(400, str(e)) from None
         requests.append(
             ChatCompletionRequest(
                 model="policy",
@@ -231,16 +234,18 @@ async def _sample(
         results = await asyncio.gather(*(client.complete(r) for r in requests))
     except ValueError as e:  # the backend refused the request (too long a prompt, ...)
         session.errors.append(f"{type(e).__name__}: {e}")
-        raise _HTTPError(400, f"the model cannot take this request: {e}", code="context_length_exceeded") from None
+        raise EndpointError(400, f"the model cannot take this request: {e}", code="context_length_exceeded") from None
     except Exception as e:  # noqa: BLE001 - any backend failure is the client's 502, recorded
         session.errors.append(f"{type(e).__name__}: {e}")
-        raise _HTTPError(502, f"the model backend failed: {type(e).__name__}: {e}", code="backend_error") from None
+        raise EndpointError(502, f"the model backend failed: {type(e).__name__}: {e}", code="backend_error") from None
     wall = time.monotonic() - t0
     for resp, _ in results:
         if resp.completion_token_ids is None or resp.prompt_token_ids is None:
-            raise _HTTPError(502, "the backend returned no token ids; cannot record the call", code="backend_error")
+            raise EndpointError(502, "the backend returned no token ids; cannot record the call", code="backend_error")
         if tuple(resp.prompt_token_ids) != tuple(plan.ids):
-            raise _HTTPError(502, "the backend did not condition on the prompt ids it was given", code="backend_error")
+            raise EndpointError(
+                502, "the backend did not condition on the prompt ids it was given", code="backend_error"
+            )
         out.append((resp, wall))
     return [(r, r.top_logprobs) for r, _ in out]
 
@@ -300,24 +305,3 @@ def _pieces(template: ChatTemplate, call: RecordedCall) -> list[str]:
     if pending:
         pieces.append(template.decode(pending))
     return pieces if "".join(pieces) == content else [content]
-
-
-async def _sse(
-    request: Request,
-    session: Session,
-    calls: list[RecordedCall],
-    chunks: list[tuple[int, dict[str, Any]]],
-    tail: dict[str, Any] | None,
-) -> AsyncIterator[str]:
-    """The events of a streamed reply; a choice counts as delivered once its last event went
-    out to a client that was still connected (a client that hung up stops the stream)."""
-    for n, (k, chunk) in enumerate(chunks):
-        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-        last = chunk["choices"][0]["finish_reason"] is not None
-        if (last or n % 64 == 63) and await request.is_disconnected():
-            return
-        if last:
-            session.mark_delivered(calls[k].index, calls[k].choice)
-    if tail is not None:
-        yield f"data: {json.dumps(dict(chunks[-1][1], choices=[], usage=tail))}\n\n"
-    yield "data: [DONE]\n\n"

@@ -13,11 +13,13 @@ argument JSON do not count as a change).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
 
-from ludic_lab.rendering.hermes import format_tool_calls
+from ludic_lab.endpoint.body import MAX_DEPTH, json_depth
+from ludic_lab.rendering.hermes import format_tool_calls, tools_system_prompt
 from ludic_lab.types import Message
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -66,34 +68,68 @@ def _tool_calls(msg: dict[str, Any], param: str) -> list[dict[str, Any]]:
     out = []
     for k, c in enumerate(calls):
         fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise MessageError("each tool call needs a function with a string name", f"{param}.tool_calls[{k}]")
         out.append(c)
     return out
+
+
+def _check_tool_call(call: dict[str, Any], param: str) -> None:
+    """An assistant's tool call the renderers can write back: ``arguments`` a JSON string (or
+    text that is not JSON), an object or null, nested no deeper than the body may be."""
+    args = call["function"].get("arguments")
+    where = f"{param}.function.arguments"
+    if isinstance(args, str):
+        try:
+            value = json.loads(args) if args.strip() else {}
+        except RecursionError:
+            raise MessageError(f"the arguments are nested too deeply (at most {MAX_DEPTH} levels)", where) from None
+        except ValueError:
+            return  # text that is not JSON: kept as text
+    elif args is None or isinstance(args, dict | list):
+        value = args
+    else:
+        raise MessageError(f"arguments must be a JSON string, got {type(args).__name__}", where)
+    if json_depth(value) > MAX_DEPTH:
+        raise MessageError(f"the arguments are nested too deeply (at most {MAX_DEPTH} levels)", where)
+    if "id" in call and not isinstance(call["id"], str | None):
+        raise MessageError(f"a tool call's id must be a string, got {type(call['id']).__name__}", f"{param}.id")
 
 
 def _args(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
             return json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return arguments
     return arguments
 
 
 def check_messages(messages: Any) -> list[dict[str, Any]]:
-    """``messages`` if they are a non-empty list of OpenAI chat messages, else ``MessageError``."""
+    """``messages`` if they are a non-empty list of OpenAI chat messages, else ``MessageError``
+    naming the first bad field: a role, content that is not text, ``tool_calls`` on a message
+    that is not the assistant's, a tool call without a function name or with arguments nested
+    too deeply, a ``name`` or ``tool_call_id`` that is not a string."""
     if not isinstance(messages, list) or not messages:
         raise MessageError("messages must be a non-empty list", "messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise MessageError(f"each message must be an object, got {type(m).__name__}", f"messages[{i}]")
         role = m.get("role")
-        if role not in ROLES:
-            raise MessageError(f"unknown role {role!r} (one of {', '.join(ROLES)})", f"messages[{i}].role")
+        if not isinstance(role, str) or role not in ROLES:
+            shown = role if isinstance(role, str | None) else type(role).__name__
+            raise MessageError(f"unknown role {shown!r} (one of {', '.join(ROLES)})", f"messages[{i}].role")
         content_text(m.get("content"), f"messages[{i}].content")
+        for key in ("name", "tool_call_id"):
+            if m.get(key) is not None and not isinstance(m[key], str):
+                raise MessageError(f"{key} must be a string, got {type(m[key]).__name__}", f"messages[{i}].{key}")
         if role == "assistant":
-            _tool_calls(m, f"messages[{i}]")
+            for k, call in enumerate(_tool_calls(m, f"messages[{i}]")):
+                _check_tool_call(call, f"messages[{i}].tool_calls[{k}]")
+        elif m.get("tool_calls") not in (None, []):
+            raise MessageError(
+                f"tool_calls is only allowed on assistant messages, not {role}", f"messages[{i}].tool_calls"
+            )
     return messages
 
 
@@ -163,3 +199,19 @@ def comparable(message: dict[str, Any]) -> tuple[Any, ...]:
         if isinstance(c, dict) and isinstance(c.get("function"), dict)
     )
     return (role, text, calls)
+
+
+def tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
+    """A stable digest of a call's tool schemas (a change of tools breaks the prefix)."""
+    return hashlib.sha1(json.dumps(list(tools or ()), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def with_tool_prompt(messages: list[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
+    """``messages`` with the tool description in the system prompt (for templates that render
+    no tools), as ``ToolAgent`` writes it."""
+    prompt = tools_system_prompt(list(tools))
+    if messages and messages[0].get("role") == "system":
+        first = messages[0]
+        text = first.get("content") or ""
+        return [{**first, "content": f"{text}\n\n{prompt}" if text else prompt}, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]

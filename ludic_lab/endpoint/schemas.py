@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
+from ludic_lab.endpoint.errors import error_body as error_body
 from ludic_lab.endpoint.sessions import RecordedCall
 
 
@@ -24,10 +25,25 @@ class ToolSchema(BaseModel):
     function: FunctionSchema
 
 
+StrictInt = Annotated[int, Strict()]
+StrictFloat = Annotated[float, Strict()]  # an int is a number too: 1 for 1.0, as the SDKs send it
+StrictBool = Annotated[bool, Strict()]
+Int64 = Annotated[int, Strict(), Field(ge=-(2**63), le=2**63 - 1)]
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` (a JSON boolean) adds the usage chunk before ``[DONE]``."""
+
+    model_config = ConfigDict(extra="allow")
+    include_usage: StrictBool | None = None
+
+
 class ChatCompletionBody(BaseModel):
     """``POST /v1/chat/completions``. OpenAI parameters this endpoint does not use (``user``,
     ``metadata``, ``store``, ``parallel_tool_calls``, ...) are accepted and ignored;
-    ``response_format`` other than text is refused (nothing would enforce it)."""
+    ``response_format`` other than text is refused (nothing would constrain the sampler).
+    Numbers and booleans are strict JSON types: ``"max_tokens": true``, ``"n": "2"``,
+    ``"temperature": "0.5"`` or ``"stream": "yes"`` is a 400 naming the field, never reinterpreted."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -35,20 +51,25 @@ class ChatCompletionBody(BaseModel):
     messages: list[Any]
     tools: list[ToolSchema] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: StrictFloat | None = Field(default=None, ge=0, le=2)
+    top_p: StrictFloat | None = Field(default=None, gt=0, le=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=16)
-    seed: int | None = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    n: StrictInt = Field(default=1, ge=1, le=16)
+    seed: Int64 | None = None
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    frequency_penalty: StrictFloat | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: StrictFloat | None = Field(default=None, ge=-2, le=2)
     response_format: dict[str, Any] | None = None
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _n(cls, v: Any) -> Any:
+        return 1 if v is None else v  # OpenAI's "integer or null"
 
     @field_validator("tool_choice")
     @classmethod
@@ -71,13 +92,6 @@ class ChatCompletionBody(BaseModel):
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-
-
-def error_body(
-    message: str, *, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None
-):
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def token_logprobs(tokenizer: Any, call: RecordedCall, top: list[dict[int, float]] | None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ludic_lab.endpoint.app import DEFAULT_MAX_REQUEST_BYTES, build_app
+from ludic_lab.endpoint.app import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, build_app
 from ludic_lab.endpoint.sessions import Session, SessionStore
 from ludic_lab.inference.request import SamplingConfig
 
@@ -27,7 +27,8 @@ class OpenAIEndpoint:
 
     ``model_names``: the names requests may use (default ``["policy"]`` plus the client's
     ``model_name`` when it has one). ``host`` defaults to 127.0.0.1; ``port=None`` picks a
-    free one. Use as a context manager, or ``start()`` / ``stop()``.
+    free one. A request body over ``max_request_bytes`` is a 413, one not whole within
+    ``body_timeout_s`` a 408. Use as a context manager, or ``start()`` / ``stop()``.
     """
 
     def __init__(
@@ -38,6 +39,7 @@ class OpenAIEndpoint:
         host: str = "127.0.0.1",
         port: int | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
         names = list(model_names) if model_names else [DEFAULT_MODEL_NAME]
         own = getattr(client, "model_name", None)
@@ -48,7 +50,9 @@ class OpenAIEndpoint:
         self.host = host
         self.port = port
         self.store = SessionStore()
-        self.app = build_app(client, self.store, model_names=names, max_request_bytes=max_request_bytes)
+        self.app = build_app(
+            client, self.store, model_names=names, max_request_bytes=max_request_bytes, body_timeout_s=body_timeout_s
+        )
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -139,20 +143,33 @@ class OpenAIEndpoint:
         self.store.close(session)
 
     def client(self, session: Session, *, timeout_s: float = 600.0) -> Any:
-        """An ``openai.AsyncOpenAI`` bound to ``session`` (no retries: a refusal is final)."""
+        """An ``openai.AsyncOpenAI`` bound to ``session`` (no retries: a refusal is final). It
+        confirms each reply's delivery as the program reads it (:mod:`ludic_lab.endpoint.delivery`)."""
+        import httpx
         import openai
 
-        # the endpoint speaks plain http: no TLS context to build (20-50 ms of CA loading per client)
-        http = openai.DefaultAsyncHttpxClient(verify=False, timeout=timeout_s)
+        from ludic_lab.endpoint.delivery import DeliveryTransport
+
+        # plain http: no TLS context to build (20-50 ms of CA loading per client); no proxy from the environment
+        inner = httpx.AsyncHTTPTransport(verify=False, limits=_limits(), trust_env=False)
+        http = openai.DefaultAsyncHttpxClient(
+            transport=DeliveryTransport(inner, session.mark_delivered), timeout=timeout_s, trust_env=False
+        )
         return openai.AsyncOpenAI(
             base_url=self.base_url, api_key=session.key, max_retries=0, timeout=timeout_s, http_client=http
         )
 
     def sync_client(self, session: Session, *, timeout_s: float = 600.0) -> Any:
-        """An ``openai.OpenAI`` (blocking) bound to ``session``."""
+        """An ``openai.OpenAI`` (blocking) bound to ``session``, confirming delivery as :meth:`client` does."""
+        import httpx
         import openai
 
-        http = openai.DefaultHttpxClient(verify=False, timeout=timeout_s)
+        from ludic_lab.endpoint.delivery import SyncDeliveryTransport
+
+        inner = httpx.HTTPTransport(verify=False, limits=_limits(), trust_env=False)
+        http = openai.DefaultHttpxClient(
+            transport=SyncDeliveryTransport(inner, session.mark_delivered), timeout=timeout_s, trust_env=False
+        )
         return openai.OpenAI(
             base_url=self.base_url, api_key=session.key, max_retries=0, timeout=timeout_s, http_client=http
         )
@@ -161,3 +178,10 @@ class OpenAIEndpoint:
         state = f"serving {self.base_url}" if self.running else "stopped"
         name = type(self.backend).__name__
         return f"OpenAIEndpoint({name}, models={self.model_names}, {state}, sessions={len(self.store)})"
+
+
+def _limits() -> Any:
+    """The ``openai`` SDK's own connection limits (what its default HTTP client uses)."""
+    import httpx
+
+    return httpx.Limits(max_connections=1000, max_keepalive_connections=100)

@@ -19,7 +19,9 @@ is the renderer's bridge. ChatML/Hermes and other template families use the chat
 (tool calls as Hermes blocks), as before.
 
 Budgets (calls, completion tokens, wall time) refuse the calls past them; the refusal is
-recorded, so the runner can fail the episode instead of training a cut-off program.
+recorded, so the runner can fail the episode instead of training a cut-off program. The token
+budget is held before sampling: a call's ``max_tokens`` (cut to what is left) is reserved until
+it returns, so concurrent calls never sample more than the budget together.
 """
 
 from __future__ import annotations
@@ -33,11 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ludic_lab.endpoint.messages import comparable, to_family_messages, to_render_messages
+from ludic_lab.endpoint.messages import comparable, to_family_messages, to_render_messages, tools_key, with_tool_prompt
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import SamplingConfig
 from ludic_lab.rendering.base import Renderer
-from ludic_lab.rendering.hermes import tools_system_prompt
 from ludic_lab.rendering.reply import renderer_of
 from ludic_lab.rendering.template import TemplateRenderer
 from ludic_lab.types import Message, PromptSource, TokenTrace
@@ -61,7 +62,8 @@ class RecordedCall:
     ``trace`` holds the exact prompt and completion ids, behaviour logprobs and policy
     version; ``parent`` is the index of the call whose ids this prompt extends (``None``:
     the call started a segment, ``break_reason`` says why). ``delivered`` is False for a
-    streamed reply the client stopped reading (the program never saw it).
+    reply the program did not get (a stream it stopped reading before the end, a reply to a
+    client that had hung up; see :mod:`ludic_lab.endpoint.replies`): it is never trained on.
     """
 
     index: int
@@ -88,6 +90,18 @@ class RecordedCall:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """What one request holds of its session's budgets while it samples (:meth:`Session.claim`):
+    its ``n`` call indices from ``first``, each choice's ``max_tokens`` (cut to the token budget;
+    ``None`` when the request named none and there is no budget) and the tokens held for them."""
+
+    first: int
+    n: int
+    max_tokens: int | None
+    held_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class PromptPlan:
     """The prompt of a call about to be sampled: ids, how they were made, what they extend."""
 
@@ -99,20 +113,14 @@ class PromptPlan:
     break_reason: str | None
 
 
-def tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
-    """A stable digest of a call's tool schemas (a change of tools breaks the prefix)."""
-    import json
-
-    return hashlib.sha1(json.dumps(list(tools or ()), sort_keys=True).encode()).hexdigest()[:16]
-
-
 class Session:
     """One episode's view of the endpoint: its key, sampling defaults, budgets and records.
 
     ``sampling`` fills what a call leaves out (and ``seed`` makes a call without its own seed
     reproducible: each call derives one from it and its index). ``max_calls``,
     ``max_completion_tokens`` and ``timeout_s`` bound the episode; a call's ``max_tokens``
-    is cut to the tokens left.
+    is cut to the tokens left and held while it samples (:meth:`claim`), so concurrent calls
+    cannot pass the budget together.
     """
 
     def __init__(
@@ -144,34 +152,60 @@ class Session:
         self.closed = False
         self._started = 0
         self._tokens = 0
+        self._held = 0
         self._lock = threading.Lock()
 
     # -- budgets -------------------------------------------------------------------------------
     def reserve(self, n: int) -> int:
         """Claim ``n`` calls (the choices of one request); returns the first call's index.
         Raises :class:`SessionError` when the session is closed or a budget is spent."""
+        return self.claim(n, None).first
+
+    def claim(self, n: int, max_tokens: int | None) -> Claim:
+        """Claim ``n`` calls of up to ``max_tokens`` completion tokens each, before sampling them.
+
+        Under ``max_completion_tokens`` each choice's ``max_tokens`` is cut to its share of the
+        tokens neither spent nor held by calls under way, and that many tokens are held until
+        :meth:`release`: concurrent calls never sample past the budget together (a call that
+        would get no token is refused). Raises :class:`SessionError` when the session is closed
+        or a budget is spent."""
         with self._lock:
             if self.closed:
                 raise SessionError("this session is closed (its episode ended)", status=401, code="session_closed")
-            why = None
+            why, per = None, max_tokens
+            budget = self.max_completion_tokens
+            left = None if budget is None else budget - self._tokens - self._held
             if self.max_calls is not None and self._started + n > self.max_calls:
                 why = f"the episode's budget of {self.max_calls} model calls is spent"
-            elif self.max_completion_tokens is not None and self._tokens >= self.max_completion_tokens:
-                why = f"the episode's budget of {self.max_completion_tokens} completion tokens is spent"
+            elif left is not None and (left <= 0 or (max_tokens is not None and left // n < 1)):
+                why = f"the episode's budget of {budget} completion tokens is spent"
+                if self._held:
+                    why += f" ({self._tokens} sampled, {self._held} held by calls under way)"
             elif self.deadline is not None and time.monotonic() > self.deadline:
                 why = "the episode's wall-time budget is spent"
             if why is not None:
                 self.refused.append({"reason": why, "at_call": self._started})
                 raise SessionError(why, status=400, code="episode_budget_exceeded")
+            if left is not None and max_tokens is not None:
+                per = min(max_tokens, left // n)
+            held = n * per if left is not None and per is not None else 0
+            self._held += held
             first = self._started
             self._started += n
-            return first
+            return Claim(first, n, per, held)
+
+    def release(self, claim: Claim) -> None:
+        """The calls of ``claim`` are done (recorded or failed): the tokens it held are free again
+        (what they sampled was counted by :meth:`record`)."""
+        with self._lock:
+            self._held -= claim.held_tokens
 
     def tokens_left(self) -> int | None:
-        """Completion tokens left in the budget (``None``: no budget)."""
+        """Completion tokens left in the budget, neither sampled nor held by calls under way
+        (``None``: no budget)."""
         if self.max_completion_tokens is None:
             return None
-        return max(1, self.max_completion_tokens - self._tokens)
+        return max(1, self.max_completion_tokens - self._tokens - self._held)
 
     def call_seed(self, index: int, choice: int = 0) -> int | None:
         """The seed of call ``index`` when the program gives none (``None`` without a session seed)."""
@@ -259,14 +293,14 @@ class Session:
             self.calls.sort(key=lambda c: (c.index, c.choice))
             self._tokens += len(call.trace.completion_token_ids)
 
-    def mark_delivered(self, index: int, choice: int) -> None:
-        """A streamed reply reached its end: the program saw it."""
+    def mark_delivered(self, index: int, choice: int, *, delivered: bool = True) -> None:
+        """Call ``index``'s choice ``choice`` reached the program (or, ``delivered=False``, it did not)."""
         import dataclasses
 
         with self._lock:
             for k, c in enumerate(self.calls):
-                if c.index == index and c.choice == choice:
-                    self.calls[k] = dataclasses.replace(c, delivered=True)
+                if c.index == index and c.choice == choice and c.delivered != delivered:
+                    self.calls[k] = dataclasses.replace(c, delivered=delivered)
 
     def segments(self) -> list[list[RecordedCall]]:
         """The delivered calls as chains, in the order the chains began: a call joins the chain
@@ -306,17 +340,6 @@ def _family_renderer(template: ChatTemplate) -> Renderer | None:
     """The renderer of ``template``'s family when it has its own (else ``None``: the template)."""
     renderer = renderer_of(template)
     return None if isinstance(renderer, TemplateRenderer) else renderer
-
-
-def with_tool_prompt(messages: list[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
-    """``messages`` with the tool description in the system prompt (for templates that render
-    no tools), as ``ToolAgent`` writes it."""
-    prompt = tools_system_prompt(list(tools))
-    if messages and messages[0].get("role") == "system":
-        first = messages[0]
-        text = first.get("content") or ""
-        return [{**first, "content": f"{text}\n\n{prompt}" if text else prompt}, *messages[1:]]
-    return [{"role": "system", "content": prompt}, *messages]
 
 
 class SessionStore:
