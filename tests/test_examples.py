@@ -34,6 +34,7 @@ SCRIPTS = {
     "judges/train_explain.py": "--judge-model",
     "openenv_server.py": "--eval-k",
     "textarena_game.py": "--games-per-step",
+    "verifiers_env.py": "--max-concurrent",
 }
 SMOKE_TIMEOUT_S = 600
 
@@ -137,6 +138,20 @@ def test_textarena_example_plays_and_trains(tmp_path: Path, tiny_model_dir: str)
           "--group-size", "2", "--eval-games", "2", "--out", str(tmp_path)])  # fmt: skip
     s = _json(tmp_path / "summary.json")
     assert s["before"] and s["after"] and s["sampler_policy_version"] >= 1
+
+
+@pytest.mark.slow
+def test_verifiers_tool_env_example_trains_through_verifiers_own_harness(tmp_path: Path, tiny_model_dir: str) -> None:
+    pytest.importorskip("verifiers", reason="the verifiers extra: pip install -e '.[verifiers]'")
+    _run([PY, str(EX / "verifiers_env.py"), "--model", tiny_model_dir, "--steps", "1", "--questions-per-step", "2",
+          "--group-size", "2", "--eval-questions", "1", "--eval-k", "2", "--out", str(tmp_path)])  # fmt: skip
+    s = _json(tmp_path / "summary.json")
+    assert len(s["reward_per_step"]) == 1 and "pass@2" in s["before"] and "pass@2" in s["after"]
+    assert all(s[when][f"{kind}_failed"] == 0 for when in ("before", "after") for kind in ("greedy", "sampled"))
+    last = s["last_step"]  # 4 episodes, each at least one model call through verifiers' harness, none refused
+    assert last["episodes"] == 4 and last["failed"] == 0 and last["calls"] >= 4
+    assert last["prefix_breaks"] == 0 and last["refused"] == 0
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
 
 
 @pytest.mark.slow
