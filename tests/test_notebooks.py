@@ -40,6 +40,7 @@ EXPECTED = {
         "09_code_exec",
         "10_bring_your_agent",
         "11_judges",
+        "12_bring_your_env",
     ),
 }
 SIGNAL_CHECKED = {
@@ -54,6 +55,8 @@ credit-view batch, 7 of 20 held out), so all 24 equal is unlikely even where num
 replies of a group practically never score alike."""
 NEEDS_VLLM = {"server_weight_sync"}
 """Notebooks that start a vLLM server (also marked ``vllm``)."""
+NEEDS_PACKAGES = {"12_bring_your_env": ("verifiers", "openenv")}
+"""Notebooks that need an optional extra's packages (``verifiers``, ``openenv``): skipped without them."""
 SMOKE_ENV = "LUDIC_SMOKE"
 CELL_TIMEOUT_S = 600
 KERNEL_NAME = "ludic-lab-smoke"
@@ -319,6 +322,8 @@ def test_notebook_executes_in_smoke_configuration(
     pytest.importorskip("ipykernel")
     if path.stem in NEEDS_VLLM:
         pytest.importorskip("vllm")
+    for package in NEEDS_PACKAGES.get(path.stem, ()):
+        pytest.importorskip(package, reason=f"{path.name} needs the {package} extra")
     cpu0 = _children_cpu_s()
     nb, wall_s = _execute(path, smoke_kernel_dir, tmp_path, probe=path.stem in SIGNAL_CHECKED)
     cpu_s = _children_cpu_s() - cpu0  # less sensitive than wall time to whatever else the machine runs
