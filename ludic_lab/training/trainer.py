@@ -43,6 +43,7 @@ from ludic_lab.training.batching.core_share import CoreShare
 from ludic_lab.training.batching.sample_ahead import pull_ahead, sample_ahead
 from ludic_lab.training.checkpoint import CheckpointInfo, load_checkpoint, save_checkpoint
 from ludic_lab.training.config import TrainerConfig
+from ludic_lab.training.host_memory import HostMemory
 from ludic_lab.training.loggers import MetricLogger
 from ludic_lab.training.lora import reference_context
 from ludic_lab.training.losses.base import LossNeeds, Stats
@@ -113,6 +114,7 @@ class Trainer:
         # copy per step costs more in page faults than the merge); publishers copy what they get
         reuse = cfg.reuse_publish_buffers and self.device.type == "cpu"
         self._publish_buffers: dict[str, torch.Tensor] | None = {} if reuse else None
+        self._host_memory = HostMemory(cfg.release_host_memory)  # resident = live memory (host_memory.py)
 
     # -- public API ----------------------------------------------------------------------
     async def train(self, steps: int, *, progress: bool | str | ProgressView = True) -> list[dict[str, Any]]:
@@ -148,12 +150,14 @@ class Trainer:
         t0 = time.perf_counter()
         batches = [await self.batch_source.next_batch() for _ in range(self.config.grad_accum_steps)]
         t_data = time.perf_counter() - t0
+        self._host_memory.release()  # the rollouts' KV, before the step's activations
         # always the same worker thread: glibc gives each thread its own malloc arena, so
         # alternating pool threads would each keep a step's worth of freed activations (2x RSS)
         loop = asyncio.get_running_loop()
         metrics = await loop.run_in_executor(self._worker(), self._optimize, batches)  # filter ... optimizer step
         metrics["time/data_s"] = t_data
         self._publish_and_checkpoint(metrics)
+        self._host_memory.release()  # the step's activations, before the next rollouts
         metrics["time/step_s"] = time.perf_counter() - t0  # pull to publish and checkpoint
         self._log(metrics)
         return metrics

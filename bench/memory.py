@@ -1,0 +1,356 @@
+"""Resident memory of the main training paths, step by step: peak, per step, and growth.
+
+Each path runs in its own subprocess (one path's heap never carries into the next), with a
+thread sampling the process's resident set size (RSS, psutil) every 20 ms. The table gives,
+per path: RSS when the first training step starts (models loaded, any evaluation before
+training done), each step's peak (its rollouts included: a ``Trainer`` step pulls its batch)
+and RSS at its end, the growth from the end of one step to the end of the next, the tokens
+each step trained on (what the trainer's activations scale with), and the run's peak. The run
+stops after ``--steps`` training steps (no evaluation after training: it measures training).
+
+  capitals   ``ludic-lab demo``: GRPO + LoRA r=16 on SmolLM2, capital-city questions,
+             ``--scale`` x 8 questions x 6 samples a step
+  tools      ``ludic-lab demo --task tools``: the calculator tool, ``--scale`` x 4 x 6
+             (the tool run only, not its no-tool control)
+  agent      an agent program written against the ``openai`` SDK (one tool, ~490-token
+             prompts with two few-shot exchanges, up to 3 calls of 80 tokens) behind
+             ``OpenAIEndpoint`` over ``LocalChatClient(max_batch_size=16)``, run by
+             ``AgentProgramProtocol``; GRPO + LoRA r=16, ``TrainerConfig(max_seq_len=1024)``
+             (its other fields at their defaults: micro-batches of 8192 tokens),
+             ``--scale`` x 4 questions x 8 samples = 32 episodes a step. Learning rate
+             ``--agent-lr`` (1e-5): at 1e-3 this policy collapses after one step to one short
+             reply, and the later steps would train on a fraction of the first one's tokens.
+  tictactoe  ``examples/tic_tac_toe/train_tic_tac_toe.py``: ``--scale`` x 4 games x 4 plays
+
+``--release off`` runs with ``TrainerConfig(release_host_memory=False)`` (glibc's malloc
+defaults: what the trainer did before it bounded host memory; see
+``ludic_lab/training/host_memory.py``). On 2 cores SmolLM2 takes minutes per agent step at
+full scale; ``--scale 0.25`` keeps every path to a few GB.
+
+    .venv/bin/python bench/memory.py                                   # all paths, 8 steps, full scale
+    .venv/bin/python bench/memory.py --paths agent --steps 8 --scale 0.25
+    .venv/bin/python bench/memory.py --paths agent,capitals --steps 4 --release off
+    .venv/bin/python bench/memory.py --model tiny --steps 3 --scale 0.25   # a quick check of the bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PATHS = ("capitals", "tools", "agent", "tictactoe")
+MB = 2**20
+
+
+# -- in the child: the RSS monitor and the step hook -----------------------------------------------
+
+
+@dataclass
+class Monitor:
+    """RSS sampled every ``interval_s``; the peak since the last :meth:`mark` and of the run."""
+
+    interval_s: float = 0.02
+    peak: int = 0
+    run_peak: int = 0
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    before: int | None = None
+
+    def __post_init__(self) -> None:
+        import psutil
+
+        self._proc = psutil.Process()
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def rss(self) -> int:
+        r = int(self._proc.memory_info().rss)
+        self.peak, self.run_peak = max(self.peak, r), max(self.run_peak, r)
+        return r
+
+    def _sample(self) -> None:
+        while True:
+            self.rss()
+            time.sleep(self.interval_s)
+
+    def mark(self) -> int:
+        """RSS now; the step peak starts again from it."""
+        r = self.rss()
+        self.peak = r
+        return r
+
+
+class Done(Exception):
+    """Raised by the step hook after the last measured step: the run stops there."""
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process so far, every thread, user and system."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def hook_trainer(monitor: Monitor, steps: int, release: bool) -> None:
+    """Record RSS around every ``Trainer.train_step`` of the first trainer built; stop after ``steps``."""
+    import ludic_lab.training.trainer as trainer_mod
+
+    if not release and hasattr(trainer_mod, "HostMemory"):  # works on a library without it too
+        off = trainer_mod.HostMemory
+        setattr(trainer_mod, "HostMemory", lambda enabled: off(False))  # noqa: B010
+    original = trainer_mod.Trainer.train_step
+    first: list[Any] = []
+
+    async def train_step(self: Any) -> dict[str, Any]:
+        if first and first[0] is not self:  # e.g. the tool demo's no-tool control
+            raise Done
+        first[:1] = [self]
+        start = monitor.mark()
+        if monitor.before is None:
+            monitor.before = start
+        t0, cpu0 = time.perf_counter(), _cpu_s()
+        metrics = await original(self)
+        end = monitor.rss()
+        monitor.steps.append(
+            {"peak": monitor.peak, "end": end, "tokens": int(metrics.get("tokens", 0) or 0),
+             "seconds": round(time.perf_counter() - t0, 1), "cpu_s": round(_cpu_s() - cpu0, 1)}
+        )  # fmt: skip
+        if len(monitor.steps) >= steps:
+            raise Done
+        return metrics
+
+    trainer_mod.Trainer.train_step = train_step  # type: ignore[method-assign]
+
+
+# -- in the child: the paths -----------------------------------------------------------------------
+
+
+def _n(base: int, scale: float) -> int:
+    return max(1, round(base * scale))
+
+
+async def run_capitals(args: argparse.Namespace, out: str, task: str = "capitals") -> None:
+    from ludic_lab.demo import DemoConfig, run_demo
+
+    questions = _n(8 if task == "capitals" else 4, args.scale)
+    cfg = DemoConfig(steps=args.steps + 1, model=args.model, out=out, task=task, eval_k=0,  # type: ignore[arg-type]
+                     questions_per_step=questions, group_size=6)  # fmt: skip
+    await run_demo(cfg)
+
+
+async def run_tools(args: argparse.Namespace, out: str) -> None:
+    await run_capitals(args, out, task="tools")
+
+
+async def run_tictactoe(args: argparse.Namespace, out: str) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ttt", ROOT / "examples/tic_tac_toe/train_tic_tac_toe.py")
+    assert spec is not None and spec.loader is not None
+    ttt = importlib.util.module_from_spec(spec)
+    sys.modules["ttt"] = ttt  # its dataclasses look their module up
+    spec.loader.exec_module(ttt)
+    cfg = ttt.Config(model=args.model, steps=args.steps + 1, games_per_step=_n(4, args.scale), eval_games=2, out=out)
+    await ttt.run(cfg)
+
+
+SYSTEM = (
+    "You are a careful assistant for arithmetic questions. Use the calculator tool for arithmetic: call it with "
+    "one expression made of numbers, + - * / and parentheses, read the result it returns, then reply with just "
+    "the number and nothing else. Never compute a product in your head, never explain the steps, never repeat "
+    "the question, and never add units or words to the final answer. If the tool reports an error, correct the "
+    "expression and call it again; after two failed calls, answer with your best number."
+)
+CALCULATOR = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression (numbers, + - * /, parentheses).",
+    "parameters": {"type": "object", "required": ["expression"],
+                   "properties": {"expression": {"type": "string", "description": "e.g. '347 * 29'"}}},
+}}  # fmt: skip
+
+
+def _worked(question: str, expression: str, result: str, k: int) -> list[dict[str, Any]]:
+    call = {"id": f"ex{k}", "type": "function",
+            "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})}}  # fmt: skip
+    return [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"ex{k}", "content": result},
+        {"role": "assistant", "content": result},
+    ]
+
+
+EXAMPLES = [*_worked("What is 12 * 34?", "12 * 34", "408", 0), *_worked("What is 250 times 17?", "250 * 17", "4250", 1)]
+
+
+async def calculator_agent(client: Any, question: str, max_tokens: int = 80) -> str:
+    """Plain openai-SDK code: ask, run the tool calls, send the results back; at most 3 calls."""
+    from ludic_lab.envs.calculator import calculator
+
+    messages = [{"role": "system", "content": SYSTEM}, *EXAMPLES, {"role": "user", "content": question}]
+    msg: Any = None
+    for _ in range(3):
+        reply = await client.chat.completions.create(
+            model="policy", messages=messages, tools=[CALCULATOR], max_tokens=max_tokens
+        )
+        msg = reply.choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        if not msg.tool_calls:
+            break
+        for call in msg.tool_calls:
+            try:
+                result = calculator(**json.loads(call.function.arguments))
+            except Exception as e:  # noqa: BLE001 - the model's bad call is reported back to it
+                result = f"Error: {e}"
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
+    return (msg.content or "") if msg is not None else ""
+
+
+async def run_agent(args: argparse.Namespace, out: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from ludic_lab.data import load_multiplication
+    from ludic_lab.demos.tool_task import final_number_match
+    from ludic_lab.distributed import ClientPublisher
+    from ludic_lab.endpoint import OpenAIEndpoint
+    from ludic_lab.envs import DatasetQAEnv
+    from ludic_lab.inference import InferenceSpec, LocalChatClient, SamplingConfig
+    from ludic_lab.inference.request import ReturnSpec
+    from ludic_lab.interaction import AgentProgramProtocol
+    from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource, RolloutEngine
+    from ludic_lab.task import RequestStream
+    from ludic_lab.training import Trainer, TrainerConfig, make_grpo
+
+    rows = load_multiplication("train")
+    client = LocalChatClient(args.model, max_batch_size=16)
+    with OpenAIEndpoint(client) as endpoint:
+        engine = RolloutEngine(
+            {"multiplication": lambda: DatasetQAEnv(rows, verifier=final_number_match, system_prompt=None)},
+            {"agent": lambda: AgentProgramProtocol(calculator_agent, endpoint, max_calls=4, timeout_s=None)},
+            max_concurrency=64,
+            episode_timeout_s=3600,
+        )
+        spec = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=80), ReturnSpec.for_training())
+        algo = make_grpo()
+        requests = RequestStream("multiplication", "agent", per_step=_n(4, args.scale), size=len(rows), seed=0,
+                                 inference=spec, max_steps=1)  # fmt: skip
+        source = RolloutBatchSource(engine, requests, algo.credit_assigner, request_strategy=GRPORequestStrategy(8))
+        policy = AutoModelForCausalLM.from_pretrained(client.model_path)
+        config = TrainerConfig(lr=args.agent_lr, lora_r=16, lora_alpha=32.0, max_seq_len=1024)
+        trainer = Trainer(policy, algo, source, config=config, publisher=ClientPublisher(client),
+                          pad_token_id=client.pad_token_id)  # fmt: skip
+        await trainer.train(args.steps + 1, progress=False)
+
+
+RUNNERS = {"capitals": run_capitals, "tools": run_tools, "agent": run_agent, "tictactoe": run_tictactoe}
+
+
+def child(args: argparse.Namespace) -> None:
+    """Run one path; write the monitor's figures as JSON to ``args.result``."""
+    monitor = Monitor()
+    hook_trainer(monitor, args.steps, args.release == "on")
+    error = None
+    with tempfile.TemporaryDirectory() as out:
+        try:
+            asyncio.run(RUNNERS[args.child](args, out))
+        except Done:
+            pass
+        except BaseException as e:  # noqa: BLE001 - reported in the table's row
+            error = f"{type(e).__name__}: {e}"
+    result = {"before": monitor.before, "steps": monitor.steps, "peak": monitor.run_peak, "error": error}
+    Path(args.result).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)  # background threads (the endpoint's server, the sampler) need no joining
+
+
+# -- the parent: one subprocess per path, the table -----------------------------------------------------
+
+
+def measure(path: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    result = log_dir / f"{path}.json"
+    cmd = [sys.executable, __file__, "--child", path, "--result", str(result), "--steps", str(args.steps),
+           "--scale", str(args.scale), "--model", args.model, "--release", args.release,
+           "--agent-lr", str(args.agent_lr)]  # fmt: skip
+    t0 = time.perf_counter()
+    with open(log_dir / f"{path}.log", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
+    if not result.exists():
+        tail = (log_dir / f"{path}.log").read_text()[-2000:]
+        return {"error": f"exit {proc.returncode}: {tail}", "steps": [], "before": None, "peak": 0}
+    data: dict[str, Any] = json.loads(result.read_text())
+    data["wall_s"] = time.perf_counter() - t0
+    return data
+
+
+def _mb(x: int | None) -> str:
+    return "-" if x is None else f"{x / MB:,.0f}"
+
+
+def report(path: str, data: dict[str, Any]) -> dict[str, str]:
+    """Print ``path``'s per-step rows; return its summary row."""
+    steps = data["steps"]
+    print(f"\n{path}: before training {_mb(data['before'])} MB" + (f"  ERROR {data['error']}" if data["error"] else ""))
+    print(f"  {'step':>4} {'tokens':>7} {'peak MB':>9} {'end MB':>9} {'growth MB':>10} {'wall s':>7} {'cpu s':>7}")
+    prev = data["before"]
+    for i, s in enumerate(steps, 1):
+        growth = "" if prev is None else f"{(s['end'] - prev) / MB:+,.0f}"
+        mem = f"{_mb(s['peak']):>9} {_mb(s['end']):>9} {growth:>10}"
+        print(f"  {i:>4} {s['tokens']:>7} {mem} {s['seconds']:>7} {s.get('cpu_s', '-'):>7}")
+        prev = s["end"]
+    ends = [s["end"] for s in steps]
+    per_step = "-" if len(ends) < 2 else f"{(ends[-1] - ends[0]) / (len(ends) - 1) / MB:+,.0f}"
+    return {
+        "path": path,
+        "steps": str(len(steps)),
+        "tokens/step": "-" if not steps else f"{statistics.fmean(s['tokens'] for s in steps):,.0f}",
+        "before": _mb(data["before"]),
+        "step 1 peak": _mb(steps[0]["peak"]) if steps else "-",
+        "last step peak": _mb(steps[-1]["peak"]) if steps else "-",
+        "run peak": _mb(data["peak"]),
+        "end: first -> last": f"{_mb(ends[0])} -> {_mb(ends[-1])}" if ends else "-",
+        "growth/step after 1": per_step,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
+    ap.add_argument("--steps", type=int, default=8, help="training steps measured per path")
+    ap.add_argument("--scale", type=float, default=1.0, help="episodes per step, times each path's own")
+    ap.add_argument("--model", default="default", help='"default" (SmolLM2-135M), "tiny" or a model folder')
+    ap.add_argument("--release", choices=("on", "off"), default="on", help="TrainerConfig.release_host_memory")
+    ap.add_argument("--agent-lr", type=float, default=1e-5, help="the agent path's learning rate")
+    ap.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if bad := [p for p in paths if p not in PATHS]:
+        ap.error(f"unknown path(s) {bad}; choose from {', '.join(PATHS)}")
+    print(f"memory: {args.steps} steps, scale {args.scale}, model {args.model}, release_host_memory {args.release}")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in paths:
+            rows.append(report(p, measure(p, args, Path(tmp))))
+    cols = list(rows[0])
+    widths = [max(len(c), *(len(r[c]) for r in rows)) for c in cols]
+    print("\nresident memory (MB; growth: end of step k minus end of step k-1, averaged over steps 2..N)")
+    print("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
+    for r in rows:
+        print("  ".join(r[c].rjust(w) for c, w in zip(cols, widths, strict=True)))
+
+
+if __name__ == "__main__":
+    main()
