@@ -457,7 +457,7 @@ async def part_b(client: Any, args: argparse.Namespace, backend: str) -> None:
     d_tok = sum(len(c) for ep_c in comps for c in ep_c)
     same = sum(a == b for x, y in zip(comps, want, strict=True) for a, b in zip(x, y, strict=True))
     segs = sum(r.meta["agent_program"]["segments"] for r in rs)
-    tool_calls = sum(s.info["agent_program"]["tool_calls"] for r in rs for s in r.steps)
+    tool_calls = sum(s.info["agent_program"]["num_tool_calls"] for r in rs for s in r.steps)
     print(
         f"\n[{backend}] (b) {n} concurrent agent programs x {args.turns} calls, max_tokens={mt}, T=1 seeded, "
         f"best of {args.repeats}"

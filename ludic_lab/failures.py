@@ -12,6 +12,8 @@ says which kind of failure it was, so a batch can count them (``failed/<cause>``
 ``sandbox_error``  the code sandbox itself failed (not the model's program)
 ``judge_failure``  a reward could not be had: unreadable judge reply, judge timeout or crash
 ``agent_error``    the agent raised outside the model call (context, tools, an agent program)
+``model_error``    an agent program stopped on what the model wrote (a tool it lacks, arguments
+                   that do not parse) and its protocol leaves such episodes out
 ``protocol_error`` the interaction protocol raised or returned something invalid
 ``other``          a failure recorded without a known cause
 =================  ====================================================================
@@ -35,6 +37,7 @@ FAILURE_CAUSES = (
     "sandbox_error",
     "judge_failure",
     "agent_error",
+    "model_error",
     "protocol_error",
     "other",
 )

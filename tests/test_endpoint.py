@@ -57,7 +57,9 @@ async def test_a_tool_episode_is_one_step_whose_trace_is_exactly_what_was_sample
     assert tr.completion_logprobs is not None and tr.policy_version == 3
     meta = r.meta["agent_program"]
     assert meta["calls"] == 2 and meta["segments"] == 1 and meta["prefix_breaks"] == 0
-    assert step.info["agent_program"]["tool_calls"] == 1 and step.parsed_action == "It is 33"
+    (call,) = step.info["agent_program"]["tool_calls"]  # what the model called, as it wrote it
+    assert (call["name"], call["arguments"], call["error"]) == ("multiply", '{"a": 11, "b": 3}', None)
+    assert step.info["agent_program"]["num_tool_calls"] == 1 and step.parsed_action == "It is 33"
 
 
 async def test_a_program_that_rewrites_its_history_starts_a_counted_segment_never_retokenised() -> None:

@@ -203,7 +203,8 @@ async def test_a_framework_tool_episode_is_one_segment_of_exactly_the_sampled_to
     assert meta["calls"] == 2 and meta["segments"] == 1 and meta["prefix_breaks"] == 0, meta
     assert meta["undelivered"] == 0
     (step,) = r.steps
-    assert step.info["agent_program"]["tool_calls"] == 1 and step.parsed_action == "33"
+    assert [c["name"] for c in step.info["agent_program"]["tool_calls"]] == ["multiply"]
+    assert step.info["agent_program"]["num_tool_calls"] == 1 and step.parsed_action == "33"
 
     # the trace: the backend's completions with mask 1, the tool result between them with mask 0
     tr = step.trace

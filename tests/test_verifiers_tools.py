@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,8 +26,8 @@ import pytest
 pytest.importorskip("verifiers", reason="the verifiers extra: pip install -e '.[verifiers]'")
 pytest.importorskip("openai", reason="the openai extra (the endpoint): pip install -e '.[openai]'")
 pytest.importorskip("httpx", reason="the openai extra (the endpoint): pip install -e '.[openai]'")
-import torch
 from helpers import Reply, ScriptedChatClient
+from trainer_helpers import teach_item
 from verifiers_helpers import rescore, verifiers_envs_importable
 
 from ludic_lab.endpoint import OpenAIEndpoint
@@ -113,41 +112,13 @@ async def test_a_tool_episode_is_one_segment_of_exactly_the_backends_tokens(scri
     assert nodes[-1]["message"]["content"] == ANSWER and nodes[2]["message"]["content"] == "33"
 
 
-def _teach_the_tool_call(model_dir: str, out: Path, item: SAWItem) -> None:
-    """A copy of the tiny model fit (a few seconds, one thread, seeded) to the scripted episode's
-    sampled tokens, so that it writes the tool call and the answer itself."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the small matmuls run faster on one thread than on two busy ones
-    try:
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        x = torch.tensor([list(item.input_ids)])
-        act = torch.tensor(list(item.action_mask[1:]), dtype=torch.bool)
-        for _ in range(300):  # ~140 steps
-            lp = torch.log_softmax(model(x).logits[0, :-1].float(), -1).gather(-1, x[0, 1:, None])[:, 0][act]
-            worst = float(lp.detach().min())
-            if worst > -0.01:  # every sampled token at p > 0.99
-                break
-            opt.zero_grad()
-            (-lp.mean()).backward()
-            opt.step()
-        assert worst > -0.01, f"the tool call was not learnt (min logprob {worst:.3f})"
-    finally:
-        torch.set_num_threads(threads)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
-
-
 @pytest.fixture(scope="module")
 def tool_model_dir(scripted, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     r, _ = scripted
     item = SAWItem.from_step(r, r.steps[0], 1.0)
     key = hashlib.sha256(repr(item.input_ids).encode()).hexdigest()[:12]
     out = tmp_path_factory.mktemp(f"vf_tool_model_{key}")
-    _teach_the_tool_call(tiny_model_dir, out, item)
+    teach_item(tiny_model_dir, out, item)  # ~140 steps
     return str(out)
 
 

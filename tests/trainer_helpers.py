@@ -188,3 +188,33 @@ def trainer_vs_behaviour(model: Any, item: SAWItem) -> torch.Tensor:
     act = mb.action_mask.bool()
     assert int(act.sum()) == item.num_action_tokens and bool((lp_RT[~act] == 0).all())
     return (lp_RT[act] - mb.behaviour_logprobs[act]).abs()
+
+
+def teach_item(model_dir: str, out: Any, item: SAWItem, *, min_logprob: float = -0.01, max_steps: int = 300) -> None:
+    """Save to ``out`` a copy of the model at ``model_dir`` fit (seeded, one thread, a few
+    seconds) to ``item``'s sampled tokens until each has a logprob over ``min_logprob`` (the
+    default: p > 0.99, so sampling at temperature 1 writes it too; log(0.5) is enough for
+    greedy): the tiny model then writes a scripted reply (a tool call, an answer) itself."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the small matmuls run faster on one thread than on two busy ones
+    try:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        x = torch.tensor([list(item.input_ids)])
+        act = torch.tensor(list(item.action_mask[1:]), dtype=torch.bool)
+        for _ in range(max_steps):
+            lp = torch.log_softmax(model(x).logits[0, :-1].float(), -1).gather(-1, x[0, 1:, None])[:, 0][act]
+            worst = float(lp.detach().min())
+            if worst > min_logprob:
+                break
+            opt.zero_grad()
+            (-lp.mean()).backward()
+            opt.step()
+        assert worst > min_logprob, f"the reply was not learnt (min logprob {worst:.3f})"
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)

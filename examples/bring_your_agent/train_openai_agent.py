@@ -187,7 +187,7 @@ async def held_out(engine: RolloutEngine, n: int, cfg: Config) -> dict[str, floa
             if r.failed:
                 print(f"  held-out {kind} episode {r.env_seed} failed: {r.error}", flush=True)
         out[f"{kind}_tool_calls_per_episode"] = round(
-            sum(s.info.get("agent_program", {}).get("tool_calls", 0) for r in rs for s in r.steps) / max(1, n), 3
+            sum(s.info.get("agent_program", {}).get("num_tool_calls", 0) for r in rs for s in r.steps) / max(1, n), 3
         )
     return out
 

@@ -32,7 +32,7 @@ from ludic_lab.endpoint.schemas import ChatCompletionBody, completion_reply, str
 from ludic_lab.endpoint.sessions import Claim, RecordedCall, Session, SessionError, SessionStore
 from ludic_lab.inference.chat_template import ChatTemplate
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig
-from ludic_lab.rendering.reply import split_reply
+from ludic_lab.rendering.reply import scan_reply, split_reply
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """Largest request body accepted (4 MiB: ~1M tokens of text, past any context this serves)."""
@@ -270,6 +270,7 @@ def _record(
         else (None, resp.text)
     )
     tool_calls = tuple({**c, "id": f"call_{uuid.uuid4().hex[:12]}"} for c in (calls or ()))
+    invalid = scan_reply(template, resp.completion_token_ids, resp.text, resp.prompt_token_ids).errors if parse else ()
     call = RecordedCall(
         index=first + k,
         trace=TokenTrace.from_response(resp, prompt_source=plan.source),
@@ -278,6 +279,7 @@ def _record(
         text=resp.text,
         content=content if (content or not tool_calls) else None,
         tool_calls=tool_calls,
+        invalid_tool_calls=tuple(invalid),
         choice=k,
         break_reason=plan.break_reason if k == 0 else None,
         delivered=delivered,

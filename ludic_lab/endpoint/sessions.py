@@ -64,6 +64,8 @@ class RecordedCall:
     the call started a segment, ``break_reason`` says why). ``delivered`` is False for a
     reply the program did not get (a stream it stopped reading before the end, a reply to a
     client that had hung up; see :mod:`ludic_lab.endpoint.replies`): it is never trained on.
+    ``invalid_tool_calls`` holds ``(raw block, what is wrong)`` of each tool-call block of a
+    reply offered tools that was not a valid call (it stayed in ``content``).
     """
 
     index: int
@@ -73,6 +75,7 @@ class RecordedCall:
     text: str
     content: str | None
     tool_calls: tuple[dict[str, Any], ...]
+    invalid_tool_calls: tuple[tuple[str, str], ...] = ()
     choice: int = 0
     break_reason: str | None = None
     delivered: bool = True

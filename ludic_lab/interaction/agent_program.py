@@ -17,6 +17,11 @@ one (the program rewrote its history) starts a new segment: counted in
 
 Failures are failed rollouts with the calls so far (the engine records them): the program
 raised, ran past ``timeout_s``, spent its call or token budget, or never called the model.
+A program stopped by a *model error* (:mod:`~ludic_lab.interaction.model_errors`: the model
+named a tool the program lacks, wrote arguments that do not parse, ...) is left out the same
+way (``failure_cause="model_error"``) unless ``model_error_reward`` is set: then the episode is
+scored with that reward on what the model sampled up to the error. Either way it is counted
+(``rollout.meta["model_error"]``; ``num_model_error_rollouts`` in batch stats).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,8 +38,14 @@ from ludic_lab.aio import maybe_await, within
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.inference.request import InferenceSpec
 from ludic_lab.interaction.base import InteractionProtocol
+from ludic_lab.interaction.model_errors import (
+    ModelErrorEpisode,
+    check_model_error_reward,
+    check_model_errors,
+    find_model_error,
+)
+from ludic_lab.interaction.program_steps import segment_steps
 from ludic_lab.interaction.single_agent import EpisodeError, merge_info, oldest_policy_version
-from ludic_lab.traces import merge_traces
 from ludic_lab.types import Rollout, Step
 
 AgentProgram = Callable[[Any, Any], Awaitable[Any]]
@@ -51,6 +62,11 @@ class AgentProgramProtocol(InteractionProtocol):
     (default: strings as they are, anything else as JSON). The request's
     ``InferenceSpec.sampling`` fills what the program's calls leave out, and the episode's
     sampling seed seeds each call that brings none (GRPO groups differ, replays repeat).
+
+    ``model_error_reward``: ``None`` leaves an episode the model broke (a model error, see
+    :mod:`~ludic_lab.interaction.model_errors`) out of its group like any failure; a number
+    scores it with that reward instead. ``model_errors`` adds exception classes that count as
+    model errors. Timeouts, budgets, crashes and backend errors are always left out.
     """
 
     def __init__(
@@ -63,6 +79,8 @@ class AgentProgramProtocol(InteractionProtocol):
         timeout_s: float | None = 300.0,
         task_from: Callable[[Any, dict[str, Any]], Any] | None = None,
         answer_to_text: Callable[[Any], str] | None = None,
+        model_error_reward: float | None = None,
+        model_errors: Sequence[type[BaseException]] = (),
     ) -> None:
         if not callable(program):
             raise TypeError("program must be an async function (client, task) -> answer")
@@ -75,6 +93,8 @@ class AgentProgramProtocol(InteractionProtocol):
         self.timeout_s = timeout_s
         self.task_from = task_from
         self.answer_to_text = answer_to_text or _answer_text
+        self.model_error_reward = check_model_error_reward(model_error_reward)
+        self.model_errors = check_model_errors(model_errors)
 
     async def run(
         self,
@@ -114,6 +134,7 @@ class AgentProgramProtocol(InteractionProtocol):
         t0 = time.monotonic()
         answer: Any = None
         error: tuple[str, str] | None = None
+        model_error: BaseException | None = None
         try:
             answer = await within(self.program(client, task), min(bounds) if bounds else None)
         except TimeoutError:
@@ -122,6 +143,7 @@ class AgentProgramProtocol(InteractionProtocol):
             raise
         except Exception as e:  # noqa: BLE001 - the program's failure is the episode's, recorded
             error = ("agent_program", f"{type(e).__name__}: {e}")
+            model_error = find_model_error(e, self.model_errors)
         finally:
             self.endpoint.close_session(session)
             await _close(client)
@@ -129,13 +151,18 @@ class AgentProgramProtocol(InteractionProtocol):
         meta["agent_program"] = stats
         steps = segment_steps(session, str(obs))
         if session.refused:  # the program may have raised on the refusal: the budget is the cause
-            error = ("budget", session.refused[0]["reason"])
+            error, model_error = ("budget", session.refused[0]["reason"]), None
         if error is None and not steps:
             error = ("agent_program", "the program never called the model through its client")
+        if model_error is not None:
+            meta["model_error"] = {"type": type(model_error).__name__, "message": str(model_error)}
+            if self.model_error_reward is not None and steps:
+                return [self._scored(steps, agent_id, env_seed, sampling_seed, meta)]
         if error is not None:
             phase, why = error
             partial = _rollout(steps, agent_id, env_seed, sampling_seed, {**meta, "end": "error", "error_cause": phase})
-            raise EpisodeError(
+            kind = ModelErrorEpisode if model_error is not None else EpisodeError
+            raise kind(
                 f"agent program episode (env_seed={env_seed}) failed ({phase}) after {stats['calls']} call(s): {why}",
                 rollouts=[replace(partial, error=f"{phase}: {why}")],
                 phase=phase,
@@ -156,35 +183,24 @@ class AgentProgramProtocol(InteractionProtocol):
         meta["end"] = "terminated" if outcome.terminated else "answered"
         return [_rollout(steps, agent_id, env_seed, sampling_seed, meta)]
 
-
-def segment_steps(session: Any, obs: str) -> list[Step]:
-    """One step per segment of ``session``'s delivered calls (:meth:`Session.segments`)."""
-    steps = []
-    for k, chain in enumerate(session.segments()):
-        trace = merge_traces([c.trace for c in chain])
-        head = chain[0]
-        steps.append(
-            Step(
-                index=k,
-                prev_obs=obs,
-                action=chain[-1].text,
-                parsed_action=None,
-                next_obs=None,
-                reward=0.0,
-                info={
-                    "parse_error": False,
-                    "incomplete_completion": chain[-1].trace.finish_reason == "length",
-                    "agent_program": {
-                        "calls": [c.index for c in chain],
-                        "prompt_source": head.trace.prompt_source,
-                        "break_reason": head.break_reason,
-                        "tool_calls": sum(len(c.tool_calls) for c in chain),
-                    },
-                },
-                trace=trace,
-            )
+    def _scored(
+        self, steps: list[Step], agent_id: Any, env_seed: int | None, sampling_seed: int | None, meta: dict
+    ) -> Rollout:
+        """The episode of a model error, scored: its last step gets ``model_error_reward`` (the
+        env never saw an answer), every sampled token up to the error stays trainable."""
+        assert self.model_error_reward is not None
+        why = f"{meta['model_error']['type']}: {meta['model_error']['message']}"
+        last = steps[-1]
+        program = {**last.info["agent_program"], "model_error": why}
+        steps[-1] = replace(
+            last,
+            reward=self.model_error_reward,
+            env_reward=0.0,
+            format_reward=self.model_error_reward,
+            terminated=True,
+            info={**last.info, "agent_program": program, "terminated_by": "model_error"},
         )
-    return steps
+        return _rollout(steps, agent_id, env_seed, sampling_seed, {**meta, "end": "model_error"})
 
 
 def _rollout(steps: list[Step], agent_id: Any, env_seed: int | None, sampling_seed: int | None, meta: dict) -> Rollout:

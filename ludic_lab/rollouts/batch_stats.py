@@ -43,7 +43,8 @@ def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     model calls whose sampled history the family's template would have rendered otherwise
     (the agent's ``info["prefix_breaks"]``: Qwen3 dropping earlier reasoning, a re-tokenised
     reply); ``failed/<cause>`` counts the failed rollouts by ``meta["failure_cause"]``
-    (:func:`ludic_lab.failures.failure_counts`)."""
+    (:func:`ludic_lab.failures.failure_counts`); ``num_model_error_rollouts`` counts the
+    agent programs the model broke (``meta["model_error"]``), scored or left out."""
     ok = [r.total_reward for r in rollouts if not r.failed]
     finite = [x for x in ok if math.isfinite(x)]
     steps = [s for r in rollouts for s in r.steps]
@@ -51,6 +52,7 @@ def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     return {
         "num_rollouts": len(rollouts),
         "num_failed_rollouts": sum(r.failed for r in rollouts),
+        "num_model_error_rollouts": sum("model_error" in r.meta for r in rollouts),
         "num_nonfinite_reward_rollouts": len(ok) - len(finite),
         "num_steps": len(steps),
         "reward_mean": _mean(finite),
