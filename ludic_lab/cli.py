@@ -73,6 +73,30 @@ def _cmd_trainer(ns: argparse.Namespace) -> int:
     return int(trainer_main(config_or_usage_error(ns.parser, PipelineTrainerConfig, ns)) or 0)
 
 
+def _cmd_runs(ns: argparse.Namespace) -> int:
+    from ludic_lab.runs.compare import RunsConfig, compare
+
+    cfg = config_or_usage_error(ns.parser, RunsConfig, ns, reraise=getattr(ns, "traceback", False))
+    try:
+        compare(ns.paths, cfg)
+    except (ValueError, FileNotFoundError) as e:  # no run folder there, a key no run has, a bad file name
+        if getattr(ns, "traceback", False):
+            raise
+        ns.parser.error(str(e))
+    return 0
+
+
+def _cmd_eval(ns: argparse.Namespace) -> int:
+    from ludic_lab.aio import run_sync
+    from ludic_lab.demos.eval_cmd import EvalConfig, run_eval
+
+    cfg = config_or_usage_error(
+        ns.parser, EvalConfig, ns, check=EvalConfig.preflight, reraise=getattr(ns, "traceback", False)
+    )
+    run_sync(run_eval(cfg))
+    return 0
+
+
 def _cmd_export(ns: argparse.Namespace) -> int:
     from ludic_lab.lab.export import main as export_main
 
@@ -101,6 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("trainer", help="pipeline RL trainer: train from the Redis queue, publish weights")
     add_dataclass_args(t, PipelineTrainerConfig)
     t.set_defaults(func=_cmd_trainer, parser=t)
+    from ludic_lab.runs.compare import RunsConfig
+
+    r = sub.add_parser("runs", help="compare run folders: a summary table, optionally a plot and a CSV (docs/runs.md)",
+                       description=RunsConfig.__doc__)  # fmt: skip
+    r.add_argument("paths", nargs="+", metavar="DIR", help="run folders, or quoted globs such as 'runs/*'")
+    add_dataclass_args(r, RunsConfig)
+    r.set_defaults(func=_cmd_runs, parser=r)
+    from ludic_lab.demos.eval_cmd import EVAL_DESCRIPTION, EvalConfig
+
+    v = sub.add_parser("eval", help=(EvalConfig.__doc__ or "").strip().splitlines()[0], description=EVAL_DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_dataclass_args(v, EvalConfig)
+    v.set_defaults(func=_cmd_eval, parser=v)
     e = sub.add_parser(
         "export",
         help="export a notebook's training cell (+ its #| export cells) to a standalone script",
@@ -108,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("export_args", nargs=argparse.REMAINDER, help="NOTEBOOK [-o PATH] [--cell N] [--force]")
     e.set_defaults(func=_cmd_export)
-    for command in (d, m, a, t):  # --traceback after the command too (the top-level value is kept)
+    for command in (d, m, a, t, r, v):  # --traceback after the command too (the top-level value is kept)
         command.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=_TRACEBACK_HELP)
     return p
 

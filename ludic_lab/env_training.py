@@ -34,8 +34,14 @@ from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.parsers import Parser
 from ludic_lab.rollouts import GRPORequestStrategy, IdentityStrategy, RolloutBatchSource, RolloutEngine
 from ludic_lab.rollouts.strategies import RequestStrategy
+from ludic_lab.runs.folder import RUN_FILE, RunFolder
 from ludic_lab.task.definition import Task, as_task
 from ludic_lab.types import Rollout
+
+DEFAULT_OUT = "runs/{env}-{time}"
+"""Where a short-path run writes its run folder unless ``out`` says otherwise: ``{env}`` is the
+task's name, ``{time}`` the start time (``20250131-142502``); a folder that already holds a run
+gets ``-2``, ``-3``, ... appended."""
 
 DEFAULT_CONFIG: dict[str, Any] = {"lr": 1e-4, "lora_r": 8, "lora_alpha": 16}
 """The short path's ``TrainerConfig`` fields (LoRA r=8, alpha 16; the sampling temperature and
@@ -65,6 +71,8 @@ class EnvTraining:
     """The :class:`~ludic_lab.training.Trainer`."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """Metrics of every step trained so far, one dict per step."""
+    folder: RunFolder | None = None
+    """The run folder the trainer logs to (``folder.path``; ``docs/runs.md``), None with ``out=None``."""
 
     def __repr__(self) -> str:
         last = self.history[-1] if self.history else {}
@@ -114,6 +122,7 @@ def build_env_training(
     loggers: Sequence[Any] = (),
     callbacks: Sequence[Callable[[int, dict[str, Any]], None]] = (),
     check: bool = True,
+    out: str | None = DEFAULT_OUT,
 ) -> EnvTraining:
     """Build the parts of a run on ``env`` (a :class:`Task`, an env class or a factory)
     without training; :func:`train_env` is this plus ``train``. Each step samples
@@ -127,6 +136,7 @@ def build_env_training(
     ``strategy``, ``engine``, ``source``, ``publisher`` replace the parts built by default
     (``publisher``: :func:`~ludic_lab.sampler.publisher_for` the client). ``rewards`` (judges,
     group rewards) go to the batch source. ``check`` runs ``check_env`` on a fresh env first.
+    ``out``: the run folder (config, metrics, a rollouts sample; :data:`DEFAULT_OUT`), None for none.
     """
     from ludic_lab.sampler import publisher_for
     from ludic_lab.training import Trainer
@@ -155,13 +165,23 @@ def build_env_training(
         from transformers import AutoModelForCausalLM
 
         policy = AutoModelForCausalLM.from_pretrained(_model_path(client))
+    trainer_config = _trainer_config(config, temperature=temperature, seed=seed)
+    folder = None
+    if out is not None:
+        run_config = dict(
+            env=task.name, model=model if isinstance(model, str) else type(model).__name__, algo=algorithm.name,
+            group_size=group_size, prompts_per_step=prompts_per_step, max_tokens=max_tokens,
+            temperature=temperature, seed=seed, trainer=trainer_config,
+        )  # fmt: skip
+        folder = RunFolder(_run_dir(out, task.name), config=run_config, algo=algorithm.name,
+                           model=run_config["model"], kind="train_env", source=source)  # fmt: skip
     trainer = Trainer(
         policy,
         algorithm,
         source,
-        config=_trainer_config(config, temperature=temperature, seed=seed),
+        config=trainer_config,
         publisher=publisher if publisher is not None else publisher_for(client, policy),
-        loggers=loggers,
+        loggers=[*loggers, *([folder] if folder else [])],
         callbacks=callbacks,
         pad_token_id=getattr(client, "pad_token_id", None),
     )
@@ -169,27 +189,71 @@ def build_env_training(
     engine = getattr(source, "engine", engine)
     requests = getattr(source, "requests_fn", requests)
     strategy = getattr(source, "request_strategy", strategy)
-    return EnvTraining(task, client, engine, requests, strategy, source, algorithm, trainer)
+    return EnvTraining(task, client, engine, requests, strategy, source, algorithm, trainer, folder=folder)
 
 
-async def train_env_async(env: Any, *, steps: int = 10, progress: bool | str = True, **parts: Any) -> EnvTraining:
+async def train_env_async(
+    env: Any, *, steps: int = 10, progress: bool | str = True, save_to: Any = None, **parts: Any
+) -> EnvTraining:
     """``await`` twin of :func:`train_env`: build (:func:`build_env_training` takes ``parts``)
-    and train ``steps`` optimizer steps; returns the :class:`EnvTraining` (``history`` filled)."""
+    and train ``steps`` optimizer steps; returns the :class:`EnvTraining` (``history`` filled).
+    ``save_to``: a folder to save the trained policy into (``True``: the run folder's ``policy/``)."""
+    from ludic_lab.saving.policy import check_destination
+
     run = build_env_training(env, **parts)
+    if save_to is True:
+        if run.folder is None:
+            raise ValueError("save_to=True saves into the run folder, and out=None writes none: pass a folder")
+        save_to = run.folder.path / "policy"
+    if save_to is not None and save_to is not False:
+        check_destination(save_to, overwrite=True)  # before training, not after it
     await run.train(steps, progress=progress)
+    if save_to is not None and save_to is not False:
+        from ludic_lab.saving import save_policy
+
+        save_policy(run.trainer, save_to, overwrite=True)
     return run
 
 
-def train_env(env: Any, *, steps: int = 10, progress: bool | str = True, **parts: Any) -> EnvTraining:
+def train_env(
+    env: Any, *, steps: int = 10, progress: bool | str = True, save_to: Any = None, **parts: Any
+) -> EnvTraining:
     """Train a policy on ``env`` in one call: ``run = train_env(ShoutEnv, steps=20)``.
 
     ``env`` is an env class (or factory, or :class:`Task`); ``parts`` are
     :func:`build_env_training`'s keywords, each a value or a ready-made part (module
     docstring). Returns the :class:`EnvTraining`: ``run.history`` (metrics per step),
-    ``run.rollouts`` (the last batch), ``run.trainer``, ``run.client`` (the trained sampler).
+    ``run.rollouts`` (the last batch), ``run.trainer``, ``run.client`` (the trained sampler),
+    ``run.folder`` (the run folder written under ``runs/``: ``ludic_lab.runs.load_run(run.folder.path)``).
+    ``save_to`` saves the trained policy there once trained (a merged model and the LoRA adapter,
+    docs/saving.md; ``True``: ``<run folder>/policy``), replacing a policy saved there before.
     Works in a script and in a Jupyter cell alike; in async code ``await train_env_async(...)``.
     """
-    return run_sync(train_env_async(env, steps=steps, progress=progress, **parts))
+    return run_sync(train_env_async(env, steps=steps, progress=progress, save_to=save_to, **parts))
+
+
+def _run_dir(out: str, env: str) -> str:
+    """``out`` with ``{env}`` and ``{time}`` filled in; ``-2``, ``-3``, ... when that folder holds a run."""
+    import os
+    import re
+    import time
+
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(
+            f"out must be a folder (a str, may hold {{env}} and {{time}}) or None, got {type(out).__name__}"
+        )
+    name = re.sub(r"[^\w.-]+", "_", env) or "env"
+    try:
+        path = os.fspath(out).format(env=name, time=time.strftime("%Y%m%d-%H%M%S"))
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(
+            f"out={out!r}: only {{env}} and {{time}} are filled in ({e!r}); write other braces as {{{{ }}}}"
+        ) from e
+    base, n = path, 1
+    while os.path.isfile(os.path.join(path, RUN_FILE)):
+        n += 1
+        path = f"{base}-{n}"
+    return path
 
 
 def _local_client(model: Any, batch: int) -> Any:

@@ -224,11 +224,12 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("5b training", ["training"]),
     (
         "6 tasks, the short path from an env to training, pipeline, evaluation",
-        ["task", "env_training", "pipeline", "eval"],
+        # runs.folder: RunFolder, written by training; saving: save_policy and the saving callbacks
+        ["task", "env_training", "pipeline", "eval", "runs.folder", "saving"],
     ),
     (
         "7 lab and views: notebook layer, HTML and plots (lab/rollout_html, saw_html, token_html, reports)",
-        ["lab"],
+        ["lab", "runs"],  # runs: run folders read back, compared in a table and a plot
     ),
     (
         "8 entry points",

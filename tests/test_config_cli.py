@@ -311,6 +311,8 @@ def test_cli_demo_on_tiny_model(tmp_path, tiny_model_dir):
     assert metrics[0]["source/num_rollouts"] == 4 and metrics[0]["source/num_failed_rollouts"] == 0
     assert metrics[0]["source/credit/num_groups"] == 2
     assert (out / "reward_curve.png").stat().st_size > 0 and (out / "rollouts.html").stat().st_size > 0
+    policy = json.loads((out / "policy" / "saved_policy.json").read_text())  # the merged model + adapter/
+    assert summary["policy"] == str(out / "policy") and policy["step"] == 1 and policy["adapter"]
 
 
 @pytest.mark.timeout(180)

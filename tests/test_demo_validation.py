@@ -55,6 +55,7 @@ BAD: list[tuple[list[str], int, list[str]]] = [
     (["--task", "poker"], 2, ["--task", "invalid choice: 'poker'", "'tools'"]),
     (["--out", "{file}"], 2, ["--out", "is a file"]),
     (["--out", "{file}/sub"], 2, ["--out", "cannot be created", "is a file"]),
+    (["--save-policy", "maybe"], 2, ["--save-policy", "expected a boolean (true/false), got 'maybe'"]),
     (["--lr", "nan"], 2, ["--lr must be a finite number > 0, got nan"]),
     (["--lr", "0"], 2, ["--lr must be a finite number > 0, got 0"]),
     (["--lora-r", "-1"], 2, ["--lora-r must be an integer >= 0", "0 trains all weights"]),
@@ -347,7 +348,7 @@ def test_every_demo_flag_is_covered_by_a_bad_value() -> None:
     covered = {f for flags, _, _ in BAD for f in flags if f.startswith("--")}
     # booleans (their parsing is checked on three of them above), and the block classes FSDP
     # shards: names of the model's classes, used only under torchrun with several ranks
-    cannot_be_wrong = {"--reuse-publish-buffers", "--skip-nonfinite", "--fsdp-block-classes"}
+    cannot_be_wrong = {"--reuse-publish-buffers", "--release-host-memory", "--skip-nonfinite", "--fsdp-block-classes"}
     fields = [f.name for f in dataclasses.fields(DemoConfig)] + [f.name for f in dataclasses.fields(TrainerConfig)]
     flags = {"--" + n.replace("_", "-") for n in fields} - {"--trainer", "--extra", "--scoring-temperature"}
     assert flags - covered - cannot_be_wrong == set()

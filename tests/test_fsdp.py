@@ -265,6 +265,14 @@ def test_fsdp_lora_checkpoint_and_merged_weights(dist_run: Path, tiny_model_dir:
     assert mine.keys() == published.keys()
     for k in mine:
         assert torch.equal(mine[k], published[k]), k
+    # save_policy under FSDP: the merged folder holds the published weights, the rest as they were,
+    # and the adapter holds the checkpoint's adapters (peft's names)
+    policy = dist_run / "lora" / "policy"
+    merged = _load(policy / "model.safetensors")
+    assert merged.keys() == w0.keys()
+    assert all(torch.equal(merged[k], published[k] if k in published else w0[k]) for k in merged)
+    saved_adapter = _load(policy / "adapter" / "adapter_model.safetensors")
+    assert saved_adapter.keys() == adapters.keys() and all(torch.equal(saved_adapter[k], adapters[k]) for k in adapters)
 
 
 @pytest.mark.distributed

@@ -137,7 +137,8 @@ def test_tool_demo_runs_on_tiny_model(tiny_model_dir: str, tmp_path: Path) -> No
     cfg = DemoConfig(task="tools", model=tiny_model_dir, steps=2, questions_per_step=2, group_size=2, max_tokens=8,
                      eval_k=1, out=str(out))  # fmt: skip
     summary = run_sync(run_demo(cfg))
-    for name in ("summary.json", "metrics.jsonl", "control_metrics.jsonl", "reward_curve.png", "rollouts.html"):
+    for name in ("summary.json", "metrics.jsonl", "evals.jsonl", "control/metrics.jsonl", "reward_curve.png",
+                 "rollouts.html"):  # fmt: skip
         assert (out / name).is_file(), name
     saved = json.loads((out / "summary.json").read_text())
     assert saved["config"]["task"] == "tools" and saved["held_out_questions"] == 20
@@ -148,7 +149,14 @@ def test_tool_demo_runs_on_tiny_model(tiny_model_dir: str, tmp_path: Path) -> No
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all("tools/tool_call_rate" in r and "tools/valid_call_rate" in r and "reward_mean" in r for r in rows)
-    assert len((out / "control_metrics.jsonl").read_text().splitlines()) == 2
+    assert len((out / "control" / "metrics.jsonl").read_text().splitlines()) == 2
+    from ludic_lab.runs import load_runs  # the tool run and its control are two run folders, compared as such
+
+    table = load_runs([out, out / "control"]).table(eval_key="greedy/accuracy")
+    assert table["eval_before"].tolist() == [saved["with_tool"]["before"]["greedy"]["accuracy"],
+                                             saved["control_without_tool"]["before"]["greedy"]["accuracy"]]  # fmt: skip
+    assert table["eval_after"].tolist() == [saved["with_tool"]["after"]["greedy"]["accuracy"],
+                                            saved["control_without_tool"]["after"]["greedy"]["accuracy"]]  # fmt: skip
     assert summary["train_seconds"] > 0 and summary["control_train_seconds"] > 0
     # rollouts.html: the tool run's last batch with the weights the trainer used, numbers short
     page = (out / "rollouts.html").read_text(encoding="utf-8")

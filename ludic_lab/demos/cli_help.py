@@ -38,7 +38,19 @@ DEMO_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "task, model and training",
         "What to train, on what, and for how long: the options most runs change.",
-        ("task", "model", "algo", "steps", "questions_per_step", "group_size", "lr", "lora_r", "out", "seed"),
+        (
+            "task",
+            "model",
+            "algo",
+            "steps",
+            "questions_per_step",
+            "group_size",
+            "lr",
+            "lora_r",
+            "out",
+            "save_policy",
+            "seed",
+        ),
     ),
     (
         "sampling, evaluation and backend",
@@ -80,6 +92,7 @@ DEMO_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "max_lag",
             "sync_every_steps",
             "reuse_publish_buffers",
+            "release_host_memory",
             "fsdp",
             "fsdp_block_classes",
             "fsdp_mixed_precision",

@@ -11,9 +11,10 @@ The run evaluates on held-out questions before and after (greedy and one sampled
 with the tool), then trains a **control**: the same model, same steps and settings, without
 the tool (questions answered directly) — that run cannot learn multiplication, which shows the
 tool is what makes the difference. Each step prints the reward, the tool-call rate, the
-valid-call rate (episodes where a call ran) and calls per episode; ``summary.json``,
-``metrics.jsonl`` (tool run), ``control_metrics.jsonl``, ``reward_curve.png`` and
-``rollouts.html`` go to the output folder.
+valid-call rate (episodes where a call ran) and calls per episode. The output folder is the
+tool run's run folder (``docs/runs.md``: ``run.json``, ``metrics.jsonl``, ``evals.jsonl``,
+``rollouts.jsonl``) with ``summary.json``, ``reward_curve.png`` and ``rollouts.html``; the
+control's run folder is ``control/`` in it (``ludic-lab runs OUT OUT/control`` compares them).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ludic_lab.data import load_multiplication
 from ludic_lab.demos.tool_task import evaluate_tool_task, tool_stats_callback, tool_task_engine
 from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.rollouts import GRPORequestStrategy
+from ludic_lab.runs.folder import RunFolder
 from ludic_lab.task import RequestStream
 
 TOOL_DEFAULTS: dict[str, Any] = {
@@ -89,11 +91,14 @@ async def _train(
     rows: list[dict[str, Any]],
     *,
     use_tool: bool,
-    metrics_path: Path,
+    run: Any,
     console: Any,
+    save_to: Path | None = None,
 ) -> tuple[list[dict[str, Any]], Any, float]:
-    """One GRPO run on ``rows``; returns ``(history, source, seconds)``. Each step's history
-    row gets the batch's :func:`~ludic_lab.demos.tool_task.tool_stats` under ``tools/``."""
+    """One GRPO run on ``rows``, logged to ``run`` (a :class:`~ludic_lab.runs.folder.RunFolder`);
+    returns ``(history, source, seconds)``. Each step's history and metrics line
+    get the batch's :func:`~ludic_lab.demos.tool_task.tool_stats` under ``tools/``; with
+    ``save_to`` the trained policy is saved there (``docs/saving.md``)."""
     from rich.markup import escape
     from transformers import AutoModelForCausalLM
 
@@ -101,7 +106,6 @@ async def _train(
     from ludic_lab.rollouts import RolloutBatchSource
     from ludic_lab.rollouts.signal_check import NoSignalNotice
     from ludic_lab.training import Trainer
-    from ludic_lab.training.loggers import JSONLLogger
 
     algo = build_algorithm(cfg.algo, max_tokens=cfg.max_tokens)  # DemoConfig checked the name and group size
     engine, env, protocol = tool_task_engine(client, rows, use_tool=use_tool)
@@ -116,8 +120,8 @@ async def _train(
         engine, requests, algo.credit_assigner, request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed)
     )
     policy = AutoModelForCausalLM.from_pretrained(model_path)
-    jsonl = JSONLLogger(metrics_path)
-    add_tool_stats = tool_stats_callback(source, jsonl)
+    run.source = source  # a few rollouts of each step go into the run's rollouts.jsonl
+    add_tool_stats = tool_stats_callback(source, run)
     no_signal = NoSignalNotice()  # a step with nothing to learn says so, with the likely causes
 
     def on_step(step: int, m: dict[str, Any]) -> None:
@@ -138,7 +142,12 @@ async def _train(
     history = await trainer.train(cfg.steps, progress=False)
     seconds = time.perf_counter() - t0
     trainer.close()
-    jsonl.close()
+    run.close()
+    if save_to is not None:
+        from ludic_lab.saving import save_policy
+
+        saved = save_policy(trainer, save_to, overwrite=True)
+        console.print(f"saved the policy to [bold]{saved.path}[/bold]")
     return history, source, seconds
 
 
@@ -156,7 +165,7 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     cfg = tool_demo_config(cfg)  # run_demo has run cfg.preflight() (these defaults included)
     console = Console()
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    run = RunFolder(out, config={**asdict(cfg), "task": "tools"}, algo=cfg.algo, model=cfg.model, kind="demo")
     train_rows, test_rows = load_multiplication("train"), load_multiplication("test")[:EVAL_QUESTIONS]
     t_all = time.perf_counter()
     with console.status("loading the model (the first run materialises SmolLM2 into the cache)..."):
@@ -167,14 +176,16 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     with console.status(f"evaluating on {len(test_rows)} held-out questions, with the tool (before training)..."):
         before = await _evaluate(client, test_rows, cfg, use_tool=True, tag="before")
     console.print(f"[bold]before, with the tool[/bold]: {_line(before)}")
+    run.log_eval("held-out", 0, before)
     console.print(f"[bold]training {cfg.algo} with the calculator tool[/bold]")
     history, source, train_s = await _train(
         cfg, client, model_path, lambda p: backend.publisher(client, p), train_rows, use_tool=True,
-        metrics_path=out / "metrics.jsonl", console=console,
+        run=run, console=console, save_to=out / "policy" if cfg.save_policy else None,
     )  # fmt: skip
     with console.status("evaluating after training..."):
         after = await _evaluate(client, test_rows, cfg, use_tool=True, tag="after")
     console.print(f"[bold]after, with the tool[/bold]: {_line(after)}")
+    run.log_eval("held-out", cfg.steps, after)
     write_rollouts_html(  # the rollouts and credit weights of the batch the last step trained on
         out / "rollouts.html", source.last_rollouts, weights=source.last_weights, tokenizer=model_path,
         training_step=history[-1].get("step") if history else None, title=f"tool run ({cfg.algo}): last training batch",
@@ -189,14 +200,18 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
     with console.status("control: evaluating without the tool (before training)..."):
         control_before = await _evaluate(client, test_rows, cfg, use_tool=False, tag="control before", sampled=False)
     console.print(f"[bold]control, no tool, before[/bold]: {_line(control_before)}")
+    control = RunFolder(out / "control", config={**asdict(cfg), "task": "tools", "use_tool": False}, algo=cfg.algo,
+                        model=cfg.model, kind="demo")  # fmt: skip
+    control.log_eval("held-out", 0, control_before)
     console.print(f"[bold]control: training {cfg.algo} without the tool[/bold] (same steps and settings)")
     control_history, _, control_s = await _train(
         cfg, client, model_path, lambda p: backend.publisher(client, p), train_rows, use_tool=False,
-        metrics_path=out / "control_metrics.jsonl", console=console,
+        run=control, console=console,
     )  # fmt: skip
     with console.status("control: evaluating after training..."):
         control_after = await _evaluate(client, test_rows, cfg, use_tool=False, tag="control after", sampled=False)
     console.print(f"[bold]control, no tool, after[/bold]: {_line(control_after)}")
+    control.log_eval("held-out", cfg.steps, control_after)
 
     summary: dict[str, Any] = {
         "config": {**asdict(cfg), "task": "tools"},
@@ -226,7 +241,9 @@ async def run_tool_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dict[str
         f"{control_before['greedy']['accuracy']:.2f} -> {control_after['greedy']['accuracy']:.2f}; "
         f"{summary['total_seconds'] / 60:.1f} min in all"
     )
-    console.print(f"wrote {out}/summary.json, metrics.jsonl, control_metrics.jsonl, reward_curve.png, rollouts.html")
+    console.print(f"wrote {out}/: the tool run's folder (run.json, metrics.jsonl, evals.jsonl, rollouts.jsonl), "
+                  "summary.json, reward_curve.png, rollouts.html; the control's in control/ "
+                  f"(compare: ludic-lab runs {out} {out / 'control'})")  # fmt: skip
     return summary
 
 

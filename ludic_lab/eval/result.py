@@ -10,7 +10,14 @@ for one agent; it was sampled ``k`` times):
   over items (:mod:`ludic_lab.eval.metrics`).
 - ``mean_reward`` / ``mean_completion_tokens``: over episodes that did not fail, and (for
   the reward) whose reward is finite; ``num_nonfinite_rewards`` counts the others.
-- ``parse_error_rate``: fraction of samples with at least one parse-error step.
+- ``parse_error_rate``: fraction of samples with at least one parse-error step (the format rate
+  is its complement).
+- ``pass@k_ci_low/high`` (``k > 1``): the Wilson interval of the share of items solved at least
+  once in their ``k`` samples (which pass@k is when every item has ``n = k`` samples).
+- ``tool_call_rate`` / ``tool_calls_per_episode`` / ``failed_tool_call_rate``, only when some
+  step reports tool calls (``info["agent"]["tools"]`` of a ``ToolAgent``, or
+  ``info[...]["tool_calls"]`` as a count or a list of calls): episodes with at least one call,
+  calls per episode, and the share of calls that did not run (invalid JSON, unknown tool, ...).
 - ``num_failed`` / ``failure_rate``: episodes whose ``Rollout.error`` is set.
 """
 
@@ -36,8 +43,30 @@ ITEM_META_KEY = "eval_item"
 TABLE_COLUMNS = (
     "item", "env_seed", "sample", "sampling_seed", "agent_id", "rollout_id", "success", "reward",
     "env_reward", "parse_error", "num_steps", "prompt", "completion", "parsed", "target",
-    "completion_tokens", "completion_chars", "finish_reason", "failed", "error",
+    "completion_tokens", "completion_chars", "finish_reason", "tool_calls", "failed_tool_calls", "failed", "error",
 )  # fmt: skip
+
+
+def tool_call_counts(r: Rollout) -> tuple[int | None, int | None]:
+    """``(calls, failed calls)`` the rollout's steps report (``None, None`` when none reports any):
+    a ``ToolAgent``'s ``info["agent"]["tools"]`` counts, or ``info[key]["tool_calls"]`` as a
+    count or a list of calls (a call dict with ``ok: False`` or an ``error`` failed)."""
+    calls: int | None = None
+    failed = 0
+    for s in r.steps:
+        for block in s.info.values():
+            if not isinstance(block, dict):
+                continue
+            tools, listed = block.get("tools"), block.get("tool_calls")
+            if isinstance(tools, dict) and "calls" in tools:
+                calls = (calls or 0) + int(tools["calls"])
+                failed += int(tools.get("failed", 0))
+            elif isinstance(listed, list):
+                calls = (calls or 0) + len(listed)
+                failed += sum(isinstance(c, dict) and (c.get("ok") is False or bool(c.get("error"))) for c in listed)
+            elif isinstance(listed, int) and not isinstance(listed, bool):
+                calls = (calls or 0) + listed
+    return calls, (failed if calls is not None else None)
 
 
 def _row(r: Rollout, success: SuccessFn) -> dict[str, Any]:
@@ -48,6 +77,7 @@ def _row(r: Rollout, success: SuccessFn) -> dict[str, Any]:
         if "target" in s.info:
             target = s.info["target"]
             break
+    calls, failed = tool_call_counts(r)
     return {
         "item": r.meta.get(ITEM_META_KEY, r.meta.get("request_index")),
         "env_seed": r.env_seed,
@@ -67,6 +97,8 @@ def _row(r: Rollout, success: SuccessFn) -> dict[str, Any]:
         "completion_tokens": r.num_completion_tokens,
         "completion_chars": sum(len(s.action) for s in r.steps),
         "finish_reason": last.trace.finish_reason if last is not None and last.trace is not None else None,
+        "tool_calls": calls,
+        "failed_tool_calls": failed,
         "failed": r.failed,
         "error": r.error,
     }
@@ -74,7 +106,8 @@ def _row(r: Rollout, success: SuccessFn) -> dict[str, Any]:
 
 def eval_table(rollouts: Sequence[Rollout], success: SuccessFn) -> pd.DataFrame:
     """One row per rollout with :data:`TABLE_COLUMNS`; ``success`` is False for failed episodes."""
-    return pd.DataFrame([_row(r, success) for r in rollouts], columns=list(TABLE_COLUMNS))
+    table = pd.DataFrame([_row(r, success) for r in rollouts], columns=list(TABLE_COLUMNS))
+    return table.astype({"tool_calls": "Int64", "failed_tool_calls": "Int64"})  # counts, <NA> where not reported
 
 
 def _fmt(v: Scalar) -> str:
@@ -156,6 +189,8 @@ class EvalResult:
         }
         for j, v in self.pass_at().items():
             out[f"pass@{j}"] = v
+        out.update(self._pass_k_interval())
+        out.update(self._tool_rates())
         out.update(
             {
                 "num_items": int(self.per_item().shape[0]),
@@ -170,6 +205,29 @@ class EvalResult:
             }
         )
         return {f"{prefix}{key}": v for key, v in out.items()}
+
+    def _pass_k_interval(self) -> dict[str, Scalar]:
+        """``pass@k_ci_low/high`` for ``k > 1`` (module docstring); empty otherwise."""
+        items = self.per_item()
+        if self.k < 2 or not len(items):
+            return {}
+        lo, hi = wilson_interval(int((items["c"] > 0).sum()), len(items))
+        return {f"pass@{self.k}_ci_low": lo, f"pass@{self.k}_ci_high": hi}
+
+    def _tool_rates(self) -> dict[str, Scalar]:
+        """Tool-call rates over the episodes that report tool calls (module docstring); empty if none does."""
+        reported = self.table[self.table["tool_calls"].notna()] if len(self.table) else self.table
+        if not len(reported):
+            return {}
+        calls = reported["tool_calls"].astype(float)
+        total = float(calls.sum())
+        return {
+            "tool_call_rate": float((calls > 0).mean()),
+            "tool_calls_per_episode": float(calls.mean()),
+            "failed_tool_call_rate": float(reported["failed_tool_calls"].astype(float).sum() / total)
+            if total
+            else math.nan,
+        }
 
     def compare(self, other: EvalResult, names: tuple[str, str] = ("before", "after")) -> pd.DataFrame:
         """Numeric summary metrics of ``self`` and ``other`` side by side, with ``other - self``."""

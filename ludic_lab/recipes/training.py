@@ -1,8 +1,8 @@
 """The training set-up the example scripts share: a LoRA ``TrainerConfig`` as a script
 config's ``trainer`` sub-config (:func:`lora_trainer_field`, :func:`pass_down_trainer`), a
 ``Trainer`` wired to a :class:`~ludic_lab.recipes.Sampler` (weights pushed into it after every
-step, a console table and ``<out>/metrics.jsonl``), a timed run, and the ``summary.json``
-every example writes.
+step, a console table and ``<out>`` as a run folder: ``run.json``, ``metrics.jsonl``,
+``rollouts.jsonl``; docs/runs.md), a timed run, and the ``summary.json`` every example writes.
 
     trainer: TrainerConfig = lora_trainer_field(lr=1e-3)   # a field of the script's Config
     ...
@@ -87,17 +87,23 @@ CONSOLE_KEYS = ("reward_mean", "loss", "grad_norm", "time/step_s")
 
 
 def sampler_trainer(sampler: Any, algo: Any, source: Any, config: Any, *, out: str | os.PathLike,
-                    console_keys: Sequence[str] = CONSOLE_KEYS) -> Any:  # fmt: skip
+                    console_keys: Sequence[str] = CONSOLE_KEYS, run_config: Any = None) -> Any:  # fmt: skip
     """A ``Trainer`` of the model at ``sampler.model_path`` (loaded fresh) that pushes its
     weights into ``sampler`` after every step and logs ``console_keys`` to the terminal and
-    every metric to ``<out>/metrics.jsonl`` (overwritten)."""
+    every metric to the run folder ``out`` (:class:`~ludic_lab.runs.folder.RunFolder`: its
+    ``run.json`` holds ``run_config``, the script's config, or else the trainer's ``config``;
+    ``metrics.jsonl`` and ``rollouts.jsonl`` start empty)."""
     from transformers import AutoModelForCausalLM
 
+    from ludic_lab.runs.folder import RunFolder
     from ludic_lab.training import Trainer
-    from ludic_lab.training.loggers import ConsoleLogger, JSONLLogger
+    from ludic_lab.training.loggers import ConsoleLogger
 
     policy = AutoModelForCausalLM.from_pretrained(sampler.model_path)
-    loggers = [ConsoleLogger(keys=tuple(console_keys)), JSONLLogger(Path(out) / "metrics.jsonl", append=False)]
+    folder = RunFolder(out, config=run_config if run_config is not None else {"trainer": config},
+                       algo=getattr(algo, "name", None), model=str(sampler.model_path), kind="example",
+                       source=source)  # fmt: skip
+    loggers = [ConsoleLogger(keys=tuple(console_keys)), folder]
     publisher = sampler.publisher(policy)
     return Trainer(policy, algo, source, config=config, publisher=publisher, pad_token_id=sampler.client.pad_token_id,
                    loggers=loggers)  # fmt: skip

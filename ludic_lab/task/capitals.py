@@ -85,7 +85,7 @@ async def evaluate_capitals(
     """Held-out accuracy on ``rows`` (default: the test split): ``greedy_accuracy``, and with
     ``k > 0`` the accuracy of ``k`` samples per question at ``temperature`` (``sampled_accuracy``)
     and ``pass@k``."""
-    from ludic_lab.eval import evaluate_qa
+    from ludic_lab.eval.qa import evaluate_qa  # the module: ludic_lab.eval's own package imports task names
 
     data = load_capitals("test") if rows is None else rows
     kw: dict[str, Any] = dict(

@@ -5,7 +5,8 @@
 
 For each scenario rank 0 writes ``OUT/<name>/metrics.json`` (per-step metrics),
 ``OUT/<name>/published/v<k>.safetensors`` (the gathered policy after each step) and a
-checkpoint (``OUT/full/ckpt`` at step 2, ``OUT/lora/ckpt`` at the end). With ``--fail-rank``
+checkpoint (``OUT/full/ckpt`` at step 2, ``OUT/lora/ckpt`` at the end; ``OUT/lora/policy`` the
+saved policy, merged and adapter). With ``--fail-rank``
 that rank's loss raises in the first micro-batch of step ``--fail-step`` (the other rank is
 then waiting inside a collective); it writes ``OUT/failed_at.txt`` (a timestamp) first.
 Scenario ``resume-NAME`` loads the one-process checkpoint given as ``--resume NAME=CKPT``
@@ -33,6 +34,7 @@ from trainer_helpers import ListBatchSource
 
 from ludic_lab.distributed.dist_utils import destroy_distributed, get_rank, get_world_size, init_distributed
 from ludic_lab.rollouts.saw import SAWBatch
+from ludic_lab.saving import save_policy
 
 
 class FailingLoss:
@@ -109,6 +111,7 @@ def main() -> None:
                 hist = trainer.train_sync(STEPS - trainer.step, progress=False)
                 if name == "lora":
                     trainer.save_checkpoint(str(d / "ckpt"))
+                    save_policy(trainer, d / "policy")  # every rank: gathered, rank 0 writes
             finally:
                 trainer.close()
             if rank == 0:

@@ -291,7 +291,8 @@ async def evaluate_reasoning_gym(client: Any, env: Callable[[], ReasoningGymEnv]
     """:func:`ludic_lab.eval.evaluate` of ``client`` on every row of ``env``'s split (or the first
     ``limit``), ``k`` samples each; success is ``info["correct"]``. Returns the
     :class:`~ludic_lab.eval.EvalResult` (``summary()``: accuracy with its Wilson interval, pass@1..k)."""
-    from ludic_lab.eval import InfoKeySuccess, evaluate
+    from ludic_lab.eval.evaluator import evaluate
+    from ludic_lab.eval.success import InfoKeySuccess
     from ludic_lab.rollouts import EnvSpec, ProtocolSpec
 
     probe = env()
@@ -308,7 +309,7 @@ async def evaluate_reasoning_gym(client: Any, env: Callable[[], ReasoningGymEnv]
 def eval_summary(result: Any) -> dict[str, Any]:
     """``result.summary()`` plus ``pass@k_ci_low`` / ``pass@k_ci_high``: the Wilson interval of the
     share of items solved at least once in their ``k`` samples (which pass@k is when n = k)."""
-    from ludic_lab.eval import wilson_interval
+    from ludic_lab.eval.metrics import wilson_interval
 
     out = dict(result.summary())
     items = result.per_item()

@@ -1,0 +1,75 @@
+"""The summary table of several runs: a row per run, the numbers one compares first."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from ludic_lab.runs.load import Runs
+
+REWARD_KEY = "reward_mean"
+"""The metric the table and the plot call the reward (the trainer's mean rollout reward)."""
+
+
+def eval_keys(runs: Runs) -> list[str]:
+    """The numeric evaluation keys every run that evaluated has, in the order they were first written."""
+    per_run = []
+    for r in runs:
+        if len(r.evals):
+            cols = [c for c in r.evals.columns if c not in ("name", "step", "time")]
+            per_run.append([c for c in cols if r.evals[c].map(_is_number).any()])
+    if not per_run:
+        return []
+    return [k for k in per_run[0] if all(k in keys for keys in per_run[1:])]
+
+
+def pick_eval_key(runs: Runs, eval_key: str | None) -> str | None:
+    """``eval_key`` checked against the runs' evaluations, or the first key they all have
+    (None when no run evaluated). A key no run has is a ``ValueError`` listing the keys."""
+    keys = eval_keys(runs)
+    if not eval_key:
+        return keys[0] if keys else None
+    if any(eval_key in r.evals.columns for r in runs):
+        return eval_key
+    raise ValueError(f"no run has the evaluation key {eval_key!r}; the keys every run has: {', '.join(keys) or 'none'}")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and not math.isnan(float(v))
+
+
+def summary_table(runs: Runs, *, eval_key: str | None = None, last: int = 3) -> pd.DataFrame:
+    """A DataFrame indexed by run: ``algo``, ``steps`` (the last logged step), ``reward_first``
+    and ``reward_final`` (mean ``reward_mean`` of the first / last ``last`` logged steps),
+    ``eval`` (the evaluation key shown), ``eval_before`` / ``eval_after`` (its value at the
+    first and the last evaluation; after is empty with one evaluation) and ``wall_s``
+    (seconds from the first step's start to the last step's end)."""
+    import pandas as pd
+
+    if isinstance(last, bool) or not isinstance(last, int) or last < 1:
+        raise ValueError(f"summary_table: last must be an int >= 1, got {last!r}")
+    key = pick_eval_key(runs, eval_key)
+    rows = []
+    for r in runs:
+        m = r.metrics
+        reward = m[REWARD_KEY].dropna() if REWARD_KEY in m else pd.Series(dtype=float)
+        row: dict[str, Any] = {
+            "run": r.name,
+            "algo": r.algo,
+            "steps": int(m["step"].max()) if "step" in m and len(m) else 0,
+            "reward_first": reward.head(last).mean() if len(reward) else math.nan,
+            "reward_final": reward.tail(last).mean() if len(reward) else math.nan,
+        }
+        if key is not None:
+            ev = r.evals.sort_values("step", kind="stable")
+            values = ev[key].dropna() if key in ev else pd.Series(dtype=float)
+            row["eval"] = key
+            row["eval_before"] = float(values.iloc[0]) if len(values) else math.nan
+            row["eval_after"] = float(values.iloc[-1]) if len(values) > 1 else math.nan
+        row["wall_s"] = float(m["wall_s"].iloc[-1]) if "wall_s" in m and len(m) else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("run")
