@@ -58,6 +58,7 @@ EXECUTED = {
         "Write your own env and train it",
         "Write your own tool env and train it",
         "Train the agent you already have",
+        "After training",
     ),
     YOUR_ENV: ("A tour", "Write your own env and train it"),
     YOUR_TOOL_ENV: ("Write your own tool env and train it",),
@@ -121,6 +122,14 @@ def test_write_your_own_env_and_train_it_runs(tmp_path: Path, monkeypatch: pytes
     assert len(run.history) == 2 and all(math.isfinite(float(h["loss"])) for h in run.history)
     assert run.client.policy_version == 2  # the trainer pushed its weights after each step
     assert len(run.rollouts) == 16 and not any(r.failed for r in run.rollouts)
+    (after_training,) = blocks_under("After training")  # README's next block, on this run
+    run_notebook_code(after_training, ns, README.name)
+    saved, before, after, runs = ns["saved"], ns["before"], ns["after"], ns["runs"]
+    assert (saved.path / "config.json").is_file() and (saved.path / "adapter" / "adapter_config.json").is_file()
+    for result in (before, after):  # 8 env seeds x 4 samples, every episode scored by ShoutEnv
+        s = result.summary()
+        assert s["num_samples"] == 32 and s["num_failed"] == 0 and 0.0 <= s["pass@4"] <= 1.0
+    assert list(runs.metrics["step"]) == [1, 2]  # the one run folder here, with its two steps
     run_notebook_code(explicit, ns, YOUR_ENV.name)  # the same run, piece by piece (ShoutEnv from the cell above)
     history = ns["history"]
     assert len(history) == 2

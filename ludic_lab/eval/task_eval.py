@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -52,6 +53,8 @@ def is_agent_program(obj: Any) -> bool:
 @contextlib.asynccontextmanager
 async def _client(model: Any, backend: Literal["local", "vllm"], max_batch_size: int) -> AsyncIterator[Any]:
     """``model`` as a ``ChatClient``: itself, or a sampler loaded from a name or folder (closed after)."""
+    if isinstance(model, os.PathLike):  # a saved policy's folder as a Path
+        model = os.fspath(model)
     if not isinstance(model, str):
         if not callable(getattr(model, "complete", None)):
             raise TypeError(
