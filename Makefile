@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # A local wheel folder (here: the CPU torch wheel) serves the installs that pin torch again.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: setup setup-test setup-lab demo lab test test-fast lint clean-venv
+.PHONY: setup setup-test setup-lab setup-docs demo lab docs docs-build test test-fast lint clean-venv
 
 setup: $(VENV)/.ludic-installed
 
@@ -58,6 +58,24 @@ lab: setup-lab
 	@command -v bwrap >/dev/null 2>&1 || echo "note: bubblewrap (bwrap) is missing; tutorial 09 (code execution) needs it to sandbox model-written code: sudo apt-get install bubblewrap"
 	$(VENV)/bin/jupyter lab --ip=$(LAB_IP) --port=$(LAB_PORT) --ServerApp.root_dir='$(CURDIR)' \
 		--LabApp.default_url=/lab/tree/tutorials $(LAB_ROOT_FLAG) $(LAB_ARGS)
+
+# The documentation site (mkdocs.yml; docs/docs_site.md): MkDocs + Material, the API reference
+# from the docstrings (mkdocstrings), the tutorials rendered (mkdocs-jupyter, not executed).
+# `make docs` builds it and serves it on DOCS_ADDR, rebuilding on each change; `make docs-build`
+# builds it into site/ in strict mode (a broken link or reference fails), as the tests do.
+setup-docs: $(VENV)/.ludic-docs-installed
+
+$(VENV)/.ludic-docs-installed: $(VENV)/.ludic-installed
+	@echo "== installing MkDocs, Material, mkdocstrings, mkdocs-jupyter and the openai extra for the site (under a minute)"
+	$(PIP) install -q $(FIND_LINKS) -e '.[docs]' torch==2.13.0
+	touch $@
+
+DOCS_ADDR ?= 127.0.0.1:8000
+docs: setup-docs
+	$(VENV)/bin/mkdocs serve --dev-addr $(DOCS_ADDR)
+
+docs-build: setup-docs
+	$(VENV)/bin/mkdocs build --strict
 
 # DEMO_ARGS: extra flags for `ludic-lab demo` (CI runs a one-step demo this way).
 demo: setup

@@ -17,6 +17,7 @@ from ludic_lab.aio import run_sync
 from ludic_lab.display import register_html
 
 __version__ = "0.1.0"
+"""The release of this package (the version pyproject.toml declares)."""
 __all__ = ["run_sync", "train_env", "train_env_async", "__version__"]
 
 _LAZY = {"train_env": "ludic_lab.env_training", "train_env_async": "ludic_lab.env_training"}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 Backend = Literal["local", "vllm"]
+"""Where a sampler samples: ``"local"`` an in-process ``LocalChatClient``, ``"vllm"`` a vLLM server."""
 
 
 def api_base(url: str) -> str:

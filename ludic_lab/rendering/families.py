@@ -44,6 +44,7 @@ FAMILIES: dict[str, Family] = {
         Family("mistral", "mistral", "[TOOL_CALLS] JSON list"),
     )
 }
+"""Every chat format the rendering layer knows, by family name (``family=`` takes these names)."""
 
 
 def _has(tokenizer: Any, token: str) -> bool:

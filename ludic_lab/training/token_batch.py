@@ -51,6 +51,12 @@ class StepNormalisers:
 
 @dataclass
 class TokenBatch:
+    """One packed micro-batch: ``[R, T]`` tensors holding whole sequences back to back.
+
+    Built by packing (``pack_items``) from a ``SAWBatch``'s items; a loss reads it and nothing
+    else. Padding positions have ``seq_ids == -1`` and zero mask and weight.
+    """
+
     input_ids: torch.Tensor
     """``[R, T]`` long: token ids (padding = any id, masked out)."""
     position_ids: torch.Tensor
