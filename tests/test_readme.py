@@ -9,13 +9,13 @@ are checked against what the text around it claims.
 
 from __future__ import annotations
 
-import ast
-import asyncio
 import math
 import re
 from pathlib import Path
 
 import pytest
+
+from tests.doc_blocks import blocks_under, run_notebook_code
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -23,34 +23,6 @@ YOUR_ENV = ROOT / "docs" / "your_env.md"
 YOUR_TOOL_ENV = ROOT / "docs" / "your_tool_env.md"
 README_MAX_LINES = 250
 """The front door stays short (issue 39): what moves out goes to docs/."""
-
-
-def blocks_under(heading: str, page: Path = README) -> list[str]:
-    """The ```python blocks of the section titled ``heading`` (any level, ## or ###) of
-    ``page``, up to the next heading of the same or a higher level (``#`` lines inside code
-    blocks are comments, not headings)."""
-    lines = page.read_text(encoding="utf-8").splitlines(keepends=True)
-    fenced = False
-    headings = []  # (line index, level, title) outside code blocks
-    for i, line in enumerate(lines):
-        if line.startswith("```"):
-            fenced = not fenced
-        elif not fenced and (m := re.match(r"(#+) (.*)$", line.rstrip("\n"))):
-            headings.append((i, len(m.group(1)), m.group(2)))
-    found = [(i, level) for i, level, title in headings if title == heading]
-    assert len(found) == 1, f"{page.name}: {len(found)} headings {heading!r} (expected one)"
-    start, level = found[0]
-    ends = [i for i, lv, _ in headings if i > start and lv <= level]
-    section = "".join(lines[start : ends[0] if ends else len(lines)])
-    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-
-
-def run_notebook_code(code: str, ns: dict, filename: str = "README.md") -> None:
-    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-    compiled = compile(code, filename, "exec", flags=flags)
-    result = eval(compiled, ns)
-    if asyncio.iscoroutine(result):
-        asyncio.run(result)
 
 
 EXECUTED = {
