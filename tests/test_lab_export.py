@@ -380,3 +380,13 @@ def test_names_a_kernel_adds_to_builtins_are_still_undefined_in_the_script() -> 
 
     assert hasattr(builtins, "display")
     assert free_names("display(1); get_ipython(); print(len([]))") == {"display", "get_ipython"}
+
+
+def test_smoke_switch_of_the_parameters_cell_is_not_a_flag(tmp_path: Path) -> None:
+    """``smoke`` switches the notebook's quick check; the script has no smoke cell, so no --smoke."""
+    cells = ["#| parameters\nsteps = 3  # optimizer steps\nsmoke = False  # True: a quick check of every cell\n"]
+    s = export_cells(cells, "print(steps)", tmp_path / "s.py")
+    assert s.config_fields == ["steps"] and "smoke: bool" not in s.path.read_text()
+    assert any("smoke switches the notebook only" in n for n in s.notes), s.notes
+    with pytest.raises(ExportError, match="smoke"):
+        export_cells(cells, "print(steps if not smoke else 1)", tmp_path / "t.py")

@@ -126,10 +126,10 @@ def _step_html(r: Rollout, s: Step, weights: Weights | None, tok: Any, scale: fl
         tail += f" · next obs: <span class='ll-msg' style='display:inline'>{html.escape(s.next_obs)}</span>"
     elif isinstance(s.info.get("final_obs"), str):  # the episode ended here: next_obs is None
         tail += f" · final obs: <span class='ll-msg' style='display:inline'>{html.escape(s.info['final_obs'])}</span>"
-    return head + body + ("" if observed else _reasoning_html(s)) + tail + "</div>" + _rewards_html(s.info)
+    return head + body + ("" if observed else _reasoning_html(s)) + tail + "</div>" + rewards_html(s.info)
 
 
-def _rewards_html(info: Mapping[str, Any]) -> str:
+def rewards_html(info: Mapping[str, Any]) -> str:
     """One line per reward applied to the step (:mod:`ludic_lab.rewards`): its score and
     weight, a judge's verdicts and reasoning, or why it failed."""
     scores = info.get("rewards") or {}

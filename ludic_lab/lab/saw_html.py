@@ -4,6 +4,9 @@ Tokens are coloured by ``weights[t] * action_mask[t]`` on a diverging scale cent
 fixed across a group (siblings share ``max |w|``); masked tokens are grey; hover shows token
 id, behaviour logprob, ratio (when the current policy's logprobs are given) and advantage.
 Siblings (same ``group_id``) are shown side by side with their reward and advantage.
+Given the rollouts the items came from (``rollouts=source.last_rollouts``), each card also
+shows, under its tokens, one line per reward applied to its step (a judge's score and
+verdicts), as the rollout view does; items point at their step by ``(rollout_id, step_index)``.
 No torch here: ``logprobs`` are plain per-item float sequences aligned with ``input_ids``.
 
 :func:`saw_item_html` and :func:`saw_batch_html` are the notebook views of
@@ -16,6 +19,7 @@ Example::
     from ludic_lab.lab.saw_html import saw_batch_html
     saw_batch_html(batch, tokenizer=client)                      # str
     saw_batch_html(batch, tokenizer=client, logprobs=current)    # + ratios on hover
+    saw_batch_html(batch, tokenizer=client, rollouts=source.last_rollouts)  # + judge lines
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ludic_lab.lab.rollout_html import rewards_html
 from ludic_lab.lab.token_html import fmt, legend_html, resolve_tokenizer, scale_of, sequence_html, view_html
 from ludic_lab.rollouts.saw import SAWBatch, SAWItem
+from ludic_lab.types import Rollout, Step
 
 
 def _effective(it: SAWItem) -> list[float]:
@@ -46,7 +52,13 @@ def item_ratios(it: SAWItem, logprobs: Sequence[float] | None) -> list[float | N
     ]
 
 
-def _card(it: SAWItem, tok: Any, scale: float, logprobs: Sequence[float] | None) -> str:
+def steps_by_key(rollouts: Sequence[Rollout] | None) -> dict[tuple[str, int], Step]:
+    """Each step of ``rollouts`` under the key SAW items point at it by:
+    ``(rollout_id, step_index)`` (empty without rollouts)."""
+    return {(r.id, s.index): s for r in rollouts or () for s in r.steps}
+
+
+def _card(it: SAWItem, tok: Any, scale: float, logprobs: Sequence[float] | None, step: Step | None = None) -> str:
     adv = it.weight
     bits = [
         f"<b>reward {fmt(it.reward)}</b>",
@@ -72,7 +84,8 @@ def _card(it: SAWItem, tok: Any, scale: float, logprobs: Sequence[float] | None)
     )
     return (
         f"<div class='ll-card' data-rollout-id='{html.escape(it.rollout_id, quote=True)}' "
-        f"data-reward='{it.reward!r}' data-adv='{adv!r}'><div class='ll-head'>{' · '.join(bits)}</div>{body}</div>"
+        f"data-reward='{it.reward!r}' data-adv='{adv!r}'><div class='ll-head'>{' · '.join(bits)}</div>{body}"
+        f"{'' if step is None else rewards_html(step.info)}</div>"
     )
 
 
@@ -90,10 +103,12 @@ def saw_batch_html(
     logprobs: Sequence[Sequence[float]] | None = None,
     max_items: int = 64,
     title: str | None = None,
+    rollouts: Sequence[Rollout] | None = None,
 ) -> str:
     """The credit view of a batch (or items, or one item): groups of siblings side by side,
     one colour scale per group; ``logprobs[i]`` (current policy, aligned with item ``i``'s
-    ``input_ids``) adds ratios. Shows at most ``max_items`` (says how many more)."""
+    ``input_ids``) adds ratios; ``rollouts`` (those the items came from) adds each step's
+    reward lines under its card. Shows at most ``max_items`` (says how many more)."""
     if isinstance(batch, SAWItem):
         items: list[SAWItem] = [batch]
         meta: dict[str, Any] = {}
@@ -104,6 +119,13 @@ def saw_batch_html(
     if logprobs is not None and len(logprobs) != len(items):
         raise ValueError(f"logprobs has {len(logprobs)} sequences for {len(items)} items")
     tok = resolve_tokenizer(tokenizer)
+    steps = steps_by_key(rollouts)
+    if rollouts is not None and items and not any((it.rollout_id, it.step_index) in steps for it in items):
+        raise ValueError(
+            f"rollouts: none of the {len(rollouts)} rollouts given is one the items came from (matched by "
+            "rollout_id and step_index); pass the rollouts of this batch, e.g. rollouts=source.last_rollouts "
+            "right after source.next_batch()"
+        )
     shown = list(enumerate(items[:max_items]))
     parts = []
     if title:
@@ -134,7 +156,10 @@ def saw_batch_html(
                 f"<div class='ll-ghead'>group <b>{html.escape(str(gid)[:12])}</b> · {len(group)} sibling(s) · "
                 f"reward mean {fmt(sum(rewards) / len(rewards))} · scale ±{scale:.3g}</div>"
             )
-        cards = "".join(_card(it, tok, scale, None if logprobs is None else logprobs[k]) for k, it in group)
+        cards = "".join(
+            _card(it, tok, scale, None if logprobs is None else logprobs[k], steps.get((it.rollout_id, it.step_index)))
+            for k, it in group
+        )
         parts.append(
             f"<div class='ll-group' data-group-id='{html.escape(str(gid), quote=True)}' "
             f"data-scale='{scale!r}'>{cards}</div>"

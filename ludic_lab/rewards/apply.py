@@ -28,7 +28,8 @@ Contract:
 Stats (flat, loggable): ``rewards/<name>/mean`` (mean score of the rollouts it scored, nan if
 none), ``/calls``, ``/scored``, ``/failures`` (rollouts it failed), ``/seconds`` (wall time
 from its first call's start to its last call's end), plus the reward's own counters
-(``take_stats()``, e.g. a judge's ``judge_calls``, ``cache_hits``); and ``rewards/seconds``,
+(``take_stats()``, e.g. a judge's ``judge_calls``, ``cache_hits``: taken before and after the
+batch's calls, so they count this batch's calls only); and ``rewards/seconds``,
 ``rewards/failed_rollouts`` over all rewards.
 """
 
@@ -222,6 +223,10 @@ async def apply_rewards(
         elif usable:
             calls.append((rw, usable))
     kinds = {id(rw): kind for rw, kind in checked}
+    for rw, _ in checked:  # counters from calls made outside this batch (a judge used by hand) are not its own
+        take = getattr(rw, "take_stats", None)
+        if callable(take):
+            take()
     outcomes = await asyncio.gather(*(_call(rw, kinds[id(rw)], batch, timeout_s) for rw, batch in calls))
 
     verdicts: dict[str, list[tuple[Any, RewardResult]]] = {r.id: [] for r in usable}

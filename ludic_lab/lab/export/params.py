@@ -41,6 +41,11 @@ def find_user_config(exported: Sequence[tuple[Cell, str, ast.Module]]) -> str | 
 
 _SCALARS = (bool, int, float, str)
 
+NOTEBOOK_ONLY = frozenset({"smoke"})
+"""Parameters that switch the notebook itself (``smoke = True``: its next cell shrinks the run
+to a quick check of every cell). An exported script has no such cell, so they are left out of
+its Config (and said so in the notes); an exported cell that reads one is an error naming it."""
+
 
 def _annotation_of(value: Any) -> str | None:
     if value is None:
@@ -95,6 +100,9 @@ def parse_params(param_cell: tuple[Cell, str, ast.Module], values: Mapping[str, 
                 f"{cell.label} (parameters) line {n.lineno}: {ast.get_source_segment(body, n)!r} — a parameters "
                 "cell holds only `name = value` assignments (and imports)"
             )
+        if name in NOTEBOOK_ONLY:
+            notes.append(f"{cell.label} (parameters) line {n.lineno}: {name} switches the notebook only, not a flag")
+            continue
         default = ast.get_source_segment(body, value_node) or ast.unparse(value_node)
         try:
             literal: Any = ast.literal_eval(value_node)
