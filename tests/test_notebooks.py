@@ -3,8 +3,8 @@ one executes headless, top to bottom, in its smoke configuration.
 
 Smoke configuration: the first code cell of every notebook is its parameters cell (tagged
 ``parameters``, first line ``#| parameters``) holding the full configuration a user runs;
-the next cell shrinks it (fewer steps, questions and tokens) when the environment variable
-``LUDIC_SMOKE=1`` is set. The kernel used here is the interpreter running the tests
+the next cell shrinks it (fewer steps, questions and tokens) when its last entry
+``smoke = False`` is set true, or the environment variable ``LUDIC_SMOKE=1`` is set. The kernel used here is the interpreter running the tests
 (``sys.executable``) with ``LUDIC_SMOKE=1`` in its environment, so the test needs no
 registered kernel. Each notebook runs in its own temporary working directory, so exported
 scripts and run folders never land in the repository; a tutorial must leave an exported
@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import re
 import resource
 import sys
 import time
@@ -123,7 +124,8 @@ def test_committed_without_outputs(path: Path) -> None:
 def test_parameters_cell_then_smoke_switch(path: Path) -> None:
     """The first code cell is the parameters cell (papermill tag and ``#| parameters``),
     holding only ``name = <literal>`` lines (the full configuration, each a flag of an
-    exported script); the next code cell shrinks it when ``$LUDIC_SMOKE`` is set."""
+    exported script) ending with ``smoke = False``; the next code cell shrinks the run when
+    ``smoke`` is true or ``$LUDIC_SMOKE`` is set (a user switches it in the notebook)."""
     nb = _read(path)
     code = [c for c in nb.cells if c.cell_type == "code"]
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
@@ -138,7 +140,38 @@ def test_parameters_cell_then_smoke_switch(path: Path) -> None:
             f"{path.name}: the parameters cell holds only `name = value` lines, found {ast.unparse(node)!r}"
         )
         ast.literal_eval(node.value)  # a literal: the value a user (or papermill) sets
-    assert SMOKE_ENV in _src(code[1]), f"{path.name}: the cell after the parameters cell must read ${SMOKE_ENV}"
+    last = ast.parse(_src(params)).body[-1]
+    assert ast.unparse(last) == "smoke = False", f"{path.name}: end the parameters cell with `smoke = False`"
+    switch = ast.parse(_src(code[1]))
+    reads = {n.id for n in ast.walk(switch) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    assert "smoke" in reads and SMOKE_ENV in _src(code[1]), (
+        f"{path.name}: the cell after the parameters cell must honour `smoke` and ${SMOKE_ENV}"
+    )
+
+
+@pytest.mark.parametrize("path", [p for p in _all_notebooks() if p.parent.name == "tutorials"], ids=lambda p: p.stem)
+def test_prose_about_a_run_of_this_notebook_agrees_with_its_cells(path: Path) -> None:
+    """A sentence of prose about a run of this notebook (or its full configuration) says the number of steps its parameters
+    cell sets, and quotes no measured figure (a decimal such as 0.35): the numbers of a run come
+    from the cells that print them, not from the text."""
+    nb = _read(path)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    params = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(_src(code[0])).body}
+    for cell in (c for c in nb.cells if c.cell_type == "markdown"):
+        text = " ".join(_src(cell).split())
+        for sentence in re.split(r"(?<=[.!?])\s+", text):
+            if "this notebook" not in sentence and "full configuration" not in sentence:
+                continue
+            for m in re.finditer(r"\b(\d+) (?:optimizer )?steps\b", sentence):
+                assert int(m.group(1)) == params.get("steps"), (
+                    f"{path.name}: the prose says {m.group(0)!r} of a run of this notebook; its parameters cell "
+                    f"sets steps = {params.get('steps')}: {sentence!r}"
+                )
+            figures = re.findall(r"\b\d\.\d{2}\b", sentence)
+            assert not figures, (
+                f"{path.name}: the prose quotes {figures} of a run of this notebook; print them from a cell "
+                f"instead: {sentence!r}"
+            )
 
 
 @pytest.mark.notebook
