@@ -141,7 +141,7 @@ async def run(cfg: Config) -> dict[str, Any]:
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
     from ludic_lab.integrations.openenv_env import OpenEnvServer
     from ludic_lab.recipes import Sampler
-    from ludic_lab.recipes.training import sampler_trainer, train_timed, write_summary
+    from ludic_lab.recipes.training import finish_example, sampler_trainer, train_timed
     from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
     from ludic_lab.task.external.openenv import openenv_task
     from ludic_lab.training import make_grpo
@@ -163,7 +163,7 @@ async def run(cfg: Config) -> dict[str, Any]:
                 task.engine(sampler.client), requests, algo.credit_assigner, max_steps=1,
                 request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
             )  # fmt: skip
-            trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=out)
+            trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=out, run_config=asdict(cfg))
             history, train_s = await train_timed(trainer, cfg.steps)
             trainer.close()
             after = await held_out(task, sampler.client, cfg, "after")
@@ -178,7 +178,8 @@ async def run(cfg: Config) -> dict[str, Any]:
         "train_seconds": round(train_s, 1),
         "wall_seconds": round(time.perf_counter() - t_start, 1),
     }
-    return write_summary(out, summary, show=("before", "after", "reward_first5_last5", "train_seconds", "wall_seconds"))
+    show = ("before", "after", "reward_first5_last5", "train_seconds", "wall_seconds", "policy")
+    return finish_example(trainer, out, summary, evals={"held-out": (before, after)}, show=show)
 
 
 def main(cfg: Config) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from ludic_lab.config import parse_config
 from ludic_lab.recipes import Sampler
 from ludic_lab.recipes.tic_tac_toe import sampling
 from ludic_lab.recipes.training import (
+    finish_example,
     first_last,
     lora_trainer_field,
     output_dir,
@@ -51,7 +52,6 @@ from ludic_lab.recipes.training import (
     sampler_threads,
     sampler_trainer,
     train_timed,
-    write_summary,
 )
 from ludic_lab.task.external.textarena import evaluate_textarena, game_stats, textarena_summary, textarena_task
 from ludic_lab.training.config import TrainerConfig
@@ -151,7 +151,7 @@ async def run(cfg: Config) -> dict[str, Any]:
             max_steps=cfg.max_turns,
             merge_turns=cfg.merge_turns,
         )
-        trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=out)
+        trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=out, run_config=asdict(cfg))
         history, train_s = await train_timed(trainer, cfg.steps)
         trainer.close()
 
@@ -168,7 +168,8 @@ async def run(cfg: Config) -> dict[str, Any]:
             "wall_seconds": time.perf_counter() - t0,
             "sampler_policy_version": await sampler.policy_version(),
         }
-    return write_summary(out, summary, show=("train_seconds", "wall_seconds", "sampler_policy_version"))
+    show = ("train_seconds", "wall_seconds", "sampler_policy_version", "policy")
+    return finish_example(trainer, out, summary, evals={"held-out": (before, after)}, show=show)
 
 
 def main(cfg: Config) -> dict[str, Any]:

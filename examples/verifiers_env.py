@@ -222,7 +222,7 @@ async def run(cfg: Config) -> dict[str, Any]:
     from ludic_lab.endpoint import OpenAIEndpoint
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
     from ludic_lab.recipes import Sampler
-    from ludic_lab.recipes.training import output_dir, sampler_trainer, train_timed, write_summary
+    from ludic_lab.recipes.training import finish_example, output_dir, sampler_trainer, train_timed
     from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
     from ludic_lab.task.external.verifiers import verifiers_source, verifiers_task
     from ludic_lab.training import make_grpo
@@ -249,7 +249,7 @@ async def run(cfg: Config) -> dict[str, Any]:
                     algo.credit_assigner,
                     request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
                 )
-                trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=out)
+                trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=out, run_config=asdict(cfg))
                 history, train_s = await train_timed(trainer, cfg.steps)
                 trainer.close()
                 last = list(source.last_rollouts)
@@ -272,7 +272,8 @@ async def run(cfg: Config) -> dict[str, Any]:
         "wall_seconds": round(time.perf_counter() - t_start, 1),
         "load_average_1m_start_end": [round(load_start[0], 1), round(os.getloadavg()[0], 1)],
     }
-    return write_summary(out, summary, show=("before", "after", "reward_per_step", "train_seconds", "wall_seconds"))
+    show = ("before", "after", "reward_per_step", "train_seconds", "wall_seconds", "policy")
+    return finish_example(trainer, out, summary, evals={"held-out": (before, after)}, show=show)
 
 
 def main(cfg: Config) -> dict[str, Any]:

@@ -54,6 +54,21 @@ def _json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _finished(out: Path, steps: int) -> dict[str, Any]:
+    """What every training example leaves in its run folder: run.json with the script's own
+    config, the held-out evaluation before (step 0) and after (the last step) in evals.jsonl,
+    and the trained policy (merged model + LoRA adapter) in ``<out>/policy``."""
+    s = _json(out / "summary.json")
+    run = _json(out / "run.json")
+    assert run["config"]["steps"] == steps and run["config"]["out"] == str(out)  # the script's config, not the trainer's
+    evals = [json.loads(x) for x in (out / "evals.jsonl").read_text().splitlines()]
+    assert [(e["name"], e["step"]) for e in evals] == [("held-out", 0), ("held-out", steps)]
+    policy = Path(s["policy"])
+    assert policy == out / "policy" and (policy / "config.json").is_file() and (policy / "model.safetensors").is_file()
+    assert (policy / "adapter" / "adapter_config.json").is_file()
+    return s
+
+
 def test_every_example_has_a_cli_derived_from_its_config_and_a_row_in_the_readme() -> None:
     procs = {s: subprocess.Popen([PY, str(EX / s), "--help"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True) for s in SCRIPTS}  # fmt: skip
@@ -91,7 +106,7 @@ def test_shared_recipe_parts_read_a_script_config(tmp_path: Path, capsys: pytest
 def test_tic_tac_toe_local(tmp_path: Path, tiny_model_dir: str) -> None:
     _run([PY, str(EX / "tic_tac_toe/train_tic_tac_toe.py"), "--model", tiny_model_dir, "--steps", "2",
           "--games-per-step", "2", "--group-size", "2", "--max-tokens", "8", "--eval-games", "2", "--out", str(tmp_path)])  # fmt: skip
-    s = _json(tmp_path / "summary.json")
+    s = _finished(tmp_path, 2)
     assert s["sampler_policy_version"] == 2  # weights pushed after each step
     for when in ("before", "after"):
         assert s[when]["games"] == 2 and 0.0 <= s[when]["illegal_move_rate"] <= 1.0
@@ -103,7 +118,7 @@ def test_tic_tac_toe_local(tmp_path: Path, tiny_model_dir: str) -> None:
 def test_self_play_trains_both_roles(tmp_path: Path, tiny_model_dir: str) -> None:
     _run([PY, str(EX / "tic_tac_toe/self_play.py"), "--model", tiny_model_dir, "--steps", "1", "--games-per-step", "2",
           "--group-size", "2", "--max-tokens", "8", "--eval-games", "2", "--out", str(tmp_path)])  # fmt: skip
-    s = _json(tmp_path / "summary.json")
+    s = _finished(tmp_path, 1)
     assert s["trained_roles"] == ["O", "X"] and s["sampler_policy_version"] == 1
     # 2 games x 2 plays; each role's turns of a play are one item (merge_turns), and a role can
     # sit a play out (the opener's illegal first move ends it): at least one item per play
@@ -116,7 +131,7 @@ def test_openai_sdk_agent_trains_through_the_endpoint(tmp_path: Path, tiny_model
     _run([PY, str(EX / "bring_your_agent/train_openai_agent.py"), "--model", tiny_model_dir, "--steps", "2",
           "--questions-per-step", "2", "--group-size", "2", "--max-tokens", "8", "--eval-questions", "2",
           "--out", str(tmp_path)])  # fmt: skip
-    s = _json(tmp_path / "summary.json")
+    s = _finished(tmp_path, 2)
     assert len(s["reward_per_step"]) == 2 and s["before"]["greedy_failed"] == 0 and s["after"]["sampled_failed"] == 0
     assert s["last_step_sessions"]["calls"] >= 4 and s["last_step_sessions"]["refused"] == 0  # 4 episodes, >= 1 call
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -127,7 +142,7 @@ def test_openai_sdk_agent_trains_through_the_endpoint(tmp_path: Path, tiny_model
 def test_openenv_server_example_trains_on_its_own_server(tmp_path: Path, tiny_model_dir: str) -> None:
     _run([PY, str(EX / "openenv_server.py"), "--model", tiny_model_dir, "--steps", "1", "--questions-per-step", "2",
           "--group-size", "2", "--eval-k", "2", "--out", str(tmp_path)])  # fmt: skip
-    s = _json(tmp_path / "summary.json")
+    s = _finished(tmp_path, 1)
     assert len(s["reward_per_step"]) == 1 and s["before"] and s["after"]
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
 
@@ -136,7 +151,7 @@ def test_openenv_server_example_trains_on_its_own_server(tmp_path: Path, tiny_mo
 def test_textarena_example_plays_and_trains(tmp_path: Path, tiny_model_dir: str) -> None:
     _run([PY, str(EX / "textarena_game.py"), "--model", tiny_model_dir, "--steps", "1", "--games-per-step", "2",
           "--group-size", "2", "--eval-games", "2", "--out", str(tmp_path)])  # fmt: skip
-    s = _json(tmp_path / "summary.json")
+    s = _finished(tmp_path, 1)
     assert s["before"] and s["after"] and s["sampler_policy_version"] >= 1
 
 
@@ -145,7 +160,7 @@ def test_verifiers_tool_env_example_trains_through_verifiers_own_harness(tmp_pat
     pytest.importorskip("verifiers", reason="the verifiers extra: pip install -e '.[verifiers]'")
     _run([PY, str(EX / "verifiers_env.py"), "--model", tiny_model_dir, "--steps", "1", "--questions-per-step", "2",
           "--group-size", "2", "--eval-questions", "1", "--eval-k", "2", "--out", str(tmp_path)])  # fmt: skip
-    s = _json(tmp_path / "summary.json")
+    s = _finished(tmp_path, 1)
     assert len(s["reward_per_step"]) == 1 and "pass@2" in s["before"] and "pass@2" in s["after"]
     assert all(s[when][f"{kind}_failed"] == 0 for when in ("before", "after") for kind in ("greedy", "sampled"))
     last = s["last_step"]  # 4 episodes, each at least one model call through verifiers' harness, none refused
@@ -198,9 +213,9 @@ def test_tic_tac_toe_vllm_backend_pushes_weights(tmp_path: Path, tiny_model_dir:
 def test_gsm8k_train_then_eval_the_saved_model_through_vllm(tmp_path: Path, tiny_model_dir: str) -> None:
     _run([PY, str(EX / "gsm8k/train_gsm8k.py"), "--model", tiny_model_dir, "--steps", "1", "--questions-per-step", "2",
           "--group-size", "2", "--max-tokens", "8", "--eval-questions", "3", "--out", str(tmp_path / "train")])  # fmt: skip
-    s = _json(tmp_path / "train" / "summary.json")
-    assert s["before"]["num_items"] == 3 and (Path(s["model_dir"]) / "config.json").is_file()
-    p = _run([PY, str(EX / "gsm8k/eval_gsm8k_vllm.py"), "--model", s["model_dir"], "--limit", "3", "--k", "2",
+    s = _finished(tmp_path / "train", 1)
+    assert s["before"]["num_items"] == 3
+    p = _run([PY, str(EX / "gsm8k/eval_gsm8k_vllm.py"), "--model", s["policy"], "--limit", "3", "--k", "2",
               "--max-tokens", "8", "--out", str(tmp_path / "eval")])  # fmt: skip  # starts its own server
     e = _json(tmp_path / "eval" / "eval.json")
     assert e["greedy"]["num_items"] == 3 and "pass@2" in e["sampled"] and "greedy accuracy" in p.stdout
@@ -284,7 +299,7 @@ def test_explain_task_trains_on_a_frozen_judges_rubric(tmp_path: Path, tiny_mode
     _run([PY, str(EX / "judges/train_explain.py"), "--model", tiny_model_dir, "--judge-model", "default", "--steps", "1",
           "--questions-per-step", "2", "--group-size", "2", "--max-tokens", "8", "--eval-concepts", "2",
           "--out", str(tmp_path)])  # fmt: skip
-    s = _json(tmp_path / "summary.json")
+    s = _finished(tmp_path, 1)
     assert len(s["judge_score_per_step"]) == 1 and 0.0 <= s["judge_score_per_step"][0] <= 1.0
     assert s["judge"]["judge_calls"] >= 4 and s["judge"]["judge_failures"] == 0  # 4 rollouts, 1 model criterion
     assert 0.0 < s["judge"]["judge_share_of_step_time"] <= 1.0

@@ -47,6 +47,7 @@ from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfi
 from ludic_lab.interaction import AgentProgramProtocol
 from ludic_lab.recipes import Sampler
 from ludic_lab.recipes.training import (
+    finish_example,
     first_last,
     lora_trainer_field,
     output_dir,
@@ -214,7 +215,7 @@ async def run(cfg: Config) -> dict[str, Any]:
                 request_strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
             )  # fmt: skip
             trainer = sampler_trainer(sampler, algo, source,
-                                      cfg.trainer, out=out)  # fmt: skip
+                                      cfg.trainer, out=out, run_config=asdict(cfg))  # fmt: skip
             history, train_s = await train_timed(trainer, cfg.steps)
             trainer.close()
             sessions = [r.meta.get("agent_program", {}) for r in source.last_rollouts]
@@ -235,9 +236,8 @@ async def run(cfg: Config) -> dict[str, Any]:
         "train_seconds": round(train_s, 1),
         "wall_seconds": round(time.perf_counter() - t_start, 1),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps({k: summary[k] for k in ("before", "after", "reward_per_step", "train_seconds", "wall_seconds")}))
-    return summary
+    show = ("before", "after", "reward_per_step", "train_seconds", "wall_seconds", "policy")
+    return finish_example(trainer, out, summary, evals={"held-out": (before, after)}, show=show)
 
 
 def main(cfg: Config) -> dict[str, Any]:

@@ -15,12 +15,12 @@ Launch:
 
     # CPU, here
     python examples/gsm8k/eval_gsm8k_vllm.py --model default
-    python examples/gsm8k/eval_gsm8k_vllm.py --model runs/gsm8k/model
+    python examples/gsm8k/eval_gsm8k_vllm.py --model runs/gsm8k/policy
     python examples/gsm8k/eval_gsm8k_vllm.py --model tiny --limit 4 --k 2     # smoke run
 
     # GPU cluster: an already running server
-    CUDA_VISIBLE_DEVICES=0 python -m ludic_lab.inference.vllm_server --model runs/gsm8k/model --port 8000 &
-    python examples/gsm8k/eval_gsm8k_vllm.py --model runs/gsm8k/model --vllm-url http://127.0.0.1:8000 \\
+    CUDA_VISIBLE_DEVICES=0 python -m ludic_lab.inference.vllm_server --model runs/gsm8k/policy --port 8000 &
+    python examples/gsm8k/eval_gsm8k_vllm.py --model runs/gsm8k/policy --vllm-url http://127.0.0.1:8000 \\
         --data /data/gsm8k --limit 1319 --k 8 --max-tokens 512
 
 Result it got here (40 held-out problems, 128 new tokens, lenient answers, ``--k 4`` at T=1; the
@@ -50,7 +50,7 @@ class Config:
     """Accuracy and pass@k of a model on held-out GSM8K-format problems, through vLLM."""
 
     model: str = "default"
-    """"default", "tiny" or a local model folder (e.g. runs/gsm8k/model)."""
+    """"default", "tiny" or a local model folder (e.g. runs/gsm8k/policy)."""
     data: str = "shipped"
     """"shipped", "gsm_symbolic", or a GSM8K JSONL file / datasets folder (its test split)."""
     vllm_url: str | None = None

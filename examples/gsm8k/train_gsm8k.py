@@ -15,15 +15,15 @@ What it shows: standard question-answer RL, GSM8K-style. Offline data: ``--data 
 right), ``--data gsm_symbolic`` (reasoning-gym's GSM8K-style generator: harder), or the real
 GSM8K as a JSONL file or ``datasets`` folder (``question``, ``answer`` ending ``#### 42``).
 Held-out greedy accuracy is measured before and after; the trained policy is saved to
-``<out>/model`` (LoRA merged), which ``eval_gsm8k_vllm.py`` evaluates through the bundled vLLM
-server (accuracy and pass@k).
+``<out>/policy`` (LoRA merged; the adapter in ``policy/adapter``), which ``eval_gsm8k_vllm.py``
+evaluates through the bundled vLLM server (accuracy and pass@k).
 
 Launch:
 
     # CPU, here (SmolLM2-135M, embedded)
     python examples/gsm8k/train_gsm8k.py
     python examples/gsm8k/eval_gsm8k_vllm.py --model default            # before, through vLLM on CPU
-    python examples/gsm8k/eval_gsm8k_vllm.py --model runs/gsm8k/model   # after
+    python examples/gsm8k/eval_gsm8k_vllm.py --model runs/gsm8k/policy  # after
     python examples/gsm8k/train_gsm8k.py --model tiny --steps 1 --eval-questions 4   # smoke run
 
     # GPU cluster: GPU 0 serves, GPU 1 trains (the real GSM8K, saved with datasets.save_to_disk)
@@ -55,17 +55,16 @@ from ludic_lab.recipes.math import (
     load_math,
     math_engine,
     math_verifier,
-    save_policy,  # fmt: skip
     training_sampling,
 )
 from ludic_lab.recipes.training import (
+    finish_example,
     first_last,
     lora_trainer_field,
     output_dir,
     pass_down_trainer,
     sampler_trainer,
     train_timed,
-    write_summary,
 )
 from ludic_lab.training.config import TrainerConfig
 
@@ -150,7 +149,7 @@ async def run(cfg: Config) -> dict[str, Any]:
         )
         keys = ("reward_mean", "loss/clip_frac", "grad_norm", "time/step_s")
         trainer = sampler_trainer(sampler, algo, source, cfg.trainer,
-                                  out=out, console_keys=keys)  # fmt: skip
+                                  out=out, console_keys=keys, run_config=asdict(cfg))  # fmt: skip
         history, train_s = await train_timed(trainer, cfg.steps)
 
         after = await held_out_accuracy(held_out, n_eval, cfg.max_tokens)
@@ -159,7 +158,6 @@ async def run(cfg: Config) -> dict[str, Any]:
             f"failed {after['failure_rate']:.2f})",
             flush=True,
         )
-        model_dir = save_policy(trainer.model, sampler.model_path, out / "model")
         trainer.close()
         reward_first, reward_last = first_last(history, "reward_mean")
         summary = {
@@ -169,9 +167,9 @@ async def run(cfg: Config) -> dict[str, Any]:
             "reward_first_step": reward_first,
             "reward_last_step": reward_last,
             "train_seconds": train_s,
-            "model_dir": model_dir,
         }
-    return write_summary(out, summary, show=("before", "after", "train_seconds", "model_dir"))
+    return finish_example(trainer, out, summary, evals={"held-out": (before, after)},
+                          show=("before", "after", "train_seconds", "policy"))  # fmt: skip
 
 
 def main(cfg: Config) -> dict[str, Any]:

@@ -63,12 +63,12 @@ from ludic_lab.inference import LocalChatClient
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.recipes import Sampler
 from ludic_lab.recipes.training import (
+    finish_example,
     lora_trainer_field,
     output_dir,
     pass_down_trainer,
     sampler_trainer,
     train_timed,
-    write_summary,
 )
 from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
 from ludic_lab.task import RequestStream
@@ -163,7 +163,7 @@ async def run(cfg: Config) -> dict[str, Any]:
         )  # fmt: skip
         config = cfg.trainer
         keys = ("reward_mean", "loss", "source/rewards/explain/mean", "source/rewards/seconds", "time/step_s")
-        trainer = sampler_trainer(sampler, algo, source, config, out=out, console_keys=keys)
+        trainer = sampler_trainer(sampler, algo, source, config, out=out, console_keys=keys, run_config=asdict(cfg))
         history, train_s = await train_timed(trainer, cfg.steps)
         trainer.close()
         after = await evaluate_explain(sampler.client, judge, test_rows, max_tokens=cfg.max_tokens, name="after")
@@ -178,7 +178,9 @@ async def run(cfg: Config) -> dict[str, Any]:
         "train_seconds": round(train_s, 1),
         "wall_seconds": round(time.perf_counter() - t_start, 1),
     }
-    return write_summary(out, summary, show=("judge_score_per_step", "judge", "train_seconds", "wall_seconds"))
+    show = ("judge_score_per_step", "judge", "train_seconds", "wall_seconds", "policy")
+    evals = {"held-out": (summary["before"], summary["after"])}
+    return finish_example(trainer, out, summary, evals=evals, show=show)
 
 
 def main(cfg: Config) -> dict[str, Any]:

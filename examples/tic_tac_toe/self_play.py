@@ -57,12 +57,12 @@ from ludic_lab.recipes.tic_tac_toe import (
     tic_tac_toe_engine,
 )
 from ludic_lab.recipes.training import (
+    finish_example,
     lora_trainer_field,
     output_dir,
     pass_down_trainer,
     sampler_trainer,
     train_timed,
-    write_summary,
 )
 from ludic_lab.training.config import TrainerConfig
 
@@ -146,7 +146,7 @@ async def run(cfg: Config) -> dict[str, Any]:
             max_steps=MAX_ROUNDS_2P,
             merge_turns=cfg.merge_turns,
         )
-        trainer = sampler_trainer(sampler, algo, source, cfg.trainer,
+        trainer = sampler_trainer(sampler, algo, source, cfg.trainer, run_config=asdict(cfg),
                                   out=out, console_keys=("reward_mean", "items", "loss", "time/step_s"))  # fmt: skip
         history, train_s = await train_timed(trainer, cfg.steps)
         trainer.close()
@@ -163,7 +163,8 @@ async def run(cfg: Config) -> dict[str, Any]:
             "train_seconds": train_s,
             "sampler_policy_version": await sampler.policy_version(),
         }
-    return write_summary(out, summary, show=("trained_roles", "train_seconds", "sampler_policy_version"))
+    return finish_example(trainer, out, summary, evals={"held-out": (before, after)},
+                          show=("trained_roles", "train_seconds", "policy"))  # fmt: skip
 
 
 def main(cfg: Config) -> dict[str, Any]:

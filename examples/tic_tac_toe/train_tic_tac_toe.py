@@ -68,6 +68,7 @@ from ludic_lab.config import parse_config
 from ludic_lab.recipes import Sampler
 from ludic_lab.recipes.tic_tac_toe import MAX_TURNS, GameRequests, evaluate_games, sampling, short, tic_tac_toe_engine
 from ludic_lab.recipes.training import (
+    finish_example,
     first_last,
     lora_trainer_field,
     output_dir,
@@ -75,7 +76,6 @@ from ludic_lab.recipes.training import (
     sampler_threads,
     sampler_trainer,
     train_timed,
-    write_summary,
 )
 from ludic_lab.training.config import TrainerConfig
 
@@ -148,7 +148,7 @@ async def run(cfg: Config) -> dict[str, Any]:
             max_steps=MAX_TURNS,
             merge_turns=cfg.merge_turns,
         )
-        trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=out)  # fmt: skip
+        trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=out, run_config=asdict(cfg))  # fmt: skip
         history, train_s = await train_timed(trainer, cfg.steps)
         trainer.close()
 
@@ -164,7 +164,8 @@ async def run(cfg: Config) -> dict[str, Any]:
             "train_seconds": train_s,
             "sampler_policy_version": await sampler.policy_version(),
         }
-    return write_summary(out, summary, show=("before", "after", "train_seconds", "sampler_policy_version"))
+    return finish_example(trainer, out, summary, evals={"held-out": (before, after)},
+                          show=("before", "after", "train_seconds", "policy"))  # fmt: skip
 
 
 def main(cfg: Config) -> dict[str, Any]:

@@ -9,7 +9,6 @@ JSONL file / ``datasets`` folder in GSM8K's own format (``question``, ``answer``
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -133,26 +132,6 @@ class QuestionRequests(RequestStream):
 def training_sampling(temperature: float, max_tokens: int) -> InferenceSpec:
     """Sampling for training: ``temperature``, ``max_tokens``, token ids and logprobs returned."""
     return InferenceSpec(SamplingConfig(temperature=temperature, max_tokens=max_tokens), ReturnSpec.for_training())
-
-
-def save_policy(model: Any, base_path: str, out_dir: str | os.PathLike) -> str:
-    """Write the trained policy (LoRA merged) as a plain model folder loadable by transformers
-    and vLLM, with ``base_path``'s tokenizer and chat template; returns the folder."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ludic_lab.training.lora import policy_state_dict
-
-    state = {k: v.detach().to("cpu") for k, v in policy_state_dict(model).items()}
-    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    missing, unexpected = base.load_state_dict(state, strict=False)
-    if unexpected:
-        raise ValueError(f"the trained weights have names the base model lacks: {unexpected[:5]}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    base.save_pretrained(out)
-    AutoTokenizer.from_pretrained(base_path).save_pretrained(out)
-    return str(out)
 
 
 async def held_out_accuracy(engine: RolloutEngine, n: int, max_tokens: int) -> dict[str, float]:

@@ -2,14 +2,17 @@
 config's ``trainer`` sub-config (:func:`lora_trainer_field`, :func:`pass_down_trainer`), a
 ``Trainer`` wired to a :class:`~ludic_lab.recipes.Sampler` (weights pushed into it after every
 step, a console table and ``<out>`` as a run folder: ``run.json``, ``metrics.jsonl``,
-``rollouts.jsonl``; docs/runs.md), a timed run, and the ``summary.json`` every example writes.
+``rollouts.jsonl``; docs/runs.md), a timed run, and how every example ends
+(:func:`finish_example`: the trained policy saved into ``<out>/policy``, the held-out evaluations
+before and after in the run folder's ``evals.jsonl``, ``summary.json``).
 
     trainer: TrainerConfig = lora_trainer_field(lr=1e-3)   # a field of the script's Config
     ...
     async with Sampler(cfg.backend, cfg.model, log_dir=cfg.out) as sampler:
-        trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=cfg.out)
+        trainer = sampler_trainer(sampler, algo, source, cfg.trainer, out=cfg.out, run_config=asdict(cfg))
         history, seconds = await train_timed(trainer, cfg.steps)
-    write_summary(cfg.out, {"config": asdict(cfg), ...}, show=("before", "after"))
+        summary = {"config": asdict(cfg), "before": before, "after": after, ...}
+        finish_example(trainer, cfg.out, summary, evals={"held-out": (before, after)}, show=("before", "after"))
 """
 
 from __future__ import annotations
@@ -120,6 +123,32 @@ async def train_timed(trainer: Any, steps: int) -> tuple[list[dict[str, Any]], f
 def first_last(history: Sequence[dict[str, Any]], key: str) -> tuple[Any, Any]:
     """``history[0][key]`` and ``history[-1][key]`` (``None`` for an empty history)."""
     return (history[0].get(key), history[-1].get(key)) if history else (None, None)
+
+
+def finish_example(
+    trainer: Any,
+    out: str | os.PathLike,
+    summary: dict[str, Any],
+    *,
+    evals: dict[str, tuple[Any, Any]] | None = None,
+    show: Sequence[str] = (),
+    save: bool = True,
+) -> dict[str, Any]:
+    """End an example's run: save ``trainer``'s policy into ``<out>/policy`` (merged, and the
+    LoRA adapter; replacing an earlier run's; ``summary["policy"]`` is its folder), log each
+    ``evals`` entry ``name: (before, after)`` to the run folder (step 0 and the trainer's last
+    step; ``None`` is skipped), then :func:`write_summary` (before or after ``trainer.close()``)."""
+    from ludic_lab.runs.folder import RunFolder
+    from ludic_lab.saving import save_policy
+
+    folder = next((lg for lg in getattr(trainer, "loggers", ()) if isinstance(lg, RunFolder)), None)
+    for name, (before, after) in (evals or {}).items():
+        for step, result in ((0, before), (int(trainer.step), after)):
+            if folder is not None and result is not None:
+                folder.log_eval(name, step, result)
+    if save:
+        summary = {**summary, "policy": str(save_policy(trainer, Path(out) / "policy", overwrite=True).path)}
+    return write_summary(out, summary, show=show)
 
 
 def write_summary(out: str | os.PathLike, summary: dict[str, Any], show: Sequence[str] = ()) -> dict[str, Any]:
