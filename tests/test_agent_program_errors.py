@@ -143,8 +143,8 @@ async def test_an_sdk_model_error_is_scored_on_exactly_what_the_model_sampled(sc
     info = step.info["agent_program"]
     assert info["model_error"].startswith("ModelBehaviorError: ") and info["calls"] == [0]
     (call,) = info["tool_calls"]
-    assert (call["name"], call["arguments"], call["error"]) == ("divide", '{"a": 11, "b": 3}', None)
-    assert info["num_tool_calls"] == 1 and info["tools"] == {"calls": 1, "failed": 0, "errors": {}}
+    assert (call["name"], call["arguments"], call["error"]) == ("divide", '{"a": 11, "b": 3}', "unknown_tool")
+    assert info["num_tool_calls"] == 0 and info["tools"] == {"calls": 1, "failed": 1, "errors": {"unknown_tool": 1}}
     # the bad call is the step's action: every token the backend produced, nothing else
     (req,) = backend.requests
     tr = step.trace
@@ -236,6 +236,43 @@ async def test_tool_calls_are_one_list_on_both_paths_malformed_ones_counted_alik
     assert info["tools"] == {"calls": 2, "failed": 1, "errors": {"invalid_call": 1}}
     assert info["num_tool_calls"] == 1 and info["tool_calls"][0]["call"] == 0
     assert "not valid JSON" in info["tool_calls"][1]["why"]
+
+
+UNKNOWN = '<tool_call>{"name": "divide", "arguments": {"a": 11, "b": 3}}</tool_call>'
+NOT_AN_OBJECT = '<tool_call>{"name": "multiply", "arguments": [11, 3]}</tool_call>'
+
+
+async def test_a_tool_the_request_did_not_offer_is_counted_alike_on_both_paths() -> None:
+    reply = f"{VALID} {UNKNOWN} {NOT_AN_OBJECT}"
+    agent = ToolAgent(ScriptedChatClient([reply, "It is 33"], chat_template=chatml_template()), FullDialog(),
+                      identity_parser, tools=[Tool(multiply, schema=MULTIPLY)])  # fmt: skip
+    agent.reset(INSTRUCTIONS)
+    agent.on_env_reset("What is 11 * 3?", {})
+    res = await agent.act()
+
+    async def lenient_loop(client: Any, task: str) -> str:  # answers every call, as a forgiving program would
+        messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+        r = await client.chat.completions.create(model="policy", messages=messages, tools=[MULTIPLY], max_tokens=40)
+        msg = r.choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": "33"} for c in msg.tool_calls or ()]
+        r = await client.chat.completions.create(model="policy", messages=messages, tools=[MULTIPLY], max_tokens=40)
+        return r.choices[0].message.content or ""
+
+    backend = ScriptedChatClient([reply, "It is 33"], chat_template=chatml_template())
+    with OpenAIEndpoint(backend) as ep:
+        eng = RolloutEngine({"product": ProductEnv}, {"p": lambda: AgentProgramProtocol(lenient_loop, ep)})
+        (r,) = await eng.generate_rollouts(
+            [RolloutRequest(EnvSpec("product"), ProtocolSpec("p"), env_seed=0)], max_steps=1
+        )
+    assert r.error is None, r.error
+    info = r.steps[0].info["agent_program"]
+    got = [(c["name"], c["error"]) for c in info["tool_calls"]]
+    assert got == [(c["name"], c["error"]) for c in res.info["tool_calls"]]  # ToolAgent records the same
+    # arguments that are no JSON object are not a call for the parser: invalid_call on both paths
+    assert got == [("multiply", None), ("divide", "unknown_tool"), ("", "invalid_call")]
+    assert info["tools"] == {"calls": 3, "failed": 2, "errors": {"unknown_tool": 1, "invalid_call": 1}}
+    assert info["num_tool_calls"] == 1
 
 
 async def test_agents_sdk_few_shot_items_reach_the_model_as_a_call_and_its_result() -> None:

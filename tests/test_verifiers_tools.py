@@ -112,6 +112,24 @@ async def test_a_tool_episode_is_one_segment_of_exactly_the_backends_tokens(scri
     assert nodes[-1]["message"]["content"] == ANSWER and nodes[2]["message"]["content"] == "33"
 
 
+async def test_a_tool_the_model_made_up_is_answered_by_verifiers_and_counted_not_failed(calc, tiny_model_dir) -> None:
+    from transformers import AutoTokenizer
+
+    from ludic_lab.inference.chat_template import ChatTemplate
+
+    template = ChatTemplate(AutoTokenizer.from_pretrained(tiny_model_dir))
+    made_up = CALL.replace("calc_multiply", "calc_divide")
+    backend = RecordingClient([Reply(made_up), Reply(ANSWER)], chat_template=template, policy_version=0)
+    with OpenAIEndpoint(backend) as ep:
+        (r,) = await engine(calc, ep).generate_rollouts(requests(1), max_steps=1)
+    assert r.error is None and r.total_reward == 1.0, r.error  # verifiers scored it: a mistake is data
+    info = r.steps[0].info["agent_program"]
+    assert [(c["name"], c["error"]) for c in info["tool_calls"]] == [("calc_divide", "unknown_tool")]
+    assert info["tools"] == {"calls": 1, "failed": 1, "errors": {"unknown_tool": 1}}
+    nodes = r.meta["verifiers"]["trace"]["nodes"]
+    assert "unknown tool" in nodes[2]["message"]["content"]  # verifiers' harness told the model
+
+
 @pytest.fixture(scope="module")
 def tool_model_dir(scripted, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     r, _ = scripted

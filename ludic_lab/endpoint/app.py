@@ -145,6 +145,7 @@ def build_app(
                     k,
                     parse,
                     delivered=not (req.stream or confirms),
+                    tool_names=tuple(str((t.get("function") or {}).get("name", "")) for t in tools or ()),
                 )
                 for k, (resp, _) in enumerate(calls)
             ]
@@ -261,6 +262,7 @@ def _record(
     parse: bool,
     *,
     delivered: bool,
+    tool_names: tuple[str, ...] = (),
 ) -> RecordedCall:
     from ludic_lab.types import TokenTrace
 
@@ -285,6 +287,7 @@ def _record(
         delivered=delivered,
         render_messages=tuple(plan.render_messages),
         tools_key=plan.tools_key,
+        tool_names=tool_names,
     )
     session.record(call)
     return call

@@ -65,7 +65,8 @@ class RecordedCall:
     reply the program did not get (a stream it stopped reading before the end, a reply to a
     client that had hung up; see :mod:`ludic_lab.endpoint.replies`): it is never trained on.
     ``invalid_tool_calls`` holds ``(raw block, what is wrong)`` of each tool-call block of a
-    reply offered tools that was not a valid call (it stayed in ``content``).
+    reply offered tools that was not a valid call (it stayed in ``content``); ``tool_names`` the
+    names of the tools the request offered.
     """
 
     index: int
@@ -82,6 +83,7 @@ class RecordedCall:
     wall_s: float = 0.0
     render_messages: tuple[Message, ...] = field(default=(), repr=False)
     tools_key: str = field(default="", repr=False)
+    tool_names: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def reply_message(self) -> dict[str, Any]:

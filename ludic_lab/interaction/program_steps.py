@@ -5,9 +5,10 @@ Each segment (a chain of delivered calls, each extending the previous one) becom
 ``step.info["agent_program"]`` holds the segment's ``calls`` (session call indices),
 ``prompt_source``, ``break_reason``, and its tool calls in the shape ``ToolAgent`` gives
 under ``info["agent"]``: ``tool_calls`` lists every call the model wrote (``call``,
-``call_id``, ``name``, ``arguments`` as the model wrote them, ``error``: ``None`` or
-``"invalid_call"`` for a block that is not a valid call), ``tools`` counts them (``calls``,
-``failed``, ``errors`` by kind) and ``num_tool_calls`` is the number of valid calls.
+``call_id``, ``name``, ``arguments`` as the model wrote them, ``error``: ``None``,
+``"invalid_call"`` for a block that is not a valid call, ``"unknown_tool"`` for a name the
+request did not offer: the kinds ``ToolAgent`` records), ``tools`` counts them (``calls``,
+``failed``, ``errors`` by kind) and ``num_tool_calls`` is the number of calls without an error.
 """
 
 from __future__ import annotations
@@ -52,15 +53,19 @@ def segment_steps(session: Any, obs: str) -> list[Step]:
 
 
 def tool_call_records(chain: list[Any]) -> list[dict[str, Any]]:
-    """Every tool call the model wrote in ``chain``'s replies, in order: valid calls as the
-    endpoint returned them, malformed blocks with ``name=""``, the raw block as ``arguments``
-    and ``error="invalid_call"`` (as ``ToolAgent`` records them)."""
+    """Every tool call the model wrote in ``chain``'s replies, in order: calls as the endpoint
+    returned them (``error``: ``"unknown_tool"`` for a name the request's ``tools`` did not offer,
+    else ``None``), malformed
+    blocks with ``name=""``, the raw block as ``arguments`` and ``error="invalid_call"`` (the
+    kinds ``ToolAgent`` records)."""
     out: list[dict[str, Any]] = []
     for c in chain:
+        offered = getattr(c, "tool_names", ())
         for tc in c.tool_calls:
             fn = tc.get("function") or {}
             name, arguments = fn.get("name", ""), fn.get("arguments", "")
-            out.append({"call": c.index, "call_id": tc.get("id"), "name": name, "arguments": arguments, "error": None})
+            error = "unknown_tool" if offered and name not in offered else None
+            out.append({"call": c.index, "call_id": tc.get("id"), "name": name, "arguments": arguments, "error": error})
         for k, (raw, why) in enumerate(getattr(c, "invalid_tool_calls", ())):
             bad = {"call_id": f"invalid_{k}", "name": "", "arguments": raw, "error": "invalid_call", "why": why}
             out.append({"call": c.index, **bad})
