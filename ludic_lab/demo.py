@@ -184,13 +184,14 @@ BACKENDS = ("local", "vllm")
 
 
 def _split_threads(cfg: DemoConfig, client: Any) -> tuple[TrainerConfig, int | None]:
-    """With ``--async-level 1`` and the in-process sampler, sampling and the trainer's step
+    """With ``--async-mode one_step_ahead`` / ``fully_async`` (or ``--async-level 1``) and the
+    in-process sampler, sampling and the trainer's step
     run at once: each gets half the cores while training (the trainer's ``--num-threads``
     if given, the sampler the rest). Returns the trainer's config and the sampler's thread
     count to restore after training (None: nothing was changed)."""
     from ludic_lab.inference import LocalChatClient
 
-    if not cfg.trainer.async_level or not isinstance(client, LocalChatClient):
+    if cfg.trainer.effective_async_mode == "sync" or not isinstance(client, LocalChatClient):
         return cfg.trainer, None
     import dataclasses
 
@@ -283,7 +284,7 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
     from ludic_lab.rollouts.credit import GroupNormalizedReturn, HybridNormalizedReturn
 
     group_normalized = isinstance(algo.credit_assigner, (GroupNormalizedReturn, HybridNormalizedReturn))
-    if group_normalized and not trainer_cfg.async_level:  # sampled ahead, the ratio is not 1
+    if group_normalized and trainer_cfg.effective_async_mode == "sync":  # sampled ahead, the ratio is not 1
         console.print(
             "[dim](the loss column stays near 0: advantages are normalized within each group, so they "
             "average to zero, and on freshly sampled data the importance ratio is 1 -- its gradient is not zero; "

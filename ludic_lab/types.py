@@ -14,10 +14,17 @@ import os
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 from ludic_lab.display import html_of
 from ludic_lab.rollout_table import rollouts_to_dataframe as rollouts_to_dataframe  # re-exported
+from ludic_lab.token_trace import (
+    PromptSource as PromptSource,  # re-exported
+    TokenTrace as TokenTrace,  # re-exported
+    as_floats,
+    as_ints,
+    checked_versions,
+)
 
 Message: TypeAlias = dict[str, Any]
 """A chat message: ``{"role": "system" | "user" | "assistant" | "tool", "content": str, ...}``."""
@@ -25,26 +32,6 @@ Message: TypeAlias = dict[str, Any]
 AgentID: TypeAlias = str
 Observation: TypeAlias = str
 Info: TypeAlias = dict[str, Any]
-
-PromptSource = Literal["fresh", "extended", "retokenized"]
-"""How a turn's prompt ids were made.
-
-- ``"fresh"``: the chat template rendered and tokenized (the first turn of an episode);
-- ``"extended"``: the previous turn's prompt ids + its completion ids + the tokens of the
-  new messages only — the history the model saw is exactly the history it produced;
-- ``"retokenized"``: the context strategy rewrote history, so the prompt does not extend the
-  previous call's ids (a new training chain starts): either the sampled replies' ids were
-  rewritten in place (``TruncatedThinkingContext``: only their reasoning spans are replaced,
-  ``info["rewritten_reply"]``) or the whole prompt was rendered again from messages.
-"""
-
-
-def _tuple_ints(xs: Iterable[int]) -> tuple[int, ...]:
-    return tuple(int(x) for x in xs)
-
-
-def _tuple_floats(xs: Iterable[float]) -> tuple[float, ...]:
-    return tuple(float(x) for x in xs)
 
 
 @dataclass(frozen=True)
@@ -74,14 +61,17 @@ class ChatResponse:
     reasoning: str | None = None
     """The thinking part of the completion as the model family's parser reads it (``None``
     when it has none). ``text`` and the ids still hold it: reasoning is sampled and trained."""
+    token_versions: tuple[int, ...] | None = None
+    """Per completion token, the policy version that sampled it, when a weight update landed
+    mid-completion (``policy_version`` is then the oldest); ``None``: all ``policy_version``."""
 
     def __post_init__(self) -> None:
         for name in ("completion_token_ids", "prompt_token_ids"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, tuple):
-                object.__setattr__(self, name, _tuple_ints(v))
+                object.__setattr__(self, name, as_ints(v))
         if self.completion_logprobs is not None and not isinstance(self.completion_logprobs, tuple):
-            object.__setattr__(self, "completion_logprobs", _tuple_floats(self.completion_logprobs))
+            object.__setattr__(self, "completion_logprobs", as_floats(self.completion_logprobs))
         if self.top_logprobs is not None and not isinstance(self.top_logprobs, tuple):
             object.__setattr__(
                 self, "top_logprobs", tuple({int(k): float(v) for k, v in d.items()} for d in self.top_logprobs)
@@ -97,117 +87,10 @@ class ChatResponse:
                 f"ChatResponse: {len(self.completion_token_ids)} completion ids but "
                 f"{len(self.completion_logprobs)} logprobs"
             )
-
-
-@dataclass(frozen=True)
-class TokenTrace:
-    """The canonical token-level record of one model call: what the trainer scores.
-
-    ``len(completion_logprobs) == len(completion_token_ids)`` is enforced. The ids are the
-    sampler's own; ``prompt_source`` says whether the prompt extended the previous turn's
-    ids or had to be re-rendered because the context strategy rewrote history.
-    """
-
-    prompt_token_ids: tuple[int, ...]
-    completion_token_ids: tuple[int, ...]
-    completion_logprobs: tuple[float, ...] | None = None
-    prompt_source: PromptSource = "fresh"
-    policy_version: int | None = None
-    finish_reason: str = "stop"
-    completion_mask: tuple[int, ...] | None = None
-    """1 where a completion token was sampled by the model, 0 where it was inserted (a tool
-    result and the chat template's glue around it, in a multi-call tool turn). ``None``: every
-    completion token was sampled. Inserted tokens carry logprob 0 and are never trained on."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "prompt_token_ids", _tuple_ints(self.prompt_token_ids))
-        object.__setattr__(self, "completion_token_ids", _tuple_ints(self.completion_token_ids))
-        if self.completion_mask is not None:
-            mask = _tuple_ints(self.completion_mask)
-            if len(mask) != len(self.completion_token_ids) or any(m not in (0, 1) for m in mask):
-                raise ValueError(
-                    f"TokenTrace.completion_mask must hold one 0/1 per completion token "
-                    f"({len(self.completion_token_ids)}), got {len(mask)} entries"
-                )
-            object.__setattr__(self, "completion_mask", mask)
-        if self.completion_logprobs is not None:
-            object.__setattr__(self, "completion_logprobs", _tuple_floats(self.completion_logprobs))
-            if len(self.completion_logprobs) != len(self.completion_token_ids):
-                raise ValueError(
-                    f"TokenTrace: {len(self.completion_token_ids)} completion ids but "
-                    f"{len(self.completion_logprobs)} logprobs — they must align one to one"
-                )
-        if self.prompt_source not in ("fresh", "extended", "retokenized"):
-            raise ValueError(f"TokenTrace.prompt_source must be fresh/extended/retokenized, got {self.prompt_source!r}")
-        if len(self.prompt_token_ids) == 0:
-            raise ValueError("TokenTrace: empty prompt_token_ids")
-
-    @property
-    def input_ids(self) -> tuple[int, ...]:
-        """Prompt followed by completion: the sequence the trainer runs forward on."""
-        return self.prompt_token_ids + self.completion_token_ids
-
-    @property
-    def sampled_mask(self) -> tuple[int, ...]:
-        """Per completion token, 1 if the model sampled it (``completion_mask`` or all ones)."""
-        if self.completion_mask is None:
-            return (1,) * len(self.completion_token_ids)
-        return self.completion_mask
-
-    @property
-    def num_sampled_tokens(self) -> int:
-        """How many completion tokens the model sampled (inserted tool tokens excluded)."""
-        return sum(self.sampled_mask)
-
-    def model_turns(self) -> list[TokenTrace]:
-        """The trace of each model call inside this one (a tool turn holds several).
-
-        Turn ``k``'s prompt is this prompt plus every completion token before its first
-        sampled token (so earlier turns and the inserted tool results), its completion the
-        run of sampled tokens: exactly what that call was conditioned on and produced.
-        A trace without a mask is one turn (itself).
-        """
-        if self.completion_mask is None:
-            return [self]
-        out: list[TokenTrace] = []
-        ids, mask, lps = self.completion_token_ids, self.completion_mask, self.completion_logprobs
-        i, n = 0, len(ids)
-        while i < n:
-            if not mask[i]:
-                i += 1
-                continue
-            j = i
-            while j < n and mask[j]:
-                j += 1
-            out.append(
-                TokenTrace(
-                    prompt_token_ids=self.prompt_token_ids + ids[:i],
-                    completion_token_ids=ids[i:j],
-                    completion_logprobs=lps[i:j] if lps is not None else None,
-                    prompt_source=self.prompt_source if not out else "extended",
-                    policy_version=self.policy_version,
-                    finish_reason=self.finish_reason if j == n else "stop",
-                )
-            )
-            i = j
-        return out
-
-    @classmethod
-    def from_response(cls, response: ChatResponse, prompt_source: PromptSource = "fresh") -> TokenTrace:
-        """Build the trace of ``response``; raises if the backend did not return token ids."""
-        if response.prompt_token_ids is None or response.completion_token_ids is None:
-            raise ValueError(
-                "ChatResponse carries no token ids: request them with "
-                "ReturnSpec(return_token_ids=True, return_chosen_logprobs=True) for training"
-            )
-        return cls(
-            prompt_token_ids=response.prompt_token_ids,
-            completion_token_ids=response.completion_token_ids,
-            completion_logprobs=response.completion_logprobs,
-            prompt_source=prompt_source,
-            policy_version=response.policy_version,
-            finish_reason=response.finish_reason,
-        )
+        n = len(self.completion_token_ids) if self.completion_token_ids is not None else None
+        vs, oldest = checked_versions(self.token_versions, n, self.policy_version, "ChatResponse")
+        object.__setattr__(self, "token_versions", vs)
+        object.__setattr__(self, "policy_version", oldest)
 
 
 @dataclass(frozen=True)
@@ -345,6 +228,10 @@ def _step_to_dict(s: Step) -> dict[str, Any]:
             d["trace"]["completion_logprobs"] = list(s.trace.completion_logprobs)
         if s.trace.completion_mask is not None:
             d["trace"]["completion_mask"] = list(s.trace.completion_mask)
+        if s.trace.token_versions is not None:
+            d["trace"]["token_versions"] = list(s.trace.token_versions)
+        else:  # no key: a trace of one version reads as it did before per-token versions
+            del d["trace"]["token_versions"]
     return d
 
 

@@ -185,6 +185,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "0 base: data types and helpers every layer uses (no torch)",
         [
             "types",
+            "token_trace",  # TokenTrace (re-exported by types)
             "display",  # the registry of HTML views the data classes' _repr_html_ asks
             "rollout_table",
             "rollout_group",  # RolloutGroup: the rollouts of one prompt (rewards and credit build on it)

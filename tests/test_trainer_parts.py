@@ -117,9 +117,16 @@ def test_filter_batches_drops_stale_items_and_averages_source_stats() -> None:
     ]
     items, stale, source = filter_batches(batches, None, policy_version=3, max_lag=1)
     assert [it.policy_version for it in items] == [3, None] and stale == 1
-    assert source == {"source/reward_mean": 0.5, "source/policy_lag_mean": 0.0, "source/policy_lag_max": 0.0}
+    assert source == {
+        "source/reward_mean": 0.5,
+        "source/policy_lag_mean": 0.0,
+        "source/policy_lag_max": 0.0,
+        **{f"async/{k}": 3.0 for k in ("version_min", "version_max")},  # the kept items' version spread
+        **{f"async/{k}": 0.0 for k in ("staleness_mean", "staleness_max", "token_staleness_mean")},
+    }
     items, _, source = filter_batches(batches, None, policy_version=4, max_lag=None)  # lags 4 and 1 kept
     assert source["source/policy_lag_mean"] == 2.5 and source["source/policy_lag_max"] == 4.0
+    assert source["async/staleness_mean"] == 2.5 and source["async/staleness_max"] == 4.0
 
 
 def test_one_staleness_rule_for_the_trainer_filter_and_the_queue_source() -> None:

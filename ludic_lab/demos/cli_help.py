@@ -87,6 +87,8 @@ DEMO_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "distributed and advanced",
         "Overlap, weight publishing, FSDP under torchrun, logging and checkpoints.",
         (
+            "async_mode",
+            "max_staleness",
             "async_level",
             "num_threads",
             "max_lag",

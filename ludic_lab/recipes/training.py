@@ -60,9 +60,10 @@ def pass_down_trainer(cfg: Any, *, on_policy: bool = True) -> None:
 
 
 def sampler_threads(trainer: Any) -> int | None:
-    """The in-process sampler's threads for a trainer config: with ``async_level=1`` and
-    ``num_threads`` the cores the step leaves (at least one), else None (torch's default)."""
-    if not (trainer.async_level and trainer.num_threads):
+    """The in-process sampler's threads for a trainer config: with sampling overlapped
+    (``async_mode`` not ``"sync"``) and ``num_threads`` the cores the step leaves (at least
+    one), else None (torch's default)."""
+    if trainer.effective_async_mode == "sync" or not trainer.num_threads:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - trainer.num_threads)

@@ -3,13 +3,15 @@
 Requests and the engine (``requests``, ``engine``, ``strategies``), credit assignment
 (``credit/``), SAW items (``saw``, ``turn_merge``), filters and sample selection
 (``filters``, ``group_signal``, ``dynamic_sampling``, ``difficulty_filter``,
-``rejection_sampling``, ``signal_check``) and the online batch source
-(``rollout_source``, over the ``BatchSource`` protocol of ``batch_source``).
+``rejection_sampling``, ``signal_check``), the online batch source (``rollout_source``,
+over the ``BatchSource`` protocol of ``batch_source``; ``batch_parts``: one batch in the
+making) and its fully asynchronous wrapper (``async_source``).
 
 Nothing here imports torch, so an actor process that generates rollouts, assigns credit and
 queues items never loads it; :mod:`ludic_lab.training` consumes what this package produces.
 """
 
+from ludic_lab.rollouts.async_source import FullyAsyncSource
 from ludic_lab.rollouts.batch_source import BatchSource, DataExhaustedError, EmptyBatchError
 from ludic_lab.rollouts.credit import (
     ConstantCredit,
@@ -50,6 +52,7 @@ __all__ = [
     "EmptyBatchError",
     "EnvSpec",
     "EpisodicReturn",
+    "FullyAsyncSource",
     "GRPORequestStrategy",
     "GroupNormalizedReturn",
     "HybridNormalizedReturn",

@@ -93,3 +93,23 @@ def item_stats(items: Sequence[SAWItem]) -> dict[str, Any]:
 def prefixed(prefix: str, counts: Mapping[str, Any]) -> dict[str, Any]:
     """``{prefix/key: value}`` (flat keys for metric loggers)."""
     return {f"{prefix}/{k}": v for k, v in counts.items()}
+
+
+def staleness_stats(items: Sequence[SAWItem], current_version: int | None) -> dict[str, Any]:
+    """How far behind ``current_version`` (the policy the batch trains) ``items`` were sampled,
+    per sequence by its oldest token's version (``SAWItem.policy_version``): ``async/staleness_mean``,
+    ``async/staleness_max``, ``async/version_min``, ``async/version_max``; per action token
+    (each token's own version where a weight update landed mid-completion)
+    ``async/token_staleness_mean``. Items of unknown version are left out; ``{}`` when none is
+    known. 0 synchronous, 1 one step ahead."""
+    versions = [it.policy_version for it in items if it.policy_version is not None]
+    if not versions:
+        return {}
+    out: dict[str, Any] = {"async/version_min": float(min(versions)), "async/version_max": float(max(versions))}
+    if current_version is not None:
+        lags = [current_version - v for v in versions]
+        out.update({"async/staleness_mean": _mean([float(x) for x in lags]), "async/staleness_max": float(max(lags))})
+        per_token = [v for it in items for v in (getattr(it, "action_versions", None) or ())]
+        if per_token:
+            out["async/token_staleness_mean"] = current_version - math.fsum(per_token) / len(per_token)
+    return out

@@ -161,13 +161,15 @@ class RolloutEngine:
         concurrency: int | None = None,
         timeout_s: float | None = None,
         progress: bool = False,
+        semaphore: asyncio.Semaphore | None = None,
     ) -> list[Rollout]:
         """Run every episode of every request; return their rollouts in request order.
 
         Order: request by request, episode by episode, then the protocol's order of agents —
         independent of which episode finished first. ``max_steps`` applies to requests
         without their own; ``concurrency`` / ``timeout_s`` override the engine's settings
-        for this call. Validation errors are raised before any episode starts. A failed
+        for this call; ``semaphore`` (instead of ``concurrency``) bounds episodes across calls
+        that share it. Validation errors are raised before any episode starts. A failed
         episode yields the rollouts its exception carried (else one empty rollout) with
         ``error`` set; a protocol returning ``[]`` contributes nothing.
         """
@@ -184,7 +186,7 @@ class RolloutEngine:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(plan), desc="rollouts", unit="ep")
-        sem = asyncio.Semaphore(limit)
+        sem = semaphore if semaphore is not None else asyncio.Semaphore(limit)
         results: list[list[Rollout]] = [[] for _ in plan]
         failures = 0
 

@@ -44,23 +44,22 @@ stats join ``batch.meta``.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ludic_lab.aio import run_sync
 from ludic_lab.rewards import GroupReward, RolloutReward, apply_rewards, check_rewards
+from ludic_lab.rollouts.batch_parts import BatchParts
 from ludic_lab.rollouts.batch_source import EmptyBatchError
-from ludic_lab.rollouts.batch_stats import item_stats, prefixed, rollout_stats
 from ludic_lab.rollouts.credit.base import CreditAssigner
 from ludic_lab.rollouts.difficulty_filter import observe_rollouts, take_stream_stats
 from ludic_lab.rollouts.dynamic_sampling import DynamicSampler, DynamicSampling
 from ludic_lab.rollouts.engine import RolloutEngine
 from ludic_lab.rollouts.filters import FilterSpec, as_filter, filter_items, with_sample_meta
 from ludic_lab.rollouts.requests import RolloutRequest
-from ludic_lab.rollouts.saw import SAWBatch, SAWItem, saw_items_from_rollouts
-from ludic_lab.rollouts.signal_check import signal_stats
+from ludic_lab.rollouts.saw import SAWBatch, saw_items_from_rollouts
 from ludic_lab.rollouts.strategies import IdentityStrategy, RequestStrategy
 from ludic_lab.rollouts.turn_merge import merge_turns
 from ludic_lab.types import Rollout
@@ -157,95 +156,99 @@ class RolloutBatchSource:
             raise ValueError("requests_fn() returned no requests; it must return at least one RolloutRequest")
         return self.request_strategy.expand(logical)
 
+    def draw_requests(self) -> list[RolloutRequest]:
+        """One round of requests: ``requests_fn()`` expanded by the request strategy (in order)."""
+        return self._requests()
+
+    async def generate(
+        self, requests: Sequence[RolloutRequest], *, semaphore: asyncio.Semaphore | None = None
+    ) -> tuple[list[Rollout], dict[str, Any], float]:
+        """Run ``requests`` through the engine, then the rewards: ``(rollouts, reward stats,
+        seconds generating)``. ``semaphore`` (optional) bounds episodes across concurrent calls."""
+        t0 = time.perf_counter()
+        shared: dict[str, Any] = {} if semaphore is None else {"semaphore": semaphore}  # engines without it work
+        new = await self.engine.generate_rollouts(
+            requests, max_steps=self.max_steps, concurrency=self.concurrency, progress=self.progress, **shared
+        )
+        gen_s = time.perf_counter() - t0
+        reward_stats: dict[str, Any] = {}
+        if self.rewards:
+            new, reward_stats = await apply_rewards(new, self.rewards)
+        return new, reward_stats, gen_s
+
+    def itemise(self, parts: BatchParts, new: list[Rollout], dyn: Any = None) -> None:
+        """Add one round's rollouts to ``parts``: observed by ``requests_fn``, credited,
+        filtered, itemised (``dyn``: a dynamic-sampling round keeps the groups with signal)."""
+        t1 = time.perf_counter()
+        parts.attempts += 1
+        parts.rollouts.extend(new)
+        observe_rollouts(self.requests_fn, new)  # e.g. a DifficultyFilter's pass rates
+        weights = self.credit_assigner.compute(new)
+        parts.weights.update(weights)
+        stats = getattr(self.credit_assigner, "last_stats", None)
+        if stats is not None and hasattr(stats, "as_dict"):
+            parts.credit.update({k: v for k, v in stats.as_dict().items() if isinstance(v, int)})
+        kept = new
+        if self.filter_fn is not None:
+            kept = [r for r in new if r.failed or self.filter_fn(r)]
+            parts.skipped["filtered_rollouts"] += len(new) - len(kept)
+        new_items, counts = saw_items_from_rollouts(kept, weights)
+        new_items = with_sample_meta(new_items, kept)
+        if self.sample_filter is not None:
+            new_items, dropped = filter_items(new_items, self.sample_filter)
+            parts.skipped["filtered_samples"] += sum(dropped.values())
+            parts.skipped.update({f"filtered_samples/{k}": v for k, v in dropped.items()})
+        if self.merge_turns:
+            new_items, merge_stats = merge_turns(new_items)
+            parts.merged.update(merge_stats.as_dict())
+        if dyn is not None:  # keep only the groups with signal
+            new_items = dyn.add(new_items, kept)
+        parts.credit_s += time.perf_counter() - t1
+        parts.skipped.update(counts)
+        parts.items.extend(new_items)
+
     async def next_batch(self) -> SAWBatch:
         """Generate, credit and itemise rollouts until ``min_items`` items (or ``max_attempts``).
 
         Raises :class:`EmptyBatchError` (with ``reasons`` and ``stats``) when still short.
         """
-        rollouts: list[Rollout] = []
-        all_weights: dict[tuple[str, int], float] = {}
-        items: list[SAWItem] = []
-        skipped: Counter[str] = Counter()
-        credit: Counter[str] = Counter()
-        merged: Counter[str] = Counter()
-        gen_s = credit_s = 0.0
-        reward_stats: dict[str, Any] = {}
-        attempts = 0
+        parts = BatchParts()
         dyn = self._dynamic.start() if self._dynamic is not None else None
-        while dyn.wants_more() if dyn is not None else attempts < self.max_attempts and len(items) < self.min_items:
-            attempts += 1
-            requests = self._requests()
-            t0 = time.perf_counter()
-            new = await self.engine.generate_rollouts(
-                requests, max_steps=self.max_steps, concurrency=self.concurrency, progress=self.progress
-            )
-            t1 = time.perf_counter()
-            gen_s += t1 - t0
-            if self.rewards:
-                new, new_reward_stats = await apply_rewards(new, self.rewards)
-                reward_stats = _merge_reward_stats(reward_stats, new_reward_stats)
-                t1 = time.perf_counter()
-            rollouts.extend(new)
-            observe_rollouts(self.requests_fn, new)  # e.g. a DifficultyFilter's pass rates
-            weights = self.credit_assigner.compute(new)
-            all_weights.update(weights)
-            stats = getattr(self.credit_assigner, "last_stats", None)
-            if stats is not None and hasattr(stats, "as_dict"):
-                credit.update({k: v for k, v in stats.as_dict().items() if isinstance(v, int)})
-            kept = new
-            if self.filter_fn is not None:
-                kept = [r for r in new if r.failed or self.filter_fn(r)]
-                skipped["filtered_rollouts"] += len(new) - len(kept)
-            new_items, counts = saw_items_from_rollouts(kept, weights)
-            new_items = with_sample_meta(new_items, kept)
-            if self.sample_filter is not None:
-                new_items, dropped = filter_items(new_items, self.sample_filter)
-                skipped["filtered_samples"] += sum(dropped.values())
-                skipped.update({f"filtered_samples/{k}": v for k, v in dropped.items()})
-            if self.merge_turns:
-                new_items, merge_stats = merge_turns(new_items)
-                merged.update(merge_stats.as_dict())
-            if dyn is not None:  # keep only the groups with signal
-                new_items = dyn.add(new_items, kept)
-            credit_s += time.perf_counter() - t1
-            skipped.update(counts)
-            items.extend(new_items)
+        while dyn.wants_more() if dyn is not None else self.wants_more(parts):
+            new, reward_stats, gen_s = await self.generate(self.draw_requests())
+            parts.gen_s += gen_s
+            parts.add_rewards(reward_stats)
+            self.itemise(parts, new, dyn)
+        return self.finish(parts, dyn)
+
+    def wants_more(self, parts: BatchParts) -> bool:
+        """Without dynamic sampling: whether ``parts`` is short of ``min_items`` with attempts left."""
+        return parts.attempts < self.max_attempts and len(parts.items) < self.min_items
+
+    def finish(self, parts: BatchParts, dyn: Any = None, extra: dict[str, Any] | None = None) -> SAWBatch:
+        """The batch of ``parts`` (``meta`` with ``extra``); ``last_rollouts`` / ``last_weights`` /
+        ``last_stats`` set. Raises :class:`EmptyBatchError` below ``min_items`` (without dynamic sampling)."""
         dyn_meta: dict[str, Any] = {}
         if dyn is not None:
-            items, dyn_meta = dyn.finish()
-
-        meta: dict[str, Any] = {
-            **rollout_stats(rollouts),
-            **item_stats(items),
-            **prefixed("skipped", {k: skipped.get(k, 0) for k in _SKIP_KEYS} | dict(skipped)),
-            **prefixed("credit", dict(credit)),
-            **prefixed("merge", dict(merged)),
-            **signal_stats(rollouts, items, credit),
-            **reward_stats,
-            **dyn_meta,
-            **take_stream_stats(self.requests_fn),
-            "attempts": attempts,
-            "generation_s": gen_s,
-            "credit_s": credit_s,
-            "source": "rollouts",
-        }
-        self.last_rollouts = rollouts
-        self.last_weights = all_weights
+            parts.items, dyn_meta = dyn.finish()
+        meta = parts.meta({**dyn_meta, **take_stream_stats(self.requests_fn), **(extra or {})})
+        self.last_rollouts = parts.rollouts
+        self.last_weights = parts.weights
         self.last_stats = meta
         if self._dynamic is not None:
             self._dynamic.note(meta)  # a short batch goes out as it is (warned once)
-        elif len(items) < self.min_items:
-            reasons = {k: v for k, v in skipped.items() if v}
+        elif len(parts.items) < self.min_items:
+            reasons = {k: v for k, v in parts.skipped.items() if v}
             raise EmptyBatchError(
-                f"RolloutBatchSource: {len(items)} item(s) after {attempts} attempt(s), need min_items="
-                f"{self.min_items}; {len(rollouts)} rollouts generated, {meta['num_failed_rollouts']} failed; "
+                f"RolloutBatchSource: {len(parts.items)} item(s) after {parts.attempts} attempt(s), need min_items="
+                f"{self.min_items}; {len(parts.rollouts)} rollouts generated, {meta['num_failed_rollouts']} failed; "
                 f"steps/rollouts lost: {reasons or 'none'}. Look at source.last_rollouts (Rollout.error, "
                 f"meta['error_traceback']); raise max_attempts if a filter rejects most rollouts.",
                 reasons=reasons,
                 stats=meta,
             )
         self.batches_served += 1
-        return SAWBatch(items=tuple(items), meta=meta)
+        return SAWBatch(items=tuple(parts.items), meta=meta)
 
     def next_batch_sync(self) -> SAWBatch:
         """Blocking :meth:`next_batch` (scripts and Jupyter cells alike, via ``run_sync``)."""
@@ -281,34 +284,3 @@ def _check_rewards(rewards: Any) -> list[RolloutReward | GroupReward]:
         )
     check_rewards(rewards)
     return list(rewards)
-
-
-def _merge_reward_stats(acc: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """Sum counts and seconds over attempts; a ``/mean`` is weighted by its ``/scored``."""
-    if not acc:
-        return dict(new)
-    out = dict(acc)
-    for k, v in new.items():
-        if k not in out:
-            out[k] = v
-        elif k.endswith("/mean"):
-            base = k[: -len("/mean")]
-            n_old, n_new = acc.get(f"{base}/scored", 0), new.get(f"{base}/scored", 0)
-            if n_old + n_new:
-                out[k] = ((out[k] * n_old if n_old else 0.0) + (v * n_new if n_new else 0.0)) / (n_old + n_new)
-        else:
-            out[k] = out[k] + v
-    return out
-
-
-_SKIP_KEYS = (
-    "failed_rollouts",
-    "steps_without_trace",
-    "steps_without_weight",
-    "empty_completions",
-    "steps_without_logprobs",
-    "invalid_steps",
-    "filtered_rollouts",
-    "filtered_samples",
-)
-"""Skip reasons always present in ``meta`` (as ``skipped/<reason>``), zero when nothing was skipped."""

@@ -39,15 +39,22 @@ class SAWItem:
     behaviour_logprobs: tuple[float, ...]
     """Sampler's logprob of each action token (0 on prompt positions)."""
     policy_version: int | None = None
-    """Version of the weights that sampled the completion (for ``max_lag`` staleness)."""
+    """Version of the weights that sampled the completion, the oldest when its tokens were
+    sampled under several (for ``max_lag`` staleness)."""
     reward: float = 0.0
     """The rollout's total reward (for logging; the loss uses ``weights``)."""
     rollout_id: str = ""
     step_index: int = 0
     group_id: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    token_versions: tuple[int, ...] | None = None
+    """Per position, the policy version that sampled the action token there (-1 where there is
+    no action), when a weight update landed mid-completion; ``None``: every action token has
+    ``policy_version``. :attr:`action_versions` reads it either way."""
 
     def __post_init__(self) -> None:
+        if self.token_versions is not None and not isinstance(self.token_versions, tuple):
+            object.__setattr__(self, "token_versions", tuple(int(x) for x in self.token_versions))
         for name in ("input_ids", "action_mask"):
             v = getattr(self, name)
             if not isinstance(v, tuple):
@@ -59,8 +66,8 @@ class SAWItem:
         n = len(self.input_ids)
         if n < 2:
             raise ValueError("SAWItem needs at least 2 tokens (a prompt token and an action)")
-        for name in ("action_mask", "weights", "behaviour_logprobs"):
-            if len(getattr(self, name)) != n:
+        for name in ("action_mask", "weights", "behaviour_logprobs", "token_versions"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"SAWItem.{name} has {len(getattr(self, name))} entries for {n} input ids")
         if self.action_mask[0]:
             raise ValueError("SAWItem.action_mask[0] must be 0: the first token has no context to be predicted from")
@@ -74,6 +81,14 @@ class SAWItem:
         return sum(self.action_mask)
 
     @property
+    def action_versions(self) -> tuple[int, ...] | None:
+        """The policy version of each action token, in order (``policy_version`` for all when
+        ``token_versions`` is ``None``); ``None`` when unknown."""
+        if self.token_versions is not None:
+            return tuple(v for v, m in zip(self.token_versions, self.action_mask, strict=True) if m)
+        return None if self.policy_version is None else (self.policy_version,) * self.num_action_tokens
+
+    @property
     def weight(self) -> float:
         """The (first) non-zero action weight: the step's scalar credit."""
         for m, w in zip(self.action_mask, self.weights, strict=False):
@@ -85,6 +100,10 @@ class SAWItem:
         d = asdict(self)
         for k in ("input_ids", "action_mask", "weights", "behaviour_logprobs"):
             d[k] = list(d[k])
+        if self.token_versions is None:
+            del d["token_versions"]  # an item of one version reads as before per-token versions
+        else:
+            d["token_versions"] = list(self.token_versions)
         return d
 
     @classmethod
@@ -141,6 +160,9 @@ class SAWItem:
             behaviour_logprobs=(0.0,) * P
             + tuple(lp if m else 0.0 for m, lp in zip(mask, tr.completion_logprobs, strict=False)),
             policy_version=tr.policy_version if tr.policy_version is not None else rollout.policy_version,
+            token_versions=None
+            if tr.token_versions is None
+            else (-1,) * P + tuple(v if m else -1 for m, v in zip(mask, tr.token_versions, strict=True)),
             reward=rollout.total_reward,
             rollout_id=rollout.id,
             step_index=step.index,

@@ -17,7 +17,9 @@ value and gradient; one that averages per sequence (``"seq_mean_*"``, GRPO's def
 averages per episode instead of per turn, so turns of a long episode weigh less each.
 Where the prefix does not hold (a context that drops old turns, a chat template that
 re-tokenises a completion differently from the sampled ids) the chain breaks and the items
-stay apart; ``merge_turns`` counts those breaks, so nothing changes silently.
+stay apart; ``merge_turns`` counts those breaks, so nothing changes silently. Turns sampled
+under different policy versions keep each action token's version (``SAWItem.token_versions``);
+the merged item's ``policy_version`` is the oldest.
 """
 
 from __future__ import annotations
@@ -60,15 +62,25 @@ def fold(item: SAWItem, nxt: SAWItem) -> SAWItem:
     n = len(item.input_ids)
     versions = [v for v in (item.policy_version, nxt.policy_version) if v is not None]
     steps = list(item.meta.get("merged_steps", [item.step_index])) + [nxt.step_index]
+    mine, theirs = _position_versions(item), _position_versions(nxt)
+    per_token = None if mine is None or theirs is None else mine[:n] + theirs[n:]
     return replace(
         nxt,
         action_mask=item.action_mask + nxt.action_mask[n:],
         weights=item.weights + nxt.weights[n:],
         behaviour_logprobs=item.behaviour_logprobs + nxt.behaviour_logprobs[n:],
         policy_version=min(versions) if versions else None,  # the oldest turn decides staleness
+        token_versions=per_token if per_token is not None and len({v for v in per_token if v >= 0}) > 1 else None,
         step_index=item.step_index,
         meta={**nxt.meta, "merged_steps": steps},
     )
+
+
+def _position_versions(item: SAWItem) -> tuple[int, ...] | None:
+    """``item.token_versions``, or ``policy_version`` on every action (-1 elsewhere); ``None``: unknown."""
+    if item.token_versions is not None or item.policy_version is None:
+        return item.token_versions
+    return tuple(item.policy_version if m else -1 for m in item.action_mask)
 
 
 def merge_turns(items: Sequence[SAWItem]) -> tuple[list[SAWItem], MergeStats]:

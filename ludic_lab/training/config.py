@@ -38,19 +38,33 @@ class TrainerConfig:
     (None = keep all). For sources that do not enforce staleness themselves (a
     ``RolloutBatchSource`` whose sampler lags, offline data); ``PipelineBatchSource`` takes
     its own ``max_lag`` and refills the batch instead (see :mod:`ludic_lab.training.staleness`)."""
+    async_mode: Literal["sync", "one_step_ahead", "fully_async"] = "sync"
+    """How sampling overlaps training (one process; under torchrun, the Redis pipeline).
+    ``"sync"``: sample a batch, then optimise on it. ``"one_step_ahead"`` (= ``async_level=1``):
+    the next batch is sampled while this step optimises. ``"fully_async"``: a
+    ``RolloutBatchSource``'s groups generate continuously in the background, a group starting
+    only while it would train at most ``max_staleness`` steps behind
+    (:mod:`ludic_lab.rollouts.async_source`); each batch is the next groups to finish. Off the
+    synchronous schedule each step trains on rollouts of older policies, which the loss's
+    importance ratio ``pi / mu`` corrects (every built-in policy-gradient preset takes it; a
+    loss of your own must too: read ``LossInputs.behaviour_anchor``). On a CPU give each stage
+    its share of the cores (``num_threads`` here and the sampler's)."""
+    max_staleness: int | None = None
+    """``async_mode="fully_async"`` only: how many optimizer steps behind the current policy a
+    sequence may be when it is trained on, measured per sequence by its oldest token's version
+    (``SAWItem.policy_version``); staler ones are dropped and counted (``async/dropped_stale``).
+    ``0`` trains exactly as ``"sync"``. None: 1 under ``"fully_async"`` (see
+    :attr:`effective_max_staleness`)."""
     async_level: Literal[0, 1] = 0
-    """``1``: the next batch is sampled while this step optimises (the source is wrapped in a
-    ``SampleAheadSource``, ``training/batching/sample_ahead.py``): each step trains on
-    rollouts of the policy one version behind, which the loss's importance ratio ``pi / mu``
-    corrects (every built-in policy-gradient preset takes it, REINFORCE and RLOO included; a
-    loss of your own must too: read ``LossInputs.behaviour_anchor``); ``max_lag`` must then be
-    ``None`` or ``>= 1``. On a CPU give each stage its share of the
-    cores (``num_threads`` here and the sampler's); it pays when sampling and the step take
-    about as long on their shares (README, "Against TRL"). One process only (under torchrun,
-    the Redis pipeline). ``0``: sample, then optimise."""
+    """The older spelling of ``async_mode``: ``1`` is ``async_mode="one_step_ahead"`` (the source
+    is wrapped in a ``SampleAheadSource``, ``training/batching/sample_ahead.py``: each step trains
+    on rollouts of the policy one version behind; ``max_lag`` must then be ``None`` or ``>= 1``);
+    it pays when sampling and the step take about as long on their shares (README, "Against
+    TRL"). ``0``: whatever ``async_mode`` says. Neither field rewrites the other (so
+    ``dataclasses.replace`` changes what it says); :attr:`effective_async_mode` is the mode in effect."""
     num_threads: int | None = None
     """Intra-op threads of the trainer's step (set on its worker thread; torch's count is per
-    thread). None: torch's default. With ``async_level=1`` on a CPU, about half the cores."""
+    thread). None: torch's default. With sampling overlapped (``async_mode``) on a CPU, about half the cores."""
     num_threads_alone: int | None = None
     """With ``async_level=1`` and ``num_threads``: the step's threads once the batch sampled
     ahead is in (the sampler then idles), from the next micro-batch until the next pull starts
@@ -154,16 +168,52 @@ class TrainerConfig:
             )
         if len(tuple(self.adam_betas)) != 2:
             raise ValueError(f"TrainerConfig.adam_betas must be two numbers (beta1, beta2), got {self.adam_betas!r}")
-        if self.async_level and self.max_lag == 0:
-            raise ValueError(
-                "TrainerConfig.async_level=1 trains on rollouts sampled one policy version behind: "
-                "max_lag must be None or >= 1 (max_lag=0 would drop them all)"
-            )
+        self._check_async()
         if self.lora_r > 0 and not self.lora_target_modules:
             raise ValueError("TrainerConfig.lora_target_modules must name at least one module when lora_r > 0")
         self.adam_betas = tuple(self.adam_betas)
         self.lora_target_modules = tuple(self.lora_target_modules)
         self.fsdp_block_classes = tuple(self.fsdp_block_classes)
+
+    @property
+    def effective_async_mode(self) -> str:
+        """The mode in effect: ``async_mode``, or ``"one_step_ahead"`` when ``async_level=1``."""
+        return "one_step_ahead" if self.async_level else self.async_mode
+
+    @property
+    def effective_max_staleness(self) -> int | None:
+        """The staleness bound in effect: ``max_staleness``, 1 under ``"fully_async"`` when it is
+        None, and None in the other modes."""
+        if self.effective_async_mode != "fully_async":
+            return None
+        return 1 if self.max_staleness is None else self.max_staleness
+
+    def _check_async(self) -> None:
+        """``async_mode`` and ``async_level`` do not contradict each other; ``max_staleness``
+        belongs to ``"fully_async"`` and ``max_lag`` does not undercut it. Nothing is rewritten."""
+        if self.async_level and self.async_mode == "fully_async":
+            raise ValueError(
+                "TrainerConfig: async_level=1 means async_mode='one_step_ahead', but async_mode='fully_async' was "
+                "given; set only async_mode"
+            )
+        mode = self.effective_async_mode
+        if mode != "fully_async" and self.max_staleness is not None:
+            raise ValueError(
+                f"TrainerConfig.max_staleness applies to async_mode='fully_async' only (the mode in effect is "
+                f"{mode!r}); one_step_ahead is one version behind by construction, and max_lag drops "
+                "stale items in any mode"
+            )
+        if mode == "one_step_ahead" and self.max_lag == 0:
+            raise ValueError(
+                "TrainerConfig.async_mode='one_step_ahead' (async_level=1) trains on rollouts sampled one policy "
+                "version behind: max_lag must be None or >= 1 (max_lag=0 would drop them all)"
+            )
+        bound = self.effective_max_staleness
+        if bound is not None and self.max_lag is not None and self.max_lag < bound:
+            raise ValueError(
+                f"TrainerConfig.max_lag ({self.max_lag}) < max_staleness ({bound}) would drop what the "
+                "fully asynchronous source admitted: leave max_lag None (the source drops staler sequences itself)"
+            )
 
     @property
     def lora_scale_alpha(self) -> float:
@@ -184,6 +234,7 @@ _RANGES = {
     "micro_token_budget": ">= 2",
     "sync_every_steps": ">= 0",
     "max_lag": ">= 0",
+    "max_staleness": ">= 0",
     "num_threads": ">= 1",
     "num_threads_alone": ">= 1",
     "grad_accum_steps": ">= 1",
@@ -213,4 +264,5 @@ _HINTS = {
     "checkpoint_every": "0 saves only when asked",
     "keep_checkpoints": "0 keeps every checkpoint",
     "max_lag": "None keeps every item",
+    "max_staleness": "0 trains as async_mode='sync'; None means 1 under fully_async",
 }

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ludic_lab.rollouts.batch_stats import staleness_stats
 from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 from ludic_lab.training.causal_lm import find_body_and_head
 from ludic_lab.training.config import TrainerConfig
@@ -25,8 +26,9 @@ def filter_batches(
     """``preprocess`` each batch, then drop items sampled more than ``max_lag`` versions
     before ``policy_version`` (:func:`~ludic_lab.training.staleness.is_stale`; items of
     unknown version stay). Returns ``(items, number dropped as stale, the batches' numeric
-    meta averaged, as "source/<key>", with the kept items' lag behind ``policy_version``:
-    "source/policy_lag_mean" and "source/policy_lag_max")``."""
+    meta averaged, as "source/<key>" ("async/<key>" as it is), with the kept items' lag behind
+    ``policy_version``: "source/policy_lag_mean" and "source/policy_lag_max", and per sequence
+    "async/staleness_mean", "async/staleness_max", "async/version_min", "async/version_max")``."""
     items: list[SAWItem] = []
     stale = 0
     source: dict[str, list[float]] = {}
@@ -39,10 +41,11 @@ def filter_batches(
         for k, v in b.meta.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 source.setdefault(k, []).append(float(v))
-    out = {f"source/{k}": float(np.mean(v)) for k, v in source.items()}
+    out = {k if k.startswith("async/") else f"source/{k}": float(np.mean(v)) for k, v in source.items()}
     lags = [policy_version - it.policy_version for it in items if it.policy_version is not None]
     if lags:  # 0 on-policy; 1 with async_level=1 (sampled while the step before optimised)
         out.update({"source/policy_lag_mean": float(np.mean(lags)), "source/policy_lag_max": float(max(lags))})
+    out.update(staleness_stats(items, policy_version))  # every async_mode: the trained items' version spread
     return items, stale, out
 
 

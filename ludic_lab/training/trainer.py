@@ -39,8 +39,8 @@ from ludic_lab.rollouts.batch_source import BatchSource
 from ludic_lab.rollouts.saw import SAWBatch
 from ludic_lab.rollouts.signal_check import count_steps_without_signal
 from ludic_lab.training.algorithm import RLAlgorithm
+from ludic_lab.training.batching.async_modes import overlap_source, pull_ahead, step_done
 from ludic_lab.training.batching.core_share import CoreShare
-from ludic_lab.training.batching.sample_ahead import pull_ahead, sample_ahead
 from ludic_lab.training.checkpoint import CheckpointInfo, load_checkpoint, save_checkpoint
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.host_memory import HostMemory
@@ -90,7 +90,7 @@ class Trainer:
         self.algo = algo
         self.loggers, self.callbacks = list(loggers), list(callbacks)
         self.data_parallel = dp = make_data_parallel(cfg)
-        self.batch_source = sample_ahead(batch_source, cfg.async_level, dp.world_size)  # async_level=1: wrapped
+        self.batch_source = overlap_source(batch_source, cfg, dp.world_size, lambda: self.policy_version)  # async_mode
         self._cores = CoreShare(self.batch_source, cfg.num_threads, cfg.num_threads_alone or torch.get_num_threads())
         self.device, self.rank, self.world_size = dp.device, dp.rank, dp.world_size
         self._failed = False
@@ -127,7 +127,7 @@ class Trainer:
         out = []
         try:
             for i in range(steps):
-                pull_ahead(self.batch_source, i + 1 < steps)  # async_level=1: nothing sampled past the end
+                pull_ahead(self.batch_source, steps - i - 1)  # async_mode: nothing sampled past the end
                 m = await self.train_step()
                 out.append(m)
                 if bar is not None:
@@ -157,6 +157,7 @@ class Trainer:
         metrics = await loop.run_in_executor(self._worker(), self._optimize, batches)  # filter ... optimizer step
         metrics["time/data_s"] = t_data
         self._publish_and_checkpoint(metrics)
+        step_done(self.batch_source, self.policy_version)  # fully_async: the window moves on, groups start
         self._host_memory.release()  # the step's activations, before the next rollouts
         metrics["time/step_s"] = time.perf_counter() - t0  # pull to publish and checkpoint
         self._log(metrics)
@@ -267,7 +268,7 @@ class Trainer:
         for i in range(n_micro):
             real = i < len(micro)
             mb = micro[i] if real else padding_batch(self.pad_token_id)
-            self._cores.adjust()  # async_level=1: every core once the batch sampled ahead is in
+            self._cores.adjust()  # async_mode: every core once the batch sampled ahead is in
             self.data_parallel.gradient_sync(i == n_micro - 1)  # reduce once, after the last micro-batch
             loss, stats = self._micro_batch_loss(mb, norms)
             loss = loss if real else loss * 0.0
@@ -352,8 +353,7 @@ class Trainer:
 
     def _skip(self, metrics: dict[str, Any], reason: str) -> dict[str, Any]:
         self.counters["skipped_steps"] += 1
-        metrics.update({"skipped": 1.0, "skip_reason": reason})
-        return metrics
+        return {**metrics, "skipped": 1.0, "skip_reason": reason}
 
     def _skip_nonfinite(self, metrics: dict[str, Any]) -> dict[str, Any]:
         if not self.config.skip_nonfinite:

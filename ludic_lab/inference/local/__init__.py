@@ -4,6 +4,8 @@
 - ``client.py``: the ``ChatClient``, weight updates (``sync_weights``), the generation thread;
 - ``batcher.py``: requests of concurrent episodes gathered per event loop;
 - ``continuous.py``: the running batch that requests join and leave at token boundaries;
+  ``rows.py``: its requests and rows; ``static.py``: a batch run to its longest member;
+- ``in_flight.py``: weight updates loaded between two decode steps (``weight_update="in_flight"``);
 - ``kv_slab.py``: the running batch's KV in preallocated per-layer buffers;
 - ``grouped_attention.py``: grouped-query attention without copying KV heads;
 - ``prefix_cache.py``: the KV of finished sequences that later prompts extend;

@@ -92,7 +92,7 @@ class LoopBatcher:
 
 def _job(request: ChatCompletionRequest, future: asyncio.Future) -> Any:
     """A continuous-batching job whose reply (or exception) resolves ``future`` on its loop."""
-    from ludic_lab.inference.local.continuous import Job
+    from ludic_lab.inference.local.rows import Job
 
     loop = future.get_loop()
 

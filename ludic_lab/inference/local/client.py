@@ -7,8 +7,10 @@ requests join the running batch at a token boundary and leave when done, prompts
 KV of prefixes already run, :mod:`ludic_lab.inference.local.prefix_cache`), or as static batches.
 Each response carries the prompt ids, the sampled ids and the behaviour logprob of every
 sampled token (see :mod:`ludic_lab.inference.sampling`). ``sync_weights`` copies new weights
-in place between completions (never mid-forward, never mid-completion), bumps the policy
-version and clears the prefix cache.
+in place (never mid-forward), bumps the policy version and clears the prefix cache: by default
+between completions (it waits for the running ones to finish, each is sampled by one version);
+with ``weight_update="in_flight"`` between two decode steps, the running completions going on
+under the new weights with each token's version recorded (:mod:`.in_flight`).
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, ge
 from ludic_lab.inference.local.batcher import LoopBatcher
 from ludic_lab.inference.local.continuous import ContinuousBatcher
 from ludic_lab.inference.local.grouped_attention import cascade_supported, use_grouped_attention
+from ludic_lab.inference.local.in_flight import check_weight_update
 from ludic_lab.inference.local.packed_linear import pack_linear_weights
 from ludic_lab.inference.local.prefix_cache import PrefixCache
-from ludic_lab.inference.local.response import RowState, build_response
-from ludic_lab.inference.local.sampling import sample_rows
-from ludic_lab.inference.local.shared_prefix import shared_prompt_rows
+from ludic_lab.inference.local.shared_prefix import shared_prompt_rows as shared_prompt_rows  # re-exported
+from ludic_lab.inference.local.static import generate_static
 from ludic_lab.inference.request import ChatCompletionRequest, SamplingConfig
 from ludic_lab.inference.tied_weights import check_tied_values, tied_groups
 from ludic_lab.rendering.reply import tool_schemas
@@ -66,6 +68,11 @@ class LocalChatClient:
     ``packed_weights``: a model loaded from a path onto a CPU multiplies by its linear weights
     packed for oneDNN (:mod:`.packed_linear`: decode steps' products ~2x faster), repacked
     after every weight update; a model object passed in is left as it is.
+    ``weight_update``: ``"drain"`` (``sync_weights`` waits for the running completions) or
+    ``"in_flight"`` (it loads between two decode steps; completions that span it record each
+    token's version); ``in_flight_kv``: ``"keep"`` the running rows' KV computed under the old
+    weights (cheap; the next tokens' logprobs are of a mixed policy) or ``"recompute"`` it under
+    the new ones (exact new-policy logprobs), see :mod:`.in_flight`.
     """
 
     def __init__(
@@ -90,6 +97,8 @@ class LocalChatClient:
         shared_prefix_prefill: bool = True,
         packed_weights: bool = True,
         cascade_attention: bool = True,
+        weight_update: str = "drain",
+        in_flight_kv: str = "keep",
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -99,6 +108,7 @@ class LocalChatClient:
             raise ValueError(f"LocalChatClient prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
         if kv_cache not in ("slab", "dynamic"):
             raise ValueError(f"LocalChatClient kv_cache must be 'slab' or 'dynamic', got {kv_cache!r}")
+        check_weight_update(weight_update, in_flight_kv, scheduling)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         # Every batch runs on this one long-lived thread (whichever loop submits it): torch's
         # OpenMP team belongs to the calling thread, and a thread per loop would add teams.
@@ -142,12 +152,14 @@ class LocalChatClient:
         self.policy_version = int(policy_version)
         self.share_prompt_prefill = bool(share_prompt_prefill)
         self.scheduling = scheduling
+        self.weight_update = weight_update
+        self.in_flight_kv = in_flight_kv
         self.kv_cache = kv_cache
         self.shared_prefix_prefill = bool(shared_prefix_prefill)
         self.cascade_attention = bool(cascade_attention) and cascade_supported(self.model)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
         self._continuous = ContinuousBatcher(self)
-        self._updates_waiting = 0  # weight updates waiting for the running rows to finish
+        self._updates_waiting = 0  # weight updates waiting for the generation thread to let go
         self._updates_lock = threading.Lock()
         self._lock = threading.RLock()  # held while generating and while loading weights
         # one batcher per event loop, dropped with its loop (ids of dead loops get reused)
@@ -197,9 +209,10 @@ class LocalChatClient:
         """Copy ``params`` (a full or partial state dict) into the model in place.
 
         Every name must exist in the model with the same shape (a mismatch is an error that
-        names it, and nothing is loaded); dtypes are cast. Waits for the running batch to
-        finish (at most ``timeout_s``), then bumps the policy version (to ``version`` if
-        given). Returns the new version as a string.
+        names it, and nothing is loaded); dtypes are cast. Waits (at most ``timeout_s``) for
+        the running batch to finish, or with ``weight_update="in_flight"`` for its current
+        decode step only, then loads, bumps the policy version (to ``version`` if given) and
+        clears the prefix cache. Returns the new version as a string.
         """
         new_version: int | None = None
         if version is not None:
@@ -274,7 +287,7 @@ class LocalChatClient:
                 prompts.append(self._checked_prompt(r))
             except Exception as e:
                 raise ValueError(f"request {i}: {e}") from e
-        return self._generate(requests, prompts)
+        return generate_static(self, requests, prompts)
 
     def _generate_isolated(
         self, requests: Sequence[ChatCompletionRequest]
@@ -290,106 +303,6 @@ class LocalChatClient:
             except Exception as e:  # noqa: BLE001 - delivered to that request's caller
                 out[i] = e
         if good:
-            for i, res in zip(good, self._generate([requests[i] for i in good], prompts), strict=True):
+            for i, res in zip(good, generate_static(self, [requests[i] for i in good], prompts), strict=True):
                 out[i] = res
         return out
-
-    @torch.no_grad()
-    def _generate(
-        self, requests: Sequence[ChatCompletionRequest], prompts: Sequence[list[int]]
-    ) -> list[tuple[ChatResponse, dict[str, Any]]]:
-        from transformers import DynamicCache
-
-        with self._lock:
-            t0 = time.perf_counter()
-            version = self.policy_version
-            cfgs = [r.sampling for r in requests]
-            gens = [self._generator(c) for c in cfgs]
-            top_ks = [min(r.return_.top_logprobs_k, self.vocab_size) for r in requests]
-            k_top = max(top_ks, default=0)
-            B = len(requests)
-            L = max(len(p) for p in prompts)
-            input_ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
-            attn = torch.zeros((B, L), dtype=torch.long)
-            for b, p in enumerate(prompts):
-                input_ids[b, L - len(p) :] = torch.tensor(p, dtype=torch.long)
-                attn[b, L - len(p) :] = 1
-            input_ids, attn = input_ids.to(self.device), attn.to(self.device)
-            pos = (attn.cumsum(-1) - 1).clamp(min=0)
-            need_counts = any(c.frequency_penalty or c.presence_penalty for c in cfgs)
-            V = self.model.get_output_embeddings().weight.shape[0]
-            counts = torch.zeros((B, V), dtype=torch.float32) if need_counts else None
-
-            states = [RowState(c, k) for c, k in zip(cfgs, top_ks, strict=True)]
-            alive = list(range(B))  # original row index of each current batch row
-            alive_t = torch.arange(B)
-            done = [False] * B  # per current batch row: finished, output ignored
-            cache = DynamicCache()
-            step_ids, step_pos, step_attn = input_ids, pos, attn
-            max_steps = max(c.max_tokens for c in cfgs)
-            # a GRPO group's samples share their prompt: prefill each distinct prompt once and
-            # copy its KV rows to the group (the decode steps then run on every row as before)
-            rows = shared_prompt_rows(prompts) if self.share_prompt_prefill else None
-            for step in range(max_steps):
-                prefill_once = step == 0 and rows is not None
-                firsts = rows[0] if rows is not None else None
-                out = self.model(
-                    input_ids=step_ids[firsts] if prefill_once else step_ids,
-                    attention_mask=step_attn[firsts] if prefill_once else step_attn,
-                    position_ids=step_pos[firsts] if prefill_once else step_pos,
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                cache = out.past_key_values
-                logits = out.logits[:, -1, :].float().cpu()
-                if prefill_once and rows is not None:
-                    cache.batch_select_indices(rows[1].to(self.device))
-                    logits = logits[rows[1]]
-                toks, lps, top = sample_rows(
-                    logits,
-                    [cfgs[i] for i in alive],
-                    [gens[i] for i in alive],
-                    None if counts is None else counts[alive_t],
-                    k_top,
-                )
-                if counts is not None:
-                    counts.index_put_((alive_t, toks), torch.ones(len(alive)), accumulate=True)
-                # one conversion per step, not one tensor access per row
-                toks_l, lps_l = toks.tolist(), lps.tolist()
-                top_ids_l, top_lps_l = (top[0].tolist(), top[1].tolist()) if top is not None else (None, None)
-                for j, i in enumerate(alive):
-                    if not done[j]:
-                        ti = top_ids_l[j] if top_ids_l is not None else None
-                        tl = top_lps_l[j] if top_lps_l is not None else None
-                        done[j] = states[i].add(toks_l[j], lps_l[j], ti, tl, self.chat_template)
-                n_done = sum(done)
-                if n_done == len(alive):
-                    break
-                next_tok = toks.to(self.device)
-                # Finished rows stay in the batch (their outputs ignored) until a quarter of it
-                # is finished: re-indexing the KV cache of every layer costs more than a few
-                # wasted rows.
-                if n_done and 4 * n_done >= len(alive):
-                    keep = [j for j in range(len(alive)) if not done[j]]
-                    done = [False] * len(keep)
-                    idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-                    cache.batch_select_indices(idx)
-                    next_tok = next_tok[idx]
-                    step_attn = step_attn[idx]
-                    step_pos = step_pos[idx]
-                    alive = [alive[j] for j in keep]
-                    alive_t = torch.tensor(alive, dtype=torch.long)
-                step_ids = next_tok[:, None]
-                step_attn = torch.cat(
-                    [step_attn, torch.ones((len(alive), 1), dtype=step_attn.dtype, device=self.device)], dim=1
-                )
-                step_pos = step_pos[:, -1:] + 1
-            gen_s = time.perf_counter() - t0
-
-        total_new = sum(len(st.ids) for st in states)
-        info = {"batch_size": B, "generate_s": gen_s, "batch_completion_tokens": total_new, "scheduler": "static"}
-        return [
-            build_response(r, prompts[i], states[i], self.chat_template, version=version, info=info)
-            for i, r in enumerate(requests)
-        ]

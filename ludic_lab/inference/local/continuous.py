@@ -11,8 +11,11 @@ model (:class:`~ludic_lab.inference.local.prefix_cache.PrefixCache`): an agent's
 prefills only its new messages. Rows sharing a long prompt prefix keep its KV once (:mod:`.cascade`).
 
 Everything here runs on the client's one generation thread. A weight update
-(``sync_weights``) stops new admissions, lets the running rows finish, then loads: every
-completion is sampled with one policy version, and the prefix cache is cleared with it.
+(``sync_weights``) with ``weight_update="drain"`` (the default) stops new admissions, lets the
+running rows finish, then loads: every completion is sampled with one policy version. With
+``weight_update="in_flight"`` it loads between two decode steps and the running rows go on
+under the new weights, each token recording the version that sampled it; their KV is kept or
+computed again (``in_flight_kv``, :mod:`.in_flight`). The prefix cache is cleared either way.
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,12 +31,13 @@ import torch.nn.functional as F
 
 from ludic_lab.inference.local.arrivals import arrival_inputs
 from ludic_lab.inference.local.cascade import SharedAttention, SharedPrefix, choose_shared_prefix
+from ludic_lab.inference.local.in_flight import let_update_in
 from ludic_lab.inference.local.kv_slab import SlabCache
 from ludic_lab.inference.local.prefill_buckets import prefill_buckets
 from ludic_lab.inference.local.response import RowState, build_response
+from ludic_lab.inference.local.rows import Job, Row
 from ludic_lab.inference.local.sampling import sample_rows
 from ludic_lab.inference.local.shared_prefix import prefill_shared_prefix, shared_prompt_rows
-from ludic_lab.inference.request import ChatCompletionRequest
 
 if TYPE_CHECKING:
     from ludic_lab.inference.local.client import LocalChatClient
@@ -47,31 +50,6 @@ STEP_TIMES_KEPT = 4096
 """Recent decode steps and prefill calls the batcher keeps the times of (``LocalChatClient.step_times``)."""
 
 
-@dataclass
-class Job:
-    """A request handed to the generation thread: ``deliver`` gets the ``(response, info)``
-    or the exception; ``cancelled()`` says the caller stopped waiting (its row is dropped)."""
-
-    request: ChatCompletionRequest
-    deliver: Callable[[Any], None]
-    cancelled: Callable[[], bool]
-    queued_at: float = field(default_factory=time.perf_counter)
-
-
-@dataclass
-class _Row:
-    job: Job
-    prompt: list[int]
-    state: RowState
-    gen: torch.Generator
-    counts: torch.Tensor | None  # generated-token counts (frequency/presence penalties)
-    admitted_at: float
-    tokens_at_admission: int
-    batch_size: int = 0
-    reused: int = 0
-    done: bool = False
-
-
 class ContinuousBatcher:
     """The running batch of one client: ``submit(jobs)`` from any thread; the rows decode
     on the client's generation thread until none is left."""
@@ -81,7 +59,7 @@ class ContinuousBatcher:
         self._inbox: deque[Job] = deque()
         self._inbox_lock = threading.Lock()
         self._serving = False
-        self.rows: list[_Row] = []
+        self.rows: list[Row] = []
         self.cache: Any = None  # the live rows' KV: a SlabCache (or transformers' DynamicCache)
         self.mask: torch.Tensor | None = None  # (B, T) 1 where a cache column holds a token of that row
         self.pos: torch.Tensor | None = None  # (B,) position id of each row's next fed token
@@ -90,6 +68,8 @@ class ContinuousBatcher:
         self.on_shared: torch.Tensor | None = None  # (B,) bool: the row's cache starts after it
         self.tokens_generated = 0
         self.steps = 0
+        self.in_flight_updates = 0  # weight updates loaded while rows were decoding
+        self.recomputed_tokens = 0  # tokens prefilled again after them (in_flight_kv="recompute")
         self._since_admit = 0
         self.step_times: deque[tuple[int, float]] = deque(maxlen=STEP_TIMES_KEPT)  # (rows, seconds) a decode step
         self.prefill_times: deque[tuple[int, int, float]] = deque(maxlen=STEP_TIMES_KEPT)  # (rows, new tokens, s)
@@ -123,10 +103,14 @@ class ContinuousBatcher:
                     return
 
     def _run(self) -> None:
-        """Admit and decode until no row is live, or a weight update waits and the rows drained."""
+        """Admit and decode until no row is live, or a weight update waits and the rows drained;
+        an in-flight update loads between two decode steps instead (:func:`.let_update_in`)."""
+        c = self.client
         with torch.no_grad():
             while True:
-                if not self.client._updates_waiting and self._should_admit():
+                if c._updates_waiting and c.weight_update == "in_flight" and any(not r.done for r in self.rows):
+                    let_update_in(self)
+                if not c._updates_waiting and self._should_admit():
                     self._admit()
                     self._since_admit = 0
                 self._drop_cancelled()
@@ -152,27 +136,38 @@ class ContinuousBatcher:
         with self._inbox_lock:
             jobs = [self._inbox.popleft() for _ in range(min(free, len(self._inbox)))]
         jobs = [j for j in jobs if not j.cancelled()]
-        if not jobs:
-            return
-        rows: list[_Row] = []
+        rows: list[Row] = []
         for job in jobs:
             try:
                 rows.append(self._new_row(job))
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
                 job.deliver(e)
-        if not rows:
-            return
+        if rows:
+            self.join(rows)
+
+    def recompute(self) -> None:
+        """Run every live row's ids so far through the current weights again: the rows leave the
+        batch and rejoin it as continuations (sampled ids and sampling state kept)."""
+        live = [r for r in self.rows if not r.done]
+        self._reset()
+        if live:
+            self.recomputed_tokens += sum(len(r.context) for r in live)
+            self.join(live)
+
+    def join(self, rows: list[Row]) -> None:
+        """Prefill ``rows`` (each one's :attr:`~.rows.Row.context`), merge them into the batch and
+        sample their next token; a failure fails them (they are not in the batch yet) and raises."""
         try:
             self._prune(force=True)
             self._share(rows)
             for r in rows:
-                r.batch_size = len(self.rows) + len(rows)
+                r.batch_size = r.batch_size if r.state.ids else len(self.rows) + len(rows)
             for part in self._buckets(rows):  # rows of like length prefill together
                 t0 = time.perf_counter()
                 cache, mask, logits, on = self._prefill(part)
                 self._merge(part, cache, mask, on)
                 self._sample(part, logits, list(range(len(self.rows) - len(part), len(self.rows))))
-                new = sum(len(r.prompt) - r.reused for r in part)
+                new = sum(len(r.context) - r.reused for r in part)
                 self.prefill_times.append((len(part), new, time.perf_counter() - t0))
         except BaseException as e:  # the arrivals are not all in self.rows yet: fail them here
             err = e if isinstance(e, Exception) else RuntimeError(repr(e))
@@ -182,16 +177,16 @@ class ContinuousBatcher:
                     r.job.deliver(err)
             raise
 
-    def _share(self, rows: list[_Row]) -> None:
+    def _share(self, rows: list[Row]) -> None:
         """Keep the prefix the arrivals share once for the batch (:mod:`.cascade`), unless
         rows are on one already or it covers them all."""
         c, sp, version = self.client, self.shared, self.client.kv_version()
         if not c.cascade_attention:
             return
         in_use = sp is not None and self.on_shared is not None and bool(self.on_shared.any())
-        if sp is not None and (in_use or (sp.version == version and all(sp.covers(r.prompt) for r in rows))):
+        if sp is not None and (in_use or (sp.version == version and all(sp.covers(r.context) for r in rows))):
             return
-        self.shared = choose_shared_prefix(c, [r.prompt for r in rows], version)
+        self.shared = choose_shared_prefix(c, [r.context for r in rows], version)
 
     def _attend(self, on: torch.Tensor | None) -> dict[str, Any]:
         """The forward's keyword for rows ``on`` a shared prefix (none: no keyword)."""
@@ -199,13 +194,14 @@ class ContinuousBatcher:
             return {}
         return {"ludic_shared": SharedAttention(self.shared.kv, on)}
 
-    def _buckets(self, rows: list[_Row]) -> list[list[_Row]]:
+    def _buckets(self, rows: list[Row]) -> list[list[Row]]:
         """``rows`` split into prefill calls of like new length (:mod:`.prefill_buckets`)."""
         c, version = self.client, self.client.kv_version()
-        new = [len(r.prompt) - c.prefix_cache.reusable(r.prompt[:-1], version) for r in rows]
-        return [[rows[i] for i in part] for part in prefill_buckets(new, [tuple(r.prompt) for r in rows])]
+        ctx = [r.context for r in rows]
+        new = [len(p) - c.prefix_cache.reusable(p[:-1], version) for p in ctx]
+        return [[rows[i] for i in part] for part in prefill_buckets(new, [tuple(p) for p in ctx])]
 
-    def _new_row(self, job: Job) -> _Row:
+    def _new_row(self, job: Job) -> Row:
         c = self.client
         cfg = job.request.sampling
         prompt = c._checked_prompt(job.request)
@@ -214,15 +210,15 @@ class ContinuousBatcher:
             torch.zeros(c.vocab_size, dtype=torch.float32) if cfg.frequency_penalty or cfg.presence_penalty else None
         )
         state = RowState(cfg, top_k)
-        return _Row(job, prompt, state, c._generator(cfg), counts, time.perf_counter(), self.tokens_generated)
+        return Row(job, prompt, state, c._generator(cfg), counts, time.perf_counter(), self.tokens_generated)
 
-    def _prefill(self, rows: list[_Row]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(self, rows: list[Row]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the arrivals' prompts (each distinct prompt once, after its reused prefix);
         returns their KV, mask, last logits and which are on the shared prefix."""
         from transformers import DynamicCache
 
         c, dev = self.client, self.client.device
-        prompts = [r.prompt for r in rows]
+        prompts = [r.context for r in rows]
         shared = shared_prompt_rows(prompts) if c.share_prompt_prefill else None
         firsts = shared[0].tolist() if shared is not None else list(range(len(rows)))
         distinct = [prompts[i] for i in firsts]
@@ -231,6 +227,7 @@ class ContinuousBatcher:
             prefill_shared_prefix(c, distinct, version)
         hits = [c.prefix_cache.lookup(p, version) for p in distinct]
         sp = self.shared  # a row on the shared prefix keeps in its own cache only the columns after it
+        sp = sp if sp is not None and sp.version == version else None  # never one of older weights
         start = [sp.length if sp is not None and sp.covers(p) else 0 for p in distinct]
         x = arrival_inputs(distinct, hits, start, c.pad_token_id)
         past = [(k.to(dev), v.to(dev)) for k, v in x.past]
@@ -251,16 +248,17 @@ class ContinuousBatcher:
         logits = out.logits[:, -1, :].float().cpu()
         back = shared[1].tolist() if shared is not None else range(len(rows))
         for row, i in zip(rows, back, strict=True):
-            row.reused = x.reused[i]
+            row.reused = row.reused if row.state.ids else x.reused[i]  # a rejoining row keeps its first count
+            row.kv_from = version
         mask = x.mask
         if shared is not None:
             cache.batch_select_indices(shared[1].to(dev))
             mask, logits, on = mask[shared[1]], logits[shared[1]], on[shared[1].to(dev)]
         return cache, mask.to(dev), logits, on
 
-    def _merge(self, rows: list[_Row], cache: Any, mask: torch.Tensor, on: torch.Tensor) -> None:
+    def _merge(self, rows: list[Row], cache: Any, mask: torch.Tensor, on: torch.Tensor) -> None:
         """Append the prefilled ``rows`` to the running batch (the shorter side left-padded)."""
-        pos = torch.tensor([len(r.prompt) for r in rows], dtype=torch.long, device=mask.device)
+        pos = torch.tensor([len(r.context) for r in rows], dtype=torch.long, device=mask.device)
         if self.cache is None or self.mask is None or self.pos is None or self.on_shared is None:
             self.rows, self.cache, self.mask, self.pos, self.on_shared = list(rows), cache, mask, pos, on
             self.next_tok = torch.zeros(len(rows), dtype=torch.long, device=mask.device)
@@ -303,7 +301,7 @@ class ContinuousBatcher:
         self._prune()
         self.step_times.append((B, time.perf_counter() - t0))
 
-    def _sample(self, rows: list[_Row], logits: torch.Tensor, batch_idx: list[int]) -> None:
+    def _sample(self, rows: list[Row], logits: torch.Tensor, batch_idx: list[int]) -> None:
         """Sample one token for each of ``rows`` (batch rows ``batch_idx``); finish those done."""
         c = self.client
         k_top = max(r.state.top_k for r in rows)
@@ -323,22 +321,22 @@ class ContinuousBatcher:
                 r.counts[toks_l[j]] += 1
             ti = top_ids[j] if top_ids is not None else None
             tl = top_lps[j] if top_lps is not None else None
-            if r.state.add(toks_l[j], lps_l[j], ti, tl, c.chat_template):
+            if r.state.add(toks_l[j], lps_l[j], ti, tl, c.chat_template, c.policy_version):
                 self._finish(r, b)
 
-    def _finish(self, row: _Row, b: int) -> None:
+    def _finish(self, row: Row, b: int) -> None:
         """Deliver ``row``'s reply and keep its KV (everything it fed) in the prefix cache."""
         c = self.client
         row.done = True
         assert self.mask is not None and self.cache is not None
         fed = row.prompt + row.state.ids[:-1]
-        if c.prefix_cache.max_bytes:
+        if c.prefix_cache.max_bytes and row.kv_from == (version := c.kv_version()):  # never a KV of older weights
             cols = self.mask[b].nonzero().squeeze(-1)
             kv = [(layer.keys[b][:, cols], layer.values[b][:, cols]) for layer in self.cache.layers]
             if (sp := self.shared) is not None and self.on_shared is not None and bool(self.on_shared[b]):
                 kv = [(torch.cat([a, k], 1), torch.cat([z, v], 1)) for (a, z), (k, v) in zip(sp.kv, kv, strict=True)]
             if kv[0][0].shape[1] == len(fed):
-                c.prefix_cache.add(fed, kv, c.kv_version())
+                c.prefix_cache.add(fed, kv, version)
         now = time.perf_counter()
         info = {
             "batch_size": row.batch_size,

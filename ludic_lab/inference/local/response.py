@@ -1,7 +1,8 @@
 """One generated sequence of :class:`~ludic_lab.inference.local.client.LocalChatClient` as the
 ``ChatClient`` reply: its running state while it decodes (:class:`RowState`: sampled ids,
-behaviour logprobs, top logprobs, stop strings) and the ``(ChatResponse, info)`` it ends as
-(:func:`build_response`). Shared by the static and the continuous batch schedulers."""
+behaviour logprobs, the policy version each was sampled under, top logprobs, stop strings)
+and the ``(ChatResponse, info)`` it ends as (:func:`build_response`). Shared by the static
+and the continuous batch schedulers."""
 
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ from ludic_lab.types import ChatResponse
 
 @dataclass
 class RowState:
-    """What one request has produced so far; :meth:`add` records a sampled token and says
-    whether the sequence just finished (``finish`` is then ``"stop"`` or ``"length"``)."""
+    """What one request has produced so far; :meth:`add` records a sampled token (and the
+    policy version it was sampled under) and says whether the sequence just finished
+    (``finish`` is then ``"stop"`` or ``"length"``)."""
 
     cfg: SamplingConfig
     top_k: int
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per sampled token: the policy version
     top: list[dict[int, float]] = field(default_factory=list)
     finish: str | None = None
     stop_cut: int | None = None  # text cut position of a stop string
@@ -36,9 +39,12 @@ class RowState:
         top_ids: Sequence[int] | None,
         top_lps: Sequence[float] | None,
         template: ChatTemplate,
+        version: int | None = None,
     ) -> bool:
         self.ids.append(tok)
         self.logprobs.append(logprob)
+        if version is not None:
+            self.versions.append(version)
         if self.top_k > 0 and top_ids is not None and top_lps is not None:
             self.top.append(dict(zip(top_ids[: self.top_k], top_lps[: self.top_k], strict=True)))
         if tok in template.stop_token_ids:
@@ -77,8 +83,12 @@ def build_response(
     """The reply to ``request`` from its finished ``row``: text (stop token dropped, cut at a
     stop string), reasoning and (when the request offered tools) tool calls as the model
     family's renderer parses them (:func:`~ludic_lab.rendering.read_reply`), ids and
-    logprobs as asked."""
+    logprobs as asked. ``policy_version`` is the oldest version a token was sampled under
+    (``version`` when the row recorded none), ``token_versions`` set only when they differ."""
     ids = row.ids
+    per_token = row.versions if row.versions and len(row.versions) == len(ids) else None
+    oldest = min(per_token) if per_token else version
+    mixed = per_token is not None and any(v != oldest for v in per_token)
     stop_ids = template.stop_token_ids
     text = template.decode(ids[:-1] if ids and ids[-1] in stop_ids else ids)
     if row.stop_cut is not None:
@@ -92,9 +102,10 @@ def build_response(
         completion_logprobs=tuple(row.logprobs) if request.return_.return_chosen_logprobs else None,
         top_logprobs=tuple(row.top) if row.top_k > 0 else None,
         finish_reason=row.finish or "length",
-        policy_version=version,
+        policy_version=oldest,
         tool_calls=reply.tool_calls,
         reasoning=reply.reasoning,
+        token_versions=tuple(per_token) if mixed and per_token is not None and want_ids else None,
     )
-    base = {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "policy_version": version}
+    base = {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "policy_version": oldest}
     return resp, {**info, **base}

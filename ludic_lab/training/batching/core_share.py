@@ -1,6 +1,6 @@
 """``CoreShare``: the step's intra-op threads follow what the sampler is doing.
 
-With ``TrainerConfig(async_level=1)`` on a CPU the in-process sampler and the trainer's step
+With sampling overlapped (``TrainerConfig.async_mode``) on a CPU the in-process sampler and the trainer's step
 run at once, each on its share of the cores (``num_threads`` here, the sampler's own). A
 static split idles the sampler's cores once the batch sampled ahead is in, while the step
 goes on: here the step takes every core (``num_threads_alone``) from its next micro-batch
@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import torch
 
+from ludic_lab.rollouts.async_source import FullyAsyncSource
 from ludic_lab.rollouts.batch_source import BatchSource
 from ludic_lab.training.batching.sample_ahead import SampleAheadSource
+
+_OVERLAPPING = (SampleAheadSource, FullyAsyncSource)
 
 
 class CoreShare:
     """Before each micro-batch (:meth:`adjust`, on the trainer's worker thread): ``shared``
-    threads while a batch is being sampled ahead, ``alone`` otherwise. ``switches`` counts
+    threads while a batch (or a group) is being sampled ahead, ``alone`` otherwise. ``switches`` counts
     the changes; :meth:`pop_switches` those since its last call (the step's metric)."""
 
     def __init__(self, source: BatchSource, shared: int | None, alone: int | None) -> None:
@@ -31,7 +34,7 @@ class CoreShare:
     def active(self) -> bool:
         """Whether the thread count ever changes: a batch sampled ahead and two counts."""
         return (
-            isinstance(self.source, SampleAheadSource)
+            isinstance(self.source, _OVERLAPPING)
             and self.shared is not None
             and self.alone is not None
             and self.shared != self.alone
@@ -41,7 +44,7 @@ class CoreShare:
         """The count the step should run with now (None: leave torch's as it is)."""
         if not self.active:
             return None
-        assert isinstance(self.source, SampleAheadSource)
+        assert isinstance(self.source, _OVERLAPPING)
         return self.shared if self.source.in_flight() else self.alone
 
     def adjust(self) -> None:

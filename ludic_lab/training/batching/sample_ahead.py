@@ -132,7 +132,8 @@ def sample_ahead(source: BatchSource, async_level: int, world_size: int = 1) -> 
 
 def pull_ahead(source: BatchSource, ahead: bool | None) -> None:
     """For a :class:`SampleAheadSource`: whether its next ``next_batch()`` pulls one more
-    ahead; ``None`` also cancels a pull in flight. Any other source: nothing."""
+    ahead; ``None`` also cancels a pull in flight. Any other source: nothing (the trainer uses
+    :func:`~ludic_lab.training.batching.async_modes.pull_ahead`, which knows every mode)."""
     if isinstance(source, SampleAheadSource):
         if ahead is None:
             source.stop()
