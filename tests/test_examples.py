@@ -60,9 +60,8 @@ def _finished(out: Path, steps: int) -> dict[str, Any]:
     and the trained policy (merged model + LoRA adapter) in ``<out>/policy``."""
     s = _json(out / "summary.json")
     run = _json(out / "run.json")
-    assert run["config"]["steps"] == steps and run["config"]["out"] == str(
-        out
-    )  # the script's config, not the trainer's
+    # the script's own config, not the trainer's
+    assert run["config"]["steps"] == steps and run["config"]["out"] == str(out)
     evals = [json.loads(x) for x in (out / "evals.jsonl").read_text().splitlines()]
     assert [(e["name"], e["step"]) for e in evals] == [("held-out", 0), ("held-out", steps)]
     policy = Path(s["policy"])
