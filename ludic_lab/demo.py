@@ -187,7 +187,8 @@ def _split_threads(cfg: DemoConfig, client: Any) -> tuple[TrainerConfig, int | N
     """With ``--async-mode one_step_ahead`` / ``fully_async`` (or ``--async-level 1``) and the
     in-process sampler, sampling and the trainer's step
     run at once: each gets half the cores while training (the trainer's ``--num-threads``
-    if given, the sampler the rest). Returns the trainer's config and the sampler's thread
+    if given, the sampler the rest); fully asynchronous, the sampler loads each update in
+    flight (``weight_update="in_flight"``). Returns the trainer's config and the sampler's thread
     count to restore after training (None: nothing was changed)."""
     from ludic_lab.inference import LocalChatClient
 
@@ -197,6 +198,8 @@ def _split_threads(cfg: DemoConfig, client: Any) -> tuple[TrainerConfig, int | N
 
     import torch
 
+    if cfg.trainer.effective_async_mode == "fully_async" and client.scheduling == "continuous":
+        client.weight_update = "in_flight"  # a weight update must not wait for the running episodes' tail
     all_threads = torch.get_num_threads()
     trainer_threads = cfg.trainer.num_threads or max(1, all_threads // 2)
     client.set_num_threads(max(1, all_threads - trainer_threads))
