@@ -82,7 +82,12 @@ demo: setup
 	$(VENV)/bin/ludic-lab demo $(DEMO_ARGS)
 
 test: setup-test
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -m "not extended" --durations=25
+
+# Everything, the `extended` tests too (the smoke runs of the tutorials that vary 03_grpo's
+# algorithm or that other tests cover end to end: docs/testing.md).
+test-all: setup-test
+	$(PY) -m pytest -q -ra --durations=25
 
 lint: setup-test
 	PYTHON=$(PY) bash scripts/lint.sh

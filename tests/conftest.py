@@ -8,6 +8,7 @@ transformers or datasets. Models come from :mod:`ludic_lab.inference.models`, ca
 from __future__ import annotations
 
 import os
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -103,3 +104,23 @@ def _release_memory_after_module() -> Any:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+SLOW_REPORT_S = 60.0
+"""A test phase longer than this prints a line as it ends (the suite's time, the test, its
+seconds): a CI log cut off at its time limit still says where the time went."""
+_SESSION_START = time.monotonic()
+_CONFIG: list[Any] = []
+
+
+def pytest_configure(config: Any) -> None:
+    _CONFIG[:] = [config]
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    if report.duration < SLOW_REPORT_S or not _CONFIG:
+        return
+    terminal = _CONFIG[0].pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None:
+        elapsed = (time.monotonic() - _SESSION_START) / 60
+        terminal.write_line(f"[slow] {elapsed:.1f} min in: {report.nodeid} ({report.when}) {report.duration:.0f} s")
