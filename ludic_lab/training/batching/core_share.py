@@ -32,9 +32,11 @@ class CoreShare:
 
     @property
     def active(self) -> bool:
-        """Whether the thread count ever changes: a batch sampled ahead and two counts."""
+        """Whether the thread count ever changes: a batch sampled ahead and two counts (a fully
+        asynchronous source at ``max_staleness=0`` never samples ahead: it runs as ``"sync"``)."""
         return (
             isinstance(self.source, _OVERLAPPING)
+            and getattr(self.source, "max_staleness", None) != 0
             and self.shared is not None
             and self.alone is not None
             and self.shared != self.alone
