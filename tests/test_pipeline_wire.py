@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 msgpack = pytest.importorskip("msgpack", reason="the pipeline extra: pip install 'ludic_lab[pipeline]'")
-from safetensors.numpy import save  # noqa: E402 - after the importorskip of the optional extra
+from safetensors.numpy import load, save  # noqa: E402 - after the importorskip of the optional extra
 
 from ludic_lab.pipeline.wire import SCHEMA, WireFormatError, check_schema, decode_entry, encode_item, item_id  # noqa: E402 - after the importorskip of the optional extra
 from ludic_lab.rollouts.saw import SAWItem  # noqa: E402 - after the importorskip of the optional extra
@@ -125,3 +125,67 @@ def test_check_schema_accepts_only_this_version() -> None:
     check_schema({b"schema": SCHEMA.encode()})
     with pytest.raises(WireFormatError, match="not UTF-8"):
         check_schema({b"schema": b"\xff\xfe"})
+
+
+def multi_version_item(**kw) -> SAWItem:
+    """Five action tokens: two sampled by version 3, then a weight update, three by version 4."""
+    base = dict(
+        input_ids=(5, 17, 2, 300, 9, 11, 12),
+        action_mask=(0, 0, 1, 1, 1, 1, 1),
+        weights=(0.0, 0.0) + (0.5,) * 5,
+        behaviour_logprobs=(0.0, 0.0, -0.5, -1.25, -math.pi, -2.0, -1e-9),
+        token_versions=(-1, -1, 3, 3, 4, 4, 4),
+        policy_version=3,
+    )
+    base.update(kw)
+    return make_item(**base)
+
+
+def test_per_token_versions_round_trip_exactly() -> None:
+    item = multi_version_item()
+    fields = encode_item(item)
+    _, back = decode_entry({k.encode(): v for k, v in fields.items()})
+    assert back == item and back.token_versions == (-1, -1, 3, 3, 4, 4, 4)
+    assert back.action_versions == (3, 3, 4, 4, 4) and back.policy_version == 3  # the oldest
+    # an item of one version carries no per-token tensor and reads back as before
+    plain = make_item()
+    _, plain_back = decode_entry(encode_item(plain))
+    assert "token_versions" not in load(encode_item(plain)["tensors"])
+    assert plain_back == plain and plain_back.token_versions is None and plain_back.action_versions == (7, 7, 7)
+
+
+def test_payloads_written_before_per_token_versions_still_decode() -> None:
+    # the four tensors and the meta keys of the first ludic_lab.saw/1 writers, nothing more
+    meta = {"policy_version": 2, "reward": 1.0, "rollout_id": "old", "step_index": 0, "group_id": None, "meta": {}}
+    fields = {b"schema": b"ludic_lab.saw/1", b"id": b"old:0", b"meta": msgpack.packb(meta), b"tensors": _tensors()}
+    iid, item = decode_entry(fields)
+    assert iid == "old:0" and item.token_versions is None and item.policy_version == 2
+    assert item.action_versions == (2, 2)
+
+
+def _versions(vs, *, version: int | None = 1) -> dict:
+    meta = {"policy_version": version, "reward": 0.0, "rollout_id": "r", "step_index": 0, "meta": {}}
+    return _fields(meta=msgpack.packb(meta), tensors=_tensors(token_versions=np.asarray(vs)))
+
+
+@pytest.mark.parametrize(
+    "fields, reason",
+    [
+        (_versions(np.array([-1, -1, 1], dtype=np.int64)), "token_versions has 3 entries for 4 input ids"),
+        (_versions(np.array([-1, -1, 1.0, 2.0])), "'token_versions' must be integers"),
+        (_versions(np.array([-1, -1, -1, 2], dtype=np.int64)), "negative version on an action token"),
+        (_versions(np.array([0, -1, 1, 2], dtype=np.int64)), "must be -1 where there is no action"),
+        (_versions(np.array([-1, -1, 1, 2], dtype=np.int64), version=2), "policy_version=2 but the oldest"),
+        (_versions(np.array([-1, -1, 1, 2], dtype=np.int64), version=None), "policy_version=None but the oldest"),
+        (_versions(np.array([[-1, -1, 1, 2]], dtype=np.int64)), "'token_versions' has shape (1, 4)"),
+    ],
+)
+def test_bad_per_token_versions_are_rejected_with_a_reason(fields: dict, reason: str) -> None:
+    with pytest.raises(WireFormatError) as ei:
+        decode_entry(fields)
+    assert reason in ei.value.reason
+
+
+def test_good_per_token_versions_of_a_hand_written_entry_decode() -> None:
+    _, item = decode_entry(_versions(np.array([-1, -1, 1, 2], dtype=np.int64)))
+    assert item.token_versions == (-1, -1, 1, 2) and item.policy_version == 1

@@ -105,7 +105,8 @@ class HeldItems:
 def split_stale(records: list[HeldItem], max_lag: int | None, now: int | None) -> tuple[list[HeldItem], list[HeldItem]]:
     """``(fresh, stale)``: stale items were sampled more than ``max_lag`` versions before
     ``now`` (:func:`~ludic_lab.training.staleness.is_stale`: nothing is stale without a
-    ``max_lag`` or a current version)."""
+    ``max_lag`` or a current version), measured by ``policy_version``: the oldest of an
+    item's per-token versions, so one stale token makes the whole sequence stale."""
     fresh: list[HeldItem] = []
     stale: list[HeldItem] = []
     for r in records:

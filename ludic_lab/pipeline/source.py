@@ -22,8 +22,9 @@ Delivery guarantees, and how they are kept:
 - **Staleness.** With ``max_lag`` and ``policy_version_fn`` (the trainer's current version),
   items sampled more than ``max_lag`` versions ago (:func:`~ludic_lab.training.staleness.is_stale`)
   are dropped (committed, so never redelivered, not trained) and counted; the batch is
-  refilled with fresh ones. This source owns the rule for pipeline runs: leave the trainer's
-  ``TrainerConfig.max_lag`` at None.
+  refilled with fresh ones. Per sequence, by its oldest token's version (``policy_version``;
+  the wire format checks it against ``token_versions``). This source owns the rule for
+  pipeline runs: leave the trainer's ``TrainerConfig.max_lag`` at None.
 
 Each held item is one record (:mod:`ludic_lab.pipeline.held_items`: restored, backlog,
 filling, delivered); the Redis commands of the consumer are in
@@ -31,8 +32,8 @@ filling, delivered); the Redis commands of the consumer are in
 
 ``batch.meta`` counts everything per batch (``stale_dropped``, ``filtered_samples``
 (+ ``filtered_samples/<filter name>``), ``duplicates_dropped``,
-``dead_lettered``, ``reclaimed``, ``wait_s``, ``queue_len``, ``lag_mean``, ...);
-``counters`` holds the running totals.
+``dead_lettered``, ``reclaimed``, ``wait_s``, ``queue_len``, ``lag_mean``, ``async/staleness_max``,
+...: :func:`~ludic_lab.pipeline.source_report.batch_meta`); ``counters`` holds the running totals.
 """
 
 from __future__ import annotations
@@ -241,6 +242,7 @@ class PipelineBatchSource:
                 queue_len=queue_len,
                 policy_version=self.policy_version_fn() if self.policy_version_fn is not None else None,
                 reconnects=self._rc.reconnects,
+                max_lag=self.max_lag,
             ),
         )
 

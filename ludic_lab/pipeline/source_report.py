@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ludic_lab.rollouts.batch_stats import item_stats
+from ludic_lab.rollouts.batch_stats import item_stats, staleness_stats
 from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.rollouts.signal_check import signal_stats
 
@@ -21,9 +21,15 @@ def batch_meta(
     queue_len: int,
     policy_version: int | None,
     reconnects: int,
+    max_lag: int | None = None,
 ) -> dict[str, Any]:
     """A pipeline batch's ``meta``: the items' statistics, what this call dropped and why
-    (``per``), the wait, the queue length and the items' lag behind ``policy_version``."""
+    (``per``), the wait, the queue length and the items' lag behind ``policy_version``
+    (``lag_mean`` / ``lag_max``), with the in-process fully asynchronous source's names for
+    the same figures: ``async/staleness_mean`` / ``_max`` and ``async/version_min`` / ``_max``
+    per sequence by its oldest token, ``async/token_staleness_mean`` per action token,
+    ``async/dropped_stale`` (sequences dropped as stale), ``async/wait_s``, and
+    ``async/max_staleness`` (``max_lag``, when set)."""
     now = policy_version
     lags = [now - it.policy_version for it in items if now is not None and it.policy_version is not None]
     rewards = [it.reward for it in items]
@@ -46,6 +52,11 @@ def batch_meta(
     if lags:
         meta["lag_mean"] = math.fsum(lags) / len(lags)
         meta["lag_max"] = max(lags)
+    meta["async/dropped_stale"] = meta["stale_dropped"]
+    meta["async/wait_s"] = wait_s
+    if max_lag is not None:
+        meta["async/max_staleness"] = max_lag
+    meta.update(staleness_stats(items, now))
     return meta
 
 

@@ -8,12 +8,17 @@ One item is one Redis Stream entry with four fields:
 - ``meta``: msgpack of the scalars (policy version, reward, rollout/step/group ids, the
   item's ``meta`` dict, the actor's name, the push time);
 - ``tensors``: safetensors bytes of ``input_ids`` (int64), ``action_mask`` (uint8),
-  ``weights`` and ``behaviour_logprobs`` (float64, so floats round-trip exactly).
+  ``weights`` and ``behaviour_logprobs`` (float64, so floats round-trip exactly), and, only
+  for an item whose tokens were sampled under several policy versions, ``token_versions``
+  (int64; -1 where there is no action). An entry without it is an item of one version
+  (``policy_version`` on every action token), so entries written before it decode as before,
+  and a reader that does not know it reads the item by its oldest version.
 
 :func:`decode_entry` checks everything a trainer relies on (lengths, 0/1 mask, finite
-weights and logprobs, token ids in ``[0, vocab_size)``) and raises :class:`WireFormatError`
-with a readable reason, which the batch source writes next to the entry in the dead-letter
-stream.
+weights and logprobs, token ids in ``[0, vocab_size)``, a version on every action token with
+``policy_version`` their oldest, the one staleness is measured by) and raises
+:class:`WireFormatError` with a readable reason, which the batch source writes next to the
+entry in the dead-letter stream.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ SCHEMA = f"{SCHEMA_NAME}/{SCHEMA_VERSION}"
 
 FIELDS = ("schema", "id", "meta", "tensors")
 _TENSORS = {"input_ids": np.int64, "action_mask": np.uint8, "weights": np.float64, "behaviour_logprobs": np.float64}
+_OPTIONAL_TENSORS = {"token_versions": np.int64}
 
 
 class WireFormatError(ValueError):
@@ -74,6 +80,8 @@ def encode_item(item: SAWItem, *, id: str | None = None, actor: str = "") -> dic
         "weights": np.asarray(item.weights, dtype=np.float64),
         "behaviour_logprobs": np.asarray(item.behaviour_logprobs, dtype=np.float64),
     }
+    if item.token_versions is not None:
+        tensors["token_versions"] = np.asarray(item.token_versions, dtype=np.int64)
     meta = {
         "policy_version": item.policy_version,
         "reward": float(item.reward),
@@ -166,7 +174,7 @@ def _decode_entry(fields: Mapping[Any, Any], vocab_size: int | None) -> tuple[st
     if missing:
         raise WireFormatError(f"tensors missing: {missing}")
     for k, a in arrays.items():
-        if k in _TENSORS and a.ndim != 1:
+        if (k in _TENSORS or k in _OPTIONAL_TENSORS) and a.ndim != 1:
             raise WireFormatError(f"tensor {k!r} has shape {a.shape}, expected 1-D")
     ids, mask = arrays["input_ids"], arrays["action_mask"]
     if ids.dtype.kind not in "iu" or mask.dtype.kind not in "iub":
@@ -186,6 +194,9 @@ def _decode_entry(fields: Mapping[Any, Any], vocab_size: int | None) -> tuple[st
     item_meta = meta.get("meta", {})
     if not isinstance(item_meta, dict):
         raise WireFormatError(f"item meta must be a map, got {type(item_meta).__name__}")
+    token_versions = None
+    if "token_versions" in arrays:
+        token_versions = _checked_token_versions(arrays["token_versions"], mask, version)
     try:
         item = SAWItem(
             input_ids=tuple(ids.tolist()),
@@ -198,7 +209,30 @@ def _decode_entry(fields: Mapping[Any, Any], vocab_size: int | None) -> tuple[st
             step_index=int(meta.get("step_index", 0)),
             group_id=None if meta.get("group_id") is None else str(meta["group_id"]),
             meta=item_meta,
+            token_versions=token_versions,
         )
     except (TypeError, ValueError, OverflowError) as e:  # e.g. int(inf) for step_index
         raise WireFormatError(f"not a valid SAWItem: {type(e).__name__}: {e}") from None
     return iid, item
+
+
+def _checked_token_versions(vs: np.ndarray, mask: np.ndarray, version: int | None) -> tuple[int, ...]:
+    """The ``token_versions`` tensor as a tuple, checked against the mask and ``policy_version``:
+    a version >= 0 on every action token, -1 elsewhere, and ``policy_version`` their oldest
+    (a newer one would let stale tokens past ``max_lag``)."""
+    if vs.dtype.kind not in "iu":
+        raise WireFormatError(f"tensor 'token_versions' must be integers, got {vs.dtype}")
+    if vs.shape != mask.shape:
+        raise WireFormatError(f"token_versions has {vs.size} entries for {mask.size} input ids")
+    acts = mask.astype(bool)
+    if acts.any() and vs[acts].min() < 0:
+        raise WireFormatError("token_versions holds a negative version on an action token")
+    if (vs[~acts] != -1).any():
+        raise WireFormatError("token_versions must be -1 where there is no action (action_mask 0)")
+    oldest = int(vs[acts].min()) if acts.any() else None
+    if oldest is not None and version != oldest:
+        raise WireFormatError(
+            f"policy_version={version!r} but the oldest of token_versions is {oldest}; policy_version must be the "
+            "oldest version (what max_lag measures staleness by)"
+        )
+    return tuple(int(v) for v in vs.tolist())

@@ -32,6 +32,8 @@ counted in :class:`PackingStats` (``result.stats``):
   is still conditioned on exactly the prefix the sampler saw (cutting the head would change
   that context and so the logprob the behaviour logprob refers to). If the cut leaves no
   action token (the prompt alone fills ``max_seq_len``), the item is dropped and counted.
+  Per-token versions (``token_versions``) are cut with the same slice, and the cut item's
+  ``policy_version`` is the oldest version among the action tokens it keeps.
 * ``"drop"``: leave the item out and count it.
 * ``"error"``: raise, naming the item and what to change.
 """
@@ -214,6 +216,27 @@ def block_causal_mask(seq_ids_RT: torch.Tensor, dtype: torch.dtype | None = None
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
+def truncate_item(item: SAWItem, n: int) -> SAWItem:
+    """``item`` cut to its first ``n`` tokens: every per-token field (ids, mask, weights,
+    behaviour logprobs, ``token_versions``) with the same slice, ``policy_version`` the oldest
+    version of the action tokens kept, ``meta["truncated_from"]`` the original length."""
+    if n >= item.num_tokens:
+        return item
+    return SAWItem(
+        input_ids=item.input_ids[:n],
+        action_mask=item.action_mask[:n],
+        weights=item.weights[:n],
+        behaviour_logprobs=item.behaviour_logprobs[:n],
+        token_versions=None if item.token_versions is None else item.token_versions[:n],
+        policy_version=_oldest_kept(item, n),
+        reward=item.reward,
+        rollout_id=item.rollout_id,
+        step_index=item.step_index,
+        group_id=item.group_id,
+        meta={**item.meta, "truncated_from": item.num_tokens},
+    )
+
+
 # ------------------------------------------------------------------------------------------
 # internals
 # ------------------------------------------------------------------------------------------
@@ -265,20 +288,18 @@ def _prepare(items: Sequence[SAWItem], max_seq_len: int, truncation: str) -> tup
         c["truncated_items"] += 1
         c["truncated_tokens"] += n - max_seq_len
         c["truncated_action_tokens"] += sum(it.action_mask[max_seq_len:])
-        cut = SAWItem(
-            input_ids=it.input_ids[:max_seq_len],
-            action_mask=it.action_mask[:max_seq_len],
-            weights=it.weights[:max_seq_len],
-            behaviour_logprobs=it.behaviour_logprobs[:max_seq_len],
-            policy_version=it.policy_version,
-            reward=it.reward,
-            rollout_id=it.rollout_id,
-            step_index=it.step_index,
-            group_id=it.group_id,
-            meta={**it.meta, "truncated_from": n},
-        )
+        cut = truncate_item(it, max_seq_len)
         seqs.append(_Seq(i, cut, max_seq_len))
     return seqs, c
+
+
+def _oldest_kept(it: SAWItem, n: int) -> int | None:
+    """``policy_version`` of ``it`` cut to its first ``n`` tokens: the oldest version of the
+    action tokens kept (per-token versions), else the item's own."""
+    if it.token_versions is None:
+        return it.policy_version
+    kept = [v for v, m in zip(it.token_versions[:n], it.action_mask[:n], strict=True) if m]
+    return min(kept) if kept else it.policy_version
 
 
 def _build(rows: list[list[Unit]], pad_token_id: int) -> TokenBatch:
