@@ -218,7 +218,7 @@ class VLLMChatClient:
             "generate_s": dt,
             "prompt_tokens": len(prompt),
             "completion_tokens": int(usage.get("completion_tokens", len(response.completion_token_ids or ()))),
-            "policy_version": version,
+            "policy_version": response.policy_version,  # the oldest token's (in_flight servers)
             "server": self.server_url,
         }
         return response, info

@@ -118,6 +118,7 @@ def parse_choice(
         text = text[: min(hits)] if hits else str(choice.get("text", text))
     reply = read_reply(template, ids, text, prompt, tools=request.tools is not None)
     want_ids = ret.return_token_ids or ret.return_chosen_logprobs
+    per_token, version = choice_versions(choice, len(ids), version, server)
     return ChatResponse(
         text=reply.text,
         completion_token_ids=tuple(ids) if want_ids else None,
@@ -128,7 +129,25 @@ def parse_choice(
         policy_version=version,
         tool_calls=reply.tool_calls,
         reasoning=reply.reasoning,
+        token_versions=per_token if want_ids else None,
     )
+
+
+def choice_versions(
+    choice: dict[str, Any], n: int, version: int | None, server: str
+) -> tuple[tuple[int, ...] | None, int | None]:
+    """``(token_versions, policy_version)`` of one choice: the bundled server in ``in_flight``
+    mode labels each choice with the oldest version that sampled it (``policy_version``) and,
+    when a weight update landed mid-completion, one version per token (``token_versions``);
+    otherwise the response header's ``version`` holds for every token."""
+    raw = choice.get("token_versions")
+    if raw is None:
+        own = choice.get("policy_version")
+        return None, int(own) if isinstance(own, int) else version
+    if not isinstance(raw, list) or len(raw) != n or not all(isinstance(v, int) for v in raw):
+        raise VLLMError(f"the server at {server} returned token_versions that do not give one integer per token")
+    per_token = tuple(int(v) for v in raw)
+    return per_token, min(per_token)
 
 
 def is_aborted(data: Any) -> bool:

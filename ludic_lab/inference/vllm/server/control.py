@@ -4,7 +4,10 @@ One plane per server process around vLLM's engine client: it checks an update ag
 served model's parameter spec before touching any weight, closes admission and drains
 in-flight generations (:class:`~ludic_lab.inference.vllm.server.admission.VersionGate`), pauses the
 engine, has the workers load the weights (``collective_rpc("ludic_...")``), resets the prefix
-cache and bumps the policy version. The HTTP side (FastAPI routes, pydantic bodies) is in
+cache and bumps the policy version. In ``in_flight`` mode it skips the drain: the engine pauses
+with running requests frozen and resumes them under the new weights. Either way the engine's
+step label (``update_weight_version``) follows the policy version, so every token is labelled
+with the version that sampled it. The HTTP side (FastAPI routes, pydantic bodies) is in
 :mod:`ludic_lab.inference.vllm.server.routes`; this module imports neither vLLM nor FastAPI.
 """
 
@@ -77,6 +80,7 @@ class LudicControlPlane:
         if self.opts.worker_idle_spin_s is not None:
             await self._set_idle_spin(self.opts.worker_idle_spin_s)
         self.device = str(info.get("device", "cpu"))
+        await self._label_engine(self.gate.version)  # every step's outputs carry the policy version
         mc = self.engine.model_config
         tie = getattr(getattr(mc, "hf_text_config", None), "tie_word_embeddings", None)
         try:
@@ -173,7 +177,8 @@ class LudicControlPlane:
         location = body.location if body.transport == "shm" else None
         # shielded: a client that gives up (timeout) does not interrupt an update half-way;
         # it completes (or fails) as a whole and the file is removed either way (unless kept)
-        task = self._track(self._apply(metas, body.transport, location, body.version, body.keep))
+        mode, kv = getattr(body, "weight_update", None), getattr(body, "in_flight_kv", None)
+        task = self._track(self._apply(metas, body.transport, location, body.version, body.keep, mode, kv))
         try:
             result = await asyncio.shield(task)
         except DrainTimeout as e:
@@ -193,33 +198,28 @@ class LudicControlPlane:
             remove_quietly(location)
 
     async def _apply(
-        self, metas: list[ParamMeta], transport: str, location: str | None, version: int | None, keep: bool = False
+        self,
+        metas: list[ParamMeta],
+        transport: str,
+        location: str | None,
+        version: int | None,
+        keep: bool = False,
+        mode: str | None = None,
+        kv: str | None = None,
     ) -> dict[str, Any]:
         assert self.spec is not None
+        mode = mode or self.opts.weight_update
         phases: dict[str, float] = {}
         try:
             async with self._lock:
-                t = time.perf_counter()
-                drained = self.gate.inflight
-                await self.gate.close_and_drain(self.opts.drain_timeout_s)
-                phases["drain"] = time.perf_counter() - t
-                try:
-                    t_load, info = await self._load_exclusive(metas, transport, location, keep, phases)
-                    t = time.perf_counter()
-                    await self._reset_prefix_cache_now()
-                    phases["reset_prefix_cache"] = time.perf_counter() - t
-                    self.gate.version = int(version) if version is not None else self.gate.version + 1
-                    if self.broken and self.spec.covers_all(metas):
-                        self.broken = None
-                finally:
-                    self.gate.reopen()
-            out = {
-                "version": self.gate.version,
-                "num_params": len(metas),
-                "load_seconds": t_load,
-                "phases": phases,
-                "drained_requests": drained,  # generations in flight when the update closed admission
-            }
+                if mode == "in_flight":
+                    from ludic_lab.inference.vllm.server.in_flight import apply_in_flight
+
+                    out = await apply_in_flight(self, metas, transport, location, version, keep, kv, phases)
+                else:
+                    out = await self._apply_drained(metas, transport, location, version, keep, phases)
+            out.update({"num_params": len(metas), "phases": phases, "weight_update": mode})
+            info = out.pop("info")
             if info:
                 out["load_mode"] = info.get("mode")
                 out.update(
@@ -229,16 +229,51 @@ class LudicControlPlane:
         finally:
             self.discard_update_file(location, keep)
 
+    async def _apply_drained(
+        self,
+        metas: list[ParamMeta],
+        transport: str,
+        location: str | None,
+        version: int | None,
+        keep: bool,
+        phases: dict,
+    ) -> dict[str, Any]:
+        """Close admission, drain, pause, load, reset the prefix cache, bump the version."""
+        t = time.perf_counter()
+        drained = self.gate.inflight
+        await self.gate.close_and_drain(self.opts.drain_timeout_s)
+        phases["drain"] = time.perf_counter() - t
+        try:
+            t_load, info = await self._load_exclusive(metas, transport, location, keep, phases, version)
+            t = time.perf_counter()
+            await self._reset_prefix_cache_now()
+            phases["reset_prefix_cache"] = time.perf_counter() - t
+        finally:
+            self.gate.reopen()
+        # drained_requests: generations in flight when the update closed admission
+        return {"version": self.gate.version, "load_seconds": t_load, "drained_requests": drained, "info": info}
+
+    async def _bump_version(self, metas: list[ParamMeta], version: int | None) -> None:
+        """The new policy version: the gate's and the engine's step label (while paused, so
+        every step after resume is labelled with it)."""
+        assert self.spec is not None
+        new = int(version) if version is not None else self.gate.version + 1
+        await self._label_engine(new)
+        self.gate.version = new
+        if self.broken and self.spec.covers_all(metas):
+            self.broken = None
+
+    async def _label_engine(self, version: int) -> None:
+        if hasattr(self.engine, "update_weight_version"):  # vLLM's step label (patches.py)
+            await self.engine.update_weight_version(str(version))
+
     async def _load_exclusive(
-        self, metas: list[ParamMeta], transport: str, location: str | None, keep: bool, phases: dict[str, float]
+        self, metas: list[ParamMeta], transport: str, location: str | None, keep: bool, phases: dict, version: Any
     ) -> tuple[float, dict[str, Any]]:
-        """Load with the engine idle: pause (waiting out any straggler), load, resume.
-        ``phases`` receives the seconds of pause, load and resume."""
+        """Load with the engine idle: pause (waiting out any straggler), load, bump the
+        version, resume. ``phases`` receives the seconds of pause, load and resume."""
         from ludic_lab.inference.vllm.server.patches import pause_engine
 
-        assert self.spec is not None
-        order, rename = self.spec.load_plan(metas)
-        info: dict[str, Any] = {}
         t = time.perf_counter()
         try:
             await asyncio.wait_for(pause_engine(self.engine), self.opts.drain_timeout_s)
@@ -249,34 +284,49 @@ class LudicControlPlane:
                 f"the engine did not become idle within {self.opts.drain_timeout_s:.0f}s; update not applied"
             ) from None
         try:
-            t0 = time.perf_counter()
-            try:
-                if transport == "shm":
-                    res = await self.engine.collective_rpc(
-                        "ludic_load_file", args=(location, order, rename, keep, self.opts.weight_load)
-                    )
-                    info = res[0] if res and isinstance(res[0], dict) else {}
-                else:
-                    skip = {m.name: None for m in metas if m.name not in order}
-                    await self.engine.collective_rpc(
-                        "ludic_receive_nccl", args=([m.to_json() for m in metas], {**rename, **skip})
-                    )
-            except Exception as e:
-                self.broken = (
-                    f"a weight update failed while loading ({type(e).__name__}: {e}); the weights may be "
-                    "partly updated, so generation is refused until a complete update succeeds"
-                )
-                logger.error("ludic: %s", self.broken)
-                raise
-            phases["load"] = time.perf_counter() - t0
-            return phases["load"], info
+            out = await self._load(metas, transport, location, keep, phases)
+            await self._bump_version(metas, version)
+            return out
         finally:
             t = time.perf_counter()
             await self.engine.resume_generation()
             phases["resume"] = time.perf_counter() - t
 
-    async def _reset_prefix_cache_now(self) -> None:
-        ok = await self.engine.reset_prefix_cache()
+    async def _load(
+        self, metas: list[ParamMeta], transport: str, location: str | None, keep: bool, phases: dict[str, float]
+    ) -> tuple[float, dict[str, Any]]:
+        """Have the workers load the update (engine paused); a failure marks the server broken."""
+        assert self.spec is not None
+        order, rename = self.spec.load_plan(metas)
+        info: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        try:
+            if transport == "shm":
+                res = await self.engine.collective_rpc(
+                    "ludic_load_file", args=(location, order, rename, keep, self.opts.weight_load)
+                )
+                info = res[0] if res and isinstance(res[0], dict) else {}
+            else:
+                skip = {m.name: None for m in metas if m.name not in order}
+                await self.engine.collective_rpc(
+                    "ludic_receive_nccl", args=([m.to_json() for m in metas], {**rename, **skip})
+                )
+        except Exception as e:
+            self.broken = (
+                f"a weight update failed while loading ({type(e).__name__}: {e}); the weights may be "
+                "partly updated, so generation is refused until a complete update succeeds"
+            )
+            logger.error("ludic: %s", self.broken)
+            raise
+        phases["load"] = time.perf_counter() - t0
+        return phases["load"], info
+
+    async def _reset_prefix_cache_now(self, reset_running_requests: bool = False) -> None:
+        ok = await (
+            self.engine.reset_prefix_cache(reset_running_requests=True)
+            if reset_running_requests
+            else self.engine.reset_prefix_cache()
+        )
         if ok is False:
             raise RuntimeError("vLLM refused to reset the prefix cache")
 

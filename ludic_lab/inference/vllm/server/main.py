@@ -43,8 +43,18 @@ HTTP routes added to vLLM's (``GET /health`` is vLLM's own):
   ``POST /validate_param_batch`` is the same check without loading (NCCL senders call it
   first so a refused update never leaves them broadcasting).
 - ``POST /reset_prefix_cache`` -> ``{"ok": true}`` (between requests, like an update).
-- Responses of the generation routes carry ``X-Ludic-Policy-Version``: the version the whole
-  response was sampled under (read at admission; no update runs while it is in flight).
+- Responses of the generation routes carry ``X-Ludic-Policy-Version``: the version at
+  admission (in ``drain`` mode no update runs while the request is in flight, so the whole
+  response was sampled under it).
+- ``--ludic-weight-update in_flight`` (or ``"weight_update": "in_flight"`` in an update's
+  body): an update does not drain; it pauses the engine with running requests frozen, loads,
+  bumps the version and resumes them under the new weights (``--ludic-in-flight-kv keep``:
+  their KV from the old weights is kept; ``recompute``: they are prefilled again). vLLM labels
+  each engine step with the version, so each non-streamed ``/v1/completions`` choice carries
+  ``policy_version`` (its oldest token's) and, when an update landed mid-completion,
+  ``token_versions`` (one per completion token). The answer has ``"weight_update"``,
+  ``"inflight_requests"`` (generations that continued across it), ``"in_flight_kv"`` and
+  ``"prefix_cache_reset"``.
 
 The control-plane POST routes need ``Authorization: Bearer <token>`` when a token is set
 (``--ludic-control-token`` or ``$LUDIC_CONTROL_TOKEN``); a server bound to anything but a

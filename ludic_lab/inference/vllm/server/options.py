@@ -20,6 +20,8 @@ from typing import Any, Literal, get_args, get_origin
 
 FLAG_PREFIX = "--ludic-"
 WEIGHT_LOADS = ("auto", "reload")
+WEIGHT_UPDATES = ("drain", "in_flight")
+IN_FLIGHT_KV = ("keep", "recompute")
 TOKEN_ENV = "LUDIC_CONTROL_TOKEN"
 """Environment variable read when ``--ludic-control-token`` is not given."""
 
@@ -40,6 +42,14 @@ class LudicServerOptions:
     weight_load: str = field(default="auto", metadata={"choices": WEIGHT_LOADS})
     """auto: CPU updates load in place (verified against reload_weights once); reload: always
     vLLM's reload_weights."""
+    weight_update: str = field(default="drain", metadata={"choices": WEIGHT_UPDATES})
+    """drain: an update waits for in-flight generations, then loads (every response has one
+    version); in_flight: it pauses the engine with running requests frozen, loads and resumes
+    them under the new weights (responses carry per-token ``token_versions``). An update's
+    ``weight_update`` field overrides it."""
+    in_flight_kv: str = field(default="keep", metadata={"flag": "in-flight-kv", "choices": IN_FLIGHT_KV})
+    """in_flight only: keep the KV cache the old weights computed for the frozen requests
+    (and cached prefixes), or recompute it under the new weights (prefills them again)."""
     worker_idle_spin_s: float | None = field(
         default=0.02, metadata={"flag": "worker-idle-spin", "metavar": "SECONDS", "negative_is_none": True}
     )
@@ -54,6 +64,14 @@ class LudicServerOptions:
         check_config(self, {"drain_timeout_s": "> 0", "initial_version": ">= 0", "worker_idle_spin_s": ">= 0"})
         if self.weight_load not in WEIGHT_LOADS:
             raise ValueError(f"LudicServerOptions.weight_load must be 'auto' or 'reload', got {self.weight_load!r}")
+        if self.weight_update not in WEIGHT_UPDATES:
+            raise ValueError(
+                f"LudicServerOptions.weight_update must be 'drain' or 'in_flight', got {self.weight_update!r}"
+            )
+        if self.in_flight_kv not in IN_FLIGHT_KV:
+            raise ValueError(
+                f"LudicServerOptions.in_flight_kv must be 'keep' or 'recompute', got {self.in_flight_kv!r}"
+            )
 
 
 def flag_name(f: dataclasses.Field) -> str:

@@ -12,6 +12,11 @@ change lands (named below), the patch can go.
   own ``run_server`` builds, wires (routes, overrides, OpenAPI, ``init_state``) and serves.
 - :func:`pause_engine`: vLLM 0.32's ``AsyncLLM.pause_generation`` sleeps a fixed 20 ms after
   pausing (for log ordering, "not required for correctness"); every weight update paid it.
+- :func:`label_completion_versions`: vLLM 0.32 labels every engine step with the engine's
+  weight version (``AsyncLLM.update_weight_version``) and hands each finished output its
+  version spans (``CompletionOutput.weight_versions``), but only its token-in/token-out route
+  returns them; ``/v1/completions`` (what the ludic client uses) drops them. The patch adds
+  them to each choice as ``policy_version`` / ``token_versions``.
 - :func:`set_worker_idle_spin`: the worker's shared-memory queue reader busy-waits 1 s after
   each message (``SpinCondition.busy_loop_s``, hard-coded since vllm-project/vllm#28053, the
   fix of #19036); a trainer on the same host loses a core for that second. Upstream PRs
@@ -61,15 +66,67 @@ def serve_with_endpoints(plugin: Any) -> Iterator[None]:
         plugins.load_endpoint_plugins = original
 
 
-async def pause_engine(engine: Any) -> None:
-    """Pause the scheduler, waiting out requests still inside the engine, without vLLM's
-    fixed 20 ms sleep (the engine-core call is all that correctness needs)."""
+async def pause_engine(engine: Any, mode: str = "wait") -> None:
+    """Pause the scheduler without vLLM's fixed 20 ms sleep (the engine-core call is all that
+    correctness needs). ``mode="wait"`` waits out requests still inside the engine;
+    ``"keep"`` freezes them where they are (they continue on resume, KV cache kept)."""
     core = getattr(engine, "engine_core", None)
     pause = getattr(core, "pause_scheduler_async", None)
     if pause is None:  # another engine client: vLLM's public call
-        await engine.pause_generation(mode="wait", clear_cache=False)
+        await engine.pause_generation(mode=mode, clear_cache=False)
     else:
-        await pause(mode="wait", clear_cache=False)
+        await pause(mode=mode, clear_cache=False)
+
+
+def label_completion_versions() -> bool:
+    """Patch vLLM's ``OpenAIServingCompletion.request_output_to_completion_response`` so each
+    choice of a non-streaming ``/v1/completions`` answer carries ``policy_version`` (the
+    oldest weight version that sampled one of its tokens) and, when its tokens were sampled
+    under more than one, ``token_versions`` (one per completion token). Returns True when the
+    patch is in place (False when vLLM moved the method). Idempotent."""
+    try:
+        from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+    except ImportError:
+        return False
+    original = getattr(OpenAIServingCompletion, "request_output_to_completion_response", None)
+    if original is None:
+        return False
+    if getattr(original, "_ludic_versions", False):
+        return True
+
+    def request_output_to_completion_response(self: Any, final_res_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        response = original(self, final_res_batch, *args, **kwargs)
+        outputs = [o for res in final_res_batch for o in res.outputs]
+        if len(outputs) == len(response.choices):  # else: a shape this patch does not know; unlabelled
+            for choice, output in zip(response.choices, outputs, strict=True):
+                per_token = token_versions(getattr(output, "weight_versions", None), len(output.token_ids))
+                if per_token:
+                    choice.policy_version = min(per_token)
+                    if len(set(per_token)) > 1:
+                        choice.token_versions = per_token
+        return response
+
+    request_output_to_completion_response._ludic_versions = True  # type: ignore[attr-defined]
+    OpenAIServingCompletion.request_output_to_completion_response = request_output_to_completion_response  # type: ignore[method-assign]
+    return True
+
+
+def token_versions(spans: Any, n: int) -> list[int] | None:
+    """vLLM's weight-version spans (``[(version, start, end)]`` over output-token indexes)
+    as one integer version per token; None when they are missing, do not cover ``n`` tokens
+    or a label is not an integer (an engine whose version was never set)."""
+    if not spans:
+        return None
+    out: list[int] = []
+    for span in spans:
+        try:
+            v = int(span.version)
+        except (TypeError, ValueError):
+            return None
+        if span.start != len(out) or span.end < span.start:
+            return None
+        out.extend([v] * (span.end - span.start))
+    return out if len(out) == n else None
 
 
 def set_worker_idle_spin(seconds: float, recheck_s: float | None = None) -> dict[str, Any]:

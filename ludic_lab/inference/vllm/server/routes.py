@@ -45,6 +45,10 @@ class UpdateParamBatch(BaseModel):
     keep: bool = False
     """shm: a reused staging buffer the sender deletes (else the server deletes the file)."""
     params: list[ParamEntry]
+    weight_update: Literal["drain", "in_flight"] | None = None
+    """This update's mode (None: the server's ``--ludic-weight-update``)."""
+    in_flight_kv: Literal["keep", "recompute"] | None = None
+    """in_flight: keep or recompute the frozen requests' KV (None: ``--ludic-in-flight-kv``)."""
 
 
 class InitCommunicator(BaseModel):
@@ -173,7 +177,8 @@ async def validate_param_batch(body: UpdateParamBatch, plane: Plane) -> dict[str
 
 @router.post("/update_param_batch")
 async def update_param_batch(body: UpdateParamBatch, plane: Plane) -> dict[str, Any]:
-    """Check, drain, pause, load, reset the prefix cache, bump the version."""
+    """Check, then drain, pause, load, reset the prefix cache, bump the version (or, in
+    ``in_flight`` mode, pause with running requests frozen, load, bump, resume)."""
     return await plane.update_param_batch(body)
 
 
@@ -199,6 +204,10 @@ class LudicEndpoints:
         self.plane = plane
 
     def attach_router(self, app: FastAPI) -> None:
+        from ludic_lab.inference.vllm.server.patches import label_completion_versions
+
+        if not label_completion_versions():
+            logger.warning("ludic: this vLLM's completions cannot carry per-token policy versions")
         attach(app, self.plane)
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
