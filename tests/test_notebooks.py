@@ -55,16 +55,17 @@ credit-view batch, 7 of 20 held out), so all 24 equal is unlikely even where num
 11_judges: its judge scores a reply by the probability of "yes" (a float), so two different
 replies of a group practically never score alike."""
 EXTENDED = {"01_reinforce", "02_rloo", "04_dr_grpo_dapo", "05_gspo", "06_cispo_scalerl", "07_sft_rejection_sampling",
-            "08_tool_use", "09_code_exec", "10_bring_your_agent", "12_bring_your_env"}  # fmt: skip
+            "08_tool_use", "09_code_exec", "10_bring_your_agent", "11_judges", "12_bring_your_env"}  # fmt: skip
 """Tutorials whose smoke run is ``extended`` (``make test-all``, not CI's ``make test``): 01-06 are
 03_grpo's notebook with another preset (the presets and losses have their own tests; 03 runs in CI),
 07's rejection sampling + SFT is ``examples/rejection_sampling.py``'s (tests/test_examples.py),
 08's GRPO over ``ToolAgent`` episodes is README's tool block's (tests/test_readme.py) and
 tests/test_tool_*.py's, 09's sandboxed code env is ``tests/test_code_exec_*.py``'s, 10's openai-SDK
 agent trained through the endpoint is docs/agents_from_outside.md's (tests/test_docs_snippets.py)
-and tests/test_endpoint_*.py's, 12's verifiers and OpenEnv environments are their examples'
-(tests/test_examples.py) and tests/test_verifiers*.py's. Their static checks (no outputs, the
-parameters cell, the prose) run in CI."""
+and tests/test_endpoint_*.py's, 11's rubric judge rewarding a GRPO run is
+``examples/explain_task.py``'s (tests/test_examples.py) and tests/test_judge*.py's, 12's verifiers
+and OpenEnv environments are their examples' (tests/test_examples.py) and tests/test_verifiers*.py's.
+Their static checks (no outputs, the parameters cell, the prose) run in CI."""
 NEEDS_VLLM = {"server_weight_sync"}
 """Notebooks that start a vLLM server (also marked ``vllm``)."""
 NEEDS_PACKAGES = {"12_bring_your_env": ("verifiers", "openenv")}
