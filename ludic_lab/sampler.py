@@ -41,6 +41,11 @@ class Sampler:
     in-process sampler's generation threads (with ``TrainerConfig(async_level=1,
     num_threads=n)`` on a CPU, the cores the step leaves; see
     :func:`~ludic_lab.recipes.training.sampler_threads`); a vLLM server ignores it.
+    ``weight_update``: how a weight push meets the running completions: ``"drain"`` (it waits
+    for them) or ``"in_flight"`` (loaded between two decode steps, each token's version
+    recorded; what ``TrainerConfig(async_mode="fully_async")`` wants): the in-process sampler's
+    ``weight_update``, or ``--ludic-weight-update`` of a vLLM server this sampler starts (a
+    server at ``vllm_url`` keeps the mode it was started with).
     """
 
     def __init__(
@@ -55,16 +60,20 @@ class Sampler:
         max_model_len: int = 1024,
         start_timeout_s: float = 900.0,
         num_threads: int | None = None,
+        weight_update: str = "drain",
     ) -> None:
         if backend not in ("local", "vllm"):
             raise ValueError(f"backend must be 'local' or 'vllm', got {backend!r}")
         if vllm_url and backend != "vllm":
             raise ValueError("vllm_url is for backend='vllm' (the local backend samples in-process)")
+        if weight_update not in ("drain", "in_flight"):
+            raise ValueError(f"weight_update must be 'drain' or 'in_flight', got {weight_update!r}")
         self.backend, self.model = backend, model
         self.max_batch_size = max_batch_size
         self.vllm_url, self.log_dir = vllm_url, log_dir
         self.dtype, self.max_model_len, self.start_timeout_s = dtype, max_model_len, start_timeout_s
         self.num_threads = num_threads
+        self.weight_update = weight_update
         self.client: Any = None
         self.model_path: str = ""
         self.server: Any = None
@@ -88,6 +97,11 @@ class Sampler:
             self.client = open_client(self.backend, self.model, max_batch_size=self.max_batch_size,
                                       vllm_url=self.vllm_url, num_threads=self.num_threads)  # fmt: skip
             self.model_path = str(self.client.model_path) if self.backend == "local" else resolve_model(self.model)
+            if self.backend == "local" and self.weight_update != "drain":
+                from ludic_lab.inference.local.in_flight import check_weight_update
+
+                check_weight_update(self.weight_update, self.client.in_flight_kv, self.client.scheduling)
+                self.client.weight_update = self.weight_update
             if self.backend == "vllm":
                 self._cleanups.append(self.client.aclose)
             return
@@ -99,7 +113,12 @@ class Sampler:
             Path(self.log_dir).mkdir(parents=True, exist_ok=True)
             log = str(Path(self.log_dir) / "vllm_server.log")
         self.server = start_vllm_server(
-            self.model_path, port=0, dtype=self.dtype, max_model_len=self.max_model_len, log_file=log
+            self.model_path,
+            port=0,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            log_file=log,
+            extra_args=("--ludic-weight-update", self.weight_update),
         )
         self._cleanups.append(self.server.stop)
         await wait_for_vllm_health(self.server.api_base, timeout=self.start_timeout_s, process=self.server)

@@ -1,6 +1,6 @@
 """``ludic-lab demo --backend vllm``: starts the bundled vLLM server on CPU, samples through
 VLLMChatClient, trains, pushes the weights after every step, and stops the server at the end
-— and on Ctrl-C."""
+— and on Ctrl-C (that run fully asynchronous: its server is started to load updates in flight)."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def test_ctrl_c_stops_the_vllm_server(tmp_path, tiny_model_dir):
     out = tmp_path / "demo"
     console = (tmp_path / "console.txt").open("w")
     proc = subprocess.Popen(
-        _demo_cmd(out, "--model", tiny_model_dir, "--steps", "50", "--eval-k", "0"),
+        _demo_cmd(out, "--model", tiny_model_dir, "--steps", "50", "--eval-k", "0", "--async-mode", "fully_async"),
         stdout=console,
         stderr=subprocess.STDOUT,
         # as from a terminal: a test run started in the background by a non-interactive shell
@@ -150,6 +150,8 @@ def test_ctrl_c_stops_the_vllm_server(tmp_path, tiny_model_dir):
             time.sleep(0.5)
         port = _server_port(out)
         assert _server_processes(port)
+        # fully asynchronous: the demo's server loads each update in flight, as the local sampler does
+        assert "--ludic-weight-update in_flight" in log.read_text(errors="replace").splitlines()[0]
         time.sleep(2.0)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)

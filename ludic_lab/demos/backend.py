@@ -18,7 +18,11 @@ from ludic_lab.sampler import Sampler, publisher_for
 async def start_backend(cfg: Any, out: Path, cleanups: list[Callable[[], Any]]) -> tuple[Any, str]:
     """``(client, model folder)`` of ``cfg.backend`` for ``cfg.model``: the in-process sampler
     (batches of ``questions_per_step * group_size``) or the bundled vLLM server on CPU (log in
-    ``<out>/vllm_server.log``); its closing goes onto ``cleanups``."""
+    ``<out>/vllm_server.log``); its closing goes onto ``cleanups``. Under
+    ``async_mode="fully_async"`` a vLLM server loads each update in flight
+    (``--ludic-weight-update in_flight``), as the in-process sampler does."""
+    trainer = getattr(cfg, "trainer", None)
+    fully_async = getattr(trainer, "effective_async_mode", "sync") == "fully_async"
     sampler = Sampler(
         cfg.backend,
         cfg.model,
@@ -26,6 +30,7 @@ async def start_backend(cfg: Any, out: Path, cleanups: list[Callable[[], Any]]) 
         log_dir=str(out),
         max_model_len=VLLM_MAX_MODEL_LEN,
         start_timeout_s=900.0,
+        weight_update="in_flight" if fully_async and cfg.backend == "vllm" else "drain",
     )
     await sampler.__aenter__()  # closes what it started itself when it fails
     cleanups.append(sampler.aclose)
