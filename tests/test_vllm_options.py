@@ -33,6 +33,8 @@ DOCUMENTED_FLAGS = {
     "initial_version": "--ludic-initial-version",
     "weight_load": "--ludic-weight-load",
     "worker_idle_spin_s": "--ludic-worker-idle-spin",
+    "weight_update": "--ludic-weight-update",
+    "in_flight_kv": "--ludic-in-flight-kv",
 }
 
 
