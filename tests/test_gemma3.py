@@ -103,6 +103,7 @@ def test_tool_episode_in_process_is_token_exact_and_the_trainer_scores_the_sampl
 
 
 @pytest.mark.vllm
+@pytest.mark.extended  # its own Gemma 3 server (~75-85 s); make test-all. In process: the test above
 def test_vllm_server_loads_gemma3_and_samples_the_same_tool_episode(
     gemma3_model_dir: str, local_episode: tuple[Rollout, Any]
 ) -> None:

@@ -353,6 +353,7 @@ async def test_trainer_path_publishes_merged_lora_state_dicts(pusher, base_model
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.extended  # 2 extra servers (~75-130 s); make test-all. A dead server: tests/test_vllm_client.py
 async def test_two_servers_a_kill_mid_rollout_and_a_restart(pusher, tiny_server, base_model, tiny_model_dir, free_port):
     from ludic_lab.agents import Agent
     from ludic_lab.context import FullDialog

@@ -233,6 +233,8 @@ def test_pushed_weights_give_the_same_greedy_tokens_as_local(
 
 
 @pytest.mark.vllm
+@pytest.mark.extended  # 2 extra servers (~90-100 s); make test-all. The in-place load's exactness is
+# also checked in make test: test_smollm2_full_update_matches_local, tests/test_vllm_in_flight.py
 def test_inplace_load_equals_vllms_reload_and_a_wrong_plan_falls_back(tiny_server, tiny_model_dir, prompts):
     """The in-place CPU load serves exactly what vLLM's reload_weights does (same tokens, same
     logprobs to the bit); a worker whose in-place plan is wrong (fused shards swapped) is
