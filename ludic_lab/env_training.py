@@ -287,11 +287,21 @@ def _trainer_config(config: Any, *, temperature: float, seed: int) -> Any:
 
 def _check(task: Task) -> None:
     """``check_env`` on a fresh env of ``task``: a clear error before any model loads if it does
-    not conform (sync single-agent envs; an ``async def`` env is checked by its first episode)."""
+    not conform (sync single-agent envs; an ``async def`` env is checked by its first episode).
+    An env its own protocol plays (``played_by``, e.g. verifiers') is checked up to its reset,
+    and the task must bring a protocol (the default Agent could only step it)."""
     import inspect
 
-    from ludic_lab.envs import SingleAgentEnv, check_env
+    from ludic_lab.envs import EnvCheckError, SingleAgentEnv, check_env
 
     env = task.env()
+    played_by = getattr(env, "played_by", None)
+    if played_by and task.protocol is None:
+        raise EnvCheckError(
+            "played_by",
+            f"{type(env).__name__} is played by {played_by}, but task {task.name!r} has no protocol (its default, "
+            "an Agent stepping the env, cannot play it): build the task with its source's builder (e.g. "
+            "verifiers_task) or give Task(protocol=...)",
+        )
     if isinstance(env, SingleAgentEnv) and not inspect.iscoroutinefunction(env.env_reset):
         check_env(env)

@@ -25,6 +25,9 @@ rule broken. Rules (the ``rule`` attribute of the error):
 - ``episode_ends``: the episode ends within ``max_steps`` steps.
 - ``step_raised``: ``step`` raised on a well-formed call while playing the episode.
 - ``replay_determinism``: replaying the same actions from the same seed gives the same outcomes.
+- ``played_by``: ``played_by`` is ``None`` or the name of the protocol that plays the env. An env
+  played by its own protocol (a package's loop runs the episode: verifiers) is checked up to
+  its reset (the rules above ``step_rejects_wrong_keys``); stepping it is that protocol's.
 
 With ``seed=None`` the two determinism rules are skipped (an env may legitimately vary).
 
@@ -93,8 +96,12 @@ class EnvCheckReport:
     """Sum of rewards per agent over the played episode."""
     rules: tuple[str, ...]
     """Rules that were checked."""
+    played_by: str | None = None
+    """The protocol that plays the env (``LudicEnv.played_by``): its ``step`` rules were left to it."""
 
     def __str__(self) -> str:
+        if self.played_by:
+            return f"{self.env}: OK ({len(self.rules)} rules up to reset; {self.played_by} plays its steps)"
         ret = ", ".join(f"{a}={r:g}" for a, r in self.returns.items())
         return f"{self.env}: OK ({len(self.rules)} rules, {self.num_steps} steps, returns {ret})"
 
@@ -111,7 +118,8 @@ def check_env(
     """Check ``env`` against the :class:`LudicEnv` contract; raise :class:`EnvCheckError` on the first broken rule.
 
     Plays one episode from ``seed`` with ``actions`` (see the module docstring) for at most
-    ``max_steps`` steps. Leaves the env reset-able but mid-episode state is not restored.
+    ``max_steps`` steps; an env with ``played_by`` set is checked up to its reset (rule
+    ``played_by``). Leaves the env reset-able but mid-episode state is not restored.
     Sync and async envs alike: the whole check runs in one event loop (via ``run_sync``);
     in a notebook, ``await check_env_async(env)`` checks an env bound to the notebook's loop.
     """
@@ -192,6 +200,17 @@ async def check_env_async(
             fail("determinism", f"reset(seed={seed}) gave different infos for {a!r}: {first[a][1]} vs {second[a][1]}")
     if seed is not None:
         rules.append("determinism")
+
+    played_by = getattr(env, "played_by", None)
+    if played_by is not None:
+        if not isinstance(played_by, str) or not played_by.strip():
+            fail(
+                "played_by", f"played_by must be None or the name of the protocol that plays the env, got {played_by!r}"
+            )
+        rules += ["active_agents", "current_obs", "played_by"]  # as after reset; stepping is its protocol's
+        returns0 = {a if isinstance(a, str) else repr(a): 0.0 for a in ids_list}
+        return EnvCheckReport(env=name, agent_ids=tuple(map(str, ids_list)), seed=seed, num_steps=0,
+                              returns=returns0, rules=tuple(rules), played_by=played_by)  # fmt: skip
 
     # -- wrong keys must be refused ---------------------------------------------------------
     active = active_ids(env, "after reset", ids)

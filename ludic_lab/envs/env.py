@@ -60,6 +60,12 @@ class LudicEnv(ABC, Generic[AgentIDT, ObsT, ActionT]):
     active ids inside that call. Protocols give Agents only for the other ids.
     """
 
+    played_by: str | None = None
+    """The protocol that plays this env, when an agent may not step it (e.g. ``"VerifiersProtocol"``:
+    the package's own loop runs the episode and its rewards score it); ``None``, the default: any
+    protocol steps it. ``check_env`` then checks what ``reset`` promises and leaves ``step`` to
+    that protocol, and the notebook stepper refuses the env."""
+
     def suggested_sysprompt(self, agent_id: AgentIDT | None = None) -> str | None:
         """A system prompt the env's author recommends for ``agent_id`` (or ``None``)."""
         return None

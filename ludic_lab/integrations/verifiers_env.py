@@ -224,7 +224,9 @@ class VerifiersTaskEnv(SingleAgentEnv):
     """The tasks of a :class:`VerifiersSource` as a ludic_lab env: ``reset(seed=i)`` picks task
     ``i`` (its prompt text is the observation). The episode itself (harness, tools, stops,
     scoring) is run by :class:`~ludic_lab.integrations.verifiers_protocol.VerifiersProtocol`,
-    which reads :attr:`task`; stepping this env directly is an error."""
+    which reads :attr:`task`; stepping this env directly is an error (``played_by``)."""
+
+    played_by = "VerifiersProtocol"
 
     def __init__(self, source: VerifiersSource) -> None:
         super().__init__()

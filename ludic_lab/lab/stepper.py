@@ -71,6 +71,12 @@ class RolloutStepper:
     ) -> None:
         if not isinstance(agent, Agent):
             raise TypeError(f"RolloutStepper needs an Agent, got {type(agent).__name__}")
+        played_by = getattr(env, "played_by", None)
+        if played_by:
+            raise TypeError(
+                f"{type(env).__name__} is played by {played_by}, not by an Agent turn by turn, so the stepper "
+                "cannot step it; run its episodes through its task's engine (task.engine(client)) instead"
+            )
         ids = list(env.agent_ids)
         if len(ids) != 1:
             raise ValueError(f"RolloutStepper needs an env with exactly one agent, {type(env).__name__} has {ids}")
