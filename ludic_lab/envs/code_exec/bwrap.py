@@ -53,6 +53,58 @@ def _root_links() -> list[str]:
     return args
 
 
+def isolation_args(bwrap: str, interpreter: Interpreter, *, tmpfs_bytes: int, as_root: bool) -> list[str]:
+    """The start of a bwrap command line: new pid, network, ipc, uts (and cgroup) namespaces, an
+    empty environment, a read-only root of ``/usr`` and the interpreter's installation,
+    ``/proc``, ``/dev``, a small ``/dev/shm`` and the private writable ``/sandbox`` (also
+    ``/tmp``). The caller adds its own read-only binds, then :func:`sealing_args` and the
+    command. As root the process keeps CAP_SETUID/CAP_SETGID only, to drop to its own uid."""
+    args = [
+        bwrap,
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--hostname",
+        "sandbox",
+    ]
+    if as_root:  # the program needs these two to drop to its own uid, then has none
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        args += ["--unshare-user", "--disable-userns"]
+    args += ["--ro-bind", "/usr", "/usr", *_root_links()]
+    py = interpreter
+    if not (py.prefix == "/usr" or py.prefix.startswith("/usr/")):
+        # parents such as /root would otherwise be made with the host's mode (0700: unusable)
+        parts = py.prefix.strip("/").split("/")[:-1]
+        for i in range(len(parts)):
+            args += ["--perms", "0755", "--dir", "/" + "/".join(parts[: i + 1])]
+        args += ["--ro-bind", py.prefix, py.prefix]
+    shm = str(min(tmpfs_bytes, 16 * 2**20))
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", shm, "--tmpfs", "/dev/shm"]
+    args += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/sandbox", "--symlink", "sandbox", "/tmp"]
+    return args
+
+
+def sealing_args(*, info_fd: int | None, seccomp_fd: int | None, env: dict[str, str] | None = None) -> list[str]:
+    """The end of a bwrap command line, after the caller's binds: ``/`` and ``/dev`` read-only,
+    cwd ``/sandbox``, a minimal environment (plus ``env``), bwrap's info fd and the seccomp
+    filter's fd."""
+    args = ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/sandbox"]
+    base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/sandbox", "TMPDIR": "/sandbox", "LANG": "C.UTF-8"}
+    for key, value in {**base, **(env or {})}.items():
+        args += ["--setenv", key, value]
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    return args
+
+
 class BubblewrapSandbox(HarnessSandbox):
     """One sandbox slot. Executions are sequential per slot; a :class:`SandboxPool` runs
     several slots at once. ``workroot`` is a private host directory (mode 0700) holding the
@@ -93,87 +145,21 @@ class BubblewrapSandbox(HarnessSandbox):
 
     def argv(self, task_dir: str, info_fd: int, fds: Sequence[int] = ()) -> list[str]:
         """The bwrap command for one execution (see the module docstring for the layout)."""
-        py = self.interpreter
-        args = [
-            self.bwrap,
-            "--unshare-pid",
-            "--unshare-net",
-            "--unshare-ipc",
-            "--unshare-uts",
-            "--unshare-cgroup-try",
-            "--die-with-parent",
-            "--new-session",
-            "--clearenv",
-            "--hostname",
-            "sandbox",
-        ]
-        if self.as_root:  # the harness needs these two to drop to its own uid, then has none
-            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-        else:
-            args += ["--unshare-user", "--disable-userns"]
-        args += ["--ro-bind", "/usr", "/usr", *_root_links()]
-        if not (py.prefix == "/usr" or py.prefix.startswith("/usr/")):
-            # parents such as /root would otherwise be made with the host's mode (0700: unusable)
-            parts = py.prefix.strip("/").split("/")[:-1]
-            for i in range(len(parts)):
-                args += ["--perms", "0755", "--dir", "/" + "/".join(parts[: i + 1])]
-            args += ["--ro-bind", py.prefix, py.prefix]
-        shm = str(min(self.limits.tmpfs_bytes, 16 * 2**20))
-        args += [
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--perms",
-            "1777",
-            "--size",
-            shm,
-            "--tmpfs",
-            "/dev/shm",
-            "--perms",
-            "1777",
-            "--size",
-            str(self.limits.tmpfs_bytes),
-            "--tmpfs",
-            "/sandbox",
-            "--symlink",
-            "sandbox",
-            "/tmp",
+        return [
+            *isolation_args(self.bwrap, self.interpreter, tmpfs_bytes=self.limits.tmpfs_bytes, as_root=self.as_root),
             "--ro-bind",
             task_dir,
             "/task",
             "--ro-bind",
             self.harness,
             "/" + os.path.basename(self.harness),
-            # bwrap's root and /dev are tmpfs of half the RAM: nobody may write there
-            "--remount-ro",
-            "/dev",
-            "--remount-ro",
-            "/",
-            "--chdir",
-            "/sandbox",
-            "--setenv",
-            "PATH",
-            "/usr/local/bin:/usr/bin:/bin",
-            "--setenv",
-            "HOME",
-            "/sandbox",
-            "--setenv",
-            "TMPDIR",
-            "/sandbox",
-            "--setenv",
-            "LANG",
-            "C.UTF-8",
-            "--info-fd",
-            str(info_fd),
-            *(["--seccomp", str(fds[0])] if fds else []),
-            py.executable,
+            *sealing_args(info_fd=info_fd, seccomp_fd=fds[0] if fds else None),
+            self.interpreter.executable,
             "-I",
             "-S",
             "/" + os.path.basename(self.harness),
             "/task/config.bin",
         ]
-        return args
 
     @staticmethod
     def kill(proc: subprocess.Popen[bytes], extra: dict[int, bytes]) -> None:

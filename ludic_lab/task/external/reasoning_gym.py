@@ -10,8 +10,10 @@ question; the reply's ``<answer>...</answer>`` (reasoning-gym's answer format, a
 ``"default"`` system prompt) goes to ``dataset.score_answer(answer, entry)`` with the full
 generated entry, and that score (0..1, partial credit included) is the step's reward. A reply
 without the tags is a parse error (the parser's -1, the env never sees it), as everywhere in
-ludic_lab. Scoring runs in a child process (:mod:`.reasoning_gym_scorer`): a pathological
-answer is a 0 with ``info["scorer_error"]``, never a hung episode.
+ludic_lab. Scoring runs inside the bubblewrap sandbox (:mod:`.reasoning_gym_scorer`): some
+scorers evaluate the answer as code (``countdown``'s sympy ``parse_expr``), so model text is
+scored where model-written code runs; a pathological answer is a 0 with
+``info["scorer_error"]``, never a hung episode nor code run on the host.
 
 Train and held-out rows never meet. reasoning-gym draws item ``i`` of a dataset seeded ``s``
 from ``Random(s + i)``, so the two splits use disjoint ranges of those seeds: training
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,6 +37,7 @@ from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.extras import require_extra
 from ludic_lab.parsers import Parser
 from ludic_lab.task.definition import Task
+from ludic_lab.task.external.reasoning_gym_scorer import ScorerSandbox
 from ludic_lab.types import Info, StepOutcome
 
 Split = Literal["train", "heldout"]
@@ -69,9 +73,28 @@ class ReasoningGymData:
     its scorer. Splits are kept apart as the module docstring says."""
 
     def __init__(self, name: str, *, size: int = 1000, seed: int = 0, heldout_size: int = 100,
-                 heldout_seed: int | None = None, isolate_scorer: bool = True, scorer_timeout_s: float = 10.0,
-                 **config: Any) -> None:  # fmt: skip
+                 heldout_seed: int | None = None, scorer_sandbox: ScorerSandbox = "bubblewrap",
+                 scorer_timeout_s: float = 10.0, **config: Any) -> None:  # fmt: skip
         _check_name(name)
+        if "isolate_scorer" in config:
+            raise ValueError(
+                "isolate_scorer is gone: reasoning-gym answers are scored only in the bubblewrap sandbox, since "
+                "some scorers run them as code; on a machine without bubblewrap, scorer_sandbox='unsafe_local' "
+                "scores them in a plain child process (answers you trust only)"
+            )
+        for arg, value in (("size", size), ("seed", seed), ("heldout_size", heldout_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{arg} must be an int, got {value!r}")
+        if heldout_seed is not None and (isinstance(heldout_seed, bool) or not isinstance(heldout_seed, int)):
+            raise ValueError(f"heldout_seed must be an int or None, got {heldout_seed!r}")
+        if (
+            isinstance(scorer_timeout_s, bool)
+            or not isinstance(scorer_timeout_s, (int, float))
+            or not (math.isfinite(scorer_timeout_s) and scorer_timeout_s > 0)
+        ):
+            raise ValueError(f"scorer_timeout_s must be a finite number of seconds > 0, got {scorer_timeout_s!r}")
+        if scorer_sandbox not in ("bubblewrap", "unsafe_local"):
+            raise ValueError(f"scorer_sandbox must be 'bubblewrap' or 'unsafe_local', got {scorer_sandbox!r}")
         if size < 1 or heldout_size < 0:
             raise ValueError(f"need size >= 1 and heldout_size >= 0, got size={size}, heldout_size={heldout_size}")
         heldout_seed = seed + size if heldout_seed is None else heldout_seed
@@ -83,7 +106,7 @@ class ReasoningGymData:
             )
         self.name, self.config = name, dict(config)
         self.size, self.seed, self.heldout_size, self.heldout_seed = size, seed, heldout_size, heldout_seed
-        self.isolate_scorer, self.scorer_timeout_s = isolate_scorer, float(scorer_timeout_s)
+        self.scorer_sandbox, self.scorer_timeout_s = scorer_sandbox, float(scorer_timeout_s)
         self._datasets = {"train": self._create(size, seed)}
         if heldout_size:
             self._datasets["heldout"] = self._create(heldout_size, heldout_seed)
@@ -164,24 +187,21 @@ class ReasoningGymData:
             out.append({"id": self.row_id(split, i), "question": str(e["question"]), "answer": str(e["answer"])})
         return out
 
-    async def score(self, split: Split, answer: str | None, entry: dict[str, Any]) -> tuple[float, str | None]:
-        """``(score, error)``: reasoning-gym's ``score_answer(answer, entry)``; ``(0.0, why)`` when
-        the scorer raised or ran past ``scorer_timeout_s``."""
-        from ludic_lab.task.external.reasoning_gym_scorer import NotSendable, shared_scorer
+    async def score(self, split: Split, answer: str | None, index: int) -> tuple[float, str | None]:
+        """``(score, error)``: reasoning-gym's ``score_answer(answer, entry)`` of row ``index`` of
+        ``split``, run in the sandboxed scorer; ``(0.0, why)`` when the scorer raised or ran past
+        ``scorer_timeout_s``. A sandbox that cannot start raises (the episode fails with it)."""
+        from ludic_lab.task.external.reasoning_gym_scorer import ScorerError, ScorerTimeout, shared_scorer
 
-        ds = self._datasets[split]
+        generator_index = self.row_index(split, index)
+        question = str(self._generate(split, generator_index)["question"])
+        scorer = shared_scorer(self.scorer_sandbox)
         try:
-            if self.isolate_scorer:
-                try:
-                    kwargs = self.dataset_kwargs(split)
-                    return await asyncio.to_thread(
-                        shared_scorer().score, self.name, kwargs, answer, entry, timeout_s=self.scorer_timeout_s
-                    ), None
-                except NotSendable:
-                    pass  # an entry that does not pickle is scored here, without the time limit
-            return float(ds.score_answer(answer, entry)), None
-        except Exception as e:  # noqa: BLE001 - a scorer that chokes on model text scores 0, with the reason
-            return 0.0, f"{type(e).__name__}: {e}"
+            score = await asyncio.to_thread(scorer.score, self.name, self.dataset_kwargs(split), generator_index,
+                                            question, answer, timeout_s=self.scorer_timeout_s)  # fmt: skip
+            return score, None
+        except (ScorerTimeout, ScorerError) as e:  # model text that chokes the scorer scores 0, with the reason
+            return 0.0, str(e)
 
 
 class ReasoningGymEnv(SingleAgentEnv):
@@ -224,7 +244,7 @@ class ReasoningGymEnv(SingleAgentEnv):
             raise RuntimeError("ReasoningGymEnv.env_step called before env_reset(); reset the env first")
         entry = self.data.entry(self.split, self._index)
         answer = action if isinstance(action, str) else str(action)
-        score, error = await self.data.score(self.split, answer, entry)
+        score, error = await self.data.score(self.split, answer, self._index)
         target = str(entry["answer"])
         info: Info = {"index": self._index, "id": self.data.row_id(self.split, self._index), "target": target,
                       "answer": answer, "score": score, "correct": score >= self.threshold}  # fmt: skip
@@ -257,16 +277,18 @@ class ReasoningGymEnvFactory:
 def reasoning_gym_task(name: str, *, size: int = 1000, seed: int = 0, heldout_size: int = 100,
                        heldout_seed: int | None = None, system_prompt: str | None = "default",
                        parser: Parser | None = None, threshold: float = 1.0,
-                       reject_incomplete_completions: bool = True, isolate_scorer: bool = True,
+                       reject_incomplete_completions: bool = True, scorer_sandbox: ScorerSandbox = "bubblewrap",
                        scorer_timeout_s: float = 10.0, **config: Any) -> Task:  # fmt: skip
     """reasoning-gym's generator ``name`` as a :class:`Task` (env kind ``name``; env seed ``i``:
     training row ``i``; request streams walk a seeded shuffle). ``config`` goes to
     ``reasoning_gym.create_dataset``; ``system_prompt`` is one of reasoning-gym's
     ``SYSTEM_PROMPTS`` keys or a text; ``parser`` defaults to the ``<answer>`` tag parser (-1 when
-    absent); ``threshold``: the score that counts as correct. ``task.evaluate(client, k=...)``
-    runs :func:`evaluate_reasoning_gym` on the held-out rows. ``task.env.data`` holds the rows."""
+    absent); ``threshold``: the score that counts as correct; answers are scored in the bubblewrap
+    sandbox (``scorer_sandbox="unsafe_local"``: a plain child process, for trusted answers only).
+    ``task.evaluate(client, k=...)`` runs :func:`evaluate_reasoning_gym` on the held-out rows;
+    ``task.env.data`` holds the rows."""
     data = ReasoningGymData(name, size=size, seed=seed, heldout_size=heldout_size, heldout_seed=heldout_seed,
-                            isolate_scorer=isolate_scorer, scorer_timeout_s=scorer_timeout_s, **config)  # fmt: skip
+                            scorer_sandbox=scorer_sandbox, scorer_timeout_s=scorer_timeout_s, **config)  # fmt: skip
     read = parser if parser is not None else ReasoningGymEnv.recommended_parser()
     factory = ReasoningGymEnvFactory(data, "train", system_prompt, threshold)
     heldout = ReasoningGymEnvFactory(data, "heldout", system_prompt, threshold)
