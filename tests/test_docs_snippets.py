@@ -135,3 +135,26 @@ def test_every_python_fence_of_every_page_is_accounted_for() -> None:
         text = page.read_text(encoding="utf-8")
         fences = len(re.findall(r"^ *```python\s*$", text, flags=re.MULTILINE))
         assert len(python_blocks(page)) == fences, page
+
+
+def test_the_tests_a_marker_names_exist() -> None:
+    """A skip / fragment marker that says which test runs the same call names a real test: every
+    ``test_*.py`` file and ``test_*`` function it mentions exists under tests/ (a renamed test
+    fails here, not silently in the docs), and ``test_conformance.py``'s ``[row]`` ids are rows."""
+    from tests.conformance_sources import SOURCE_IDS
+
+    tests = ROOT / "tests"
+    defined = {m for p in tests.rglob("test_*.py") for m in re.findall(r"def (test_\w+)\(", p.read_text("utf-8"))}
+    checked = 0
+    for page in PAGES:
+        for block in python_blocks(page):
+            if block.kind not in ("skip", "fragment"):
+                continue
+            where = f"{page.relative_to(ROOT)}:{block.line}"
+            for name, py in re.findall(r"\b(test_\w+?)(\.py)?\b", block.reason):
+                ok = (tests / f"{name}.py").is_file() if py else name in defined
+                assert ok, f"{where}: the marker names {name}{py}, which tests/ does not have"
+                checked += 1
+            for row in re.findall(r"test_conformance\.py::\w+\[(\w+)\]", block.reason):
+                assert row in SOURCE_IDS, f"{where}: {row!r} is not a row of tests/conformance_sources.py"
+    assert checked > 20, checked  # the markers do name tests
