@@ -25,6 +25,7 @@ otherwise :func:`classify_failure` reads the exception chain and the phase it fa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -42,6 +43,30 @@ FAILURE_CAUSES = (
     "other",
 )
 """Every cause :func:`classify_failure` returns; ``failed/<cause>`` is always in batch stats."""
+
+
+class EnvRewardError(ValueError):
+    """An environment from another package gave a reward that is no finite number (NaN, inf, text):
+    the episode fails as ``env_error`` instead of reaching credit assignment, where one such
+    reward would stop the whole batch (:class:`~ludic_lab.rollouts.NonFiniteRewardError`)."""
+
+    failure_cause = "env_error"
+
+
+def env_reward(value: object, source: str) -> float:
+    """``value`` as a finite float (``float(value)``), else :class:`EnvRewardError` naming ``source``
+    (the env and the call that gave it). Adapters call it on every reward a package hands them."""
+    try:
+        reward = float(value)  # type: ignore[arg-type]  # whatever float() takes; the rest is refused
+    except (TypeError, ValueError, OverflowError):
+        reward = math.nan
+    if not math.isfinite(reward):
+        raise EnvRewardError(
+            f"{source} gave the reward {value!r:.80} ({type(value).__name__}), not a finite number; the episode "
+            "fails (env_error) rather than stopping the batch's credit assignment - fix the environment's reward"
+        )
+    return reward
+
 
 _CLIENT_MODULES = ("httpx", "httpcore", "aiohttp", "openai", "ludic_lab.inference.vllm.client.http")
 

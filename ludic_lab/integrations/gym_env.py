@@ -8,8 +8,8 @@ map one to one (Gymnasium's ``(obs, reward, terminated, truncated, info)`` becom
 (parsed) reply is the action. A reply outside the action space (too long, too short, a
 character outside its charset) never reaches the env: it is an *invalid action*, a step with
 ``invalid_action_reward``, ``info["invalid_action"]``, the reason, and the same observation
-again, so the agent may retry (the turn limit bounds it). An env that raises fails the
-episode with cause ``env_error``.
+again, so the agent may retry (the turn limit bounds it). An env that raises, or whose
+reward is no finite number (NaN, inf), fails the episode with cause ``env_error``.
 
 :func:`as_gymnasium_env` goes the other way: a ``SingleAgentEnv`` as a ``gymnasium.Env`` with
 ``Text`` spaces, passing ``gymnasium.utils.env_checker.check_env``. PettingZoo envs are in
@@ -29,6 +29,7 @@ from typing import Any
 from ludic_lab.aio import maybe_await, run_sync
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.extras import require_extra
+from ludic_lab.failures import env_reward
 from ludic_lab.types import Info, StepOutcome
 
 ObsToText = Callable[[Any], str]
@@ -161,8 +162,9 @@ class GymTextEnv(SingleAgentEnv):
             return StepOutcome(obs=self._obs, reward=self.invalid_action_reward, truncated=False, terminated=False,
                                info=info)  # fmt: skip
         obs, reward, terminated, truncated, env_info = self.env.step(action)
+        reward = env_reward(reward, f"the Gymnasium env {self.env}'s step")  # NaN/inf fail this episode alone
         self._obs = self._last_env_obs = self._read(obs)
-        return StepOutcome(obs=self._obs, reward=float(reward), truncated=bool(truncated),
+        return StepOutcome(obs=self._obs, reward=reward, truncated=bool(truncated),
                            terminated=bool(terminated), info=json_safe(env_info))  # fmt: skip
 
     def env_current_obs(self) -> str:

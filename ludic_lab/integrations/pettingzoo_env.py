@@ -14,7 +14,8 @@ and one for each other live agent whose observation, reward or end changed. Rewa
 PettingZoo's ``rewards`` (the instantaneous reward of that step), so an agent's returns sum to
 what ``last()`` would have reported. A reply outside the agent's ``Text`` action space is an
 invalid action as in :class:`~ludic_lab.integrations.gym_env.GymTextEnv`: the env is not
-stepped and the same agent moves again. An env that raises fails the episode (``env_error``).
+stepped and the same agent moves again. An env that raises, or gives a reward that is no finite
+number (NaN, inf), fails the episode (``env_error``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.extras import MissingExtraError, install_hint, require_extra
+from ludic_lab.failures import env_reward
 from ludic_lab.integrations.gym_env import (
     ObsToText,
     invalid_text,
@@ -155,7 +157,7 @@ class PettingZooTextEnv(LudicEnv[str, str, str]):
         outs: dict[str, StepOutcome] = {}
         for a in live:
             obs = self._read[a](self.env.observe(a))
-            reward = float(self.env.rewards.get(a, 0.0))
+            reward = env_reward(self.env.rewards.get(a, 0.0), f"the PettingZoo env {self.env}'s step (agent {a!r})")
             term, trunc = bool(self.env.terminations.get(a)), bool(self.env.truncations.get(a))
             if a == mover or obs != self._seen[a] or reward != 0.0 or term or trunc:
                 self._obs[a] = self._seen[a] = obs

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic_lab.extras import require_extra
+from ludic_lab.failures import env_reward
 
 Message = tuple[int, str, Any]
 """A TextArena message: ``(sender id, text, ObservationType)``; sender ``-1`` is the game."""
@@ -286,7 +287,8 @@ class TextArenaGame:
         self.moves.append((mover, action))
         if done:
             self.done = True
-            self.rewards = {int(p): float(r) for p, r in (rewards or {}).items()}
+            where = f"the TextArena game {self.env_id!r} at its end (player {{}})"  # NaN/inf: env_error
+            self.rewards = {int(p): env_reward(r, where.format(p)) for p, r in (rewards or {}).items()}
             self.game_info = {int(p): json_safe(g) for p, g in (game_info or {}).items()}
         return MoveReport(mover, bool(done), json_safe(info or {}), retry or ended_invalid)
 
