@@ -55,6 +55,16 @@ class NaNRewardRPS(RockPaperScissorsAEC):
         self.rewards = {a: (math.nan if r else r) for a, r in self.rewards.items()}
 
 
+class KeepsDeadAgentsRPS(RockPaperScissorsAEC):
+    """PettingZoo rock-paper-scissors whose ``step(None)`` for an ended agent does nothing (a
+    bug: PettingZoo's ``AECEnv._was_dead_step`` would remove it)."""
+
+    def step(self, action: str | None) -> None:
+        if self.terminations[self.agent_selection] or self.truncations[self.agent_selection]:
+            return
+        super().step(action)
+
+
 def _word(text: str) -> ParseResult:
     return ParseResult("word", 0.0)  # a valid action whatever the model wrote, so the env's step runs
 
@@ -129,3 +139,25 @@ def test_a_textarena_game_s_nan_reward_fails_the_episode_as_env_error() -> None:
             env.env_step(guess)
     assert "the TextArena game 'LudicTestNaNGuess-v0' at its end (player 0) gave the reward nan" in str(e.value)
     assert classify_failure(e.value, "env.step") == "env_error"
+
+
+def test_a_pettingzoo_env_that_never_removes_an_ended_agent_raises_instead_of_looping(tiny_model_dir: str) -> None:
+    env = PettingZooTextEnv(KeepsDeadAgentsRPS)
+    env.reset(seed=0)
+    for move in ("rock", "paper", "rock", "paper", "rock"):
+        (mover,) = env.active_agents
+        env.step({mover: move})
+    with pytest.raises(
+        RuntimeError, match=r"3 dead steps .* left the ended agent 'player_0' selected .*_was_dead_step"
+    ):
+        env.step({"player_1": "paper"})  # the last round ends the game; the dead steps never remove anyone
+
+    task = pettingzoo_task(KeepsDeadAgentsRPS, parser=lambda t: ParseResult("rock", 0.0), max_steps=8,
+                           reject_incomplete_completions=False)  # fmt: skip
+    client = LocalChatClient(tiny_model_dir, max_batch_size=4)
+    spec = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=4), ReturnSpec.for_training())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rollouts = run_sync(task.engine(client).generate_rollouts(task.requests(per_step=1, inference=spec)()))
+    assert rollouts and all(r.failed and r.meta["failure_cause"] == "env_error" for r in rollouts)
+    assert "_was_dead_step" in (rollouts[0].error or "")

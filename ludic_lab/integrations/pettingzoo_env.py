@@ -117,9 +117,20 @@ class PettingZooTextEnv(LudicEnv[str, str, str]):
         return bool(self.env.terminations.get(agent) or self.env.truncations.get(agent))
 
     def _skip_dead(self) -> None:
-        """PettingZoo's dead steps: ``step(None)`` while the selected agent has ended."""
-        while self.env.agents and self._dead(self.env.agent_selection):
+        """PettingZoo's dead steps: ``step(None)`` while the selected agent has ended. Each one
+        removes an agent, so more than one per agent means the env never removes them: raise
+        (an env that loops here would hang the batch, no timeout can stop a loop that never yields)."""
+        limit = len(self._ids) + 1
+        for _ in range(limit):
+            if not (self.env.agents and self._dead(self.env.agent_selection)):
+                return
             self.env.step(None)
+        if self.env.agents and self._dead(self.env.agent_selection):
+            raise RuntimeError(
+                f"the PettingZoo env {self.env}: {limit} dead steps (step(None) for an ended agent) left the ended "
+                f"agent {self.env.agent_selection!r} selected (agents: {list(self.env.agents)}); its step must remove "
+                "a terminated or truncated agent (PettingZoo's AECEnv._was_dead_step(action), as its AEC examples do)"
+            )
 
     def reset(self, seed: int | None = None) -> dict[str, tuple[str, Info]]:
         self.env.reset(seed=seed)
