@@ -145,12 +145,31 @@ def reasoning_gym_dataset(name: str, size: int = 100, seed: int = 0, **config: A
     ]
 
 
+EVALUATING_SCORERS = frozenset({
+    "binary_matrix", "countdown", "intermediate_integration", "n_queens", "polynomial_multiplication",
+    "puzzle24", "simple_integration", "spiral_matrix", "string_insertion",
+})  # fmt: skip
+"""reasoning-gym generators (0.1.25) whose ``score_answer`` runs the answer as Python: ``eval``
+(``binary_matrix``, ``n_queens``, ``spiral_matrix``, ``string_insertion``) or sympy's
+``parse_expr`` (the others). Model text reaches them only in the sandboxed scorer
+(``reasoning_gym_task``); ``tests/test_evaluator_audit.py`` checks the list against the
+installed package."""
+
+
 def reasoning_gym_verifier(name: str, *, threshold: float = 1.0, **config: Any) -> Callable[[str, str], bool]:
     """A ``(prediction, target) -> bool`` verifier using task ``name``'s own ``score_answer``.
 
     Correct means score >= ``threshold``. Only the target answer is passed to the scorer, so
     this suits tasks scored from the answer alone (the arithmetic ones, ``gsm_symbolic``, ...).
+    The scorer runs in this process, so a generator whose scorer evaluates the answer as code
+    (:data:`EVALUATING_SCORERS`) is refused: score it with ``reasoning_gym_task`` (sandboxed).
     """
+    if name in EVALUATING_SCORERS:
+        raise ValueError(
+            f"reasoning-gym's {name!r} scorer runs the answer as Python (eval / sympy parse_expr), and this "
+            "verifier would run it in this process; model text is scored that way only in the sandbox: use "
+            f"ludic_lab.task.external.reasoning_gym.reasoning_gym_task({name!r}) (docs/code_exec.md)"
+        )
     ds = _reasoning_gym().create_dataset(name, size=1, seed=0, **config)
 
     def verify(prediction: str, target: str) -> bool:

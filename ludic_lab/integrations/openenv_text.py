@@ -71,7 +71,7 @@ def json_object(reply: str) -> dict[str, Any]:
     for c in candidates:
         try:
             value = json.loads(c)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack: no action
             continue
         if isinstance(value, dict):
             return value

@@ -12,7 +12,10 @@ saying why (:class:`VerifiersEnvError`):
   engine, ``prime`` / ``modal`` / ``e2b`` are remote sandboxes (an account and the network);
 - tasks that need a container, tool servers placed in such runtimes or at a remote URL, judges
   that call a remote model, and envs with more than one agent role (an ``Env`` with one seat,
-  e.g. a game engine that plays the user, runs; ``SingleAgentEnv`` is the plain case).
+  e.g. a game engine that plays the user, runs; ``SingleAgentEnv`` is the plain case);
+- tasks that score in the episode's runtime (a ``@reward`` / ``@metric`` taking ``runtime``, an
+  own ``finalize``): that runtime is this host, and what such a hook runs there (the model's
+  program, its tests) would run outside ludic_lab's sandbox.
 
 :func:`use_this_python` makes the subprocess runtime run verifiers' chat program on this
 interpreter (whose packages are verifiers' own dependencies) instead of preparing it with
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import os
 import sys
 import threading
@@ -111,6 +115,7 @@ def check_env(env: Any) -> None:
         raise VerifiersEnvError(
             f"the tasks of {taskset_id!r} ({task_cls.__name__}) need a container runtime, which this machine lacks"
         )
+    check_scoring(task_cls, taskset_id)
     shared = type(env.taskset).toolsets(env.taskset.config)
     if shared and type(env) is not SingleAgentEnv:
         raise VerifiersEnvError(
@@ -133,6 +138,37 @@ def check_env(env: Any) -> None:
                 f"the tasks of {taskset_id!r} call a model at {url} (task config field {name!r}: a judge or another "
                 "model client): it needs the network; point that client at a local endpoint (http://127.0.0.1:...)"
             )
+
+
+def _takes_runtime(fn: Any) -> bool:
+    try:
+        return "runtime" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def check_scoring(task_cls: type, taskset_id: str) -> None:
+    """Refuse a task class that scores in the episode's runtime: a ``@reward`` / ``@metric``
+    method taking ``runtime`` (verifiers hands it the runtime the harness ran in) or an own
+    ``finalize``. In ludic_lab that runtime is verifiers' ``subprocess`` runtime, i.e. this host."""
+    from verifiers.v1.task import Task
+
+    found = [
+        f"{kind} {name!r}"
+        for klass in task_cls.__mro__
+        for name, fn in vars(klass).items()
+        for kind in ("reward", "metric")
+        if callable(fn) and getattr(fn, kind, False) is True and _takes_runtime(fn)
+    ]
+    if getattr(task_cls, "finalize", Task.finalize) is not Task.finalize:
+        found.append("its own finalize")
+    if found:
+        raise VerifiersEnvError(
+            f"the tasks of {taskset_id!r} ({task_cls.__name__}) run scoring code in the episode's runtime "
+            f"({', '.join(found)}): here that runtime is this host (verifiers' subprocess runtime), so what it "
+            "runs there (typically the model's program or its tests) would run outside ludic_lab's sandbox; score "
+            "model-written code with ludic_lab.envs.code_exec (CodeExecEnv, run_tests) instead"
+        )
 
 
 def _model_clients(task_config: Any) -> list[tuple[str, str | None]]:

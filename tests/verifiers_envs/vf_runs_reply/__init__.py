@@ -1,0 +1,3 @@
+from vf_runs_reply.taskset import RunsReplyTaskset
+
+__all__ = ["RunsReplyTaskset"]
