@@ -15,15 +15,23 @@
 The merged weights are the very tensors a publish sends the sampler (``training.lora``'s
 ``policy_state_dict``: ``W + scaling * B @ A`` per adapted linear, the rest as trained), so the
 saved model samples exactly what the sampler did after the last step. Folders are written
-aside and renamed into place: a crash never leaves a half-written policy under ``path``.
+aside (``.<name>.tmp-<host>-<pid>-<n>``) and renamed into place: a crash never leaves a
+half-written policy under ``path``, and the next save into that parent folder removes the
+copies such a crash left (those of processes of this host that are gone; a policy moved aside
+for the swap is put back when nothing replaced it). ``overwrite=True`` replaces a saved
+policy's own files only: a folder that also holds anything else (the user's files, another
+saved policy) is refused, naming what is there.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import random
+import re
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,11 +89,13 @@ def save_policy(
     if not (merged or adapter):
         raise ValueError("nothing to save: merged=False and adapter=False; ask for at least one")
     dest = Path(path).expanduser()
+    if rank == 0:
+        remove_stale_copies(dest.parent)
     check_destination(dest, overwrite=overwrite)
     tok = _tokenizer(model, tokenizer)
     full = _gather(root)  # collective under FSDP; None in one process
     if rank == 0:
-        tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{random.randrange(1 << 30)}"
+        tmp = dest.parent / _aside_name(dest.name, "tmp")
         try:
             tmp.mkdir(parents=True)
             if merged:
@@ -94,6 +104,7 @@ def save_policy(
                 _write_adapter(model, full, tok, tmp / ADAPTER_DIR)
             info: dict[str, Any] = {"step": step, "policy_version": version, "merged": merged, "adapter": bool(adapter)}
             info["base_model"] = _name_or_path(model)
+            info["files"] = sorted(f.relative_to(tmp).as_posix() for f in tmp.rglob("*") if not f.is_dir())
             (tmp / MARKER).write_text(json.dumps({**info, **(extra or {})}, indent=2, default=str) + "\n")
             _swap_into_place(tmp, dest)
         finally:
@@ -134,6 +145,95 @@ def check_destination(path: str | os.PathLike[str], *, overwrite: bool = False) 
             f"{dest} is not empty and holds no {MARKER}: overwrite=True replaces only folders save_policy "
             "wrote; empty it yourself or pass another path"
         )
+    others = _not_written_by_save(dest)
+    if others:
+        shown = ", ".join(others[:8]) + (f" and {len(others) - 8} more" if len(others) > 8 else "")
+        raise FileExistsError(
+            f"{dest} holds a saved policy and also {shown}, which save_policy did not write there: overwrite=True "
+            "replaces only a saved policy's own files and would delete these; move them out, or pass another path"
+        )
+
+
+_POLICY_FILES = (
+    "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
+    "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "merges.txt", "chat_template.jinja", "chat_template.json", f"{ADAPTER_DIR}/adapter_config.json",
+    f"{ADAPTER_DIR}/README.md", f"{ADAPTER_DIR}/*.safetensors", f"{ADAPTER_DIR}/tokenizer.json",
+    f"{ADAPTER_DIR}/tokenizer_config.json", f"{ADAPTER_DIR}/tokenizer.model", f"{ADAPTER_DIR}/special_tokens_map.json",
+    f"{ADAPTER_DIR}/added_tokens.json", f"{ADAPTER_DIR}/vocab.json", f"{ADAPTER_DIR}/merges.txt",
+    f"{ADAPTER_DIR}/chat_template.jinja", f"{ADAPTER_DIR}/chat_template.json",
+)  # fmt: skip
+"""What a saved policy's folder holds, for a ``saved_policy.json`` written before it listed its ``files``."""
+
+
+def _not_written_by_save(dest: Path) -> list[str]:
+    """The entries of the saved policy folder ``dest`` that its save did not write (the
+    ``files`` its marker lists; older markers: :data:`_POLICY_FILES`), as top-level names
+    (``name/`` for a folder, ``(a saved policy)`` where one is inside)."""
+    try:
+        listed = json.loads((dest / MARKER).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    written = {str(f) for f in listed} if isinstance(listed, list) else None
+    found: dict[str, str] = {}
+    for f in sorted(dest.rglob("*")):
+        rel = f.relative_to(dest).as_posix()
+        if rel == MARKER or (f.is_dir() and not f.is_symlink()):
+            continue
+        ours = rel in written if written is not None else any(fnmatch.fnmatchcase(rel, p) for p in _POLICY_FILES)
+        if not ours:
+            top = rel.split("/")[0]
+            nested = (dest / top).is_dir() and not (dest / top).is_symlink()
+            found[top] = f"{top}/" if nested else top
+            if nested and any((dest / top).rglob(MARKER)):
+                found[top] = f"{top}/ (a saved policy)"
+    return list(found.values())
+
+
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+_ASIDE = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?:(?P<host>[A-Za-z0-9._]+)-)?(?P<pid>\d+)-\d+")
+
+
+def _aside_name(name: str, kind: str) -> str:
+    """The hidden name of a folder this process writes (``tmp``) or moves aside (``old``) beside ``name``."""
+    return f".{name}.{kind}-{_HOST}-{os.getpid()}-{random.randrange(1 << 30)}"
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: alive
+        return False
+    return False
+
+
+def remove_stale_copies(folder: str | os.PathLike[str]) -> list[Path]:
+    """Remove the hidden copies that saves into ``folder`` killed mid-way left (``.<name>.tmp-*``:
+    a new policy being written; ``.<name>.old-*``: the policy it replaced), where the process that
+    made them is gone and ran on this host. A moved-aside policy whose folder is missing (killed
+    between the two renames) is renamed back instead. Returns what was removed or put back."""
+    root = Path(folder)
+    done: list[Path] = []
+    if not root.is_dir():
+        return done
+    for entry in sorted(root.iterdir()):
+        m = _ASIDE.fullmatch(entry.name)
+        if m is None or m["host"] not in (None, _HOST) or not _process_gone(int(m["pid"])):
+            continue
+        try:
+            if not entry.is_dir() or entry.is_symlink() or entry.stat().st_uid != os.geteuid():
+                continue
+            home = root / m["name"]
+            if m["kind"] == "old" and not home.exists() and (entry / MARKER).is_file():
+                os.rename(entry, home)  # the save died between its two renames: the old policy goes back
+            else:
+                shutil.rmtree(entry)
+        except OSError:
+            continue
+        done.append(entry)
+    return done
 
 
 def _tokenizer(model: Any, tokenizer: Any) -> Any:
@@ -233,7 +333,7 @@ def _swap_into_place(tmp: Path, dest: Path) -> None:
     """Rename ``tmp`` to ``dest``; an existing ``dest`` is renamed aside first, then deleted."""
     old = None
     if dest.exists():
-        old = dest.parent / f".{dest.name}.old-{os.getpid()}-{random.randrange(1 << 30)}"
+        old = dest.parent / _aside_name(dest.name, "old")
         os.rename(dest, old)
     os.rename(tmp, dest)
     if old is not None:
