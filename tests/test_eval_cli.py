@@ -177,6 +177,38 @@ def test_bad_input_is_one_line_before_the_model_loads(
     assert time.perf_counter() - t0 < 5
 
 
+DAMAGED = {
+    "cut in half": "model.safetensors is cut short (",
+    "cut in its header": "model.safetensors has no readable safetensors header",
+    "no weights": "holds config.json but no weights (model.safetensors",
+    "a shard missing": "model-00002-of-00002.safetensors is missing",
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED))
+def test_a_damaged_model_folder_is_one_line_naming_it(
+    damage: str, tiny_model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    folder = tmp_path / "policy"
+    shutil.copytree(tiny_model_dir, folder)
+    weights = folder / "model.safetensors"
+    if damage == "cut in half":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy that did not finish
+    elif damage == "cut in its header":
+        weights.write_bytes(weights.read_bytes()[:100])
+    elif damage == "no weights":
+        weights.unlink()
+    else:
+        weights.rename(folder / "model-00001-of-00002.safetensors")
+        index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    code, _, err = _run(["eval", "--model", str(folder), "--task", "capitals"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"--model: {folder}" in err and DAMAGED[damage] in err, err
+
+
 def test_python_api_refuses_what_cannot_work(tiny_model_dir: str) -> None:
     from ludic_lab.eval import evaluate_task_sync
     from tests.eval_program import LetterEnv, agent

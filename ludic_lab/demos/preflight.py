@@ -77,8 +77,10 @@ def check_model(model: str) -> None:
             return
     except ModelNotAvailableError as e:
         raise MissingExtraError(f"--model {model}: {e}") from e
+    from ludic_lab.inference.models.resolve import check_weights
+
     try:
-        resolve_model(model)  # a folder: checks the files only
+        check_weights(resolve_model(model))  # a folder: checks the files (weights: their headers) only
     except ModelNotAvailableError as e:
         raise ValueError(f"DemoConfig.model: {e}") from e
 
