@@ -1,0 +1,42 @@
+"""Shared by the workspace tests: a small pool, a small repository, and the check that a test
+left no sandbox process and no workspace directory behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ludic_lab.envs.workspace import WorkspaceConfig, WorkspaceLimits, WorkspacePool
+from tests.code_exec_helpers import needs_bwrap, sandbox_processes
+
+__all__ = ["needs_bwrap", "sandbox_processes", "pool", "workspace_dirs", "make_repo", "LIMITS"]
+
+LIMITS = WorkspaceLimits(timeout_s=10, disk_quota_bytes=32 * 2**20, file_size_bytes=16 * 2**20, processes=32)
+"""Small enough that the abuse tests end in seconds."""
+
+
+def pool(size: int = 2, **kw) -> WorkspacePool:
+    """A pool for the tests: the limits above, no package folders unless asked."""
+    config = WorkspaceConfig(limits=kw.pop("limits", LIMITS), site_packages=kw.pop("site_packages", ()),
+                             strategy=kw.pop("strategy", "auto"))  # fmt: skip
+    return WorkspacePool(size, config=config, **kw)
+
+
+def workspace_dirs() -> set[str]:
+    """This process's pool directories (other test runs may share the machine)."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"ludic-workspace-{os.getpid()}-*")}
+
+
+def make_repo(root: Path) -> Path:
+    """A tiny Python project with a failing test: ``calc.add`` subtracts."""
+    (root / "calc").mkdir(parents=True)
+    (root / "calc" / "__init__.py").write_text("")
+    (root / "calc" / "ops.py").write_text("def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_ops.py").write_text(
+        "from calc.ops import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+        "def test_mul():\n    assert mul(2, 3) == 6\n"
+    )
+    (root / "README.md").write_text("calc: add and mul\n")
+    return root
