@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +26,36 @@ def json_line(obj: Any) -> str:
     return line
 
 
-def read_jsonl(path: str | os.PathLike, *, what: str = "JSONL file") -> list[dict[str, Any]]:
+def read_jsonl(
+    path: str | os.PathLike, *, what: str = "JSONL file", torn_last_line: bool = False
+) -> list[dict[str, Any]]:
     """Read a JSONL file of objects; a bad line is an error naming file and line number.
 
-    Blank lines are skipped. ``what`` names the data in the not-found error.
+    Blank lines are skipped. ``what`` names the data in the not-found error. ``torn_last_line``:
+    a last line that does not parse (or decode: cut inside a character), as a writer killed
+    mid-line leaves it, is skipped with a warning naming the file instead of raising.
     """
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{what} not found: {p}")
+    lines = p.read_bytes().split(b"\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
     rows: list[dict[str, Any]] = []
-    with p.open(encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            why = e.msg if isinstance(e, json.JSONDecodeError) else f"not UTF-8: {e.reason}"
+            if torn_last_line and i == len(lines):
+                warnings.warn(f"{p}:{i}: skipping a truncated last line ({why}; a run killed mid-write)", stacklevel=2)
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{p}:{i}: not valid JSON ({e.msg})") from e
-            if not isinstance(row, dict):
-                raise ValueError(f"{p}:{i}: each line must be a JSON object, got {type(row).__name__}")
-            rows.append(row)
+            raise ValueError(f"{p}:{i}: not valid JSON ({why})") from e
+        if not isinstance(row, dict):
+            raise ValueError(f"{p}:{i}: each line must be a JSON object, got {type(row).__name__}")
+        rows.append(row)
     return rows
 
 

@@ -208,3 +208,32 @@ def test_train_env_writes_a_run_folder_by_default(tiny_model_dir: str, tmp_path:
     assert _run_dir(str(run.folder.path), "digits") == f"{run.folder.path}-2"  # never over an earlier run
     with pytest.raises(ValueError, match=r"only \{env\} and \{time\} are filled in"):
         _run_dir("runs/{name}", "digits")
+
+
+def test_a_run_killed_mid_write_loads_without_its_torn_last_line(tmp_path: Path) -> None:
+    source = _Source()
+    for name in ("a", "b", "c"):
+        folder = RunFolder(tmp_path / name, source=source, rollouts_per_step=2)
+        source.last_rollouts = [_rollout(i, "réponse") for i in range(2)]
+        folder.log(1, {"reward_mean": 1.0})
+        folder.log_eval("held-out", 0, {"acc": 0.25})
+        folder.log_eval("tenue à l'écart", 1, {"acc": 0.5})
+        folder.close()
+    # killed while writing its last evaluation (cut inside the 'é' of its name) and its rollouts sample
+    evals, rollouts = tmp_path / "b" / "evals.jsonl", tmp_path / "b" / "rollouts.jsonl"
+    data = evals.read_bytes()
+    evals.write_bytes(data[: data.rindex("é".encode()) + 1])
+    rollouts.write_bytes(rollouts.read_bytes()[:-20])
+    with pytest.warns(UserWarning, match=r"evals\.jsonl:2: skipping a truncated last line \(not UTF-8"):
+        run = load_run(tmp_path / "b")
+    assert run.evals["name"].tolist() == ["held-out"] and run.evals["acc"].tolist() == [0.25]
+    with pytest.warns(UserWarning, match=r"rollouts\.jsonl:2: skipping a truncated last line"):
+        assert run.rollouts()["completion"].tolist() == ["réponse"]
+    with pytest.warns(UserWarning, match="evals.jsonl:2: skipping a truncated last line"):
+        runs = load_runs(str(tmp_path / "*"))  # the glob over every run still loads
+    assert len(runs) == 3 and runs.evals.groupby("run").size().to_dict() == {"a": 2, "b": 1, "c": 2}
+    # a bad line that is not the last is still an error naming it
+    first, second = data.splitlines(keepends=True)
+    evals.write_bytes(first + b"{oops\n" + second)
+    with pytest.raises(ValueError, match=r"evals\.jsonl:2: not valid JSON"):
+        load_run(tmp_path / "b")

@@ -74,7 +74,7 @@ class Run:
         from ludic_lab.jsonl import read_jsonl
 
         p = self.path / ROLLOUTS_FILE
-        return pd.DataFrame(read_jsonl(p, what="rollouts sample") if p.is_file() else [])
+        return pd.DataFrame(read_jsonl(p, what="rollouts sample", torn_last_line=True) if p.is_file() else [])
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, algo={self.algo!r}, steps={len(self.metrics)}, evals={len(self.evals)})"
@@ -112,7 +112,7 @@ def load_run(path: str | os.PathLike, *, name: str | None = None) -> Run:
         start = metrics["time"].iloc[0] - (step_s if pd.notna(step_s) else 0.0)
         metrics["wall_s"] = metrics["time"] - start
     evals_path = p / EVALS_FILE
-    rows = read_jsonl(evals_path, what="evaluations") if evals_path.is_file() else []
+    rows = read_jsonl(evals_path, what="evaluations", torn_last_line=True) if evals_path.is_file() else []
     evals = pd.DataFrame(
         [{"name": r.get("name"), "step": r.get("step"), "time": r.get("time"), **_flatten(r.get("summary", {}))}
          for r in rows],
