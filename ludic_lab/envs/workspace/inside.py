@@ -29,7 +29,7 @@ import sys
 import time
 
 ROOT = "/workspace"
-SIGKILL = 9
+SIGKILL, SIGPIPE, SIGXFSZ = 9, 13, 25
 _ESCAPES = {i: f"\\u{i:04x}" for i in range(32)}
 _ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
 
@@ -110,6 +110,10 @@ def shell(cfg):
     pid = os.fork()
     if pid == 0:
         try:
+            import _signal  # the C module: no enum import. Python ignores these two; a shell does not
+
+            for signum in (SIGPIPE, SIGXFSZ):
+                _signal.signal(signum, _signal.SIG_DFL)
             null = os.open("/dev/null", os.O_RDONLY)
             for src, dst in ((null, 0), (w, 1), (w, 2)):
                 os.dup2(src, dst)
