@@ -129,7 +129,7 @@ async def test_file_operations_read_ranges_write_and_edit_exactly(tmp_path: Path
             await ws.edit_file("calc/ops.py", "return a-b", "return a + b")
         edit = await ws.edit_file("calc/ops.py", "return a - b", "return a + b")
         assert edit.line == 2 and "     2\t    return a + b" in edit.snippet
-        await ws.run("head -c 100 /dev/urandom > blob.bin; printf 'a\\0b' > nul.txt; mkfifo pipe")
+        await ws.run("head -c 64 /dev/zero > blob.bin; printf 'a\\0b' > nul.txt; mkfifo pipe")
         for path, says in (("blob.bin", "binary"), ("nul.txt", "binary"), ("calc", "is a directory"),
                            ("pipe", "not a regular file"), ("missing.py", "does not exist")):  # fmt: skip
             with pytest.raises(WorkspaceFileError, match=says):

@@ -13,7 +13,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-CutReason = Literal["result_limit", "episode_budget"]
+CutReason = Literal["output_limit", "result_limit", "episode_budget"]
+"""``output_limit``: the sandbox kept only the start and end of a command's output
+(``output_head_bytes`` / ``output_tail_bytes``); ``result_limit``: ``max_result_chars``;
+``episode_budget``: what was left of ``episode_chars``."""
 MIN_SHOWN = 200
 """Below this many characters left, a result is replaced by one line saying the budget is spent."""
 
@@ -57,19 +60,25 @@ class OutputBudget:
         self.used = self.calls = self._unreported = 0
         self.cuts = []
 
-    def fit(self, text: str, *, tool: str, keep: Literal["both", "head"] = "both", hint: str = "") -> str:
+    def fit(self, text: str, *, tool: str, keep: Literal["both", "head"] = "both", hint: str = "",
+            total_chars: int | None = None) -> str:  # fmt: skip
         """``text`` as the model may see it: whole, or cut with a marker (``keep="both"``: its
-        start and end, ``"head"``: its start; ``hint`` says how to see the rest)."""
+        start and end, ``"head"``: its start; ``hint`` says how to see the rest).
+        ``total_chars``: the length of what ``text`` stands for, when it is itself already cut
+        (a command's output: its start and end around the sandbox's marker)."""
         call, self.calls = self.calls, self.calls + 1
+        total = len(text) if total_chars is None else max(total_chars, len(text))
         room = min(self.max_result_chars, self.left)
         if len(text) <= room:
             self.used += len(text)
+            if total > len(text):
+                self.cuts.append(Cut(tool, call, total, len(text), total - len(text), "output_limit"))
             return text
         reason: CutReason = "result_limit" if room == self.max_result_chars else "episode_budget"
-        hidden = len(text)
+        hidden = total
         if room < MIN_SHOWN:
             shown = (
-                f"[{len(text)} characters of output not shown: this episode's budget for tool output "
+                f"[{total} characters of output not shown: this episode's budget for tool output "
                 f"({self.episode_chars} characters) is spent]"
             )
         else:
@@ -80,15 +89,15 @@ class OutputBudget:
             )
             marker_room = 160 + len(hint)
             keep_chars = max(0, room - marker_room)
-            hidden = len(text) - keep_chars
-            marker = f"\n[... {hidden} of {len(text)} characters cut here ({why}){'; ' + hint if hint else ''} ...]\n"
+            hidden = total - keep_chars
+            marker = f"\n[... {hidden} of {total} characters cut here ({why}){'; ' + hint if hint else ''} ...]\n"
             if keep == "head":
                 shown = text[:keep_chars] + marker
             else:
                 first = keep_chars // 2
                 shown = text[:first] + marker + text[len(text) - (keep_chars - first) :]
         self.used += len(shown)
-        self.cuts.append(Cut(tool, call, len(text), len(shown), hidden, reason))
+        self.cuts.append(Cut(tool, call, total, len(shown), hidden, reason))
         return shown
 
     def take_cuts(self) -> list[dict[str, Any]]:

@@ -11,6 +11,11 @@ CommandStop = Literal[
 ]
 
 
+def cut_marker(cut_bytes: int) -> str:
+    """The line a command's output holds where its middle was not kept."""
+    return f"\n[... {cut_bytes} bytes of output cut here ...]\n"
+
+
 class WorkspaceFileError(ValueError):
     """A file operation the workspace refused or could not do (a path outside the workspace,
     a missing file, an edit whose text is absent or not unique); the message is for the model."""

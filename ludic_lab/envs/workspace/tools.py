@@ -21,7 +21,7 @@ from typing import Any
 from ludic_lab.agents.tools import Tool, ToolFailure
 from ludic_lab.envs.code_exec.sandbox import SandboxCrashError
 from ludic_lab.envs.workspace.budget import OutputBudget
-from ludic_lab.envs.workspace.results import CommandResult, WorkspaceFileError
+from ludic_lab.envs.workspace.results import CommandResult, WorkspaceFileError, cut_marker
 from ludic_lab.envs.workspace.workspace import Workspace
 
 NULLABLE_LINE = {"type": ["integer", "null"], "minimum": 1}
@@ -166,7 +166,10 @@ class WorkspaceTools:
         self.results.append(result)
         status = str(result)[len(result.output) :]  # the last line saying how it ended, if it failed
         body = result.output if result.output.strip() else "(no output)"
-        return self.budget.fit(body, tool=tool) + status
+        total = None
+        if result.output_cut_bytes:  # the sandbox kept its start and end: count what it stands for
+            total = len(body) - len(cut_marker(result.output_cut_bytes)) + result.output_cut_bytes
+        return self.budget.fit(body, tool=tool, total_chars=total) + status
 
     # -- as tools --------------------------------------------------------------------------------
     def tools(self) -> list[Tool]:

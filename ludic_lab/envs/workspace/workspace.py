@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ludic_lab.envs.code_exec.bwrap import BubblewrapSandbox
 from ludic_lab.envs.code_exec.process import RawRun
+from ludic_lab.envs.code_exec.sandbox import SandboxCrashError
 from ludic_lab.envs.workspace.config import WorkspaceLimits
 from ludic_lab.envs.workspace.results import (
     CommandResult,
@@ -29,6 +30,7 @@ from ludic_lab.envs.workspace.results import (
     FileText,
     WorkspaceClosedError,
     WorkspaceFileError,
+    cut_marker,
 )
 from ludic_lab.envs.workspace.runner import MOUNT_FAILED, RunTarget, run_in_sandbox
 from ludic_lab.envs.workspace.snapshot import Snapshot
@@ -88,6 +90,8 @@ class Workspace:
                 self.abort()
                 await asyncio.wait([fut])
                 raise
+            except OSError as e:  # bubblewrap could not even start: not the command's doing
+                raise SandboxCrashError(f"the workspace sandbox could not run: {e}") from e
             finally:
                 self._proc = None
             self.commands += 1
@@ -124,8 +128,6 @@ class Workspace:
             {"mode": "file", "max_bytes": self.limits.max_file_bytes, **request}, min(30.0, self.limits.timeout_s)
         )
         if report is None or report.get("setup"):
-            from ludic_lab.envs.code_exec.sandbox import SandboxCrashError
-
             why = (report or {}).get("error") or raw.stderr.decode("utf-8", "replace").strip()[-300:] or raw.stop_reason
             raise SandboxCrashError(f"the workspace sandbox failed during a file operation: {why}")
         if not report.get("ok"):
@@ -213,7 +215,7 @@ def _command_result(command: str, report: dict | None, raw: RawRun, watched: str
     cut = int(report.get("omitted_bytes", 0))
     output = str(report.get("head", ""))
     if cut:
-        output += f"\n[... {cut} bytes of output cut here ...]\n"
+        output += cut_marker(cut)
     output += str(report.get("tail", ""))
     return CommandResult(
         command=command,
