@@ -181,6 +181,21 @@ async def test_a_pool_waits_for_a_free_workspace_place() -> None:
         await second.close()
 
 
+async def test_a_cancelled_episode_or_a_pool_shutdown_kills_the_running_command() -> None:
+    async with pool() as p:
+        ws = await p.create()
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(ws.run("sleep 100"), 0.5)
+        assert time.monotonic() - t0 < 3 and sandbox_processes() == []
+        assert (await ws.run("echo next")).output == "next\n"  # the workspace goes on
+        running = asyncio.ensure_future(ws.run("sleep 100"))
+        await asyncio.sleep(0.3)
+        await p.shutdown()
+        r = await running
+    assert r.stop_reason == "stopped" and r.wall_s < 3 and ws.closed
+
+
 CRASH = """
 import asyncio, sys
 sys.path.insert(0, sys.argv[1])

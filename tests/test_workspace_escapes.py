@@ -104,13 +104,16 @@ async def test_symlinks_and_dotdot_in_file_operations_are_refused(tmp_path: Path
 
 async def test_a_fork_bomb_hits_the_process_limit_and_dies_with_its_command() -> None:
     async with pool() as p, p.workspace() as ws:
-        bomb = await ws.run(":(){ :|:& };:; sleep 1; echo still here", timeout_s=5)
+        bomb = await ws.run(":(){ :|:& };:; sleep 1; echo still here", timeout_s=3)
+        assert sandbox_processes() == []  # the bomb died with its command
         counted = await ws.run(
             'python3 -c "import os, time\nn = 0\ntry:\n    for _ in range(1000):\n        if os.fork() == 0:\n'
             '            time.sleep(30); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print(n, e.errno)"'
         )
         after = await ws.run("ps -e -o comm= | sort | tr '\\n' ' '")
-    assert bomb.wall_s < 5 and "fork: retry: Resource temporarily unavailable" in bomb.output, bomb
+    # bash retries a refused fork with a growing pause: the command ends by itself or at its deadline
+    assert bomb.stop_reason in ("exited", "timeout") and bomb.wall_s < 6, bomb
+    assert "fork: retry: Resource temporarily unavailable" in bomb.output or bomb.stop_reason == "timeout"
     forked, errno_ = map(int, counted.output.split())
     assert forked < p.config.limits.processes and errno_ == 11  # EAGAIN from RLIMIT_NPROC
     assert after.output == "bash bwrap ps python3.11 sort tr ".replace("python3.11", _ours()), after.output  # no bomb
@@ -135,6 +138,15 @@ async def test_no_process_outlives_its_command() -> None:
     assert lines[1] == "bash bwrap ps python3.11 sort tr ".replace(
         "python3.11", _ours()
     )  # bwrap's init, ours, the command
+
+
+async def test_a_command_that_kills_its_supervisor_ends_itself_only() -> None:
+    async with pool() as p, p.workspace() as ws:
+        r = await ws.run("echo hi; sleep 100 & kill -9 $PPID; sleep 100")
+        again = await ws.run("ps -e --no-headers | wc -l")
+    assert r.stop_reason == "supervisor_killed" and r.wall_s < 5, r  # not a sandbox error: the episode goes on
+    assert "killed the process that supervises it" in str(r)
+    assert again.ok and again.output == "5\n"  # bwrap's init, ours, bash, ps, wc: nothing left
 
 
 async def test_files_beyond_the_disk_quota_are_stopped_and_the_workspace_recovers() -> None:

@@ -29,6 +29,7 @@ import sys
 import time
 
 ROOT = "/workspace"
+STARTED = b"ws-started\n"
 SIGKILL, SIGPIPE, SIGXFSZ = 9, 13, 25
 _ESCAPES = {i: f"\\u{i:04x}" for i in range(32)}
 _ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
@@ -302,6 +303,7 @@ def main():
     except OSError as e:
         reply({"ok": False, "error": f"the sandbox could not be set up: {e}", "setup": True})
     if cfg["mode"] == "shell":
+        os.write(1, STARTED)  # the host can tell a sandbox that never ran from one whose command killed us
         shell(cfg)
     try:
         reply({"ok": True, **file_op(cfg)})

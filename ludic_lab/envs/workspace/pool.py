@@ -175,7 +175,7 @@ class WorkspacePool:
             os.mkdir(ws_dir, 0o700)
             if self.strategy == "overlay":
                 mount = make_overlay_layer(ws_dir, self.uid_base)
-                layers = [os.path.join(ws_dir, "upper"), os.path.join(ws_dir, "work")]
+                layers = [os.path.join(ws_dir, "upper")]  # work/: overlayfs's own, emptied at every mount
                 prefix = tuple(overlay_prefix(lower, ws_dir, as_root=self.as_root))
                 zero = DiskUsage(0, 0)
                 measure_ws = partial(_measure_all, layers, zero)

@@ -7,7 +7,15 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 CommandStop = Literal[
-    "exited", "timeout", "cpu_limit", "file_size_limit", "disk_quota", "disk_full", "stopped", "sandbox_error"
+    "exited",
+    "timeout",
+    "cpu_limit",
+    "file_size_limit",
+    "disk_quota",
+    "disk_full",
+    "supervisor_killed",
+    "stopped",
+    "sandbox_error",
 ]
 
 
@@ -39,8 +47,10 @@ class CommandResult:
     stop_reason: CommandStop
     """``exited`` (by itself, any status), ``timeout``, ``cpu_limit``, ``file_size_limit``
     (a file grew past RLIMIT_FSIZE: the quota's rest), ``disk_quota`` / ``disk_full`` (stopped
-    when the workspace passed its quota or the host's disk its floor), ``stopped`` (the pool
-    shut down), ``sandbox_error`` (the sandbox itself failed: not the command's doing)."""
+    when the workspace passed its quota or the host's disk its floor), ``supervisor_killed``
+    (the command killed the process that runs it: everything ended, its output is lost),
+    ``stopped`` (the pool shut down, or the episode was cancelled), ``sandbox_error`` (the
+    sandbox itself failed: not the command's doing)."""
     wall_s: float
     cpu_s: float
     peak_memory_bytes: int
@@ -75,6 +85,8 @@ class CommandResult:
             "disk_quota": f"the workspace went over its disk quota ({self.disk_bytes} bytes used); the command was "
             "stopped: delete files to go on",
             "disk_full": "the host's disk is nearly full; the command was stopped",
+            "supervisor_killed": "the command killed the process that supervises it; everything it started "
+            "was stopped and its output is lost",
             "stopped": "the command was stopped",
             "sandbox_error": "the sandbox failed (not the command's fault)",
         }.get(self.stop_reason)

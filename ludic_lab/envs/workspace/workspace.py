@@ -23,6 +23,7 @@ from ludic_lab.envs.code_exec.bwrap import BubblewrapSandbox
 from ludic_lab.envs.code_exec.process import RawRun
 from ludic_lab.envs.code_exec.sandbox import SandboxCrashError
 from ludic_lab.envs.workspace.config import WorkspaceLimits
+from ludic_lab.envs.workspace.inside import STARTED
 from ludic_lab.envs.workspace.results import (
     CommandResult,
     CommandStop,
@@ -54,6 +55,7 @@ class Workspace:
         self._measure, self._release = measure, release
         self._lock = asyncio.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._aborted = False
         self.closed = False
         self.commands = 0
         """Shell commands and file operations run so far."""
@@ -103,6 +105,7 @@ class Workspace:
 
     def abort(self) -> None:
         """Kill the command in flight, if any (every process it started dies with it)."""
+        self._aborted = True
         proc = self._proc
         if proc is not None and proc.returncode is None:
             BubblewrapSandbox.kill(proc, {})
@@ -120,8 +123,9 @@ class Workspace:
         timeout = float(timeout_s if timeout_s is not None else self.limits.timeout_s)
         request = {"mode": "shell", "command": command, "head": self.limits.output_head_bytes,
                    "tail": self.limits.output_tail_bytes}  # fmt: skip
+        self._aborted = False
         report, raw, watched, after = await self._run(request, timeout)
-        return _command_result(command, report, raw, watched, after, timeout)
+        return _command_result(command, report, raw, after, timeout, aborted=self._aborted, watched=watched)
 
     async def _file(self, request: dict[str, Any]) -> dict[str, Any]:
         report, raw, _, _ = await self._run(
@@ -185,13 +189,17 @@ def _path(path: object) -> str:
     return path
 
 
-def _command_result(command: str, report: dict | None, raw: RawRun, watched: str | None, after: DiskUsage,
-                    timeout_s: float) -> CommandResult:  # fmt: skip
+def _command_result(command: str, report: dict | None, raw: RawRun, after: DiskUsage, timeout_s: float, *,
+                    aborted: bool, watched: str | None) -> CommandResult:  # fmt: skip
     """Turn the first program's report (or its absence) into a :class:`CommandResult`."""
     if report is None or not report.get("ok"):
         stderr = raw.stderr.decode("utf-8", "replace").strip()
+        started = raw.stdout.startswith(STARTED)
         if raw.stop_reason == "timeout":  # the first program itself did not end: the host killed the sandbox
             stop: CommandStop = "timeout"
+            text = ""
+        elif started and report is None:  # it ran, then died: killed by the pool, or by the command itself
+            stop = "stopped" if aborted else "disk_quota" if watched == "disk_quota" else "supervisor_killed"
             text = ""
         else:
             stop = "sandbox_error"
