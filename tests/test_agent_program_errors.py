@@ -341,6 +341,9 @@ async def test_the_tiny_model_naming_a_missing_tool_is_scored_or_left_out(
     (crash,), (slow,) = by_kind["crash"], by_kind["slow"]
     assert crash.failed and crash.meta["failure_cause"] == "agent_error" and "RuntimeError" in crash.error
     assert slow.failed and slow.meta["failure_cause"] == "timeout"
+    assert (
+        "did not return within 1 s (AgentProgramProtocol timeout_s=1)" in slow.error and "agent.act" not in slow.error
+    )
     assert not any(r.failed for r in by_kind["plain"])
     sdk = by_kind["sdk"]
     assert all(r.meta["model_error"]["type"] == "ModelBehaviorError" for r in sdk)

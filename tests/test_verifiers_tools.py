@@ -130,6 +130,38 @@ async def test_a_tool_the_model_made_up_is_answered_by_verifiers_and_counted_not
     assert "unknown tool" in nodes[2]["message"]["content"]  # verifiers' harness told the model
 
 
+async def test_a_tool_call_that_hangs_is_named_with_the_limit_that_stopped_it(tiny_model_dir) -> None:
+    import time
+
+    from transformers import AutoTokenizer
+
+    from ludic_lab.inference.chat_template import ChatTemplate
+
+    template = ChatTemplate(AutoTokenizer.from_pretrained(tiny_model_dir))
+    call = '<tool_call>\n{"name": "lookup_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    backend = RecordingClient([Reply(call), Reply("Sunny.")], chat_template=template, policy_version=0)
+    with verifiers_envs_importable():
+        source = load_verifiers_env("vf_slow_tool")  # its one tool never returns
+        try:
+            async with source.tools():  # the tool server started before the episode's clock runs
+                pass
+            with OpenAIEndpoint(backend) as ep:
+                eng = RolloutEngine({"w": lambda: VerifiersTaskEnv(source)},
+                                    {"vf": lambda: VerifiersProtocol(ep, timeout_s=10)})  # fmt: skip
+                t0 = time.monotonic()
+                (r,) = await eng.generate_rollouts([RolloutRequest(EnvSpec("w"), ProtocolSpec("vf"), env_seed=0,
+                                                                   inference=SPEC)], max_steps=1)  # fmt: skip
+                took = time.monotonic() - t0
+        finally:
+            await source.aclose()
+    assert r.failed and r.meta["failure_cause"] == "timeout" and took < 30, (took, r.error)
+    assert 'the tool call lookup_weather({"city": "Paris"}) (asked for by model call 0)' in r.error, r.error
+    # stopped by the protocol's bound, or by verifiers' own deadline at 90% of it: the limit is named either way
+    assert " 10 s (timeout_s=10 of verifiers_task / VerifiersProtocol)" in r.error, r.error
+    assert "agent.act" not in r.error and "600" not in r.error
+    assert len(r.steps) == 1 and r.steps[0].trace.num_sampled_tokens > 0  # the sampled call is kept
+
+
 @pytest.fixture(scope="module")
 def tool_model_dir(scripted, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     r, _ = scripted

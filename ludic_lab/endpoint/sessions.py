@@ -158,6 +158,7 @@ class Session:
         self._started = 0
         self._tokens = 0
         self._held = 0
+        self._under_way = 0
         self._lock = threading.Lock()
 
     # -- budgets -------------------------------------------------------------------------------
@@ -195,6 +196,7 @@ class Session:
                 per = min(max_tokens, left // n)
             held = n * per if left is not None and per is not None else 0
             self._held += held
+            self._under_way += n
             first = self._started
             self._started += n
             return Claim(first, n, per, held)
@@ -204,6 +206,12 @@ class Session:
         (what they sampled was counted by :meth:`record`)."""
         with self._lock:
             self._held -= claim.held_tokens
+            self._under_way -= claim.n
+
+    @property
+    def calls_under_way(self) -> int:
+        """Model calls claimed and not yet released: sampling now (0 while the program does other work)."""
+        return self._under_way
 
     def tokens_left(self) -> int | None:
         """Completion tokens left in the budget, neither sampled nor held by calls under way

@@ -43,6 +43,7 @@ from ludic_lab.inference.request import InferenceSpec
 from ludic_lab.integrations.verifiers_env import VerifiersTaskEnv
 from ludic_lab.interaction.agent_program import segment_steps
 from ludic_lab.interaction.base import InteractionProtocol
+from ludic_lab.interaction.program_steps import waiting_on
 from ludic_lab.interaction.single_agent import EpisodeError, merge_info, oldest_policy_version
 from ludic_lab.types import Rollout, Step
 
@@ -57,13 +58,19 @@ _CAUSES = {
 }
 """verifiers' error types -> ludic_lab failure causes (a ``TaskError`` while scoring: ``judge_failure``)."""
 
+_HARNESS = "verifiers (its harness, stop hooks or scoring)"
+"""What runs between and after the model calls of a verifiers episode, as a timeout names it."""
+
 
 class VerifiersEpisodeError(EpisodeError):
-    """A verifiers episode that cannot be trained on; ``failure_cause`` names its kind."""
+    """A verifiers episode that cannot be trained on; ``failure_cause`` names its kind. A timeout's
+    message names the call it waited on and the limit that stopped it (``timeout_named``: the
+    engine keeps it)."""
 
     def __init__(self, message: str, *, rollouts: list[Rollout], phase: str, failure_cause: str) -> None:
         super().__init__(message, rollouts=rollouts, phase=phase)
         self.failure_cause = failure_cause
+        self.timeout_named = phase == "timeout"
 
 
 class VerifiersProtocol(InteractionProtocol):
@@ -134,6 +141,11 @@ class VerifiersProtocol(InteractionProtocol):
         source, task = env.source, env.task
         bounds = [t for t in (self.timeout_s, timeout_s) if t is not None]
         bound = min(bounds) if bounds else None
+        limit = (
+            f"timeout_s={self.timeout_s:g} of verifiers_task / VerifiersProtocol"
+            if self.timeout_s is not None and self.timeout_s == bound
+            else "the engine's episode timeout, RolloutEngine(episode_timeout_s=...) less the wait for a harness slot"
+        )
         meta: dict[str, Any] = {
             "episode_id": uuid.uuid4().hex,
             "env": type(env).__name__,
@@ -156,7 +168,11 @@ class VerifiersProtocol(InteractionProtocol):
         try:
             error = await within(_play(source, task, self.endpoint, key_var, bound, minted), bound)
         except TimeoutError:
-            error = ("timeout", "timeout", f"the verifiers episode ran past its {bound:g} s budget")
+            error = (
+                "timeout",
+                "timeout",
+                f"{waiting_on(session, _HARNESS)} did not return within {bound:g} s ({limit})",
+            )
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the episode's failure, recorded with what it produced
@@ -173,6 +189,9 @@ class VerifiersProtocol(InteractionProtocol):
             error = ("budget", "agent_error", session.refused[0]["reason"])
         if error is None and trace is not None:
             error = _trace_failure(trace)
+            if error is not None and error[1] == "timeout":  # verifiers' own deadline, at 90% of the bound
+                what = waiting_on(session, _HARNESS)
+                error = ("timeout", "timeout", f"{what} did not return: {error[2]}, at 90% of {bound:.4g} s ({limit})")
         if error is None and not steps:
             error = ("verifiers", "agent_error", f"the harness never called the model ({_stop(trace)})")
         info = {"verifiers": {k: meta["verifiers"][k] for k in ("rewards", "metrics", "stop_condition")}}

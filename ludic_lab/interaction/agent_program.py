@@ -44,7 +44,7 @@ from ludic_lab.interaction.model_errors import (
     check_model_errors,
     find_model_error,
 )
-from ludic_lab.interaction.program_steps import segment_steps
+from ludic_lab.interaction.program_steps import segment_steps, waiting_on
 from ludic_lab.interaction.single_agent import EpisodeError, merge_info, oldest_policy_version
 from ludic_lab.types import Rollout, Step
 
@@ -138,7 +138,12 @@ class AgentProgramProtocol(InteractionProtocol):
         try:
             answer = await within(self.program(client, task), min(bounds) if bounds else None)
         except TimeoutError:
-            error = ("timeout", f"the agent program ran past its {min(bounds):g} s budget")
+            limit = (
+                f"AgentProgramProtocol timeout_s={self.timeout_s:g}"
+                if self.timeout_s is not None and self.timeout_s == min(bounds)
+                else "the engine's episode timeout, RolloutEngine(episode_timeout_s=...)"
+            )
+            error = ("timeout", f"{waiting_on(session)} did not return within {min(bounds):.4g} s ({limit})")
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the program's failure is the episode's, recorded
@@ -162,11 +167,13 @@ class AgentProgramProtocol(InteractionProtocol):
             phase, why = error
             partial = _rollout(steps, agent_id, env_seed, sampling_seed, {**meta, "end": "error", "error_cause": phase})
             kind = ModelErrorEpisode if model_error is not None else EpisodeError
-            raise kind(
+            failed = kind(
                 f"agent program episode (env_seed={env_seed}) failed ({phase}) after {stats['calls']} call(s): {why}",
                 rollouts=[replace(partial, error=f"{phase}: {why}")],
                 phase=phase,
             )
+            failed.timeout_named = phase == "timeout"  # names what it waited on and the limit: the engine keeps it
+            raise failed
         text = self.answer_to_text(answer)
         outcome = (await maybe_await(env.step({agent_id: text})))[agent_id]
         last = steps[-1]

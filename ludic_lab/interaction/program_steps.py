@@ -9,6 +9,8 @@ under ``info["agent"]``: ``tool_calls`` lists every call the model wrote (``call
 ``"invalid_call"`` for a block that is not a valid call, ``"unknown_tool"`` for a name the
 request did not offer: the kinds ``ToolAgent`` records), ``tools`` counts them (``calls``,
 ``failed``, ``errors`` by kind) and ``num_tool_calls`` is the number of calls without an error.
+
+:func:`waiting_on` says what an episode whose time ran out was waiting for, from its session.
 """
 
 from __future__ import annotations
@@ -80,3 +82,23 @@ def tool_call_counts(records: list[dict[str, Any]]) -> dict[str, Any]:
         if r["error"] is not None:
             errors[r["error"]] = errors.get(r["error"], 0) + 1
     return {"calls": len(records), "failed": sum(errors.values()), "errors": errors}
+
+
+def waiting_on(session: Any, program: str = "the agent program") -> str:
+    """What a session's program was waiting for when its time ran out: a model call under way,
+    else the tool call(s) the last delivered reply asked for (the program or harness runs them),
+    else ``program``'s own work after its last reply (or before its first call)."""
+    if getattr(session, "calls_under_way", 0):
+        return f"the model call (call {len(session.calls)} of the episode, sampling)"
+    delivered = [c for c in session.calls if c.delivered]
+    if not delivered:
+        return f"{program}, before its first model call"
+    last = max(delivered, key=lambda c: (c.index, c.choice))
+    if last.tool_calls:
+        shown = []
+        for tc in last.tool_calls[:3]:
+            fn = tc.get("function") or {}
+            shown.append(f"{fn.get('name', '?')}({str(fn.get('arguments', ''))[:60]})")
+        more = f" and {len(last.tool_calls) - 3} more" if len(last.tool_calls) > 3 else ""
+        return f"the tool call {', '.join(shown)}{more} (asked for by model call {last.index})"
+    return f"{program}, after model call {last.index} (no model or tool call under way)"

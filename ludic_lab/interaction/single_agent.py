@@ -52,8 +52,12 @@ class EpisodeError(RuntimeError):
 
     Each partial rollout has ``error`` set (``"<phase>: <ExceptionType>: <message>"``) and the
     steps completed so far. ``phase`` names where it failed (``"env.reset"``, ``"agent.act"``,
-    ``"env.step"``, ``"timeout"``, ...); the original exception is ``__cause__``.
+    ``"env.step"``, ``"timeout"``, ...); the original exception is ``__cause__``. A timeout
+    whose message already names what it waited on and the limit that stopped it sets
+    ``timeout_named`` (the engine keeps that message instead of its generic one).
     """
+
+    timeout_named: bool = False
 
     def __init__(self, message: str, *, rollouts: Sequence[Rollout], phase: str) -> None:
         super().__init__(message)

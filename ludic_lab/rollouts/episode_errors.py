@@ -51,8 +51,12 @@ def where_raised(exc: BaseException | None) -> str:
 
 def protocol_timeout_error(exc: BaseException, timeout: float) -> TimeoutError:
     """The error of a protocol that stopped at the episode timeout (``phase == "timeout"``):
-    which call was waiting, the timeout, the steps done, and the protocol's own detail."""
+    which call was waiting, the timeout, the steps done, and the protocol's own detail. An
+    exception whose ``timeout_named`` is true already names the call and the limit that stopped
+    it (e.g. a tool call under the protocol's own ``timeout_s``): its message is kept."""
     steps = max((len(r.steps) for r in partial_rollouts(exc)), default=0)
+    if getattr(exc, "timeout_named", False) is True:
+        return TimeoutError(str(exc))
     inner = exc.__cause__ if exc.__cause__ is not None else exc
     detail = str(inner).strip()
     return TimeoutError(
