@@ -117,6 +117,7 @@ class WorkspaceTools:
 
     # -- the tools -------------------------------------------------------------------------------
     async def shell(self, command: str) -> str:
+        """``bash -c command`` in the workspace: its output (cut to the budget) and how it ended."""
         try:
             result = await self._ws().run(command, timeout_s=self.timeout_s)
         except ValueError as e:
@@ -124,12 +125,14 @@ class WorkspaceTools:
         return self._command_text(result, "shell")
 
     async def run_tests(self) -> str:
+        """The task's test command (``test_command``), with ``test_timeout_s``."""
         if not self.test_command:
             raise ToolFailure("tool_error", "this task has no test command")
         result = await self._ws().run(self.test_command, timeout_s=self.test_timeout_s)
         return self._command_text(result, "run_tests")
 
     async def read_file(self, path: str, start_line: int | None = None, end_line: int | None = None) -> str:
+        """The file's lines (``start_line`` .. ``end_line``), numbered, under a one-line header."""
         try:
             got = await self._ws().read_file(path, start_line, end_line)
         except WorkspaceFileError as e:
@@ -143,6 +146,7 @@ class WorkspaceTools:
         )  # fmt: skip
 
     async def write_file(self, path: str, content: str) -> str:
+        """Write the whole file; says how many bytes."""
         try:
             written = await self._ws().write_file(path, content)
         except WorkspaceFileError as e:
@@ -150,6 +154,7 @@ class WorkspaceTools:
         return self.budget.fit(f"Wrote {written} bytes to {path}.", tool="write_file")
 
     async def edit_file(self, path: str, old: str, new: str) -> str:
+        """Replace the one occurrence of ``old``; shows the lines around the change."""
         try:
             edit = await self._ws().edit_file(path, old, new)
         except WorkspaceFileError as e:
