@@ -57,6 +57,15 @@ async def test_files_persist_within_an_episode_and_never_reach_another(tmp_path:
     assert (tmp_path / "repo" / "README.md").exists()  # the source folder is never touched
 
 
+async def test_auto_falls_back_to_a_copy_where_no_overlay_can_be_made(tmp_path: Path) -> None:
+    odd = tmp_path / "a,b"  # overlayfs's options cannot name a directory with a comma
+    odd.mkdir()
+    async with pool(root=str(odd)) as p:
+        assert p.strategy == "copy"
+        async with p.workspace(Snapshot.folder(make_repo(tmp_path / "repo"))) as ws:
+            assert (await ws.run("echo kept > x; cat x README.md")).output == "kept\ncalc: add and mul\n"
+
+
 async def test_every_snapshot_kind(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     tarball = tmp_path / "repo.tar.gz"

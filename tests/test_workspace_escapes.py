@@ -155,6 +155,8 @@ async def test_files_beyond_the_disk_quota_are_stopped_and_the_workspace_recover
         one = await ws.run("head -c 100M /dev/zero > big.bin")
         size = await ws.run("stat -c %s big.bin")
         many = await ws.run("for i in $(seq 50); do head -c 8M /dev/zero > f$i.bin || exit 9; done; echo DONE")
+        with pytest.raises(WorkspaceFileError, match="may still grow \\(its disk quota\\); delete files first"):
+            await ws.write_file("notes.txt", "x" * 100)
         stuck = await ws.run(
             "python3 -c \"f = open('more.txt', 'w'); f.write('more'); f.close()\" 2>&1 | tail -1; echo x > more.txt"
         )

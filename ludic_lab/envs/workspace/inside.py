@@ -310,7 +310,10 @@ def main():
     except Refused as e:
         reply({"ok": False, "error": str(e)})
     except OSError as e:  # EFBIG past the quota, EACCES, ENOSPC ...
-        reply({"ok": False, "error": f"{e.strerror or e} ({cfg.get('path')!r})"})
+        why = f"{e.strerror or e} ({cfg.get('path')!r})"
+        if e.errno == 27:  # EFBIG: RLIMIT_FSIZE is what is left of the quota
+            why += ": the file is larger than the workspace may still grow (its disk quota); delete files first"
+        reply({"ok": False, "error": why})
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import shutil
 import weakref
@@ -45,6 +46,8 @@ from ludic_lab.envs.workspace.storage import (
     remove_tree,
 )
 from ludic_lab.envs.workspace.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 
 class WorkspacePool:
@@ -125,12 +128,18 @@ class WorkspacePool:
         errors = []
         for strategy in ("overlay", "copy") if wanted == "auto" else (wanted,):
             self.strategy = strategy
-            ws = await self.create(Snapshot.empty())
+            try:
+                ws = await self.create(Snapshot.empty())
+            except ValueError as e:  # a pool directory an overlay cannot name
+                errors.append(f"{strategy}: {e}")
+                continue
             try:
                 r = await ws.run("echo ok > probe && cat probe", timeout_s=20)
             finally:
                 await ws.close()
             if r.ok and r.output.strip() == "ok":
+                if errors:
+                    log.info("workspaces are copies here, the overlay did not work: %s", "; ".join(errors))
                 return strategy
             errors.append(f"{strategy}: {r.stop_reason}, {r.output.strip()[-400:]!r}")
         raise SandboxUnavailableError(
