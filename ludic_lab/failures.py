@@ -5,18 +5,20 @@ mean/std: an infrastructure failure is not a reward of 0. ``Rollout.meta["failur
 says which kind of failure it was, so a batch can count them (``failed/<cause>`` in
 ``batch.meta``):
 
-=================  ====================================================================
-``timeout``        the episode (or the model call it waited on) ran past its time limit
-``client_error``   the inference backend failed: dead server, refused connection, HTTP error
-``env_error``      the environment raised (reset or step)
-``sandbox_error``  the code sandbox itself failed (not the model's program)
-``judge_failure``  a reward could not be had: unreadable judge reply, judge timeout or crash
-``agent_error``    the agent raised outside the model call (context, tools, an agent program)
-``model_error``    an agent program stopped on what the model wrote (a tool it lacks, arguments
-                   that do not parse) and its protocol leaves such episodes out
-``protocol_error`` the interaction protocol raised or returned something invalid
-``other``          a failure recorded without a known cause
-=================  ====================================================================
+====================  ====================================================================
+``timeout``           the episode (or the model call it waited on) ran past its time limit
+``client_error``      the inference backend failed: dead server, refused connection, HTTP error
+``env_error``         the environment raised (reset or step)
+``context_overflow``  the prompt (an observation, a tool result, the conversation so far) is longer
+                      than the model's context (:class:`~ludic_lab.inference.chat_template.ContextLengthError`)
+``sandbox_error``     the code sandbox itself failed (not the model's program)
+``judge_failure``     a reward could not be had: unreadable judge reply, judge timeout or crash
+``agent_error``       the agent raised outside the model call (context, tools, an agent program)
+``model_error``       an agent program stopped on what the model wrote (a tool it lacks, arguments
+                      that do not parse) and its protocol leaves such episodes out
+``protocol_error``    the interaction protocol raised or returned something invalid
+``other``             a failure recorded without a known cause
+====================  ====================================================================
 
 An exception can name its own cause with a ``failure_cause`` string attribute (e.g.
 :class:`~ludic_lab.envs.code_exec.sandbox.SandboxCrashError` says ``"sandbox_error"``);
@@ -35,6 +37,7 @@ FAILURE_CAUSES = (
     "timeout",
     "client_error",
     "env_error",
+    "context_overflow",
     "sandbox_error",
     "judge_failure",
     "agent_error",

@@ -123,7 +123,8 @@ class Sampler:
         self._cleanups.append(self.server.stop)
         await wait_for_vllm_health(self.server.api_base, timeout=self.start_timeout_s, process=self.server)
         # the served model name is the folder the server was started with; its tokenizer is read from it
-        self.client = VLLMChatClient(self.model_path, api_base=self.server.api_base, enable_weight_updates=True)
+        self.client = VLLMChatClient(self.model_path, api_base=self.server.api_base, enable_weight_updates=True,
+                                     max_model_len=self.max_model_len)  # fmt: skip
         self._cleanups.append(self.client.aclose)
 
     def publisher(self, policy: Any = None) -> Any:

@@ -3,6 +3,12 @@
 Multi-turn RL must score the tokens the model actually saw. After a turn, the next prompt is
 ``prev_prompt_ids + completion_ids + continuation_ids(new_messages)``: only the new messages
 (and the template's glue between turns) are tokenized, never the history again.
+
+A prompt longer than the model's context (``ChatTemplate.context``, set by the client that
+samples with it) is a :class:`ContextLengthError`, the episode's failure cause
+``context_overflow``: raised by :func:`check_prompt_ids` before anything is allocated to
+sample it, and already before tokenizing a text so long that it cannot fit (a 10 MB
+observation: its characters outnumber what ``context`` tokens can hold).
 """
 
 from __future__ import annotations
@@ -18,6 +24,24 @@ from ludic_lab.types import Message
 _SENTINEL = "\u2063LUDIC_SENTINEL\u2063"
 _TURN_END_TOKENS = ("<|im_end|>", "<end_of_turn>")
 """Tokens that close an assistant turn in ChatML and in Gemma's format."""
+
+
+class ContextLengthError(ValueError):
+    """A prompt longer than the model's context: that episode fails (``context_overflow``), the
+    batch goes on. The message names the prompt's length and the context."""
+
+    failure_cause = "context_overflow"
+
+
+def context_length(model_or_config: Any) -> int | None:
+    """The context (positions) of a model or its config: ``max_position_embeddings`` (or
+    ``n_positions``, ``max_sequence_length``); ``None`` when the config names none."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        n = getattr(cfg, key, None)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
 
 
 def generation_eos_ids(source: Any) -> list[int]:
@@ -65,6 +89,10 @@ class ChatTemplate:
             if tid is not None and tid != tokenizer.unk_token_id:
                 ids.add(int(tid))
         self.stop_token_ids: frozenset[int] = frozenset(ids)
+        self.context: int | None = None
+        """The model's context in tokens (set by the client that samples with this template):
+        a text that cannot fit is refused before it is tokenized (:meth:`encode_text`)."""
+        self._max_token_chars: int | None = None
 
     # -- rendering --------------------------------------------------------------------
     def render_text(
@@ -82,8 +110,24 @@ class ChatTemplate:
         )
 
     def encode_text(self, text: str) -> list[int]:
-        """Tokenize template output (special tokens in the text are honoured, none added)."""
+        """Tokenize template output (special tokens in the text are honoured, none added). With
+        :attr:`context` set, a text with more characters than twice what ``context`` tokens of
+        the longest token can spell is refused first (:class:`ContextLengthError`): tokenizing
+        10 MB takes seconds and GBs for a prompt no sampler could take."""
+        if self.context is not None and len(text) > 2 * self.context * self.max_token_chars:
+            raise ContextLengthError(
+                f"the prompt is {len(text):,} characters, far more than this model's context of {self.context:,} "
+                f"tokens can hold (a token spells at most {self.max_token_chars} characters), so it was not even "
+                "tokenized; shorten the observation, tool result or conversation (or truncate them in the env)"
+            )
         return list(self.tokenizer(clean_text(text), add_special_tokens=False)["input_ids"])
+
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token of the vocabulary spells (its longest entry, as stored)."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=1) or 1
+        return self._max_token_chars
 
     def render_ids(
         self,
@@ -128,9 +172,15 @@ class ChatTemplate:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
-def check_prompt_ids(ids: list[int], vocab_size: int) -> list[int]:
-    """``ids`` unchanged if they can be a prompt for a ``vocab_size`` model; else ``ValueError``
-    saying what is wrong (empty, or ids out of range: another model's tokenizer?)."""
+def check_prompt_ids(ids: list[int], vocab_size: int, context: int | None = None) -> list[int]:
+    """``ids`` unchanged if they can be a prompt for a ``vocab_size`` model of ``context``
+    positions; else ``ValueError`` saying what is wrong (empty, ids out of range: another
+    model's tokenizer?) or :class:`ContextLengthError` (no room left in the context)."""
+    if context is not None and len(ids) >= context:
+        raise ContextLengthError(
+            f"the prompt is {len(ids):,} tokens and this model's context is {context:,} tokens, leaving no room to "
+            "sample; shorten the observation, tool result or conversation (or truncate them in the env)"
+        )
     if not ids:
         raise ValueError(
             "empty prompt: request.prompt_token_ids is empty; pass at least one token id "

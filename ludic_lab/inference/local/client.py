@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
+from ludic_lab.inference.chat_template import (
+    ChatTemplate,
+    ContextLengthError,
+    check_prompt_ids,
+    context_length,
+    generation_eos_ids,
+)
 from ludic_lab.inference.local.batcher import LoopBatcher
 from ludic_lab.inference.local.continuous import ContinuousBatcher
 from ludic_lab.inference.local.grouped_attention import cascade_supported, use_grouped_attention
@@ -144,6 +150,7 @@ class LocalChatClient:
         self.tokenizer = tokenizer
         # the generation config's EOS ids end a completion too (vLLM stops on them as well)
         self.chat_template = ChatTemplate(tokenizer, generation_eos_ids(self.model))
+        self.chat_template.context = context_length(self.model)  # a longer prompt fails its request alone
         self.device = torch.device(device)
         self.model_name = model_name
         self.max_batch_size = int(max_batch_size)
@@ -263,7 +270,7 @@ class LocalChatClient:
 
     def _checked_prompt(self, request: ChatCompletionRequest) -> list[int]:
         ids = self.prompt_ids(request)
-        return check_prompt_ids(ids, self.vocab_size)
+        return check_prompt_ids(ids, self.vocab_size, self.chat_template.context)
 
     def _generator(self, cfg: SamplingConfig) -> torch.Generator:
         g = torch.Generator()
@@ -286,7 +293,8 @@ class LocalChatClient:
             try:
                 prompts.append(self._checked_prompt(r))
             except Exception as e:
-                raise ValueError(f"request {i}: {e}") from e
+                kind = ContextLengthError if isinstance(e, ContextLengthError) else ValueError  # keeps its cause
+                raise kind(f"request {i}: {e}") from e
         return generate_static(self, requests, prompts)
 
     def _generate_isolated(

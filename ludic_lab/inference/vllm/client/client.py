@@ -23,13 +23,14 @@ the completion exchange (:mod:`~ludic_lab.inference.vllm.client.sampling`) and w
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ludic_lab.aio import run_sync
-from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, generation_eos_ids
+from ludic_lab.inference.chat_template import ChatTemplate, check_prompt_ids, context_length, generation_eos_ids
 from ludic_lab.inference.request import ChatCompletionRequest
 from ludic_lab.inference.retry import RetryPolicy
 from ludic_lab.inference.vllm.client.http import (  # noqa: F401 - re-exported: the client's errors
@@ -89,6 +90,7 @@ class VLLMChatClient:
         group_host: str = "127.0.0.1",
         nccl_world_size: int = 2,
         reuse_staging_buffer: bool = True,
+        max_model_len: int | None = None,
     ) -> None:
         if not api_base.startswith(("http://", "https://")):
             raise ValueError(f"api_base must be an http(s) URL ending in /v1, got {api_base!r}")
@@ -121,6 +123,12 @@ class VLLMChatClient:
             reuse_staging_buffer=reuse_staging_buffer,
         )
         self._tokenizer: Any = tokenizer  # None: loaded from model_name on first use; False: none
+        if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
+                                          or max_model_len < 1):  # fmt: skip
+            raise ValueError(f"max_model_len must be an int >= 1 (the server's --max-model-len), got {max_model_len!r}")
+        self.max_model_len: int | None = max_model_len if max_model_len is not None else _folder_context(model_name)
+        """The server's context in tokens (its ``--max-model-len``; default: the served folder's
+        ``max_position_embeddings``): a longer prompt fails its request here, never sent."""
         self._chat_template: ChatTemplate | None = None
         self.policy_version: int | None = None  # last version seen (header or update)
         self.last_sync: dict[str, Any] | None = None  # timings of the last sync_weights
@@ -158,6 +166,7 @@ class VLLMChatClient:
             # the served model's generation-config EOS ids: vLLM stops on them, so the client's
             # stop list (and a completion's "ended on a stop token") must include them
             self._chat_template = ChatTemplate(self.tokenizer, generation_eos_ids(self.model_name))
+            self._chat_template.context = self.max_model_len
         return self._chat_template
 
     @property
@@ -181,7 +190,7 @@ class VLLMChatClient:
             ids = self.chat_template.render_ids(
                 request.messages, add_generation_prompt=True, tools=tool_schemas(request)
             )
-        return check_prompt_ids(ids, self.vocab_size)
+        return check_prompt_ids(ids, self.vocab_size, self.max_model_len)
 
     def completion_body(self, request: ChatCompletionRequest, prompt: Sequence[int]) -> dict[str, Any]:
         """The ``/v1/completions`` JSON body for ``request`` (prompt given as token ids)."""
@@ -322,3 +331,15 @@ class VLLMChatClient:
     def close(self) -> None:
         """Sync :meth:`aclose`."""
         run_sync(self.aclose())
+
+
+def _folder_context(model_name: str) -> int | None:
+    """``max_position_embeddings`` (or the like) of the served folder's ``config.json``, if readable."""
+    from types import SimpleNamespace
+
+    try:
+        with open(os.path.join(model_name, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return context_length(SimpleNamespace(**cfg)) if isinstance(cfg, dict) else None
