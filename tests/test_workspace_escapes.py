@@ -239,7 +239,7 @@ async def test_a_command_past_its_deadline_is_killed_with_its_children() -> None
 
 
 _NONROOT = """
-import asyncio, sys
+import asyncio, glob, os, sys
 sys.path.insert(0, sys.argv[1])
 from ludic_lab.envs.workspace import Snapshot, WorkspaceConfig, WorkspaceFileError, WorkspaceLimits, WorkspacePool
 
@@ -252,6 +252,9 @@ async def main():
             r2 = await ws.run("cat a.txt; tail -1 calc/ops.py; ps -e --no-headers | wc -l; echo x > /usr/x 2>&1")
             r3 = await ws.run("python3 -c \\"import os\\nn = 0\\ntry:\\n    for _ in range(500):\\n        if os.fork() == 0:\\n"
                               "            import time; time.sleep(9); os._exit(0)\\n        n += 1\\nexcept OSError:\\n    print(n)\\"")
+            await ws.run("mkdir hide && head -c 4M /dev/zero > hide/x && chmod 000 hide")
+            hidden = ws.usage().bytes // 2**20  # a directory the host may not list is opened up and counted
+            await ws.run("chmod 700 hide && rm -r hide")
             r4 = await ws.run("for i in $(seq 20); do head -c 8M /dev/zero > f$i; done")
             try:
                 await ws.read_file("../../etc/passwd")
@@ -259,7 +262,8 @@ async def main():
             except WorkspaceFileError:
                 refused = "refused"
             print(pool.strategy, "|", r1.output.split(), "|", r2.output.split("\\n")[:4], "|", r3.output.strip(), "|",
-                  r4.stop_reason, r4.disk_bytes // 2**20, "|", refused)
+                  r4.stop_reason, r4.disk_bytes // 2**20, "|", refused, "|", hidden)
+    print("left", glob.glob(f"/tmp/ludic-workspace-{os.getpid()}-*"))
 
 asyncio.run(main())
 """
@@ -289,11 +293,12 @@ def _run_as_nobody(repo: Path) -> None:
         capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, cwd="/",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.strip().splitlines()
+    *lines, left = out.stdout.strip().splitlines()
+    assert left == "left []"  # shut down as a normal user: nothing left, overlayfs's mode-000 work dir included
     assert [ln.split(" |")[0] for ln in lines] == ["overlay", "copy"], out.stdout
     for line in lines:
-        _, r1, r2, forks, quota, refused = line.split(" | ")
-        assert r1 == "['1000', 'ok']" and refused == "refused"
+        _, r1, r2, forks, quota, refused, hidden = line.split(" | ")
+        assert r1 == "['1000', 'ok']" and refused == "refused" and int(hidden) >= 4
         assert r2.startswith("['kept', 'edit', '5',") and "Read-only file system" in r2  # bwrap, ours, bash, ps, wc
         stop, used_mb = quota.split()
         assert int(forks) < 32 and stop == "disk_quota" and 16 <= int(used_mb) < 100  # RLIMIT_NPROC, the quota
