@@ -45,7 +45,8 @@ class WorkspaceLimits:
     max_file_bytes: int = 1 * 2**20
     """The largest file the file operations read or edit (the shell has no such limit)."""
     quota_poll_s: float = 0.05
-    """How often the disk use of a running command is measured (at least; longer on big trees)."""
+    """How often the disk use of a running command is measured (or every four measurements' time
+    on a big tree, so the watch takes at most a fifth of a core)."""
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "quota_poll_s"):
@@ -103,7 +104,7 @@ class WorkspaceConfig:
     site_packages: Sequence[str] | None = None
     """Package folders bound read-only at ``/site/N`` and added to ``sys.path`` by a
     ``sitecustomize`` (so ``python -m pytest`` works); ``None``: the running interpreter's
-    site-packages (the venv's), ``()``: none."""
+    site-packages (the venv's; none when ``python`` names another interpreter), ``()``: none."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment variables of every command (on top of PATH, HOME, LANG, ...)."""
     seccomp: bool = True

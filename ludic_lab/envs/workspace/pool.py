@@ -106,7 +106,10 @@ class WorkspacePool:
         for name in ("snapshots", "ws"):
             os.mkdir(os.path.join(self.root, name), 0o700)
         self.executor = ThreadPoolExecutor(max_workers=self.size + 1, thread_name_prefix="workspace")
-        sites = tuple(cfg.site_packages) if cfg.site_packages is not None else package_folders()
+        if cfg.site_packages is not None:
+            sites = tuple(cfg.site_packages)
+        else:  # the venv's packages fit the venv's own base interpreter only
+            sites = package_folders() if cfg.python is None else ()
         self.setup = prepare(self.root, interpreter, bwrap=bwrap, sites=sites, seccomp=cfg.seccomp, env=cfg.env,
                              tmpfs_bytes=cfg.limits.tmpfs_bytes)  # fmt: skip
         base = self.uid_base

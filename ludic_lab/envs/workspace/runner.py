@@ -82,7 +82,7 @@ class QuotaWatch(threading.Thread):
                 except OSError:
                     pass
                 return
-            wait = max(self.limits.quota_poll_s, 2 * (time.monotonic() - t0))
+            wait = max(self.limits.quota_poll_s, 4 * (time.monotonic() - t0))  # at most a fifth of a core
 
 
 def run_in_sandbox(
