@@ -4,10 +4,10 @@
 ludic_lab, so it works from any working directory). pytest's plugins are not auto-loaded, so
 what runs is the repository's own tests and pytest; each folder's run happens in a forked child
 of this process (pytest is imported once), stopped after ``--cpu-seconds`` of CPU or
-``--timeout`` seconds. The output is
-one JSON list with, per folder: ``outcomes`` (node id -> ``"passed"``, ``"failed"`` or
-``"skipped"``), ``symptoms`` (failed node id -> what went wrong, as a bug report would say it:
-``sentence`` and the ``setup`` it needs), ``errors`` (collection errors) and ``timeout``.
+``--timeout`` seconds. The output is one JSON list with, per folder: ``outcomes`` (node id ->
+``"passed"``, ``"failed"`` or ``"skipped"``), ``symptoms`` (failed node id -> what went wrong,
+as a bug report would say it: ``sentence`` and the ``setup`` it needs), ``errors`` (collection
+errors) and ``timeout``.
 
 A symptom is read from the failing statement of the test: ``assert f(x) == y`` that fails is
 re-run to capture both sides (``"`f(x)` returns `1`, expected `2`."``), an exception is named
