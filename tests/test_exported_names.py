@@ -13,7 +13,9 @@ import json
 import subprocess
 import sys
 
-MAX_EXPORTED = 300
+MAX_EXPORTED = 320
+# 300 until the workspace subsystem (envs.workspace, 15 names) and the bug-fix tasks (data.bugfix,
+# 4) arrived (issue 45); a new subsystem lists what a user imports from it, no more
 
 _COUNT = r"""
 import importlib, json, pkgutil

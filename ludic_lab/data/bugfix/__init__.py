@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from ludic_lab.data.bugfix.mutate import Mutation
 
+__all__ = ["BugfixTask", "load_bugfix_tasks", "materialize", "reference_fix"]
+
 BUGFIX_DIR = Path(__file__).resolve().parent
 REPOS_DIR = BUGFIX_DIR / "repos"
 """The original (bug-free) repositories, one folder each."""
