@@ -12,8 +12,10 @@ the observation back to text; the server's ``reward`` and ``done`` are the step'
 
 Every call is bounded (``timeout_s``; connecting by ``connect_timeout_s``). A server that is
 down, dies mid-episode, answers with an error or too slowly raises :class:`OpenEnvError`,
-which the engine records as a failed rollout with cause ``env_error``. A reply that is no
-action (:class:`~ludic_lab.integrations.openenv_text.InvalidAction`, any ``ValueError`` of
+which the engine records as a failed rollout with cause ``env_error``. A launched server that
+dies fails only the episodes it was serving (naming its exit code and log tail); one that had
+not started (no reset answered yet) waits for the server's restart and starts there. A reply
+that is no action (:class:`~ludic_lab.integrations.openenv_text.InvalidAction`, any ``ValueError`` of
 ``action_from_text``, or a server that rejects the action as invalid) is a penalised step
 (``invalid_action_reward``, ``info["invalid_action"]``) and the episode goes on.
 """
@@ -104,6 +106,7 @@ class OpenEnvEnv(SingleAgentEnv):
         )
         self.invalid_action_reward = float(invalid_action_reward)
         self._client: Any = None
+        self._generation, self._url = 0, ""  # the server process (and URL) of this env's session
         self._has_slot = self._stale = False
         self._obs = self._server_obs = ""
         self.last_observation: Any = None
@@ -123,10 +126,15 @@ class OpenEnvEnv(SingleAgentEnv):
         kwargs = {**({"seed": seed} if seed is not None else {}), **extra}
         if self._client is not None and self._stale:  # a call failed: this session is out of step
             await self._drop_client()
-        if self._client is None:
-            result = await self._open_and_reset(kwargs)
-        else:
-            result = await self._call("reset", self._client.reset(**kwargs))
+        if self._client is not None:
+            try:
+                result = await self._call("reset", self._client.reset(**kwargs))
+                return self._take(result), self._info(result)
+            except OpenEnvError:
+                if not self.server.died(self._generation):
+                    raise
+                await self._drop_client()  # the server died between episodes: this one starts on its restart
+        result = await self._open_and_reset(kwargs)
         return self._take(result), self._info(result)
 
     async def env_step(self, action: str) -> StepOutcome:
@@ -171,23 +179,30 @@ class OpenEnvEnv(SingleAgentEnv):
     # -- internals ------------------------------------------------------------------------------
     async def _open_and_reset(self, kwargs: dict[str, Any]) -> Any:
         """Open a session and reset it; a session the server refuses (at capacity) is asked for
-        again, with backoff, for at most ``session_wait_s`` seconds."""
+        again, with backoff, for at most ``session_wait_s`` seconds. A launched server that dies
+        before the reset answers is waited for (its restart, bounded) and the episode starts there."""
         loop = asyncio.get_running_loop()
         deadline = None if self.session_wait_s is None else loop.time() + self.session_wait_s
         delay = 0.05
         while True:
-            base = await asyncio.to_thread(self.server.ensure_running)
             if not self._has_slot:
                 await self.server.acquire_session(self.session_wait_s)
                 self._has_slot = True
+            # the URL is read once this episode holds a slot: a server that died while it queued is
+            # restarted by then (or waited for here), never connected to
+            base, self._generation = await self.server.wait_running()
+            self._url = base
             client = self._client_cls(
                 base_url=base, connect_timeout_s=self.connect_timeout_s, message_timeout_s=self.timeout_s
             )
             self._client = client
-            await self._call("connect", client.connect(), timeout=self.connect_timeout_s + 1.0)
             try:
+                await self._call("connect", client.connect(), timeout=self.connect_timeout_s + 1.0)
                 return await self._call("reset", client.reset(**kwargs))
             except OpenEnvError as exc:
+                if self.server.died(self._generation):  # nothing of this episode ran: start it on the restart
+                    await self._drop_client()
+                    continue
                 if not _refused(exc.__cause__) or (deadline is not None and loop.time() + delay > deadline):
                     if _refused(exc.__cause__):
                         raise OpenEnvError(_REFUSED.format(url=base, wait=self.session_wait_s)) from exc
@@ -216,7 +231,7 @@ class OpenEnvEnv(SingleAgentEnv):
                 return await pending
         except TimeoutError as exc:
             self._stale = True  # an answer may still come: the next reset opens a new session
-            exit_note = self.server.describe_exit()
+            exit_note = self.server.describe_exit(generation=self._generation)
             raise OpenEnvError(f"OpenEnv {what} at {url} did not answer within {limit:g} s{exit_note}") from exc
         except OpenEnvServerError:
             self._stale = True
@@ -224,10 +239,13 @@ class OpenEnvEnv(SingleAgentEnv):
         except Exception as exc:
             self._stale = True
             # a lost connection: say whether the (launched) server died, once its process is reaped
-            exit_note = await asyncio.to_thread(self.server.describe_exit, 1.0) if self.server.launched else ""
+            gen, server = self._generation, self.server
+            exit_note = await asyncio.to_thread(server.describe_exit, 1.0, gen) if server.launched else ""
             raise OpenEnvError(f"OpenEnv {what} at {url} failed: {type(exc).__name__}: {exc}{exit_note}") from exc
 
     def _client_url(self) -> str:
+        if self._url:
+            return self._url  # the session's server (a restarted one has another URL)
         try:
             return self.server.base_url
         except OpenEnvServerError:

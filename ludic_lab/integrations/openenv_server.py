@@ -11,8 +11,11 @@ built).
 
 OpenEnv's server keeps one environment per WebSocket session, and refuses sessions past the
 app's ``max_concurrent_envs`` (default 1). ``max_sessions`` queues episodes here instead:
-at most that many hold a session at once. A launched server that dies is started again for
-the next episode (at most ``max_restarts`` times); the episodes it was serving fail.
+at most that many hold a session at once. A launched server that dies is started again as
+soon as its death is seen (a watcher thread polls its process; at most ``max_restarts``
+times): the episodes it was serving fail, naming its exit code and log tail; episodes that
+had not started yet wait for the new server (:meth:`OpenEnvServer.wait_running`, bounded by
+``startup_timeout_s``), and fail with the reason if it cannot be started again.
 """
 
 from __future__ import annotations
@@ -21,9 +24,6 @@ import asyncio
 import atexit
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import Any
 
 from ludic_lab.extras import require_extra
-from ludic_lab.net import free_port
+from ludic_lab.integrations.openenv_process import ServerProcess
 
 
 class OpenEnvServerError(RuntimeError):
@@ -85,12 +85,14 @@ class OpenEnvServer:
         self.action_schema: dict[str, Any] | None = None
         """The action's JSON schema (``GET /schema``), read by :meth:`start`; ``None`` before or without one."""
         self.log_path: str | None = None
+        """The log file of a launched server's current process."""
         self._url = url.rstrip("/") if url is not None else None
-        self._popen: subprocess.Popen[bytes] | None = None
-        self._log_fh: Any = None
-        self._logs: list[str] = []
-        self._watchdog: int | None = None
+        self._proc: ServerProcess | None = None  # the current process (None: stopped, or not launched)
+        self._procs: dict[int, ServerProcess] = {}  # every process started, by generation (1, 2, ...)
         self._lock = threading.Lock()
+        self._down: str | None = None  # why a launched server that died is not running again
+        self._watcher: threading.Thread | None = None
+        self._wake = threading.Event()
         self._slots = threading.BoundedSemaphore(self.max_sessions) if self.max_sessions else None
         self._started = self._closed = False
         self.capacity_warned = False
@@ -145,6 +147,8 @@ class OpenEnvServer:
                 if self.launched:
                     with _LIVE_LOCK:
                         _LIVE.add(self)
+                    self._watcher = threading.Thread(target=self._watch, name="openenv-server-watch", daemon=True)
+                    self._watcher.start()
         return self
 
     async def start(self) -> OpenEnvServer:
@@ -153,14 +157,17 @@ class OpenEnvServer:
 
     def close_sync(self) -> None:
         """Stop a launched server's process tree (a server given by URL is left running). Idempotent."""
+        self._closed = True  # before the lock: a restart under way gives up at once
+        self._wake.set()
         with self._lock:
-            self._closed = True
             self._stop_process()
-            for log in self._logs:  # every error message carried its tail already
-                Path(log).unlink(missing_ok=True)
-            self._logs.clear()
+            for proc in self._procs.values():  # every error message carried its log's tail already
+                Path(proc.log_path).unlink(missing_ok=True)
         with _LIVE_LOCK:
             _LIVE.discard(self)
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(5.0)
 
     async def close(self) -> None:
         """:meth:`close_sync` without blocking the event loop."""
@@ -183,55 +190,66 @@ class OpenEnvServer:
     @property
     def pid(self) -> int | None:
         """The launched server's process id (``None`` for a server given by URL, or before start)."""
-        return self._popen.pid if self._popen is not None else None
+        return self._proc.pid if self._proc is not None else None
 
     def exit_code(self) -> int | None:
         """A launched server's exit code once its process has ended, else ``None``."""
-        return self._popen.poll() if self._popen is not None else None
+        return self._proc.exit_code() if self._proc is not None else None
+
+    @property
+    def generation(self) -> int:
+        """How many processes a launched server has started (1 after start, +1 per restart); 0 for ``at``."""
+        return len(self._procs)
 
     def ensure_running(self) -> str:
-        """The base URL to open a session on: starts the server on first use, and starts a launched
-        server that died again (at most ``max_restarts`` times). Blocking; episodes call it in a thread."""
+        """The base URL to open a session on: starts the server on first use and, while a launched
+        server that died is started again, waits for it (bounded). Blocking; see :meth:`wait_running`."""
         if not self._started:
             self.start_sync()
-        with self._lock:
-            if self._closed:
-                raise OpenEnvServerError(f"{self!r} was closed")
-            code = self.exit_code()
-            if code is None and not (self.launched and self._popen is None):  # (None: a restart failed)
-                return self.base_url
-            if self.restarts >= self.max_restarts:
-                raise OpenEnvServerError(
-                    f"the OpenEnv server {self.app!r} exited (code {code}) and was restarted {self.restarts} "
-                    f"time(s) already (max_restarts={self.max_restarts}); log {self.log_path}:\n{self.tail()}"
-                )
-            self.restarts += 1
-            self._stop_process()
-            self._spawn_and_wait()
-            return self.base_url
+        deadline = time.monotonic() + self.restart_wait_s
+        while (state := self._running()) is None:
+            if time.monotonic() > deadline:
+                raise self._restart_timeout()
+            time.sleep(0.05)
+        return state[0]
 
-    def describe_exit(self, wait_s: float = 0.0) -> str:
-        """A sentence on a launched server's process that has exited, for error messages (''
-        otherwise); waits up to ``wait_s`` for a dying process to be reaped. Blocking."""
-        popen = self._popen
-        if popen is not None and wait_s > 0:
-            try:
-                popen.wait(wait_s)
-            except subprocess.TimeoutExpired:
-                pass
-        code = self.exit_code()
-        if code is None:
-            return ""
-        return f"; the server process exited with code {code} (log {self.log_path}):\n{self.tail(15)}"
+    async def wait_running(self) -> tuple[str, int]:
+        """``(base_url, generation)`` of the running server, to open a session on: starts it on
+        first use; while a launched server that died is started again, waits for it without
+        blocking the loop, at most :attr:`restart_wait_s`. Raises :class:`OpenEnvServerError`
+        naming why when it cannot be started again (its exit, ``max_restarts``, the start's log)."""
+        if not self._started:
+            await self.start()
+        deadline = time.monotonic() + self.restart_wait_s
+        delay = 0.01
+        while (state := self._running()) is None:
+            if time.monotonic() > deadline:
+                raise self._restart_timeout()
+            await asyncio.sleep(delay)
+            delay = min(0.2, delay * 2)
+        return state
+
+    @property
+    def restart_wait_s(self) -> float:
+        """The longest an episode waits for a restart: the start's own limit plus stopping the old tree."""
+        return self.startup_timeout_s + 15.0
+
+    def died(self, generation: int) -> bool:
+        """True when the process of ``generation`` (see :meth:`wait_running`) has exited."""
+        proc = self._procs.get(generation)
+        return proc is not None and proc.exit_code() is not None
+
+    def describe_exit(self, wait_s: float = 0.0, generation: int | None = None) -> str:
+        """A sentence on a launched server's process (that of ``generation``, default the current
+        one) that has exited, for error messages ('' otherwise); waits up to ``wait_s`` for a dying
+        process to be reaped. Blocking."""
+        proc = self._procs.get(self.generation if generation is None else generation)
+        return proc.describe_exit(wait_s) if proc is not None else ""
 
     def tail(self, n: int = 30) -> str:
-        """The last ``n`` lines of a launched server's log."""
-        if not self.log_path:
-            return ""
-        try:
-            return "\n".join(Path(self.log_path).read_text("utf-8", "replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        """The last ``n`` lines of a launched server's (current) log."""
+        proc = self._procs.get(self.generation)
+        return proc.tail(n) if proc is not None else ""
 
     # -- sessions -----------------------------------------------------------------------------
     async def acquire_session(self, wait_s: float | None) -> None:
@@ -256,6 +274,64 @@ class OpenEnvServer:
             self._slots.release()
 
     # -- internals ----------------------------------------------------------------------------
+    def _running(self) -> tuple[str, int] | None:
+        """``(url, generation)`` when the server can take a session now; ``None`` while it is
+        (re)starting; raises when it was closed or stays down."""
+        if self._closed:
+            raise OpenEnvServerError(f"{self!r} was closed")
+        if not self.launched:
+            return self.base_url, 0
+        if not self._lock.acquire(blocking=False):
+            return None  # starting, restarting or closing
+        try:
+            if self._down is not None:
+                raise OpenEnvServerError(self._down)
+            proc = self._proc
+            if proc is None or proc.exit_code() is not None:
+                return None  # it died: the watcher starts it again
+            return proc.url, self.generation
+        finally:
+            self._lock.release()
+
+    def _restart_timeout(self) -> OpenEnvServerError:
+        return OpenEnvServerError(
+            f"waited {self.restart_wait_s:g} s for the OpenEnv server {self.app!r} to be started again after it "
+            f"exited{self.describe_exit() or self.describe_exit(generation=self.generation - 1)}"
+        )
+
+    def _watch(self) -> None:
+        """Polls the launched process; a death starts the server again at once (``_restart``)."""
+        while not self._wake.wait(0.1):
+            if self._closed:
+                return
+            proc = self._proc
+            if proc is not None and self._down is None and proc.exit_code() is not None:
+                try:
+                    self._restart(proc)
+                except Exception as exc:  # noqa: BLE001 - the watcher outlives anything a restart raises
+                    self._down = f"restarting the OpenEnv server {self.app!r} failed: {type(exc).__name__}: {exc}"
+
+    def _restart(self, dead: ServerProcess) -> None:
+        with self._lock:
+            if self._closed or dead is not self._proc or self._down is not None:
+                return
+            exited = f"the OpenEnv server {self.app!r} exited with code {dead.exit_code()} (log {dead.log_path})"
+            if self.restarts >= self.max_restarts:
+                self._down = (
+                    f"{exited} and was restarted {self.restarts} time(s) already (max_restarts="
+                    f"{self.max_restarts}); raise max_restarts or fix what kills it:\n{dead.tail()}"
+                )
+                return
+            self.restarts += 1
+            try:  # under the lock: wait_running sees no server until this one is healthy
+                self._stop_process()
+                self._spawn_and_wait()
+            except OpenEnvServerError as exc:
+                self._down = (
+                    f"{exited}:\n{dead.tail(15)}\nIt could not be started again, so it stays down (fix the "
+                    f"cause, then launch a new OpenEnvServer): {exc}"
+                )
+
     def _get(self, path: str, base: str | None = None) -> tuple[int, bytes]:
         url = (base or self.base_url) + path
         with urllib.request.urlopen(url, timeout=self.http_timeout_s) as r:
@@ -284,70 +360,29 @@ class OpenEnvServer:
 
     def _spawn_and_wait(self) -> None:
         assert self.app is not None
-        port = free_port(self.host)
-        cmd = [self.python or sys.executable, "-m", "uvicorn", self.app, "--host", self.host, "--port", str(port)]
-        cmd += ["--log-level", "warning", *self.uvicorn_args]
-        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env}
-        self.log_path = os.path.join(tempfile.gettempdir(), f"ludic_openenv_{port}_{os.getpid()}_{time.time_ns()}.log")
-        self._logs.append(self.log_path)
-        self._log_fh = open(self.log_path, "ab", buffering=0)
-        self._log_fh.write(("$ " + " ".join(cmd) + "\n").encode())
-        self._popen = subprocess.Popen(
-            cmd, cwd=self.cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=self._log_fh,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        self._url = f"http://{self.host}:{port}"
-        self._start_watchdog(port)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while True:
-            try:
-                if self._get("/health")[0] == 200:
-                    return
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
-            code = self._popen.poll()
-            if code is not None or time.monotonic() > deadline:
-                what = (
-                    f"exited with code {code}"
-                    if code is not None
-                    else f"did not answer /health in {self.startup_timeout_s:g} s"
-                )
-                tail = self.tail()
-                self._stop_process()
-                raise OpenEnvServerError(
-                    f"the OpenEnv server {self.app!r} (cwd {self.cwd or os.getcwd()}) {what} before it was "
-                    f"healthy; log {self.log_path}:\n{tail}"
-                )
-            time.sleep(0.1)
-
-    def _start_watchdog(self, port: int) -> None:
-        from ludic_lab.inference.launch import processes
-
-        assert self._popen is not None
-        try:
-            rec = processes.ProcessRecord.for_process(
-                "openenv", self._popen.pid, info={"port": port, "log": self.log_path}
+        proc = ServerProcess(self.app, host=self.host, cwd=self.cwd, python=self.python, env=self.extra_env,
+                             uvicorn_args=self.uvicorn_args)  # fmt: skip
+        self._proc, self._url, self.log_path = proc, proc.url, proc.log_path
+        self._procs[len(self._procs) + 1] = proc
+        failed = proc.wait_healthy(self._healthy, self.startup_timeout_s, lambda: self._closed)
+        if failed is not None:
+            tail = proc.tail()
+            self._stop_process()
+            raise OpenEnvServerError(
+                f"the OpenEnv server {self.app!r} (cwd {self.cwd or os.getcwd()}) {failed} before it was "
+                f"healthy; log {proc.log_path}:\n{tail}"
             )
-            self._watchdog = processes.start_watchdog(rec)
-        except ProcessLookupError:
-            self._watchdog = None  # it died at once: the health wait reports it with the log
+
+    def _healthy(self, url: str) -> bool:
+        try:
+            return self._get("/health", url)[0] == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
 
     def _stop_process(self) -> None:
-        from ludic_lab.inference.launch import processes
-
-        popen, self._popen = self._popen, None
-        if popen is not None:
-            processes.kill_tree(popen.pid, pgid=popen.pid, grace_s=3.0)
-            try:
-                popen.wait(5.0)
-            except subprocess.TimeoutExpired:
-                pass
-        if self._watchdog is not None:
-            processes.stop_watchdog(self._watchdog)
-            self._watchdog = None
-        if self._log_fh is not None:
-            self._log_fh.close()
-            self._log_fh = None
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.stop()
 
 
 @atexit.register

@@ -2,9 +2,12 @@
 
 Reward 1.0 for a reply that holds the word (case ignored), else 0.0; the episode ends on a
 right reply or after the second attempt. ``reset(delay_s=...)`` makes every step of that
-episode take ``delay_s`` seconds (a slow environment, for timeout tests).
+episode take ``delay_s`` seconds (a slow environment, for timeout tests); ``reset(hold_while=path)``
+makes each step wait while the file ``path`` exists (at most two minutes), so a test decides
+when the steps in flight answer.
 """
 
+import os
 import time
 from typing import Any
 from uuid import uuid4
@@ -28,18 +31,27 @@ class WordEnvironment(Environment):
         self._word = WORDS[0]
         self._attempts = ATTEMPTS
         self._delay_s = 0.0
+        self._hold_while: str | None = None
 
     def reset(
-        self, seed: int | None = None, episode_id: str | None = None, delay_s: float = 0.0, **kwargs: Any
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        delay_s: float = 0.0,
+        hold_while: str | None = None,
+        **kwargs: Any,
     ) -> WordObservation:
         self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
         self._word = WORDS[(seed or 0) % len(WORDS)]
-        self._attempts, self._delay_s = ATTEMPTS, float(delay_s)
+        self._attempts, self._delay_s, self._hold_while = ATTEMPTS, float(delay_s), hold_while
         return WordObservation(prompt=f"Repeat the word: {self._word}", attempts_left=ATTEMPTS, done=False, reward=0.0)
 
     def step(self, action: WordAction, timeout_s: float | None = None, **kwargs: Any) -> WordObservation:  # type: ignore[override]
         if self._delay_s:
             time.sleep(self._delay_s)
+        deadline = time.monotonic() + 120
+        while self._hold_while and os.path.exists(self._hold_while) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self._state.step_count += 1
         self._attempts -= 1
         if self._word in action.message.lower():
