@@ -316,6 +316,48 @@ def tools_scores(task: Task, rollouts: Sequence[Rollout]) -> Pairs:
             for r in rollouts for s in r.steps]  # fmt: skip
 
 
+# -- repository tasks in a workspace --------------------------------------------------------------
+def bugfix_row() -> Task:
+    from ludic_lab.task.bugfix import bugfix_task
+
+    # bash-only (mini-swe-agent's set-up): with the tiny model's tokenizer the prompt is 671 tokens
+    # and fits the trainer's default max_seq_len (1024); with all five tools' schemas it is 1,607.
+    # The tiny model writes no tool call: each episode is one reply, then the hidden tests.
+    return bugfix_task("train", limit=4, max_turns=2, tools=("shell",))
+
+
+def bugfix_scores(task: Task, rollouts: Sequence[Rollout]) -> Pairs:
+    """The task set's own test runner (``ludic_lab/data/bugfix/runner.py``: pytest in forked
+    children, what made and validated the tasks) on the buggy repository: every hidden test
+    passing is 1.0. No tool call of the episodes changed a file (checked), so the workspace the
+    hidden tests judged is that repository."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from ludic_lab.data.bugfix import load_bugfix_tasks, materialize, runner as bugfix_runner
+
+    tasks = load_bugfix_tasks("train")[:4]
+    pairs = []
+    for r in rollouts:
+        (step,) = r.steps
+        calls = step.info["agent"]["tool_calls"]
+        assert not [c for c in calls if c["name"] in ("shell", "write_file", "edit_file") and c["error"] is None]
+        t = tasks[r.env_seed % len(tasks)]
+        assert step.info["task_id"] == t.id
+        with tempfile.TemporaryDirectory() as folder:
+            materialize(t, folder)
+            out = subprocess.run([sys.executable, bugfix_runner.__file__, folder], capture_output=True, text=True,
+                                 check=True, timeout=300)  # fmt: skip
+        outcomes = json.loads(out.stdout)[0]["outcomes"]
+        assert {k: v == "passed" for k, v in outcomes.items() if k in t.hidden_tests} == {
+            k: v == "passed" for k, v in step.info["tests"].items()
+        }
+        pairs.append((r.total_reward, float(all(outcomes.get(i) == "passed" for i in t.hidden_tests))))
+    return pairs
+
+
 def _no_evaluate(task: Task, client: Any) -> None:
     assert task.evaluate is None
 
@@ -346,13 +388,16 @@ ROWS: list[Source] = [
            {"rows": [{"question": "What is the capital of France?", "answer": "Paris"}], "max_tokens": 6}),
     Source("tools", tools_row, (), tools_scores, "tools",
            {"rows": [{"question": "What is 12 * 3?", "answer": "36"}], "max_tokens": 6}),
+    Source("bugfix", bugfix_row, (), bugfix_scores, "conformance_sources:bugfix_row",
+           {"limit": 1, "max_tokens": 6}),
     Source("digits", digits_row, (), digits_scores, "digits",
            NA("digits_task has no held-out evaluation (Task.evaluate is None); `ludic-lab eval --task digits` "
               "evaluates 32 fresh prompts (the CLI column)", _no_evaluate)),
 ]  # fmt: skip
 """The table: every Task builder of ``ludic_lab.task`` (``builtin_task``'s names and
 ``task.external``'s builders) has a row, and so has the CLI's other bundled task (``tools``:
-``multiplication_task``, a ToolAgent with a calculator)."""
+``multiplication_task``, a ToolAgent with a calculator), and the repository tasks in a workspace
+(``bugfix``: ``bugfix_task``, a ToolAgent with the workspace tools, scored by hidden tests)."""
 
 SOURCE_IDS = [row.id for row in ROWS]
 
