@@ -81,13 +81,20 @@ docs-build: setup-docs
 demo: setup
 	$(VENV)/bin/ludic-lab demo $(DEMO_ARGS)
 
+# The suite runs in TEST_WORKERS parallel pytest-xdist workers (2: the suite's servers, kernels
+# and torchrun are single-threaded, so one worker keeps about one core busy; more on a machine
+# with more cores and memory, `make test TEST_WORKERS=4`; 0 runs it in one process).
+# --dist loadgroup: tests marked xdist_group run in one worker (docs/testing.md says which, why).
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+
 test: setup-test
-	$(PY) -m pytest -q -ra -m "not extended" --durations=25
+	$(PY) -m pytest -q -ra -m "not extended" --durations=25 $(PYTEST_PARALLEL)
 
 # Everything, the `extended` tests too (the smoke runs of the tutorials that vary 03_grpo's
 # algorithm or that other tests cover end to end: docs/testing.md).
 test-all: setup-test
-	$(PY) -m pytest -q -ra --durations=25
+	$(PY) -m pytest -q -ra --durations=25 $(PYTEST_PARALLEL)
 
 lint: setup-test
 	PYTHON=$(PY) bash scripts/lint.sh

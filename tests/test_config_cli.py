@@ -339,11 +339,18 @@ def test_cli_demo_sampling_ahead_on_tiny_model(tmp_path, tiny_model_dir):
     from ludic_lab.inference.local.client import LocalChatClient
     from ludic_lab.training.config import TrainerConfig
 
-    client, n = LocalChatClient(tiny_model_dir), torch.get_num_threads()
-    cfg, restore = _split_threads(DemoConfig(trainer=TrainerConfig(async_level=1)), client)
-    assert restore == n and cfg.num_threads == max(1, n // 2) and cfg.async_level == 1
-    assert client._executor.submit(torch.get_num_threads).result() == max(1, n - cfg.num_threads)
-    assert _split_threads(DemoConfig(), client) == (DemoConfig().trainer, None)  # sequential: nothing split
+    # at least two threads to split (a parallel test worker runs on one: tests/conftest.py)
+    before = torch.get_num_threads()
+    n = max(2, before)
+    torch.set_num_threads(n)
+    try:
+        client = LocalChatClient(tiny_model_dir)
+        cfg, restore = _split_threads(DemoConfig(trainer=TrainerConfig(async_level=1)), client)
+        assert restore == n and cfg.num_threads == n // 2 and cfg.async_level == 1
+        assert client._executor.submit(torch.get_num_threads).result() == n - cfg.num_threads
+        assert _split_threads(DemoConfig(), client) == (DemoConfig().trainer, None)  # sequential: nothing split
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_cli_demo_with_missing_model_dir_fails_clearly(tmp_path, capsys):

@@ -18,6 +18,7 @@ pytest.importorskip("openai", reason="the openai extra: pip install -e '.[openai
 import torch
 from endpoint_helpers import MULTIPLY, program_engine, requests
 from trainer_helpers import trainer_vs_behaviour
+from vllm_helpers import SHARED_SERVERS
 
 from ludic_lab.distributed import ClientPublisher
 from ludic_lab.endpoint import OpenAIEndpoint
@@ -120,6 +121,7 @@ async def test_a_weight_update_between_calls_is_recorded_per_call(tiny_client) -
     assert step.trace.policy_version == v0  # the oldest version decides staleness
 
 
+@SHARED_SERVERS
 @pytest.mark.slow
 @pytest.mark.vllm
 async def test_the_same_program_through_the_bundled_vllm_server_records_exact_traces(tiny_model_dir) -> None:

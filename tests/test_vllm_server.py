@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from vllm_helpers import (
+    SHARED_SERVERS,
     checkpoint_state_dict,
     completion,
     greedy_ids,
@@ -34,6 +35,7 @@ from ludic_lab.inference.vllm.weight_transfer import (
     write_safetensors,
 )
 
+pytestmark = SHARED_SERVERS  # the tiny and SmolLM2 servers: one worker starts each once
 QWEN2_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 USER_PROMPTS = ["What is 2 + 3?", "Hello there", "Tell me a story about a cat", "Board: X O . Your turn."]
 # the tiny model's generation_config stops at <|im_end|> (2) and <|endoftext|> (0) (vLLM and,

@@ -31,6 +31,12 @@ for _alias in ("vllm_helpers", "tests.vllm_helpers"):
 VLLM_START_TIMEOUT_S = 300.0
 """Server start budget: vLLM takes ~30 s on an idle 2-core machine, much more when contended."""
 
+SHARED_SERVERS = pytest.mark.xdist_group("vllm_shared_servers")
+"""Mark of the tests that use the session's shared servers (a module's ``pytestmark`` or one
+test's decorator). Under ``make test``'s parallel workers (``--dist loadgroup``) they all run in
+one worker, so each server starts once and its memory is held once, as in a serial run; without
+the mark every worker would start its own copy of the tiny and SmolLM2 servers."""
+
 _SERVERS: dict[tuple, Any] = {}
 _FAILED: dict[tuple, BaseException] = {}
 _LOCK = threading.Lock()
