@@ -16,8 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
 
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.extras import require_extra
@@ -32,6 +36,14 @@ from ludic_lab.integrations.verifiers_checks import (
 from ludic_lab.types import Info, StepOutcome
 
 _NETWORK_MODULES = ("huggingface_hub", "datasets", "requests", "urllib", "httpx", "socket", "aiohttp")
+T = TypeVar("T")
+
+
+class VerifiersToolServerError(RuntimeError):
+    """A shared tool server of a verifiers taskset exited under the episodes using it: they fail
+    (``env_error``) with its exit code and log tail; the next episode gets a fresh server."""
+
+    failure_cause = "env_error"
 
 
 class VerifiersSource:
@@ -39,8 +51,11 @@ class VerifiersSource:
     ``tasks`` (its loaded tasks, in ``load()`` order), ``agent`` (the seat's ``AgentConfig``:
     harness, runtime, limits, timeouts) and ``role`` (the seat's name: ``"agent"`` for
     ``SingleAgentEnv``). The taskset's shared tool servers start on first use in each event
-    loop and stop with :meth:`aclose`. At most ``max_concurrent`` episodes run at once (each
-    is a harness process; default twice the CPU count), the others wait their turn."""
+    loop and stop with :meth:`aclose`; one that exits is started afresh for the next episode
+    (``tool_restarts`` counts them), while the episodes it served fail at once
+    (:meth:`run_with_tools`, :class:`VerifiersToolServerError`). At most ``max_concurrent``
+    episodes run at once (each is a harness process; default twice the CPU count), the others
+    wait their turn."""
 
     def __init__(
         self, env: Any, tasks: list[Any], agent: Any, role: str = "agent", *, max_concurrent: int | None = None
@@ -61,6 +76,8 @@ class VerifiersSource:
         self.taskset_id: str = env.config.taskset.id
         self._has_shared = bool(type(env.taskset).toolsets(env.taskset.config))
         self._served: dict[asyncio.AbstractEventLoop, _SharedTools] = {}
+        self.tool_restarts = 0
+        """Shared tool servers started again after one exited (every event loop together)."""
         self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 
     def __len__(self) -> int:
@@ -82,15 +99,32 @@ class VerifiersSource:
 
     @contextlib.asynccontextmanager
     async def tools(self) -> AsyncIterator[dict[str, Any]]:
-        """The taskset's shared tool servers, live in this event loop (started on first use)."""
+        """The taskset's shared tool servers, live in this event loop (started on first use,
+        and again after one exited)."""
+        served = await self._live()
+        yield {} if served is None else await served.ready()
+
+    async def run_with_tools(self, run: Callable[[dict[str, Any]], Awaitable[T]]) -> T:
+        """``await run(shared)`` with this loop's shared tool servers (:meth:`tools`). A tool server
+        that exits meanwhile stops ``run`` at once (cancelled) and raises
+        :class:`VerifiersToolServerError` naming its exit code and log tail."""
+        served = await self._live()
+        if served is None:
+            return await run({})
+        return await served.guard(run(await served.ready()))
+
+    async def _live(self) -> _SharedTools | None:
         if not self._has_shared:
-            yield {}
-            return
+            return None
         loop = asyncio.get_running_loop()
         served = self._served.get(loop)
-        if served is None or served.failed:
-            served = self._served[loop] = _SharedTools(self.env)
-        yield await served.ready()
+        if served is None or served.failed or served.exited is not None:
+            old, served = served, _SharedTools(self.env, self.taskset_id)
+            self._served[loop] = served  # before awaiting: the episodes beside this one share it
+            if old is not None and old.exited is not None:
+                self.tool_restarts += 1
+                await old.close()
+        return served
 
     async def aclose(self) -> None:
         """Stop the shared tool servers started in this event loop (the others stop with the process)."""
@@ -104,20 +138,29 @@ class VerifiersSource:
 
 class _SharedTools:
     """One task that holds verifiers' ``Env.shared_tools()`` open until closed (the tool
-    servers' context is entered and left in the same task)."""
+    servers' context is entered and left in the same task), and watches each server's process:
+    one that exits sets :attr:`exited` and stops the episodes in :meth:`guard`."""
 
-    def __init__(self, env: Any) -> None:
-        self._env = env
+    def __init__(self, env: Any, taskset_id: str) -> None:
+        self._env, self._taskset_id = env, taskset_id
         self._stop = asyncio.Event()
+        self._died = asyncio.Event()
         self._ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._task = asyncio.get_running_loop().create_task(self._hold(), name="verifiers-shared-tools")
         self.failed = False
+        self.exited: str | None = None
+        """Why a tool server stopped serving (its name, exit code, log tail); ``None`` while all run."""
 
     async def _hold(self) -> None:
         try:
             async with self._env.shared_tools() as shared:
                 self._ready.set_result(shared)
-                await self._stop.wait()
+                watches = [asyncio.create_task(self._watch(name, server)) for name, server in shared.items()]
+                try:
+                    await self._stop.wait()
+                finally:
+                    for w in watches:  # before verifiers stops them: a server stopped on close is no crash
+                        w.cancel()
         except BaseException as e:
             self.failed = True
             if not self._ready.done():
@@ -125,13 +168,65 @@ class _SharedTools:
             if not isinstance(e, Exception):
                 raise
 
+    async def _watch(self, name: str, server: Any) -> None:
+        """Wait for the process of shared server ``name`` (verifiers' subprocess runtime keeps it
+        in ``_background``; an external server, at a URL, has none) and record its exit."""
+        runtime = getattr(server, "runtime", None)
+        procs = list(getattr(runtime, "_background", None) or ())
+        if not procs:
+            return
+        waits = [asyncio.ensure_future(p.wait()) for p in procs]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if self._stop.is_set() or self.exited is not None:
+            return
+        code = next(p.returncode for p in procs if p.returncode is not None)
+        log, tail = _keep_log(getattr(runtime, "workdir", None), name)
+        self.exited = (
+            f"the shared tool server {name!r} of verifiers taskset {self._taskset_id!r} exited with code {code}"
+            f" (log {log}):\n{tail}\nThe episodes using it fail; the next episode starts a fresh one"
+        )
+        self._died.set()
+
     async def ready(self) -> dict[str, Any]:
         return await asyncio.shield(self._ready)
+
+    async def guard(self, aw: Awaitable[T]) -> T:
+        """``await aw``, cancelled at once if a tool server exits (-> :class:`VerifiersToolServerError`)."""
+        task = asyncio.ensure_future(aw)
+        died = asyncio.ensure_future(self._died.wait())
+        try:
+            await asyncio.wait({task, died}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            died.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})  # verifiers stops the harness's process as it unwinds
+        if self.exited is not None and (task.cancelled() or task.exception() is not None):
+            raise VerifiersToolServerError(self.exited) from (None if task.cancelled() else task.exception())
+        return task.result()
 
     async def close(self) -> None:
         self._stop.set()
         with contextlib.suppress(Exception):
             await self._task
+
+
+def _keep_log(workdir: Any, name: str) -> tuple[str, str]:
+    """A copy of shared server ``name``'s log (verifiers deletes its runtime's folder when the
+    server is stopped) and its last lines: ``(path, tail)``."""
+    src = Path(workdir) / f"vf_tool_{name}.log" if workdir is not None else None
+    if src is None or not src.is_file():
+        return "(none found)", ""
+    dst = Path(tempfile.gettempdir()) / f"ludic_vf_tool_{name}_{os.getpid()}_{time.time_ns()}.log"
+    try:
+        shutil.copyfile(src, dst)
+        return str(dst), "\n".join(dst.read_text("utf-8", "replace").splitlines()[-15:])
+    except OSError as e:
+        return f"{src} (unreadable: {e})", ""
 
 
 def load_verifiers_env(

@@ -23,8 +23,10 @@ weighted sum of rewards); every reward, metric and the stop condition are in
 
 Failed rollouts keep the steps so far and the trace, with a cause (:mod:`ludic_lab.failures`):
 a reward that raised or returned NaN/inf (``judge_failure``), a task hook or tool server that
-failed (``env_error``), the harness program (``agent_error``), the model call (``client_error``),
-a spent call/token budget (``agent_error``), or verifiers' stage deadline (``timeout``).
+failed or exited (``env_error``; a shared tool server's exit stops its episodes at once, naming
+its exit code and log tail), the harness program (``agent_error``), the model call
+(``client_error``), a spent call/token budget (``agent_error``), or verifiers' stage deadline
+(``timeout``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ _CAUSES = {
     "ToolsetError": "env_error",
     "EnvError": "env_error",
     "TaskError": "env_error",
+    "VerifiersToolServerError": "env_error",
 }
 """verifiers' error types -> ludic_lab failure causes (a ``TaskError`` while scoring: ``judge_failure``)."""
 
@@ -245,8 +248,8 @@ async def _play(
     spec = resolve_agent(source.agent, model=endpoint.model, client=client)
     if bound is not None and (spec.timeout.rollout is None or spec.timeout.rollout > 0.9 * bound):
         spec = spec.model_copy(update={"timeout": spec.timeout.model_copy(update={"rollout": 0.9 * bound})})
-    async with source.tools() as shared:
-        await vf.Agent(spec).run(task, tools=shared, on_trace=minted.append)
+    # a shared tool server that exits stops the episode at once, naming it (not ~20 s of retries later)
+    await source.run_with_tools(lambda shared: vf.Agent(spec).run(task, tools=shared, on_trace=minted.append))
     return None
 
 
