@@ -24,7 +24,8 @@ def our_uids() -> set[int]:
 
 
 def sandbox_processes() -> list[str]:
-    """Processes still running as one of our sandbox uids, or bwrap processes under this test process."""
+    """Processes still running as one of our sandbox uids, or bwrap processes under this test process
+    (but the reasoning-gym scorer's long-lived server, which a test of another file may have started)."""
     uids = our_uids()
     found = []
     for name in os.listdir("/proc"):
@@ -38,6 +39,8 @@ def sandbox_processes() -> list[str]:
         uid = int(status.split("Uid:")[1].split()[0])
         ppid = int(status.split("PPid:")[1].split()[0])
         state = status.split("State:")[1].split()[0]
+        if "/score_server.py" in cmd:  # reasoning-gym's scorer server lives as long as its process
+            continue
         if state != "Z" and (uid in uids or ("bwrap" in cmd and ppid == os.getpid())):
             found.append(f"{name} uid={uid} {cmd[:80]}")
     return found
