@@ -25,9 +25,10 @@ builds without training; :func:`train_env_async` is the ``await``-able twin of
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ludic_lab.aio import run_sync
 from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
@@ -37,6 +38,9 @@ from ludic_lab.rollouts.strategies import RequestStrategy
 from ludic_lab.runs.folder import RUN_FILE, RunFolder
 from ludic_lab.task.definition import Task, as_task
 from ludic_lab.types import Rollout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ludic_lab.training.progress import ProgressView
 
 DEFAULT_OUT = "runs/{env}-{time}"
 """Where a short-path run writes its run folder unless ``out`` says otherwise: ``{env}`` is the
@@ -73,6 +77,8 @@ class EnvTraining:
     """Metrics of every step trained so far, one dict per step."""
     folder: RunFolder | None = None
     """The run folder the trainer logs to (``folder.path``; ``docs/runs.md``), None with ``out=None``."""
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    """The held-out evaluations ``train_env(..., eval_every=N)`` ran, ``{"step": ..., **summary}`` each."""
 
     def __repr__(self) -> str:
         last = self.history[-1] if self.history else {}
@@ -88,13 +94,13 @@ class EnvTraining:
         """The rollouts of the last batch (failed ones included), as the source kept them."""
         return list(getattr(self.source, "last_rollouts", []))
 
-    async def train(self, steps: int, *, progress: bool | str = True) -> list[dict[str, Any]]:
+    async def train(self, steps: int, *, progress: bool | str | ProgressView = True) -> list[dict[str, Any]]:
         """Train ``steps`` more optimizer steps; returns their metrics (appended to ``history``)."""
         new = await self.trainer.train(steps, progress=progress)
         self.history.extend(new)
         return new
 
-    def train_sync(self, steps: int, *, progress: bool | str = True) -> list[dict[str, Any]]:
+    def train_sync(self, steps: int, *, progress: bool | str | ProgressView = True) -> list[dict[str, Any]]:
         """:meth:`train` from sync code (a script or a Jupyter cell alike)."""
         return run_sync(self.train(steps, progress=progress))
 
@@ -169,7 +175,7 @@ def build_env_training(
     folder = None
     if out is not None:
         run_config = dict(
-            env=task.name, model=model if isinstance(model, str) else type(model).__name__, algo=algorithm.name,
+            env=task.name, model=model if isinstance(model, str) else _model_name(client), algo=algorithm.name,
             group_size=group_size, prompts_per_step=prompts_per_step, max_tokens=max_tokens,
             temperature=temperature, seed=seed, trainer=trainer_config,
         )  # fmt: skip
@@ -192,14 +198,29 @@ def build_env_training(
     return EnvTraining(task, client, engine, requests, strategy, source, algorithm, trainer, folder=folder)
 
 
+EVAL_NAME = "held-out"
+"""The ``name`` of the evaluations ``train_env(..., eval_every=N)`` writes into ``evals.jsonl``."""
+
+
 async def train_env_async(
-    env: Any, *, steps: int = 10, progress: bool | str = True, save_to: Any = None, **parts: Any
+    env: Any,
+    *,
+    steps: int = 10,
+    progress: bool | str = True,
+    save_to: Any = None,
+    eval_every: int | None = None,
+    eval_k: int | None = None,
+    eval_limit: int | None = None,
+    eval_options: Mapping[str, Any] | None = None,
+    **parts: Any,
 ) -> EnvTraining:
     """``await`` twin of :func:`train_env`: build (:func:`build_env_training` takes ``parts``)
     and train ``steps`` optimizer steps; returns the :class:`EnvTraining` (``history`` filled).
-    ``save_to``: a folder to save the trained policy into (``True``: the run folder's ``policy/``)."""
+    ``save_to``: a folder to save the trained policy into (``True``: the run folder's ``policy/``).
+    ``eval_every`` / ``eval_k`` / ``eval_limit`` / ``eval_options``: see :func:`train_env`."""
     from ludic_lab.saving.policy import check_destination
 
+    evaluation = _eval_plan(env, parts.get("parser"), eval_every, eval_k, eval_limit, eval_options)
     run = build_env_training(env, **parts)
     if save_to is True:
         if run.folder is None:
@@ -207,7 +228,10 @@ async def train_env_async(
         save_to = run.folder.path / "policy"
     if save_to is not None and save_to is not False:
         check_destination(save_to, overwrite=True)  # before training, not after it
-    await run.train(steps, progress=progress)
+    if evaluation is None:
+        await run.train(steps, progress=progress)
+    else:
+        await _train_evaluating(run, steps, progress, *evaluation)
     if save_to is not None and save_to is not False:
         from ludic_lab.saving import save_policy
 
@@ -216,7 +240,16 @@ async def train_env_async(
 
 
 def train_env(
-    env: Any, *, steps: int = 10, progress: bool | str = True, save_to: Any = None, **parts: Any
+    env: Any,
+    *,
+    steps: int = 10,
+    progress: bool | str = True,
+    save_to: Any = None,
+    eval_every: int | None = None,
+    eval_k: int | None = None,
+    eval_limit: int | None = None,
+    eval_options: Mapping[str, Any] | None = None,
+    **parts: Any,
 ) -> EnvTraining:
     """Train a policy on ``env`` in one call: ``run = train_env(ShoutEnv, steps=20)``.
 
@@ -228,8 +261,149 @@ def train_env(
     ``save_to`` saves the trained policy there once trained (a merged model and the LoRA adapter,
     docs/saving.md; ``True``: ``<run folder>/policy``), replacing a policy saved there before.
     Works in a script and in a Jupyter cell alike; in async code ``await train_env_async(...)``.
+
+    Evaluation during training: ``eval_every=N`` runs the task's held-out evaluation
+    (``await task.evaluate(client, **options)``) before the first step (step 0), after every
+    ``N``-th step and after the last, each a line of the run folder's ``evals.jsonl`` (name
+    ``"held-out"``, the step) and of ``run.evals``, shown in the progress line (and the notebook's
+    live plot); ``ludic-lab runs`` then shows ``eval_before`` / ``eval_after``. The options:
+    ``eval_k`` as ``k=`` (samples per question), ``eval_limit`` as ``limit=`` (the first held-out
+    rows), ``eval_options`` any other keywords of the task's ``evaluate`` (e.g. ``{"games": 8}``,
+    ``{"max_tokens": 32}``). A task without ``evaluate`` is refused before anything loads.
+    ``eval_every=None`` (the default): no evaluation.
     """
-    return run_sync(train_env_async(env, steps=steps, progress=progress, save_to=save_to, **parts))
+    return run_sync(
+        train_env_async(
+            env,
+            steps=steps,
+            progress=progress,
+            save_to=save_to,
+            eval_every=eval_every,
+            eval_k=eval_k,
+            eval_limit=eval_limit,
+            eval_options=eval_options,
+            **parts,
+        )  # fmt: skip
+    )
+
+
+def _positive_int(name: str, value: Any, *, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"train_env: {name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def _eval_plan(
+    env: Any,
+    parser: Any,
+    every: Any,
+    k: Any,
+    limit: Any,
+    options: Mapping[str, Any] | None,
+) -> tuple[int, dict[str, Any]] | None:
+    """``(eval_every, task.evaluate's keywords)``, checked before anything loads; None without ``eval_every``."""
+    import inspect
+
+    if every is None:
+        for name, v in (("eval_k", k), ("eval_limit", limit), ("eval_options", options)):
+            if v is not None:
+                raise ValueError(f"train_env: {name} is an option of evaluation during training; set eval_every=N too")
+        return None
+    _positive_int("eval_every", every)
+    kw: dict[str, Any] = {}
+    if options is not None:
+        if not isinstance(options, Mapping):
+            raise TypeError(f"train_env: eval_options must be a mapping of task.evaluate keywords, got {options!r}")
+        kw.update(options)
+    if k is not None:
+        kw["k"] = _positive_int("eval_k", k)
+    if limit is not None:
+        kw["limit"] = _positive_int("eval_limit", limit)
+    task = as_task(env, parser=parser)
+    if task.evaluate is None:
+        raise ValueError(
+            f"train_env(eval_every={every}): task {task.name!r} has no held-out evaluation (Task.evaluate is None); "
+            "give the task an evaluate function (Task(..., evaluate=...)) or leave eval_every out"
+        )
+    try:
+        params = inspect.signature(task.evaluate).parameters
+    except (TypeError, ValueError):  # a callable without a signature: its keywords are its business
+        return every, kw
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = [n for n in kw if n not in params]
+        if unknown:
+            what = {"k": "eval_k", "limit": "eval_limit"}
+            named = ", ".join(f"{what.get(n, 'eval_options ' + repr(n))}" for n in unknown)
+            takes = ", ".join(n for n in list(params)[1:]) or "nothing"
+            raise ValueError(
+                f"train_env: task {task.name!r}'s evaluate takes no {', '.join(map(repr, unknown))} (from {named}); "
+                f"it takes: {takes}"
+            )
+    return every, kw
+
+
+async def _evaluate_into(run: EnvTraining, step: int, options: dict[str, Any], view: Any) -> dict[str, Any]:
+    """The task's held-out evaluation of the current policy at ``step``: into ``run.evals``,
+    the run folder's ``evals.jsonl`` and the progress view; returns its summary."""
+    assert run.task.evaluate is not None
+    summary = await run.task.evaluate(run.client, **options)
+    if not isinstance(summary, Mapping) and callable(getattr(summary, "summary", None)):
+        summary = summary.summary()
+    if not isinstance(summary, Mapping):
+        raise TypeError(
+            f"task {run.task.name!r}'s evaluate returned {type(summary).__name__}, not a mapping of metrics"
+        )
+    shown = {k: v for k, v in summary.items() if not hasattr(v, "rollouts")}  # an EvalResult stays in memory
+    run.evals.append({"step": step, **shown})
+    if run.folder is not None:
+        run.folder.log_eval(EVAL_NAME, step, shown)
+    if view is not None:
+        show_eval(view, step, shown)
+    return dict(summary)
+
+
+def show_eval(view: Any, step: int, summary: Mapping[str, Any]) -> None:
+    """Show an evaluation in a progress view: its ``log_eval(step, summary)`` when it has one
+    (``TqdmProgress``, ``LivePlot``), else nothing."""
+    log = getattr(view, "log_eval", None)
+    if callable(log):
+        log(step, summary)
+
+
+class _Continuing:
+    """A progress view shared by several ``Trainer.train`` calls: no ``start`` (one bar over all
+    of them), ``close`` left to the caller."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+
+    def step(self, metrics: Mapping[str, Any]) -> None:
+        self.view.step(metrics)
+
+    def close(self) -> None:
+        pass
+
+
+async def _train_evaluating(
+    run: EnvTraining, steps: int, progress: bool | str, every: int, options: dict[str, Any]
+) -> None:
+    """Train ``steps`` steps in chunks of ``every``, evaluating before, between and after."""
+    from ludic_lab.training.progress import make_progress
+
+    view = make_progress(steps, progress, history=run.history)
+    try:
+        step = int(getattr(run.trainer, "step", len(run.history)) or 0)
+        await _evaluate_into(run, step, options, view)
+        done = 0
+        while done < steps:
+            n = min(every, steps - done)
+            shared: Any = _Continuing(view) if view is not None else False  # a view without start(): one bar
+            await run.train(n, progress=shared)
+            done += n
+            await _evaluate_into(run, int(getattr(run.trainer, "step", len(run.history))), options, view)
+    finally:
+        if view is not None:
+            view.close()
 
 
 def _run_dir(out: str, env: str) -> str:
@@ -264,6 +438,16 @@ def _local_client(model: Any, batch: int) -> Any:
             f"model must be a model name or folder (e.g. 'default') or a ChatClient, got {type(model).__name__}"
         )
     return open_client("local", model, max_batch_size=max(1, batch))
+
+
+def _model_name(client: Any) -> str:
+    """What ``run.json`` records as the model of a given client: its model folder or name
+    (``model_path`` / ``model``), else the client's class name."""
+    for attr in ("model_path", "model", "model_name"):
+        v = getattr(client, attr, None)
+        if isinstance(v, (str, os.PathLike)) and str(v):
+            return str(v)
+    return type(client).__name__
 
 
 def _model_path(client: Any) -> str:

@@ -24,7 +24,7 @@ class RunsConfig:
     eval_key: str = ""
     """The evaluation metric of the table and plot (e.g. greedy_accuracy); "" = the first every run has."""
     last: int = 3
-    """``reward_final`` (and ``reward_first``) average the last (first) this many logged steps."""
+    """``reward_final`` (and ``reward_first``) average the last (first) this many logged steps (at most half each)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.last, bool) or not isinstance(self.last, int) or self.last < 1:
@@ -41,12 +41,15 @@ class RunsConfig:
             raise ValueError(f"RunsConfig.csv names a folder ({self.csv}); name the CSV file to write")
 
 
-def _cell(v: Any) -> str:
+def _cell(v: Any, col: str = "") -> str:
     from ludic_lab.training.loggers import format_value
 
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    return format_value(v.item() if hasattr(v, "item") else v)
+    v = v.item() if hasattr(v, "item") else v
+    if col == "wall_s" and isinstance(v, (int, float)):
+        return f"{v:.1f}"
+    return format_value(v)
 
 
 def compare(paths: Sequence[str | os.PathLike], cfg: RunsConfig | None = None, *, console: Any = None) -> Any:
@@ -68,7 +71,7 @@ def compare(paths: Sequence[str | os.PathLike], cfg: RunsConfig | None = None, *
     for col in shown.columns:
         view.add_column(str(col).replace("_", " "), justify="left" if col == "algo" else "right", overflow="fold")
     for name, row in shown.iterrows():
-        view.add_row(str(name), *(_cell(v) for v in row))
+        view.add_row(str(name), *(_cell(v, str(col)) for col, v in row.items()))
     console.print(view)
     if cfg.csv:
         os.makedirs(os.path.dirname(os.path.abspath(cfg.csv)), exist_ok=True)

@@ -42,12 +42,20 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and not math.isnan(float(v))
 
 
+def window(n: int, last: int) -> int:
+    """How many of ``n`` logged steps ``reward_first`` / ``reward_final`` each average: ``last``,
+    at most half of them (at least 1), so the first and the final window never overlap while
+    there are two steps or more (3 steps: 1 each; 6 steps: 3 each; 1 step: that step twice)."""
+    return max(1, min(last, n // 2))
+
+
 def summary_table(runs: Runs, *, eval_key: str | None = None, last: int = 3) -> pd.DataFrame:
     """A DataFrame indexed by run: ``algo``, ``steps`` (the last logged step), ``reward_first``
-    and ``reward_final`` (mean ``reward_mean`` of the first / last ``last`` logged steps),
+    and ``reward_final`` (mean ``reward_mean`` of the first / last ``last`` logged steps, at
+    most half of them each so the two never share a step: 3 steps compare step 1 with step 3),
     ``eval`` (the evaluation key shown), ``eval_before`` / ``eval_after`` (its value at the
     first and the last evaluation; after is empty with one evaluation) and ``wall_s``
-    (seconds from the first step's start to the last step's end)."""
+    (seconds from the first step's start to the last step's end, to 0.1 s)."""
     import pandas as pd
 
     if isinstance(last, bool) or not isinstance(last, int) or last < 1:
@@ -61,8 +69,8 @@ def summary_table(runs: Runs, *, eval_key: str | None = None, last: int = 3) -> 
             "run": r.name,
             "algo": r.algo,
             "steps": int(m["step"].max()) if "step" in m and len(m) else 0,
-            "reward_first": reward.head(last).mean() if len(reward) else math.nan,
-            "reward_final": reward.tail(last).mean() if len(reward) else math.nan,
+            "reward_first": reward.head(window(len(reward), last)).mean() if len(reward) else math.nan,
+            "reward_final": reward.tail(window(len(reward), last)).mean() if len(reward) else math.nan,
         }
         if key is not None:
             ev = r.evals.sort_values("step", kind="stable")
@@ -70,6 +78,6 @@ def summary_table(runs: Runs, *, eval_key: str | None = None, last: int = 3) -> 
             row["eval"] = key
             row["eval_before"] = float(values.iloc[0]) if len(values) else math.nan
             row["eval_after"] = float(values.iloc[-1]) if len(values) > 1 else math.nan
-        row["wall_s"] = float(m["wall_s"].iloc[-1]) if "wall_s" in m and len(m) else math.nan
+        row["wall_s"] = round(float(m["wall_s"].iloc[-1]), 1) if "wall_s" in m and len(m) else math.nan
         rows.append(row)
     return pd.DataFrame(rows).set_index("run")

@@ -65,6 +65,9 @@ class TqdmProgress:
     def __init__(self, total: int | None = None, desc: str = "train") -> None:
         self.desc = desc
         self._bar: Any = None
+        self._postfix: dict[str, str] = {}
+        self.last_eval: str | None = None
+        """The latest evaluation as the postfix shows it (``log_eval``), None before one."""
         self.no_signal = NoSignalNotice()
         if total is not None:
             self.start(total)
@@ -79,12 +82,22 @@ class TqdmProgress:
         if self._bar is None:
             self.start(None)
         self._bar.update(1)
-        self._bar.set_postfix(
-            {k: f"{metrics[k]:.3g}" for k in ("loss", "reward_mean") if isinstance(metrics.get(k), float)}
-        )
+        self._postfix = {k: f"{metrics[k]:.3g}" for k in ("loss", "reward_mean") if isinstance(metrics.get(k), float)}
+        self._bar.set_postfix({**self._postfix, **({"eval": self.last_eval} if self.last_eval else {})})
         warning = self.no_signal(metrics.get("step", self._bar.n), metrics)
         if warning is not None:
             self._bar.write(f"warning: {warning}")
+
+    def log_eval(self, step: int, summary: Mapping[str, Any]) -> None:
+        """An evaluation at ``step``: its headline number joins the bar's postfix
+        (``held-out@0 0.25``) and stays there until the next one."""
+        shown = eval_headline(summary)
+        if shown is None:
+            return
+        if self._bar is None:
+            self.start(None)
+        self.last_eval = f"{shown[1]:.3g} ({shown[0]}, step {int(step)})"
+        self._bar.set_postfix({**self._postfix, "eval": self.last_eval})
 
     def close(self) -> None:
         if self._bar is not None:
@@ -100,6 +113,21 @@ def _number(v: Any) -> float | None:
         return None
     v = float(v)
     return v if math.isfinite(v) else None
+
+
+def eval_headline(summary: Mapping[str, Any]) -> tuple[str, float] | None:
+    """``(key, value)`` of an evaluation summary's first finite number (nested mappings read
+    with keys joined by ``/``, as ``ludic_lab.runs`` reads ``evals.jsonl``), None without one."""
+    for k, v in summary.items():
+        if isinstance(v, Mapping):
+            inner = eval_headline(v)
+            if inner is not None:
+                return f"{k}/{inner[0]}", inner[1]
+            continue
+        x = _number(v)
+        if x is not None:
+            return str(k), x
+    return None
 
 
 def _clock(s: float) -> str:
@@ -150,6 +178,8 @@ class LivePlot:
         self._handle: Any = None
         self.no_signal = NoSignalNotice()
         self.warning: str | None = None
+        self.last_eval: str | None = None
+        """The latest evaluation as the progress text shows it (:meth:`log_eval`), None before one."""
 
     # -- feeding -----------------------------------------------------------------------------
     def start(self, total: int | None) -> None:
@@ -173,6 +203,20 @@ class LivePlot:
         self._dirty = True
         if time.monotonic() >= self._next_draw:
             self._draw()
+
+    def log_eval(self, step: int, summary: Mapping[str, Any]) -> None:
+        """An evaluation at ``step``: its headline number (:func:`eval_headline`) becomes a
+        "held-out" panel (``eval/<key>`` in ``history``) and joins the progress text."""
+        shown = eval_headline(summary)
+        if shown is None:
+            return
+        key = f"eval/{shown[0]}"
+        if not any(key in cands for _t, cands in self.panels):
+            self.panels.insert(0, ("held-out", (key,)))
+        self.history.append({key: shown[1], "step": float(step)})
+        self.last_eval = f"held-out {shown[0]} {shown[1]:.4g} (step {int(step)})"
+        self._dirty = True
+        self._draw()
 
     def __call__(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Trainer-callback form of :meth:`log`."""
@@ -262,10 +306,12 @@ class LivePlot:
             if self.total:
                 parts.append(f"~{_clock(per * max(0, self.total - self.done))} left")
             parts.append(f"{per:.2f} s/step")
-        last = self.history[-1] if self.history else {}
+        last = next((r for r in reversed(self.history) if not any(k.startswith("eval/") for k in r)), {})
         for title, key, _xs, _ys in self.series():
             if key in last:
                 parts.append(f"{title} {last[key]:.4g}")
+        if self.last_eval:
+            parts.append(self.last_eval)
         return " · ".join(parts)
 
     def _bundle(self) -> dict[str, str]:
