@@ -18,11 +18,17 @@ import pytest
 from ludic_lab.agents import ToolAgent
 from ludic_lab.agents.mcp_tools import MCPServer
 from ludic_lab.context import FullDialog
+from ludic_lab.endpoint import OpenAIEndpoint
+from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.envs.workspace import OutputBudget, Snapshot, WorkspaceTools
 from ludic_lab.envs.workspace.mcp_server import WorkspaceMCPServer
 from ludic_lab.envs.workspace.tools import SCHEMAS
+from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
+from ludic_lab.interaction import AgentProgramProtocol
 from ludic_lab.parsers import identity_parser
-from tests.helpers import ScriptedChatClient, chatml_template
+from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+from ludic_lab.types import StepOutcome
+from tests.helpers import Reply, ScriptedChatClient, chatml_template, raw_decode
 from tests.workspace_helpers import make_repo, needs_bwrap, pool, sandbox_processes, workspace_dirs
 
 pytest.importorskip("mcp")
@@ -136,3 +142,99 @@ async def test_a_tool_agent_reaches_the_workspace_through_mcp_server_http(tmp_pa
     assert msgs[1].startswith("Error: ws_read_file reported an error: ") and "outside" in msgs[1]
     assert msgs[2] == "(no output)"
     assert res.info["tools"]["ok"] == 2 and res.info["tools"]["errors"] == {"tool_error": 1}
+
+
+# -- an openai-SDK agent program through the endpoint, its tools over MCP -------------------------
+
+
+def hermes_call(name: str, **args: object) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+
+
+async def mcp_workspace_agent(client: Any, task: dict[str, str]) -> str:
+    """An agent written against the openai SDK whose tools are whatever the MCP server lists."""
+    async with mcp_session(task["mcp_url"]) as session:
+        tools = [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+            }
+            for t in (await session.list_tools()).tools
+        ]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "Fix the repository with the tools, then say 'fixed'."},
+            {"role": "user", "content": task["instruction"]},
+        ]
+        for _ in range(4):
+            r = await client.chat.completions.create(model="policy", messages=messages, tools=tools, max_tokens=400)
+            msg = r.choices[0].message
+            messages.append(msg.model_dump(exclude_none=True))
+            if not msg.tool_calls:
+                return msg.content or ""
+            for c in msg.tool_calls:
+                text, _ = await call(session, c.function.name, **json.loads(c.function.arguments))
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": text})
+    return ""
+
+
+async def test_an_openai_sdk_program_fixes_a_workspace_through_the_endpoint_token_exact(tmp_path: Path) -> None:
+    pytest.importorskip("openai", reason="the openai extra: pip install -e '.[openai]'")
+    edit = hermes_call("edit_file", path="calc/ops.py", old="a - b", new="a + b")
+    tests = hermes_call("run_tests")
+    script = [Reply(edit, per_char=True), Reply(tests), Reply("fixed", per_char=True)]
+    client = ScriptedChatClient(script, chat_template=chatml_template(), policy_version=2)
+    responses: list[Any] = []
+    complete = client.complete
+
+    async def recording(request: Any) -> Any:
+        out = await complete(request)
+        responses.append(out[0])
+        return out
+
+    client.complete = recording  # type: ignore[method-assign]
+
+    async with pool() as p, p.workspace(Snapshot.folder(make_repo(tmp_path / "repo"))) as ws:
+        tools = WorkspaceTools(ws, test_command=TESTS)
+        async with WorkspaceMCPServer(tools) as server:
+
+            class FixEnv(SingleAgentEnv):
+                def env_reset(self, *, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+                    return "The tests fail: fix calc/ops.py.", {"mcp_url": server.url}
+
+                def env_step(self, action: str) -> StepOutcome:
+                    ok = action == "fixed"
+                    return StepOutcome(obs="", reward=float(ok), truncated=False, terminated=True, info={})
+
+                def env_current_obs(self) -> str:
+                    return ""
+
+            with OpenAIEndpoint(client) as ep:
+                protocol = AgentProgramProtocol(
+                    mcp_workspace_agent,
+                    ep,
+                    task_from=lambda obs, info: {"instruction": obs, "mcp_url": info["mcp_url"]},
+                )
+                engine = RolloutEngine({"fix": FixEnv}, {"program": lambda: protocol}, episode_timeout_s=120)
+                spec = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=400), ReturnSpec.for_training())
+                request = RolloutRequest(
+                    env=EnvSpec("fix"), protocol=ProtocolSpec("program"), env_seed=0, inference=spec
+                )
+                (r,) = await engine.generate_rollouts([request], max_steps=1)
+        fixed = (await ws.run("cat calc/ops.py")).output
+    assert r.error is None, r.error
+    assert r.total_reward == 1.0 and "return a + b" in fixed and server.calls == 2
+    meta = r.meta["agent_program"]
+    assert meta["calls"] == 3 and meta["segments"] == 1 and meta["prefix_breaks"] == 0, meta
+    (step,) = r.steps
+    assert [c["name"] for c in step.info["agent_program"]["tool_calls"]] == ["edit_file", "run_tests"]
+    tr = step.trace  # exactly the sampled tokens with mask 1; the MCP results between them with mask 0
+    first, second, third = client.requests
+    assert tr.prompt_token_ids == first.prompt_token_ids and tr.policy_version == 2
+    mask = tr.completion_mask
+    assert mask is not None
+    sampled = [t for t, m in zip(tr.completion_token_ids, mask, strict=True) if m]
+    assert sampled == [t for out in responses for t in out.completion_token_ids]
+    assert tr.input_ids == (*third.prompt_token_ids, *responses[2].completion_token_ids)
+    inserted = raw_decode(chatml_template(), [t for t, m in zip(tr.completion_token_ids, mask, strict=True) if not m])
+    assert "Edited calc/ops.py at line 2; it now reads:" in inserted and "(no output)" in inserted
+    assert len(second.prompt_token_ids) < len(third.prompt_token_ids)
