@@ -2,7 +2,10 @@
 real ``mcp`` package: the mcp SDK's own client lists the five tools with the Python tools'
 schemas and works in one workspace whose files persist across calls; a refused path is an
 ``isError`` result (the server keeps serving); long outputs are cut with the Python tools'
-marker; a ``ToolAgent`` reaches the same workspace through ``MCPServer.http``.
+marker; a ``ToolAgent`` reaches the same workspace through ``MCPServer.http``; an agent program
+(the openai SDK with the mcp client, the OpenAI Agents SDK with ``MCPServerStreamableHttp``)
+fixes the bug through the ``OpenAIEndpoint``, its episode one segment of exactly the sampled
+tokens with the MCP results between them at weight 0.
 """
 
 from __future__ import annotations
@@ -177,8 +180,29 @@ async def mcp_workspace_agent(client: Any, task: dict[str, str]) -> str:
     return ""
 
 
-async def test_an_openai_sdk_program_fixes_a_workspace_through_the_endpoint_token_exact(tmp_path: Path) -> None:
+async def agents_sdk_workspace_agent(client: Any, task: dict[str, str]) -> str:
+    """An OpenAI Agents SDK agent whose tools come from the workspace's MCP server."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from agents.mcp import MCPServerStreamableHttp
+
+    set_tracing_disabled(True)
+    async with MCPServerStreamableHttp(params={"url": task["mcp_url"]}, name="workspace") as workspace:
+        model = OpenAIChatCompletionsModel(model="policy", openai_client=client)
+        agent = Agent(name="fixer", instructions="Fix the bug.", model=model, mcp_servers=[workspace])
+        return str((await Runner.run(agent, task["instruction"], max_turns=4)).final_output)
+
+
+PROGRAMS = {"openai_sdk": mcp_workspace_agent, "agents_sdk": agents_sdk_workspace_agent}
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+async def test_an_agent_program_fixes_a_workspace_through_the_endpoint_token_exact(
+    program: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("openai", reason="the openai extra: pip install -e '.[openai]'")
+    if program == "agents_sdk":
+        monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")  # nothing leaves the machine
+        pytest.importorskip("agents", reason="the OpenAI Agents SDK: pip install openai-agents")
     edit = hermes_call("edit_file", path="calc/ops.py", old="a - b", new="a + b")
     tests = hermes_call("run_tests")
     script = [Reply(edit, per_char=True), Reply(tests), Reply("fixed", per_char=True)]
@@ -210,7 +234,7 @@ async def test_an_openai_sdk_program_fixes_a_workspace_through_the_endpoint_toke
 
             with OpenAIEndpoint(client) as ep:
                 protocol = AgentProgramProtocol(
-                    mcp_workspace_agent,
+                    PROGRAMS[program],
                     ep,
                     task_from=lambda obs, info: {"instruction": obs, "mcp_url": info["mcp_url"]},
                 )
