@@ -198,10 +198,6 @@ def build_env_training(
     return EnvTraining(task, client, engine, requests, strategy, source, algorithm, trainer, folder=folder)
 
 
-EVAL_NAME = "held-out"
-"""The ``name`` of the evaluations ``train_env(..., eval_every=N)`` writes into ``evals.jsonl``."""
-
-
 async def train_env_async(
     env: Any,
     *,
@@ -218,9 +214,10 @@ async def train_env_async(
     and train ``steps`` optimizer steps; returns the :class:`EnvTraining` (``history`` filled).
     ``save_to``: a folder to save the trained policy into (``True``: the run folder's ``policy/``).
     ``eval_every`` / ``eval_k`` / ``eval_limit`` / ``eval_options``: see :func:`train_env`."""
+    from ludic_lab.eval.during_training import eval_plan, train_evaluating
     from ludic_lab.saving.policy import check_destination
 
-    evaluation = _eval_plan(env, parts.get("parser"), eval_every, eval_k, eval_limit, eval_options)
+    evaluation = eval_plan(env, parts.get("parser"), eval_every, eval_k, eval_limit, eval_options)
     run = build_env_training(env, **parts)
     if save_to is True:
         if run.folder is None:
@@ -231,7 +228,7 @@ async def train_env_async(
     if evaluation is None:
         await run.train(steps, progress=progress)
     else:
-        await _train_evaluating(run, steps, progress, *evaluation)
+        await train_evaluating(run, steps, progress, *evaluation)
     if save_to is not None and save_to is not False:
         from ludic_lab.saving import save_policy
 
@@ -285,125 +282,6 @@ def train_env(
             **parts,
         )  # fmt: skip
     )
-
-
-def _positive_int(name: str, value: Any, *, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"train_env: {name} must be an int >= {low}, got {value!r}")
-    return value
-
-
-def _eval_plan(
-    env: Any,
-    parser: Any,
-    every: Any,
-    k: Any,
-    limit: Any,
-    options: Mapping[str, Any] | None,
-) -> tuple[int, dict[str, Any]] | None:
-    """``(eval_every, task.evaluate's keywords)``, checked before anything loads; None without ``eval_every``."""
-    import inspect
-
-    if every is None:
-        for name, v in (("eval_k", k), ("eval_limit", limit), ("eval_options", options)):
-            if v is not None:
-                raise ValueError(f"train_env: {name} is an option of evaluation during training; set eval_every=N too")
-        return None
-    _positive_int("eval_every", every)
-    kw: dict[str, Any] = {}
-    if options is not None:
-        if not isinstance(options, Mapping):
-            raise TypeError(f"train_env: eval_options must be a mapping of task.evaluate keywords, got {options!r}")
-        kw.update(options)
-    if k is not None:
-        kw["k"] = _positive_int("eval_k", k)
-    if limit is not None:
-        kw["limit"] = _positive_int("eval_limit", limit)
-    task = as_task(env, parser=parser)
-    if task.evaluate is None:
-        raise ValueError(
-            f"train_env(eval_every={every}): task {task.name!r} has no held-out evaluation (Task.evaluate is None); "
-            "give the task an evaluate function (Task(..., evaluate=...)) or leave eval_every out"
-        )
-    try:
-        params = inspect.signature(task.evaluate).parameters
-    except (TypeError, ValueError):  # a callable without a signature: its keywords are its business
-        return every, kw
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        unknown = [n for n in kw if n not in params]
-        if unknown:
-            what = {"k": "eval_k", "limit": "eval_limit"}
-            named = ", ".join(f"{what.get(n, 'eval_options ' + repr(n))}" for n in unknown)
-            takes = ", ".join(n for n in list(params)[1:]) or "nothing"
-            raise ValueError(
-                f"train_env: task {task.name!r}'s evaluate takes no {', '.join(map(repr, unknown))} (from {named}); "
-                f"it takes: {takes}"
-            )
-    return every, kw
-
-
-async def _evaluate_into(run: EnvTraining, step: int, options: dict[str, Any], view: Any) -> dict[str, Any]:
-    """The task's held-out evaluation of the current policy at ``step``: into ``run.evals``,
-    the run folder's ``evals.jsonl`` and the progress view; returns its summary."""
-    assert run.task.evaluate is not None
-    summary = await run.task.evaluate(run.client, **options)
-    if not isinstance(summary, Mapping) and callable(getattr(summary, "summary", None)):
-        summary = summary.summary()
-    if not isinstance(summary, Mapping):
-        raise TypeError(
-            f"task {run.task.name!r}'s evaluate returned {type(summary).__name__}, not a mapping of metrics"
-        )
-    shown = {k: v for k, v in summary.items() if not hasattr(v, "rollouts")}  # an EvalResult stays in memory
-    run.evals.append({"step": step, **shown})
-    if run.folder is not None:
-        run.folder.log_eval(EVAL_NAME, step, shown)
-    if view is not None:
-        show_eval(view, step, shown)
-    return dict(summary)
-
-
-def show_eval(view: Any, step: int, summary: Mapping[str, Any]) -> None:
-    """Show an evaluation in a progress view: its ``log_eval(step, summary)`` when it has one
-    (``TqdmProgress``, ``LivePlot``), else nothing."""
-    log = getattr(view, "log_eval", None)
-    if callable(log):
-        log(step, summary)
-
-
-class _Continuing:
-    """A progress view shared by several ``Trainer.train`` calls: no ``start`` (one bar over all
-    of them), ``close`` left to the caller."""
-
-    def __init__(self, view: Any) -> None:
-        self.view = view
-
-    def step(self, metrics: Mapping[str, Any]) -> None:
-        self.view.step(metrics)
-
-    def close(self) -> None:
-        pass
-
-
-async def _train_evaluating(
-    run: EnvTraining, steps: int, progress: bool | str, every: int, options: dict[str, Any]
-) -> None:
-    """Train ``steps`` steps in chunks of ``every``, evaluating before, between and after."""
-    from ludic_lab.training.progress import make_progress
-
-    view = make_progress(steps, progress, history=run.history)
-    try:
-        step = int(getattr(run.trainer, "step", len(run.history)) or 0)
-        await _evaluate_into(run, step, options, view)
-        done = 0
-        while done < steps:
-            n = min(every, steps - done)
-            shared: Any = _Continuing(view) if view is not None else False  # a view without start(): one bar
-            await run.train(n, progress=shared)
-            done += n
-            await _evaluate_into(run, int(getattr(run.trainer, "step", len(run.history))), options, view)
-    finally:
-        if view is not None:
-            view.close()
 
 
 def _run_dir(out: str, env: str) -> str:
