@@ -5,12 +5,14 @@ schemas and works in one workspace whose files persist across calls; a refused p
 marker; a ``ToolAgent`` reaches the same workspace through ``MCPServer.http``; an agent program
 (the openai SDK with the mcp client, the OpenAI Agents SDK with ``MCPServerStreamableHttp``)
 fixes the bug through the ``OpenAIEndpoint``, its episode one segment of exactly the sampled
-tokens with the MCP results between them at weight 0.
+tokens with the MCP results between them at weight 0; a failing sandbox is an ``isError``
+result kept in ``server.sandbox_error`` (the episode's owner fails the episode with it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from ludic_lab.agents import ToolAgent
 from ludic_lab.agents.mcp_tools import MCPServer
 from ludic_lab.context import FullDialog
 from ludic_lab.endpoint import OpenAIEndpoint
+from ludic_lab.envs.code_exec.sandbox import SandboxCrashError
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.envs.workspace import OutputBudget, Snapshot, WorkspaceTools
 from ludic_lab.envs.workspace.mcp_server import WorkspaceMCPServer
@@ -262,3 +265,20 @@ async def test_an_agent_program_fixes_a_workspace_through_the_endpoint_token_exa
     inserted = raw_decode(chatml_template(), [t for t, m in zip(tr.completion_token_ids, mask, strict=True) if not m])
     assert "Edited calc/ops.py at line 2; it now reads:" in inserted and "(no output)" in inserted
     assert len(second.prompt_token_ids) < len(third.prompt_token_ids)
+
+
+async def test_a_failing_sandbox_is_an_error_result_kept_for_the_episode_and_a_sync_start_serves() -> None:
+    async with pool() as p, p.workspace() as ws:
+        tools = WorkspaceTools(ws)
+        with WorkspaceMCPServer(tools) as server:  # sync start: the calls run on the server's own loop
+            async with mcp_session(server.url) as session:
+                assert await call(session, "shell", command="echo ok") == ("ok\n", False)
+                ws.target = dataclasses.replace(
+                    ws.target, setup=dataclasses.replace(ws.target.setup, bwrap="/bin/false")
+                )
+                text, error = await call(session, "shell", command="ls")
+                assert error and "the workspace sandbox failed running a command" in text
+                text, error = await call(session, "write_file", path="a.txt", content="x")  # still answering
+                assert error and text.startswith("the workspace sandbox failed during a file operation")
+        assert isinstance(server.sandbox_error, SandboxCrashError)
+        assert server.sandbox_error.failure_cause == "sandbox_error" and not server.running
