@@ -71,6 +71,10 @@ class WorkspaceMCPServer:
 
     # -- the MCP side (on the server's thread) ----------------------------------------------------
     def _app(self) -> Any:
+        from importlib.metadata import version
+
+        if int(version("mcp").split(".")[0]) < 2:  # the low-level server's API changed in 2.0
+            raise RuntimeError(f"WorkspaceMCPServer needs mcp >= 2 (installed: {version('mcp')}): pip install -U mcp")
         import mcp.types as types
         from mcp.server.lowlevel import Server
 
