@@ -4,7 +4,8 @@ The rows are in ``tests/conformance_sources.py`` (a Task builder per source: ver
 OpenEnv, TextArena, reasoning-gym, Gymnasium, PettingZoo, the bundled tasks). Each check runs
 on every row, with the tiny model, on the package's own environments:
 
-- ``train_env(task, steps=1, ...)``, the documented one-liner, trains one step; every step of
+- ``train_env(task, steps=1, eval_every=1, ...)``, the documented one-liner, evaluates the held-out
+  split before and after (``evals.jsonl``, the runs table) and trains one step; every step of
   the batch holds exactly the token ids the sampler produced (a recording sampler); each reward
   is the package's own score of that completion (its scorer called here, directly); the run
   folder loads with ``ludic_lab.runs.load_runs``;
@@ -145,10 +146,16 @@ def test_train_env_one_step_on_sampled_ids_and_the_packages_own_rewards(
     from ludic_lab.runs import load_runs
 
     task = built(row)
+    # evaluation during training: the held-out split before the step and after it
+    evaluating = not isinstance(row.evaluate, NA)
+    if not evaluating:
+        with pytest.raises(ValueError, match="has no held-out evaluation"):
+            train_env(task, steps=1, model=tiny_model_dir, eval_every=1, out=None)
+    evals = {"eval_every": 1, "eval_options": row.evaluate} if evaluating else {}
     sampler = RecordingClient(tiny_model_dir, max_batch_size=4)
     try:
         run = train_env(task, steps=1, model=sampler, group_size=2, prompts_per_step=1, max_tokens=row.max_tokens,
-                        config={"lr": 1e-2}, out=str(tmp_path / "run"), progress=False)  # fmt: skip
+                        config={"lr": 1e-2}, out=str(tmp_path / "run"), progress=False, **evals)  # fmt: skip
     finally:
         if row.release is not None:
             row.release(sampler)
@@ -174,6 +181,11 @@ def test_train_env_one_step_on_sampled_ids_and_the_packages_own_rewards(
     assert loaded.info["kind"] == "train_env" and loaded.config["env"] == task.name
     assert list(loaded.metrics["step"]) == [1]
     assert len(loaded.rollouts()) > 0
+    if evaluating:  # before and after, in evals.jsonl, and in the comparison table
+        assert list(runs.evals["step"]) == [0, 1], runs.evals
+        row_table = runs.table().iloc[0]
+        assert row_table["eval_before"] == row_table["eval_before"], row_table  # not NaN
+        assert row_table["eval_after"] == row_table["eval_after"], row_table
 
 
 # -- task.evaluate ----------------------------------------------------------------------------------
