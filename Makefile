@@ -83,18 +83,25 @@ demo: setup
 
 # The suite runs in TEST_WORKERS parallel pytest-xdist workers (2: the suite's servers, kernels
 # and torchrun are single-threaded, so one worker keeps about one core busy; more on a machine
-# with more cores and memory, `make test TEST_WORKERS=4`; 0 runs it in one process).
-# --dist loadgroup: tests marked xdist_group run in one worker (docs/testing.md says which, why).
+# with more cores and memory, `make test TEST_WORKERS=4`; 0 runs it in one process), then the
+# few tests marked `alone` (timing-sensitive under a busy CPU) by themselves. --dist loadgroup:
+# tests that share a server or a module's fixture run in one worker (tests/conftest.py). Both
+# phases always run; the first one's failure (or "no tests", exit 5) decides, else the second's.
 TEST_WORKERS ?= 2
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+define run_tests
+$(PY) -m pytest -q -ra -m "$(1)not alone" --durations=25 -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; \
+echo "== the tests marked alone, by themselves (docs/testing.md)"; \
+$(PY) -m pytest -q -ra -m "$(1)alone" --durations=5; rc2=$$?; \
+if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$rc2
+endef
 
 test: setup-test
-	$(PY) -m pytest -q -ra -m "not extended" --durations=25 $(PYTEST_PARALLEL)
+	$(call run_tests,not extended and )
 
 # Everything, the `extended` tests too (the smoke runs of the tutorials that vary 03_grpo's
 # algorithm or that other tests cover end to end: docs/testing.md).
 test-all: setup-test
-	$(PY) -m pytest -q -ra --durations=25 $(PYTEST_PARALLEL)
+	$(call run_tests,)
 
 lint: setup-test
 	PYTHON=$(PY) bash scripts/lint.sh

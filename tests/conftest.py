@@ -162,6 +162,10 @@ _CONFIG: list[Any] = []
 
 def pytest_configure(config: Any) -> None:
     _CONFIG[:] = [config]
+    config.addinivalue_line(
+        "markers",
+        "alone: timing-sensitive under a busy CPU; make test runs it after the parallel workers, by itself",
+    )
     if _ONE_THREAD:
         import torch  # in case a plugin loaded it before the environment above was set
 

@@ -82,6 +82,7 @@ def test_cascade_refuses_a_training_call() -> None:
         grouped_attention_forward("sdpa", mod, q, k, v, None, ludic_shared=shared)
 
 
+@pytest.mark.alone  # the episodes' turns must reach the batcher together: a busy CPU spreads them
 @pytest.mark.parametrize("kv_cache", ["slab", "dynamic"])
 async def test_episodes_on_a_shared_prefix_sample_like_without_it(tiny_model_dir: str, kv_cache: str) -> None:
     """Six three-turn episodes whose prompts share a 90-token system prompt arrive at once (and

@@ -190,6 +190,7 @@ async def test_parent_environment_is_not_inherited(monkeypatch):
     assert "'HOME': '/sandbox'" in r.stdout
 
 
+@pytest.mark.alone  # checks the processes are gone right after the execution: a busy CPU slows the kill
 @needs_bwrap
 async def test_background_processes_die_with_the_execution():
     code = (

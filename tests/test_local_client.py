@@ -275,6 +275,7 @@ async def test_calls_arriving_during_a_static_batch_go_to_the_next_batch(tiny_mo
     assert min(answered) > first_batch_forwards  # they waited for the whole first batch
 
 
+@pytest.mark.alone  # the late calls must reach the batcher within a decode step or two: a busy CPU delays them
 async def test_calls_arriving_during_a_continuous_batch_join_it_and_leave_first(own_client):
     """The default scheduler: late requests join the running decode at a token boundary
     (one prefill, then the same decode steps as the long ones) and are answered while the

@@ -221,6 +221,7 @@ async def test_every_response_is_sampled_whole_under_the_version_it_reports(push
     assert {v for _, v, _ in results} <= {v0, v0 + 1}
 
 
+@pytest.mark.alone  # the update must overlap a running generation within a 10 ms client timeout
 @pytest.mark.vllm
 async def test_a_client_timeout_during_an_update_leaves_the_server_consistent(pusher, base_model, tiny_model_dir):
     """The client gives up (10 ms) while the server drains an in-flight generation and loads:
