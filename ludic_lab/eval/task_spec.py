@@ -2,7 +2,8 @@
 JSONL file, reasoning-gym's generators, or any Python object as ``module:factory``.
 
 - ``"capitals"``: the capitals task's held-out (test) countries, 20 tokens (the ``ludic-lab
-  demo`` task); ``"digits"``: 32 fresh prompts of the digits task.
+  demo`` task); ``"digits"``: 32 fresh prompts of the digits task; ``"bugfix"``: the 20
+  held-out bug-fix tasks as workspace episodes (:func:`~ludic_lab.task.bugfix.bugfix_task`), 512 tokens a turn.
 - ``"reasoning_gym:NAME"``: the held-out rows of reasoning-gym's generator ``NAME`` as
   :func:`~ludic_lab.task.external.reasoning_gym.reasoning_gym_task` holds them out by default
   (100 rows after the 1,000 training rows of seed 0), scored by reasoning-gym, 256 tokens.
@@ -27,7 +28,7 @@ from ludic_lab.task.definition import Task
 
 REASONING_GYM_PREFIX = "reasoning_gym:"
 """A task name ``reasoning_gym:NAME`` is reasoning-gym's generator ``NAME`` (held-out rows)."""
-NAMES = ("capitals", "digits", REASONING_GYM_PREFIX + "NAME")
+NAMES = ("capitals", "digits", "bugfix", REASONING_GYM_PREFIX + "NAME")
 """The task names :func:`named_task` knows (besides the ``extra`` a caller adds)."""
 
 
@@ -59,6 +60,10 @@ def named_task(name: str, *, extra: Mapping[str, Callable[[], EvalTask]] | None 
         from ludic_lab.task.digits import SEEDS, digits_task
 
         return EvalTask(digits_task(), tuple(range(SEEDS, SEEDS + 32)), 20)  # seeds past those training walks
+    if name == "bugfix":
+        from ludic_lab.task.bugfix import bugfix_task
+
+        return EvalTask(bugfix_task("heldout"), None, 512)  # the held-out split as the task's own rows
     if name.startswith(REASONING_GYM_PREFIX):
         from ludic_lab.task.external.reasoning_gym import ReasoningGymEnv, ReasoningGymEnvFactory, reasoning_gym_task
 
