@@ -4,10 +4,15 @@
 from __future__ import annotations
 
 import math
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+RESERVED_ROOTS = frozenset(
+    {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "proc", "dev", "tmp", "sandbox", "workspace", "site"}
+)
+"""Top-level names of the sandbox's own mounts, where no :attr:`WorkspaceConfig.links` path may stand."""
 Strategy = Literal["auto", "overlay", "copy"]
 """How a workspace is made from its snapshot: ``overlay`` (the snapshot read-only below a
 private upper directory, mounted per command in a mount namespace of its own: milliseconds
@@ -109,6 +114,11 @@ class WorkspaceConfig:
     """Extra environment variables of every command (on top of PATH, HOME, LANG, ...)."""
     seccomp: bool = True
     """The system-call filter of :mod:`~ludic_lab.envs.code_exec.seccomp` (x86-64)."""
+    links: Mapping[str, str] = field(default_factory=dict)
+    """Symbolic links made in the sandbox's read-only root, path -> target: e.g. ``{"/app":
+    "/workspace"}`` for a task written for a container working in ``/app``. A link grants no
+    access (its target is what the sandbox can already reach); it may not stand where the
+    sandbox mounts something (:data:`RESERVED_ROOTS`, the interpreter's installation)."""
 
     def __post_init__(self) -> None:
         if self.strategy not in ("auto", "overlay", "copy"):
@@ -116,3 +126,11 @@ class WorkspaceConfig:
         for key, value in self.env.items():
             if not isinstance(key, str) or not isinstance(value, str) or not key or "=" in key or "\0" in key + value:
                 raise ValueError(f"WorkspaceConfig.env must map names to strings, got {key!r}: {value!r}")
+        for path, target in self.links.items():
+            ok = isinstance(path, str) and isinstance(target, str) and "\0" not in path + target
+            if not ok or not path.startswith("/") or not target.startswith("/") or posixpath.normpath(path) != path:
+                raise ValueError(f"WorkspaceConfig.links maps absolute, normalized paths to absolute targets, got "
+                                 f"{path!r}: {target!r}")  # fmt: skip
+            if path == "/" or path.split("/")[1] in RESERVED_ROOTS or path.split("/")[1].startswith("ws_inside"):
+                raise ValueError(f"WorkspaceConfig.links: {path!r} would stand where the sandbox mounts its own "
+                                 f"files ({', '.join(sorted(RESERVED_ROOTS))})")  # fmt: skip

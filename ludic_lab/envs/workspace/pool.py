@@ -111,7 +111,7 @@ class WorkspacePool:
         else:  # the venv's packages fit the venv's own base interpreter only
             sites = package_folders() if cfg.python is None else ()
         self.setup = prepare(self.root, interpreter, bwrap=bwrap, sites=sites, seccomp=cfg.seccomp, env=cfg.env,
-                             tmpfs_bytes=cfg.limits.tmpfs_bytes)  # fmt: skip
+                             tmpfs_bytes=cfg.limits.tmpfs_bytes, links=tuple(cfg.links.items()))  # fmt: skip
         base = self.uid_base
         self._free_uids = (
             [base + 1 + i for i in range(self.max_workspaces)] if base is not None else [None] * self.max_workspaces

@@ -56,6 +56,8 @@ class SandboxSetup:
     """Host folder holding the ``sitecustomize.py`` that adds ``/site/N`` to ``sys.path``."""
     env: Mapping[str, str] = field(default_factory=dict)
     tmpfs_bytes: int = 128 * 2**20
+    links: tuple[tuple[str, str], ...] = ()
+    """Symbolic links (path, target) made in the root (:attr:`WorkspaceConfig.links`)."""
 
     def environment(self) -> dict[str, str]:
         """The commands' environment: a PATH that finds ``python`` first, HOME and TMPDIR in
@@ -104,9 +106,14 @@ def prepare(
     seccomp: bool,
     env: Mapping[str, str],
     tmpfs_bytes: int,
+    links: Sequence[tuple[str, str]] = (),
 ) -> SandboxSetup:
     """Write the pool's shared files into ``root`` (the first program, compiled once; the
     seccomp filter; the ``sitecustomize``) and describe the sandbox."""
+    home = interpreter.prefix
+    for link, _ in links:
+        if link == home or link.startswith(home + "/") or home.startswith(link + "/"):
+            raise ValueError(f"WorkspaceConfig.links: {link!r} would stand where the interpreter ({home}) is mounted")
     src, pyc = os.path.join(root, "inside.py"), os.path.join(root, "inside.pyc")
     with open(INSIDE_SOURCE, "rb") as f_in, open(src, "wb") as f_out:
         f_out.write(f_in.read())
@@ -141,6 +148,7 @@ def prepare(
         boot=boot,
         env=dict(env),
         tmpfs_bytes=tmpfs_bytes,
+        links=tuple(links),
     )
 
 
@@ -168,5 +176,10 @@ def workspace_argv(
         args += ["--ro-bind", setup.boot, "/site/boot"]
     args += ["--ro-bind", setup.inside, "/ws_inside" + os.path.splitext(setup.inside)[1]]
     args += ["--bind", mount, "/workspace"]
+    for path, target in setup.links:  # parents as bwrap makes them are 0700: unusable by the sandbox's user
+        parts = path.strip("/").split("/")[:-1]
+        for i in range(len(parts)):
+            args += ["--perms", "0755", "--dir", "/" + "/".join(parts[: i + 1])]
+        args += ["--symlink", target, path]
     args += sealing_args(info_fd=info_fd, seccomp_fd=seccomp_fd, env=setup.environment())
     return [*args, setup.interpreter.executable, "-I", "-S", "/ws_inside" + os.path.splitext(setup.inside)[1]]
