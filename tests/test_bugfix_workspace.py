@@ -16,9 +16,9 @@ import time
 from typing import Any
 
 import pytest
+from recording_clients import RecordingClient
 
 from ludic_lab.data.bugfix import load_bugfix_tasks
-from ludic_lab.inference.local.client import LocalChatClient
 from ludic_lab.rendering.hermes import ToolCallScan
 from ludic_lab.task.bugfix import bugfix_task
 from ludic_lab.task.bugfix_baseline import solve_bugfix_tasks
@@ -67,19 +67,6 @@ async def test_the_scripted_agent_solves_the_tasks_and_the_buggy_snapshots_solve
         info = r.steps[0].info
         assert info["fail_to_pass"] == {"passed": 0, "total": len(t.fail_to_pass)}, (t.id, info["tests"])
         assert info["pass_to_pass"] == {"passed": len(t.pass_to_pass), "total": len(t.pass_to_pass)}
-
-
-class RecordingClient(LocalChatClient):
-    """The in-process sampler, keeping ``(prompt ids, completion ids)`` of every completion."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sampled: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-
-    async def complete(self, request: Any) -> Any:
-        response, info = await super().complete(request)
-        self.sampled.append((tuple(response.prompt_token_ids or ()), tuple(response.completion_token_ids or ())))
-        return response, info
 
 
 def run_tests_call(text: str) -> ToolCallScan:

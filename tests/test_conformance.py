@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from conformance_sources import NA, ROWS, SOURCE_IDS, Source, close
+from recording_clients import RecordingClient
 from verifiers_helpers import verifiers_envs_importable
 
 from ludic_lab.inference.local.client import LocalChatClient
@@ -37,19 +38,6 @@ from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfi
 from ludic_lab.task import Task
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class RecordingClient(LocalChatClient):
-    """The in-process sampler, keeping ``(prompt ids, completion ids)`` of every completion it made."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sampled: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-
-    async def complete(self, request: Any) -> Any:
-        response, info = await super().complete(request)
-        self.sampled.append((tuple(response.prompt_token_ids or ()), tuple(response.completion_token_ids or ())))
-        return response, info
 
 
 def _param(row: Source) -> Any:

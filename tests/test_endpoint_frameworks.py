@@ -34,7 +34,8 @@ pytest.importorskip("langgraph", reason="LangGraph: pip install langgraph langch
 pytest.importorskip("langchain_openai", reason="LangGraph: pip install langgraph langchain-openai")
 
 from endpoint_helpers import ProductEnv, program_engine, requests
-from helpers import Reply, ScriptedChatClient, chatml_template, raw_decode
+from helpers import Reply, chatml_template, raw_decode
+from recording_clients import RecordingScriptedClient as RecordingClient
 from trainer_helpers import load_model
 
 from ludic_lab.distributed import ClientPublisher
@@ -163,19 +164,6 @@ FRAMEWORKS = {"agents_sdk": agents_sdk_program, "langgraph": langgraph_program}
 
 
 # -- one tool episode on the scripted backend ----------------------------------------------------
-
-
-class RecordingClient(ScriptedChatClient):
-    """A ScriptedChatClient that also keeps every response it produced."""
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.responses: list[Any] = []
-
-    async def complete(self, request: Any) -> tuple[Any, dict[str, Any]]:
-        resp, info = await super().complete(request)
-        self.responses.append(resp)
-        return resp, info
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])

@@ -26,7 +26,8 @@ import pytest
 pytest.importorskip("verifiers", reason="the verifiers extra: pip install -e '.[verifiers]'")
 pytest.importorskip("openai", reason="the openai extra (the endpoint): pip install -e '.[openai]'")
 pytest.importorskip("httpx", reason="the openai extra (the endpoint): pip install -e '.[openai]'")
-from helpers import Reply, ScriptedChatClient
+from helpers import Reply
+from recording_clients import RecordingScriptedClient as RecordingClient
 from trainer_helpers import teach_item
 from verifiers_helpers import rescore, verifiers_envs_importable
 
@@ -59,19 +60,6 @@ def engine(source: Any, endpoint: Any) -> RolloutEngine:
 def requests(n: int, seed0: int = 0) -> list[RolloutRequest]:
     return [RolloutRequest(EnvSpec("calc"), ProtocolSpec("vf"), env_seed=0, sampling_seed=seed0 + i, inference=SPEC)
             for i in range(n)]  # fmt: skip
-
-
-class RecordingClient(ScriptedChatClient):
-    """A ScriptedChatClient that also keeps every response it produced."""
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.responses: list[Any] = []
-
-    async def complete(self, request: Any) -> tuple[Any, dict[str, Any]]:
-        resp, info = await super().complete(request)
-        self.responses.append(resp)
-        return resp, info
 
 
 @pytest.fixture(scope="module")
