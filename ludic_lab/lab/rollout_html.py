@@ -39,6 +39,15 @@ from ludic_lab.types import Rollout, Step
 Weights = Mapping[tuple[str, int], float]
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
 
+CUT_NOTE = (
+    "<b>{n} of {total}</b> replies shown were cut at <code>max_tokens</code> (marked <i>cut</i>). An agent "
+    "that rejects incomplete completions (the default, as in Ludic) does not hand a cut reply to the env: "
+    "it scores it with its penalty (-0.1 by default), so in a right-or-wrong task a right answer that was "
+    "cut scores below a complete wrong one (0) and is pushed down. Raise <code>max_tokens</code>, or pass "
+    "<code>reject_incomplete_completions=False</code> to let the env judge cut replies."
+)
+"""What a cut reply's reward means, shown above the cards when any of them was cut."""
+
 
 def reasoning_mask(ids: Sequence[int], tokenizer: Any) -> list[int] | None:
     """1 for each of ``ids`` inside a ``<think>...</think>`` block (tags included), else 0;
@@ -72,7 +81,13 @@ def _reasoning_html(s: Step) -> str:
 def _step_html(r: Rollout, s: Step, weights: Weights | None, tok: Any, scale: float) -> str:
     w = None if weights is None else weights.get((r.id, s.index))
     flags = [f for f, on in (("terminated", s.terminated), ("truncated", s.truncated)) if on]
-    if s.info.get("parse_error"):
+    if s.info.get("incomplete_completion"):
+        rejected = s.parsed_action is None and bool(s.info.get("parse_error"))
+        flags.append(
+            "<span class='ll-err'>cut</span> at max_tokens: "
+            + ("the agent's penalty, not judged by the env" if rejected else "the env judged the cut reply")
+        )
+    elif s.info.get("parse_error"):
         flags.append("parse error")
     observed = bool(s.info.get("observation_only"))
     if observed:
@@ -200,16 +215,29 @@ def rollouts_html(
     tokenizer: Any = None,
     max_rollouts: int = 64,
     title: str | None = None,
+    show: Sequence[Rollout] | None = None,
 ) -> str:
     """The token view of ``rollouts``: groups (by ``group_id``) of sibling cards side by side,
     each with reward, advantage and its steps' tokens; one colour scale per group.
 
     ``weights`` colours completion tokens by each step's credit; ``tokenizer`` (or the
-    display tokenizer) decodes token ids. Shows at most ``max_rollouts`` (says how many more).
+    display tokenizer) decodes token ids. ``show``: the rollouts of ``rollouts`` to draw
+    (default the first ``max_rollouts``, saying how many more); a group's header, mean reward and
+    scale are always the whole group's, with how many of its siblings are shown.
     """
     rs = [rollouts] if isinstance(rollouts, Rollout) else list(rollouts)
     tok = resolve_tokenizer(tokenizer)
-    shown, rest = rs[:max_rollouts], len(rs) - max_rollouts
+    if show is None:
+        shown, rest = rs[:max_rollouts], len(rs) - max_rollouts
+    else:
+        wanted = {id(r) for r in show} | {r.id for r in show}
+        shown, rest = [r for r in rs if id(r) in wanted or r.id in wanted], 0
+        if len(shown) < len({r.id for r in show}):
+            raise ValueError(
+                f"show: {len({r.id for r in show}) - len(shown)} of the rollouts to show are not among the "
+                "rollouts given; pass them all and the ones to show, e.g. credit_view(rollouts, show=rollouts[:2])"
+            )
+    whole = {r.id: g for _, g in _groups(rs) for r in g}
     parts = []
     if title:
         parts.append(f"<h3>{html.escape(title)}</h3>")
@@ -222,14 +250,23 @@ def rollouts_html(
     overall = _group_scale(shown, weights)
     if weights is not None:
         parts.append(legend_html(overall))
+    cut = sum(1 for r in shown for s in r.steps if s.info.get("incomplete_completion"))
+    if cut:
+        n_steps = sum(len(r.steps) for r in shown)
+        parts.append(f"<div class='ll-head ll-cut-note'>{CUT_NOTE.format(n=cut, total=n_steps)}</div>")
     for gid, group in _groups(shown):
-        scale = _group_scale(group, weights)
-        rewards = [r.total_reward for r in group]
-        if len(group) > 1 or gid is not None:
-            mean = sum(rewards) / len(rewards)
+        full = whole[group[0].id]  # every sibling given, shown or not
+        scale = _group_scale(full, weights)
+        if len(full) > 1 or gid is not None:
+            rewards = [r.total_reward for r in full]
+            n, k = len(full), len(group)
+            size = f"{n} rollout{'s' if n != 1 else ''}" + ("" if k == n else f", {k} shown")
+            mean = f"reward mean {fmt(sum(rewards) / n)}" + ("" if k == n else f" (all {n})")
             parts.append(
-                f"<div class='ll-ghead'>group <b>{html.escape(str(gid)[:12])}</b> · {len(group)} rollout(s) · "
-                f"reward mean {fmt(mean)}" + ("" if weights is None else f" · scale ±{scale:.3g}") + "</div>"
+                f"<div class='ll-ghead' data-group-size='{n}' data-shown='{k}'>group "
+                f"<b>{html.escape(str(gid)[:12])}</b> · {size} · {mean}"
+                + ("" if weights is None else f" · scale ±{scale:.3g}")
+                + "</div>"
             )
         cards = "".join(_card_html(r, weights, tok, scale) for r in group)
         parts.append(

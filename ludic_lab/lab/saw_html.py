@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ludic_lab.lab.rollout_html import rewards_html
+from ludic_lab.lab.rollout_html import CUT_NOTE, rewards_html
 from ludic_lab.lab.token_html import fmt, legend_html, resolve_tokenizer, scale_of, sequence_html, view_html
 from ludic_lab.rollouts.saw import SAWBatch, SAWItem
 from ludic_lab.types import Rollout, Step
@@ -65,6 +65,8 @@ def _card(it: SAWItem, tok: Any, scale: float, logprobs: Sequence[float] | None,
         f"adv <b>{fmt(adv)}</b>",
         f"{it.num_tokens} tokens ({it.num_action_tokens} action)",
     ]
+    if it.meta.get("finish_reason") == "length":
+        bits.append("<span class='ll-err' title='cut at max_tokens: see the note above the cards'>cut</span>")
     if it.policy_version is not None:
         bits.append(f"policy v{it.policy_version}")
     if it.rollout_id:
@@ -96,6 +98,43 @@ def _grouped(items: Sequence[tuple[int, SAWItem]]) -> list[list[tuple[int, SAWIt
     return list(groups.values())
 
 
+def _selected(items: list[SAWItem], show: Sequence[SAWItem] | None, max_items: int) -> list[tuple[int, SAWItem]]:
+    """``(index, item)`` of the items to draw: the first ``max_items``, or those of ``show``
+    (items of ``items``, matched by identity or equality), in the batch's order."""
+    if show is None:
+        return list(enumerate(items[:max_items]))
+    picked = list(show)
+    ids = {id(it) for it in picked}
+    out = [(k, it) for k, it in enumerate(items) if id(it) in ids or it in picked]
+    if len(out) < len({id(it) for it in picked}):
+        raise ValueError(
+            f"show: {len(picked) - len(out)} of the {len(picked)} items to show are not items of the batch given; "
+            "pass the whole batch and the items to show from it, e.g. credit_view(batch, show=batch.items[:4])"
+        )
+    return out
+
+
+def _group_head(gid: str, group: Sequence[SAWItem], n_shown: int, scale: float) -> str:
+    """A group's header from the whole group: its size (and how many are shown), mean reward, scale."""
+    rewards = [it.reward for it in group]
+    n = len(group)
+    size = f"{n} sibling{'s' if n != 1 else ''}" + ("" if n_shown == n else f", {n_shown} shown")
+    mean = f"reward mean {fmt(sum(rewards) / n)}" + ("" if n_shown == n else f" (all {n})")
+    return (
+        f"<div class='ll-ghead' data-group-size='{n}' data-shown='{n_shown}'>group "
+        f"<b>{html.escape(gid[:12])}</b> · {size} · {mean} · scale ±{scale:.3g}</div>"
+    )
+
+
+def _cut_note(items: Sequence[SAWItem]) -> str:
+    """A note on the shown items whose reply was cut at ``max_tokens`` (finish reason ``length``):
+    what such a reward means, next to the cards that carry it."""
+    cut = [it for it in items if it.meta.get("finish_reason") == "length"]
+    if not cut:
+        return ""
+    return f"<div class='ll-head ll-cut-note'>{CUT_NOTE.format(n=len(cut), total=len(items))}</div>"
+
+
 def saw_batch_html(
     batch: SAWBatch | Sequence[SAWItem] | SAWItem,
     *,
@@ -104,11 +143,14 @@ def saw_batch_html(
     max_items: int = 64,
     title: str | None = None,
     rollouts: Sequence[Rollout] | None = None,
+    show: Sequence[SAWItem] | None = None,
 ) -> str:
     """The credit view of a batch (or items, or one item): groups of siblings side by side,
     one colour scale per group; ``logprobs[i]`` (current policy, aligned with item ``i``'s
     ``input_ids``) adds ratios; ``rollouts`` (those the items came from) adds each step's
-    reward lines under its card. Shows at most ``max_items`` (says how many more)."""
+    reward lines under its card. ``show``: the items of ``batch`` to draw (default all, at most
+    ``max_items``); a group's header, mean reward and colour scale are always the whole group's,
+    with how many of its siblings are shown."""
     if isinstance(batch, SAWItem):
         items: list[SAWItem] = [batch]
         meta: dict[str, Any] = {}
@@ -126,7 +168,7 @@ def saw_batch_html(
             "rollout_id and step_index); pass the rollouts of this batch, e.g. rollouts=source.last_rollouts "
             "right after source.next_batch()"
         )
-    shown = list(enumerate(items[:max_items]))
+    shown = _selected(items, show, max_items)
     parts = []
     if title:
         parts.append(f"<h3>{html.escape(title)}</h3>")
@@ -146,16 +188,16 @@ def saw_batch_html(
             "<code>ludic_lab.lab.token_html.set_display_tokenizer(tokenizer)</code> "
             "or pass <code>tokenizer=</code> to see text</div>"
         )
+    whole = {id(g[0][1]): g for g in _grouped(list(enumerate(items)))}
+    of_group = {id(it): whole[id(g[0][1])] for g in whole.values() for _, it in g}
     parts.append(legend_html(scale_of([w for _, it in shown for w in _effective(it)])))
+    parts.append(_cut_note([it for _, it in shown]))
     for group in _grouped(shown):
-        scale = scale_of([w for _, it in group for w in _effective(it)])
+        full = of_group[id(group[0][1])]  # every sibling in the batch, shown or not
+        scale = scale_of([w for _, it in full for w in _effective(it)])
         gid = group[0][1].group_id
         if gid is not None:
-            rewards = [it.reward for _, it in group]
-            parts.append(
-                f"<div class='ll-ghead'>group <b>{html.escape(str(gid)[:12])}</b> · {len(group)} sibling(s) · "
-                f"reward mean {fmt(sum(rewards) / len(rewards))} · scale ±{scale:.3g}</div>"
-            )
+            parts.append(_group_head(str(gid), [it for _, it in full], len(group), scale))
         cards = "".join(
             _card(it, tok, scale, None if logprobs is None else logprobs[k], steps.get((it.rollout_id, it.step_index)))
             for k, it in group
@@ -164,7 +206,7 @@ def saw_batch_html(
             f"<div class='ll-group' data-group-id='{html.escape(str(gid), quote=True)}' "
             f"data-scale='{scale!r}'>{cards}</div>"
         )
-    if len(items) > max_items:
+    if show is None and len(items) > max_items:
         parts.append(
             f"<div class='ll-head'>… {len(items) - max_items} more item(s) not shown (max_items={max_items})</div>"
         )

@@ -35,6 +35,8 @@ NEG_RGB = (178, 24, 43)
 MASKED_BG = "rgb(221, 221, 221)"
 """Background of masked tokens (not trained on): neutral grey."""
 MASKED_FG = "rgb(102, 102, 102)"
+COLOUR_NAMES = {"positive": "blue", "negative": "red", "zero": "white", "masked": "grey"}
+"""The colours' names, as the legend (and any prose about a credit view) says them."""
 MIN_TINT = 0.15
 """Smallest tint of a non-zero weight, so its sign stays visible however small it is."""
 
@@ -49,8 +51,9 @@ CSS = """
 .ll-view .ll-id{font-size:11px}
 .ll-view .ll-head{font-size:12px;color:#444;margin:2px 0 4px 0}
 .ll-view .ll-head b{color:#111}
-.ll-view .ll-group{display:flex;gap:8px;overflow-x:auto;align-items:flex-start;margin:6px 0 12px 0}
-.ll-view .ll-card{flex:1 1 0;min-width:18em;border:1px solid #d0d0d0;border-radius:4px;padding:6px 8px;background:#fff}
+.ll-view .ll-group{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(18em,100%),1fr));gap:8px;
+  align-items:start;margin:6px 0 12px 0}
+.ll-view .ll-card{min-width:0;border:1px solid #d0d0d0;border-radius:4px;padding:6px 8px;background:#fff}
 .ll-view .ll-ghead{font-size:12.5px;border-bottom:1px solid #ccc;margin-top:10px;padding-bottom:2px}
 .ll-view details>summary{cursor:pointer;color:#666;font-size:12px}
 .ll-view .ll-msg{white-space:pre-wrap;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;
@@ -106,9 +109,13 @@ def legend_html(scale: float) -> str:
         (weight_rgb(scale, scale), f"{scale:+.3g}"),
     ]
     spans = "".join(f"<span style='{_style(rgb)};border:1px solid #ccc'>{txt}</span>" for rgb, txt in parts)
+    c = COLOUR_NAMES
     return (
         f"<div class='ll-legend ll-head'>weight (x action mask): {spans}"
-        f"<span style='background:{MASKED_BG};color:{MASKED_FG}'>masked</span></div>"
+        f"<span style='background:{MASKED_BG};color:{MASKED_FG}'>masked</span> · "
+        f"<b>{c['positive']}</b>: pushed up (made more likely) · <b>{c['negative']}</b>: pushed down · "
+        f"{c['zero']}: weight 0, no signal · {c['masked']}: masked, not trained (prompt, tool results, "
+        "observations)</div>"
     )
 
 

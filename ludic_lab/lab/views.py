@@ -45,14 +45,17 @@ def credit_view(
     max_items: int = 64,
     title: str | None = None,
     rollouts: Sequence[Rollout] | None = None,
+    show: Sequence[Any] | None = None,
 ) -> HTMLView:
     """The token view of ``obj`` (a Rollout or list of them, a SAWItem, a list of items or a
     SAWBatch). ``weights`` colours rollouts by credit; ``logprobs`` (from
     :func:`policy_logprobs`) adds ratios to SAW views; ``rollouts`` (those SAW items came
-    from) adds each card's reward lines (a judge's score, verdicts); ``tokenizer`` decodes tokens.
+    from) adds each card's reward lines (a judge's score, verdicts); ``tokenizer`` decodes tokens;
+    ``show``: which of them to draw (groups are still described whole: size, mean, scale).
 
     Example: ``credit_view(rollouts, weights=GroupNormalizedReturn()(rollouts), tokenizer=client)``;
-    ``credit_view(batch, tokenizer=client, rollouts=source.last_rollouts)``.
+    ``credit_view(batch, tokenizer=client, rollouts=source.last_rollouts)``;
+    ``credit_view(batch, show=[best, worst], tokenizer=client)``.
     """
     seq = list(obj) if isinstance(obj, (list, tuple)) else None
     if isinstance(obj, Rollout) or (seq and all(isinstance(r, Rollout) for r in seq)):
@@ -61,13 +64,19 @@ def credit_view(
         if rollouts is not None:
             raise ValueError("`rollouts` applies to SAW items (their reward lines); a rollout view shows its own")
         rs = [obj] if isinstance(obj, Rollout) else list(obj)
-        body = rollouts_html(rs, weights=weights, tokenizer=tokenizer, max_rollouts=max_items, title=title)
+        body = rollouts_html(rs, weights=weights, tokenizer=tokenizer, max_rollouts=max_items, title=title, show=show)
         return HTMLView(body, title or "rollouts")
     if isinstance(obj, (SAWBatch, SAWItem)) or (seq and all(isinstance(i, SAWItem) for i in seq)):
         if weights is not None:
             raise ValueError("SAW items carry their own weights; `weights` applies to rollouts")
         body = saw_batch_html(
-            obj, tokenizer=tokenizer, logprobs=logprobs, max_items=max_items, title=title, rollouts=rollouts
+            obj,
+            tokenizer=tokenizer,
+            logprobs=logprobs,
+            max_items=max_items,
+            title=title,
+            rollouts=rollouts,
+            show=show,
         )
         return HTMLView(body, title or "credit")
     raise TypeError(f"credit_view shows Rollouts, SAWItems or a SAWBatch, got {type(obj).__name__}")
