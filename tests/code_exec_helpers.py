@@ -3,8 +3,13 @@ exist (to check that a test left none), the bwrap skip marker, and a small test 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -57,3 +62,38 @@ def pool(**kw) -> SandboxPool:
     """A small pool for the tests (stdout cap 64 KiB, 16 processes)."""
     kw.setdefault("limits", SandboxLimits(max_stdout_bytes=64 * 1024, processes=16))
     return SandboxPool(kw.pop("size", 1), **kw)
+
+
+@dataclass
+class HostListener:
+    """A TCP server on the host's 127.0.0.1: ``port`` to aim at, ``accepted`` the connections it saw."""
+
+    port: int
+    accepted: list[object] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def host_listener() -> Iterator[HostListener]:
+    """Listen on the host's loopback while the block runs (a sandbox must never reach it)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    srv.settimeout(0.2)
+    listener = HostListener(srv.getsockname()[1])
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                listener.accepted.append(srv.accept())
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield listener
+    finally:
+        stop.set()
+        t.join()
+        srv.close()

@@ -22,19 +22,12 @@ from ludic_lab.data.bugfix import load_bugfix_tasks
 from ludic_lab.rendering.hermes import ToolCallScan
 from ludic_lab.task.bugfix import bugfix_task
 from ludic_lab.task.bugfix_baseline import solve_bugfix_tasks
-from tests.workspace_helpers import needs_bwrap, sandbox_processes, workspace_dirs
+from tests.workspace_helpers import (
+    machine_as_before,  # noqa: F401 (autouse: the test leaves nothing behind)
+    needs_bwrap,
+)
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(600)]
-
-
-@pytest.fixture(autouse=True)
-def machine_as_before():
-    # what was there before (a long-lived sandbox of another test in this worker, e.g. the
-    # reasoning-gym scorer's server) is not this test's
-    dirs, running = workspace_dirs(), set(sandbox_processes())
-    yield
-    assert set(sandbox_processes()) - running == set(), "a sandboxed process outlived its command"
-    assert workspace_dirs() - dirs == set(), "a workspace or pool directory was left behind"
 
 
 def baseline_tasks() -> list:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ludic_lab.envs.code_exec import RunConfig, SandboxLimits, TestCase, run_tests
-from tests.code_exec_helpers import needs_bwrap, pool, sandbox_dirs, sandbox_processes
+from tests.code_exec_helpers import host_listener, needs_bwrap, pool, sandbox_dirs, sandbox_processes
 
 
 @pytest.fixture(autouse=True)
@@ -94,43 +92,23 @@ async def test_huge_stdout_is_truncated_and_the_program_killed():
 
 @needs_bwrap
 async def test_no_network_not_even_a_local_server():
-    accepted: list[object] = []
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    srv.settimeout(0.2)
-    port = srv.getsockname()[1]
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                accepted.append(srv.accept())
-            except OSError:
-                pass
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    code = (
-        "import socket\n"
-        f"for what, fn in [('connect', lambda: socket.create_connection(('127.0.0.1', {port}), timeout=1)),\n"
-        "                 ('dns', lambda: socket.getaddrinfo('example.com', 80)),\n"
-        "                 ('udp', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('8.8.8.8', 53)))]:\n"
-        "    try:\n        fn(); print(what, 'REACHED')\n"
-        "    except OSError as e:\n        print(what, 'blocked', type(e).__name__)\n"
-        "print('interfaces', [n for _, n in socket.if_nameindex()])\n"
-    )
-    try:
+    with host_listener() as host:
+        port = host.port
+        code = (
+            "import socket\n"
+            f"for what, fn in [('connect', lambda: socket.create_connection(('127.0.0.1', {port}), timeout=1)),\n"
+            "                 ('dns', lambda: socket.getaddrinfo('example.com', 80)),\n"
+            "                 ('udp', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('8.8.8.8', 53)))]:\n"
+            "    try:\n        fn(); print(what, 'REACHED')\n"
+            "    except OSError as e:\n        print(what, 'blocked', type(e).__name__)\n"
+            "print('interfaces', [n for _, n in socket.if_nameindex()])\n"
+        )
         async with pool() as p:
             r = await p.execute(code, timeout_s=5)
-    finally:
-        stop.set()
-        t.join()
-        srv.close()
     assert r.ok, r
     assert "REACHED" not in r.stdout and r.stdout.count("blocked") == 3, r.stdout
     assert "interfaces ['lo']" in r.stdout
-    assert accepted == []  # the host's server never saw a connection
+    assert host.accepted == []  # the host's server never saw a connection
 
 
 @needs_bwrap

@@ -24,7 +24,11 @@ from ludic_lab.task.hidden_tests import HiddenTests, parse_outcomes
 from ludic_lab.task.repo_env import RepoEnvSettings, RepoTask
 from ludic_lab.task.repo_task import repo_task
 from tests.helpers import ScriptedChatClient, chatml_template
-from tests.workspace_helpers import needs_bwrap, sandbox_processes, workspace_dirs
+from tests.workspace_helpers import (
+    machine_as_before,  # noqa: F401 (autouse: the test leaves nothing behind)
+    needs_bwrap,
+    workspace_dirs,
+)
 
 pytestmark = needs_bwrap
 F2P, P2P = "tests/test_ops.py::test_add", "tests/test_ops.py::test_mul"
@@ -38,16 +42,6 @@ PASSING_CONFTEST = (
     "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
 )
 FAKE_PYTEST = f"print('PASSED {F2P}')\nprint('PASSED {P2P}')\nprint('2 passed')\n"
-
-
-@pytest.fixture(autouse=True)
-def machine_as_before():
-    # what was there before (a long-lived sandbox of another test in this worker, e.g. the
-    # reasoning-gym scorer's server) is not this test's
-    dirs, running = workspace_dirs(), set(sandbox_processes())
-    yield
-    assert set(sandbox_processes()) - running == set(), "a sandboxed process outlived its command"
-    assert workspace_dirs() - dirs == set(), "a workspace or pool directory was left behind"
 
 
 def buggy_repo(root: Path) -> Path:

@@ -22,17 +22,15 @@ import pytest
 
 from ludic_lab.envs.workspace import Snapshot, SnapshotError, WorkspaceFileError
 from ludic_lab.envs.workspace.storage import remove_stale_roots
-from tests.workspace_helpers import make_repo, needs_bwrap, pool, sandbox_processes, workspace_dirs
+from tests.workspace_helpers import (
+    machine_as_before,  # noqa: F401 (autouse: the test leaves nothing behind)
+    make_repo,
+    needs_bwrap,
+    pool,
+    sandbox_processes,
+)
 
 pytestmark = needs_bwrap
-
-
-@pytest.fixture(autouse=True)
-def machine_as_before():
-    dirs = workspace_dirs()
-    yield
-    assert sandbox_processes() == [], "a sandboxed process outlived its command"
-    assert workspace_dirs() - dirs == set(), "a workspace directory was left behind"
 
 
 @pytest.mark.parametrize("strategy", ["overlay", "copy"])

@@ -13,10 +13,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -24,7 +22,14 @@ from pathlib import Path
 import pytest
 
 from ludic_lab.envs.workspace import Snapshot, WorkspaceFileError, WorkspaceLimits
-from tests.workspace_helpers import make_repo, needs_bwrap, pool, sandbox_processes, workspace_dirs
+from tests.code_exec_helpers import host_listener
+from tests.workspace_helpers import (
+    machine_as_before,  # noqa: F401 (autouse: the test leaves nothing behind)
+    make_repo,
+    needs_bwrap,
+    pool,
+    sandbox_processes,
+)
 
 pytestmark = needs_bwrap
 
@@ -34,14 +39,6 @@ def _ours() -> str:
     from ludic_lab.envs.code_exec.sandbox import Interpreter
 
     return os.path.basename(Interpreter.current().executable)[:15]
-
-
-@pytest.fixture(autouse=True)
-def machine_as_before():
-    dirs = workspace_dirs()
-    yield
-    assert sandbox_processes() == [], "a sandboxed process outlived its command"
-    assert workspace_dirs() - dirs == set(), "a workspace directory was left behind"
 
 
 async def test_symlinks_and_dotdot_in_commands_reach_only_the_sandbox(tmp_path: Path) -> None:
@@ -193,24 +190,8 @@ async def test_another_workspace_is_out_of_sight(tmp_path: Path) -> None:
 
 
 async def test_no_network_not_even_a_server_on_the_hosts_loopback() -> None:
-    accepted: list[object] = []
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    srv.settimeout(0.2)
-    port = srv.getsockname()[1]
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                accepted.append(srv.accept())
-            except OSError:
-                pass
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
+    with host_listener() as host:
+        port = host.port
         async with pool() as p, p.workspace() as ws:
             r = await ws.run(
                 f"(echo hi > /dev/tcp/127.0.0.1/{port}) 2>&1; "
@@ -219,14 +200,10 @@ async def test_no_network_not_even_a_server_on_the_hosts_loopback() -> None:
                 "python3 -c \"import socket; socket.getaddrinfo('example.com', 80)\" 2>&1 | tail -1; "
                 "cat /proc/net/dev | tail -n +3 | cut -d: -f1"
             )  # fmt: skip
-    finally:
-        stop.set()
-        t.join()
-        srv.close()
     assert "Connection refused" in r.output and "ConnectionRefusedError" in r.output
     assert "Network is unreachable" in r.output and "gaierror" in r.output
     assert r.output.split()[-1] == "lo"  # no interface but its own loopback
-    assert accepted == []
+    assert host.accepted == []
 
 
 async def test_a_command_past_its_deadline_is_killed_with_its_children() -> None:

@@ -35,19 +35,16 @@ from ludic_lab.parsers import identity_parser
 from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.types import StepOutcome
 from tests.helpers import Reply, ScriptedChatClient, chatml_template, raw_decode
-from tests.workspace_helpers import make_repo, needs_bwrap, pool, sandbox_processes, workspace_dirs
+from tests.workspace_helpers import (
+    machine_as_before,  # noqa: F401 (autouse: the test leaves nothing behind)
+    make_repo,
+    needs_bwrap,
+    pool,
+)
 
 pytest.importorskip("mcp")
 pytestmark = needs_bwrap
 TESTS = "python3 -c 'import calc.ops as o; assert o.add(2, 3) == 5, o.add(2, 3)'"
-
-
-@pytest.fixture(autouse=True)
-def machine_as_before():
-    dirs = workspace_dirs()
-    yield
-    assert sandbox_processes() == [], "a sandboxed process outlived its command"
-    assert workspace_dirs() - dirs == set(), "a workspace directory was left behind"
 
 
 @contextlib.asynccontextmanager

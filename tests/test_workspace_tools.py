@@ -22,19 +22,16 @@ from ludic_lab.envs.workspace import OutputBudget, Snapshot, WorkspaceTools
 from ludic_lab.parsers import identity_parser
 from ludic_lab.rendering.hermes import ToolCallScan
 from tests.helpers import ScriptedChatClient, chatml_template
-from tests.workspace_helpers import make_repo, needs_bwrap, pool, sandbox_processes, workspace_dirs
+from tests.workspace_helpers import (
+    machine_as_before,  # noqa: F401 (autouse: the test leaves nothing behind)
+    make_repo,
+    needs_bwrap,
+    pool,
+)
 
 pytestmark = needs_bwrap
 TESTS = "python3 -m unittest"
 """The repository's visible tests (unittest: nothing from the venv needed)."""
-
-
-@pytest.fixture(autouse=True)
-def machine_as_before():
-    dirs = workspace_dirs()
-    yield
-    assert sandbox_processes() == [], "a sandboxed process outlived its command"
-    assert workspace_dirs() - dirs == set(), "a workspace directory was left behind"
 
 
 def call(name: str, **args: object) -> str:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from ludic_lab.envs.workspace import WorkspaceConfig, WorkspaceLimits, WorkspacePool
 from tests.code_exec_helpers import needs_bwrap, sandbox_processes
 
-__all__ = ["needs_bwrap", "sandbox_processes", "pool", "workspace_dirs", "make_repo", "LIMITS"]
+__all__ = ["needs_bwrap", "sandbox_processes", "pool", "workspace_dirs", "make_repo", "LIMITS", "machine_as_before"]
 
 LIMITS = WorkspaceLimits(timeout_s=10, disk_quota_bytes=32 * 2**20, file_size_bytes=16 * 2**20, processes=32)
 """Small enough that the abuse tests end in seconds."""
@@ -40,3 +43,13 @@ def make_repo(root: Path) -> Path:
     )
     (root / "README.md").write_text("calc: add and mul\n")
     return root
+
+
+@pytest.fixture(autouse=True)
+def machine_as_before() -> Iterator[None]:
+    """Autouse where imported: the test left no sandboxed process and no workspace directory behind
+    (what ran before it, e.g. the reasoning-gym scorer's long-lived server in this worker, is not its)."""
+    dirs, running = workspace_dirs(), set(sandbox_processes())
+    yield
+    assert set(sandbox_processes()) - running == set(), "a sandboxed process outlived its command"
+    assert workspace_dirs() - dirs == set(), "a workspace or pool directory was left behind"
