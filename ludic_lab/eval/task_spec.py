@@ -4,6 +4,8 @@ JSONL file, reasoning-gym's generators, or any Python object as ``module:factory
 - ``"capitals"``: the capitals task's held-out (test) countries, 20 tokens (the ``ludic-lab
   demo`` task); ``"digits"``: 32 fresh prompts of the digits task; ``"bugfix"``: the 20
   held-out bug-fix tasks as workspace episodes (:func:`~ludic_lab.task.bugfix.bugfix_task`), 512 tokens a turn.
+- ``"harbor:PATH"``: the held-out Harbor task folders under ``PATH`` (a task folder: that task) as
+  workspace episodes rewarded by Harbor's verifier (:func:`~ludic_lab.task.harbor_task.harbor_task`), 512 tokens a turn.
 - ``"reasoning_gym:NAME"``: the held-out rows of reasoning-gym's generator ``NAME`` as
   :func:`~ludic_lab.task.external.reasoning_gym.reasoning_gym_task` holds them out by default
   (100 rows after the 1,000 training rows of seed 0), scored by reasoning-gym, 256 tokens.
@@ -28,7 +30,9 @@ from ludic_lab.task.definition import Task
 
 REASONING_GYM_PREFIX = "reasoning_gym:"
 """A task name ``reasoning_gym:NAME`` is reasoning-gym's generator ``NAME`` (held-out rows)."""
-NAMES = ("capitals", "digits", "bugfix", REASONING_GYM_PREFIX + "NAME")
+HARBOR_PREFIX = "harbor:"
+"""A task name ``harbor:PATH`` is the Harbor task folder(s) at ``PATH`` (their held-out split)."""
+NAMES = ("capitals", "digits", "bugfix", REASONING_GYM_PREFIX + "NAME", HARBOR_PREFIX + "PATH")
 """The task names :func:`named_task` knows (besides the ``extra`` a caller adds)."""
 
 
@@ -64,6 +68,10 @@ def named_task(name: str, *, extra: Mapping[str, Callable[[], EvalTask]] | None 
         from ludic_lab.task.bugfix import bugfix_task
 
         return EvalTask(bugfix_task("heldout"), None, 512)  # the held-out split as the task's own rows
+    if name.startswith(HARBOR_PREFIX):
+        from ludic_lab.task.harbor_task import harbor_task
+
+        return EvalTask(harbor_task(name.removeprefix(HARBOR_PREFIX), split="heldout"), None, 512)
     if name.startswith(REASONING_GYM_PREFIX):
         from ludic_lab.task.external.reasoning_gym import ReasoningGymEnv, ReasoningGymEnvFactory, reasoning_gym_task
 
