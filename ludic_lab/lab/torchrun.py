@@ -41,6 +41,7 @@ from ludic_lab.inference.launch import processes
 from ludic_lab.jupyter import in_kernel
 from ludic_lab.lab.status_html import LiveStatus
 from ludic_lab.lab.torchrun_logs import JSONLTail, rank_lines, rank_log_files, read_tail, root_cause, traceback_tail
+from ludic_lab.training.step_time import seconds_per_step
 
 PathLike = Union[str, "os.PathLike[str]"]
 _LIVE_RUNS: set[TorchrunRun] = set()
@@ -287,7 +288,7 @@ class TorchrunRun(LiveStatus):
         head = (
             f"<b>torchrun</b> <code>{html.escape(self.script.name)}</code> × {self.nproc} "
             f"<span style='color:{colour};font-weight:bold'>{self.status}</span> "
-            f"{elapsed:.0f}s" + (f", exit code {self.returncode}" if self.returncode is not None else "")
+            f"{elapsed:.0f} s since launch" + (f", exit code {self.returncode}" if self.returncode is not None else "")
         )
         if self._rows:
             last = self._rows[-1]
@@ -297,6 +298,9 @@ class TorchrunRun(LiveStatus):
                 if k in ("loss", "reward_mean", "kl", "grad_norm") and isinstance(v, float)
             )
             head += f" — step {last.get('step', '?')}" + (f": {html.escape(shown)}" if shown else "")
+            per = seconds_per_step(self._rows)  # the live plot's s/step and the metrics' time/step_s
+            if per is not None:
+                head += f" · <span title='mean of time/step_s, the trainer&#39;s own step time'>{per:.2f} s/step</span>"
         parts = [f"<div style='font-size:12px'>{head}"]
         if self.error is not None:
             parts.append(f"<pre style='color:#cf222e;white-space:pre-wrap'>{html.escape(str(self.error))}</pre>")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ludic_lab.jupyter import in_kernel, ipython_shell
 from ludic_lab.rollouts.signal_check import NoSignalNotice
+from ludic_lab.training.step_time import seconds_per_step, step_axis
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -173,6 +174,7 @@ class LivePlot:
         self.done = 0
         self.updates = 0
         self._t0 = time.time()
+        self._run_from = len(self.history)  # the records of this run (after `history`) time its steps
         self._next_draw = -math.inf
         self._dirty = False
         self._handle: Any = None
@@ -185,6 +187,7 @@ class LivePlot:
     def start(self, total: int | None) -> None:
         """Begin a run of ``total`` steps (progress restarts; curves keep their history)."""
         self.total, self.done, self._t0 = total, 0, time.time()
+        self._run_from = len(self.history)
         self._draw()
 
     def step(self, metrics: Mapping[str, Any]) -> None:
@@ -274,6 +277,7 @@ class LivePlot:
         axes = fig.subplots(1, n, squeeze=False)[0]
         for ax, (title, key, xs, ys) in zip(axes, series, strict=False):  # one blank panel when there is no series
             ax.plot(xs, ys, marker="o" if len(xs) < 40 else None, ms=2.5, lw=1.2)
+            step_axis(ax, xs)
             ax.set_title(title if key == title else f"{title}  ({key})", fontsize=9)
             ax.set_xlabel("step", fontsize=8)
             ax.tick_params(labelsize=7)
@@ -302,7 +306,8 @@ class LivePlot:
         parts = [f"{self.title} {self.done}" + (f"/{self.total}" if self.total else "")]
         parts.append(f"{_clock(el)} elapsed")
         if self.done:
-            per = el / self.done
+            per = seconds_per_step(self.history[self._run_from :])
+            per = el / self.done if per is None else per  # no step times logged: wall clock over steps
             if self.total:
                 parts.append(f"~{_clock(per * max(0, self.total - self.done))} left")
             parts.append(f"{per:.2f} s/step")
