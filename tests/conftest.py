@@ -172,10 +172,18 @@ def pytest_configure(config: Any) -> None:
         torch.set_num_threads(1)
 
 
+_SECONDS_BY_FILE: dict[str, float] = {}
+"""Test seconds (set-up, call and tear-down, summed over workers) per test file, for the summary."""
+
+
 def pytest_runtest_logreport(report: Any) -> None:
     # Under xdist the controller prints (the reports of every worker reach it); a worker's own
     # terminal goes nowhere.
-    if report.duration < SLOW_REPORT_S or not _CONFIG or hasattr(_CONFIG[0], "workerinput"):
+    if not _CONFIG or hasattr(_CONFIG[0], "workerinput"):
+        return
+    path = report.nodeid.split("::")[0]
+    _SECONDS_BY_FILE[path] = _SECONDS_BY_FILE.get(path, 0.0) + report.duration
+    if report.duration < SLOW_REPORT_S:
         return
     terminal = _CONFIG[0].pluginmanager.get_plugin("terminalreporter")
     if terminal is not None:
@@ -185,6 +193,20 @@ def pytest_runtest_logreport(report: Any) -> None:
         terminal.write_line(
             f"[slow] {elapsed:.1f} min in: {report.nodeid} ({report.when}) {report.duration:.0f} s{where}"
         )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Where the time went: the test files that took longest (seconds summed over workers)."""
+    if not _SECONDS_BY_FILE:
+        return
+    total = sum(_SECONDS_BY_FILE.values())
+    wall = time.monotonic() - _SESSION_START
+    terminalreporter.write_sep("=", f"test seconds by file: {total:.0f} s over {wall:.0f} s wall")
+    for path, seconds in sorted(_SECONDS_BY_FILE.items(), key=lambda kv: -kv[1])[:20]:
+        terminalreporter.write_line(f"{seconds:8.0f} s {100 * seconds / total:5.1f}%  {path}")
+    if len(_SECONDS_BY_FILE) > 20:
+        rest = sorted(_SECONDS_BY_FILE.values(), reverse=True)[20:]
+        terminalreporter.write_line(f"{sum(rest):8.0f} s {100 * sum(rest) / total:5.1f}%  the other {len(rest)} files")
 
 
 # -- parallel workers: which tests share a worker -------------------------------------------------
