@@ -151,7 +151,7 @@ def resolve(spec: Any, *, extra: Mapping[str, Callable[[], EvalTask]] | None = N
         if not Path(spec).is_file():
             raise ValueError(f"no JSONL file {spec!r} (a task file holds one {{question, answer}} row per line)")
         return rows_task(spec, Path(spec).stem or "qa")
-    if ":" in spec and not spec.startswith(REASONING_GYM_PREFIX) and spec not in (extra or {}):
+    if ":" in spec and not spec.startswith((REASONING_GYM_PREFIX, HARBOR_PREFIX)) and spec not in (extra or {}):
         return load_object(spec)
     return named_task(spec, extra=extra)
 
