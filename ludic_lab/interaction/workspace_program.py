@@ -11,8 +11,9 @@ program its URL (``task["mcp_url"]``) with the instruction, awaits the answer, c
 and steps the env with the answer (a repository task then runs its hidden tests: the reward).
 The program's model calls go through the endpoint session the protocol opened, so the rollout
 is what the model sampled, token for token; tool results are weight 0. ``serve_mcp=False``
-starts no server: the program works through ``task["workspace"]`` / ``task["tools"]`` itself
-(in process; e.g. mini-swe-agent's environment). A failure of the sandbox under an MCP call
+(the default for a program whose ``needs_mcp`` attribute is false, e.g.
+:func:`~ludic_lab.agents.mini_swe.mini_swe_agent`'s) starts no server: the program works
+through ``task["workspace"]`` / ``task["tools"]`` itself, in process. A failure of the sandbox under an MCP call
 fails the episode (``SandboxCrashError``), as it would a ``ToolAgent``'s.
 """
 
@@ -47,7 +48,8 @@ class WorkspaceProgramProtocol(InteractionProtocol):
     """Run ``program`` per episode in the env's workspace (module docstring), its model calls
     through ``endpoint`` (an :class:`~ludic_lab.endpoint.OpenAIEndpoint`).
 
-    ``serve_mcp``: start a :class:`WorkspaceMCPServer` per episode (the ``mcp`` extra);
+    ``serve_mcp``: start a :class:`WorkspaceMCPServer` per episode (the ``mcp`` extra; ``None``:
+    unless the program says ``needs_mcp = False``);
     ``tools_of(env)``: the episode's :class:`WorkspaceTools` (default ``env.tools``); every
     other keyword is :class:`AgentProgramProtocol`'s (``max_calls``, ``timeout_s``, ...)."""
 
@@ -56,7 +58,7 @@ class WorkspaceProgramProtocol(InteractionProtocol):
         program: AgentProgram,
         endpoint: Any,
         *,
-        serve_mcp: bool = True,
+        serve_mcp: bool | None = None,
         tools_of: Callable[[Any], WorkspaceTools] = env_tools,
         **options: Any,
     ) -> None:
@@ -65,7 +67,7 @@ class WorkspaceProgramProtocol(InteractionProtocol):
         AgentProgramProtocol(program, endpoint, **options)  # bad arguments fail now, not per episode
         self.program = program
         self.endpoint = endpoint
-        self.serve_mcp = bool(serve_mcp)
+        self.serve_mcp = bool(getattr(program, "needs_mcp", True) if serve_mcp is None else serve_mcp)
         self.tools_of = tools_of
         self.options = options
 

@@ -37,7 +37,7 @@ def repo_program_task(
     heldout: Sequence[RepoTask] | None = None,
     name: str = "repo-program",
     endpoint: Any = None,
-    serve_mcp: bool = True,
+    serve_mcp: bool | None = None,
     max_calls: int | None = 32,
     max_completion_tokens: int | None = None,
     timeout_s: float | None = 600.0,
