@@ -41,6 +41,8 @@ HARBOR_SYSTEM_PROMPT = (
     "with line numbers; edit_file replaces one exact piece of text; write_file writes a whole file. When you are "
     "done, reply without a tool call: that ends your turn, and the task's tests then check the workspace."
 )
+HARBOR_DATA = Path(__file__).resolve().parent.parent / "data" / "harbor"
+"""The shipped Harbor task folders (``ludic_lab/data/harbor/README.md``)."""
 TOOL_NAMES = ("shell", "read_file", "write_file", "edit_file")
 Split = Literal["train", "heldout", "all"]
 
@@ -128,7 +130,7 @@ def harbor_task(path: str | Path, *, split: Split = "train", heldout: float | Se
             leases[key] = PoolLease(None, size=pool_size, config=cfg, max_workspaces=max_workspaces)
         by_path[str(f.path)] = leases[key]
     options = dict(agent_options or {})
-    label = name or ("harbor" if len(folders) > 1 else f"harbor-{folders[0].name}")
+    label = name or ("harbor" if len(folders) > 1 else f"harbor-{folders[0].path.name}")
 
     def build(chosen: list[HarborTaskFolder], task_name: str, evaluate: Any) -> Task:
         pairs = [(f, snapshots[str(f.path)]) for f in chosen]
