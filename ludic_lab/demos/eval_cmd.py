@@ -25,7 +25,7 @@ EVAL_DESCRIPTION = """\
 Evaluate a model on a task: accuracy and pass@k with Wilson 95% intervals, mean reward,
 format-error and tool-call rates, and one row per episode (--out: CSV, HTML, summary.json).
 
---task is a bundled task (capitals, tools, digits), reasoning_gym:NAME (its held-out rows),
+--task is a bundled task (capitals, tools, digits, bugfix), reasoning_gym:NAME (its held-out rows),
 a .jsonl file of {"question", "answer"} rows, or module:factory (a module on PYTHONPATH or a
 .py file): a Task, an env class or factory, or an agent program `async def agent(client,
 question)` written against the openai SDK, which then answers the questions of --data.
@@ -37,6 +37,8 @@ examples:
       an openai-SDK agent program on your questions, 8 samples each, tables into runs/eval
   ludic-lab eval --task reasoning_gym:basic_arithmetic --limit 20 --max-tokens 128
       20 held-out reasoning-gym problems, scored by reasoning-gym
+  ludic-lab eval --task bugfix --timeout-s 3600
+      the 20 held-out bug-fix tasks as workspace episodes (needs bwrap), scored by hidden tests
 """
 
 
@@ -45,7 +47,7 @@ class EvalConfig:
     """Evaluate a saved model (or the embedded default) on a task: pass@k, intervals, per-episode tables."""
 
     task: str = "capitals"
-    """What to evaluate: capitals, tools, digits, reasoning_gym:NAME, a .jsonl file, or
+    """What to evaluate: capitals, tools, digits, bugfix, reasoning_gym:NAME, a .jsonl file, or
     module:factory (a Task, an env class or factory, or an agent program)."""
     model: str = "default"
     """A model folder (e.g. runs/demo/policy), "default" (SmolLM2-135M-Instruct) or "tiny"."""
@@ -69,6 +71,9 @@ class EvalConfig:
     the numbers of `ludic-lab demo --seed S` come back with --seed S."""
     out: str | None = None
     """Folder for <pass>.csv, <pass>.html (one row per episode) and summary.json; none: print only."""
+    timeout_s: float | None = None
+    """Seconds one episode may take (default: the rollout engine's 600); long workspace episodes
+    of a busy CPU need more."""
     backend: Literal["local", "vllm"] = "local"
     """Sampler: "local" (in-process) or "vllm" (the bundled vLLM server)."""
     max_batch_size: int = 64
@@ -79,7 +84,14 @@ class EvalConfig:
 
         check_config(
             self,
-            {"k": ">= 1", "max_tokens": ">= 1", "limit": ">= 1", "max_batch_size": ">= 1", "temperature": ">= 0"},
+            {
+                "k": ">= 1",
+                "max_tokens": ">= 1",
+                "limit": ">= 1",
+                "max_batch_size": ">= 1",
+                "temperature": ">= 0",
+                "timeout_s": "> 0",
+            },
             hints={"k": "k samples per item give pass@1..k"},
         )
         if not self.task.strip():
@@ -180,7 +192,7 @@ async def run_eval(cfg: EvalConfig) -> dict[str, Any]:
             result = await evaluate_task(
                 sampler.client, cfg.task, data=cfg.data, seeds=cfg.seeds or None, limit=cfg.limit, k=k,
                 temperature=temp, max_tokens=cfg.max_tokens, sampling_seed=cfg.seed + HELDOUT_SEED_OFFSET,
-                extra_tasks=cli_tasks(), name=name,
+                timeout_s=cfg.timeout_s, extra_tasks=cli_tasks(), name=name,
             )  # fmt: skip
             summaries[name] = {**result.summary(), "temperature": temp}
             print(summary_line(name, summaries[name]), flush=True)
