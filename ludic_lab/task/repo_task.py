@@ -141,7 +141,7 @@ def _evaluator(held: Task, n: int, max_turns: int) -> Any:
         """The held-out tasks (the first ``limit``), ``k`` episodes each (greedy for ``k = 1``
         without a ``temperature``): ``result.summary()`` (``accuracy``: the resolved rate, with
         its Wilson interval), :func:`repo_stats`, and ``"result"``, the ``EvalResult``."""
-        from ludic_lab.eval import evaluate
+        from ludic_lab.eval.evaluator import evaluate
         from ludic_lab.rollouts import EnvSpec, ProtocolSpec
 
         count = n if limit is None else min(int(limit), n)
