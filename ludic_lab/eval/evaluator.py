@@ -10,6 +10,7 @@ own temperature unless ``temperature=`` is given.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 import warnings
@@ -18,11 +19,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from ludic_lab.aio import run_sync
+from ludic_lab.eval.eval_progress import EvalProgress
 from ludic_lab.eval.result import ITEM_META_KEY, EvalResult
 from ludic_lab.eval.success import DefaultSuccess, SuccessFn, rule_name
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.rollouts.engine import RolloutEngine
 from ludic_lab.rollouts.requests import EnvSpec, ProtocolSpec, RolloutRequest
+from ludic_lab.types import Rollout
 
 
 @runtime_checkable
@@ -112,7 +115,7 @@ async def evaluate(
     sampling_seed: int = 0,
     concurrency: int | None = None,
     timeout_s: float | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     name: str = "eval",
 ) -> EvalResult:
     """Run ``k`` episodes per seed of ``env`` with ``protocol`` and score them.
@@ -120,6 +123,8 @@ async def evaluate(
     ``success`` decides what counts as solved (default :class:`DefaultSuccess`: the env's
     ``info["correct"]`` when reported, else ``total_reward > 0``); failed episodes are
     unsolved and counted. ``concurrency`` / ``timeout_s`` override the engine's settings.
+    ``progress``: the episodes' progress line (:class:`~ludic_lab.eval.eval_progress.EvalProgress`,
+    named ``name``): ``None`` shows it once the evaluation has run 2 s, ``True`` at once, ``False`` never.
     """
     rule = success if success is not None else DefaultSuccess()
     if not callable(rule):
@@ -129,10 +134,49 @@ async def evaluate(
         env, protocol, seeds, k=k, inference=spec, max_steps=max_steps, sampling_seed=sampling_seed
     )
     t0 = time.perf_counter()
-    rollouts = await engine.generate_rollouts(requests, concurrency=concurrency, timeout_s=timeout_s, progress=progress)
+    if progress is False:
+        rollouts = await engine.generate_rollouts(requests, concurrency=concurrency, timeout_s=timeout_s)
+    else:
+        line = EvalProgress(sum(r.num_episodes for r in requests), name=name, delay_s=0.0 if progress else 2.0,
+                            running=engine.max_concurrency if concurrency is None else concurrency)  # fmt: skip
+        rollouts = await generate_showing(engine, requests, line, concurrency=concurrency, timeout_s=timeout_s)
     return EvalResult.from_rollouts(
         rollouts, k=k, success=rule, success_rule=rule_name(rule), duration_s=time.perf_counter() - t0, name=name
     )
+
+
+async def generate_showing(
+    engine: RolloutEngine,
+    requests: list[RolloutRequest],
+    line: EvalProgress,
+    *,
+    concurrency: int | None = None,
+    timeout_s: float | None = None,
+) -> list[Rollout]:
+    """``engine.generate_rollouts(requests)`` (same rollouts, same order, at most ``concurrency``
+    episodes at once), advancing ``line`` as each request's episodes end."""
+    engine.validate(requests)  # every request checked before any episode starts
+    limit = engine.max_concurrency if concurrency is None else concurrency
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"concurrency must be an int >= 1, got {limit!r}")
+    sem = asyncio.Semaphore(limit)
+
+    async def one(req: RolloutRequest) -> list[Rollout]:
+        rs = await engine.generate_rollouts([req], timeout_s=timeout_s, semaphore=sem)
+        line.update(req.num_episodes, failed=sum(1 for r in rs if r.failed))
+        return rs
+
+    line.start()
+    tasks = [asyncio.ensure_future(one(r)) for r in requests]
+    try:
+        parts = await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
+    finally:
+        await line.aclose()
+    return [r for rs in parts for r in rs]
 
 
 def evaluate_sync(

@@ -84,7 +84,7 @@ async def evaluate_qa(
     concurrency: int = 32,
     timeout_s: float | None = None,
     sampling_seed: int = 0,
-    progress: bool = False,
+    progress: bool | None = None,
     name: str = "eval",
     reject_incomplete_completions: bool = True,
 ) -> EvalResult:

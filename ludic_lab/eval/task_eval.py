@@ -104,7 +104,7 @@ async def evaluate_task(
     timeout_s: float | None = None,
     program_options: Mapping[str, Any] | None = None,
     extra_tasks: Mapping[str, Callable[[], EvalTask]] | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     name: str = "eval",
 ) -> EvalResult:
     """Evaluate ``model`` on ``task`` (or ``task``, an agent program, on ``data``): ``k`` samples per item.

@@ -1,0 +1,97 @@
+"""An evaluation is never silent: ``evaluate`` (and so ``task.evaluate``, ``evaluate_task``,
+``ludic-lab eval``) shows episodes done / total, rate, time left and failures, and while no
+episode has ended, how long and for what it waits — on stderr in a script, in one output
+updated in place in a notebook; quick evaluations stay silent."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from ludic_lab.eval import evaluate
+from ludic_lab.eval.eval_progress import FIRST_WAIT, EvalProgress
+from ludic_lab.eval.qa import qa_engine
+from ludic_lab.parsers import identity_parser
+from tests.helpers import Reply, ScriptedChatClient, chatml_template
+
+ROWS = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(6)]
+
+
+def answers(delay_s: float):
+    """Right for even questions, wrong for odd ones; every reply takes ``delay_s``."""
+
+    def reply(request) -> Reply:
+        i = int(re.search(r"What is (\d+)", request.messages[-1]["content"])[1])
+        return Reply(text=str(i + 1 if i % 2 == 0 else i), delay_s=delay_s)
+
+    return reply
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+async def test_a_slow_evaluation_says_how_far_it_is_and_what_it_waits_for(tmp_path, capsys):
+    client = ScriptedChatClient(answers(1.3), chat_template=chatml_template())
+    engine, env, protocol, n = qa_engine(client, ROWS, parser=identity_parser, concurrency=2)
+    res = await evaluate(engine, env, protocol, range(n), k=2, temperature=1.0, concurrency=4, progress=True,
+                         name="held-out")  # fmt: skip
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith("held-out")]
+    # on a plain stream: the first line at once (nothing ended yet: what it waits for), the last at the end
+    assert lines[0].startswith("held-out 0/12 episodes") and "waiting for the first of 4 running episodes" in lines[0]
+    assert FIRST_WAIT in lines[0]
+    assert lines[-1].startswith("held-out 12/12 episodes") and "ep/s" in lines[-1] and "waiting" not in lines[-1]
+    # the same result as without the line: same episodes, same order
+    assert res.summary()["num_samples"] == 12 and res.summary()["accuracy"] == pytest.approx(0.5)
+    quiet = await evaluate(
+        *qa_engine(ScriptedChatClient(answers(0.0), chat_template=chatml_template()), ROWS, parser=identity_parser)[:3], range(n), k=2,
+        temperature=1.0, progress=False,
+    )  # fmt: skip
+    assert [r.env_seed for r in res.rollouts] == [r.env_seed for r in quiet.rollouts]
+    assert capsys.readouterr().err == ""
+
+
+async def test_a_quick_evaluation_is_silent_by_default(capsys):
+    client = ScriptedChatClient(answers(0.0), chat_template=chatml_template())
+    engine, env, protocol, n = qa_engine(client, ROWS, parser=identity_parser)
+    res = await evaluate(engine, env, protocol, range(n))
+    assert res.summary()["num_samples"] == 6
+    assert capsys.readouterr().err == ""
+
+
+async def test_the_line_counts_rate_time_left_and_failures_on_a_terminal():
+    out = Tty()
+    line = EvalProgress(10, name="eval", delay_s=0.0, stream=out).start()
+    line.update(1)
+    line._first -= 4.0  # the next episodes came 2 s apart
+    line._t0 -= 10.0
+    line.update(2, failed=1)
+    text = line.text()
+    assert text.startswith("eval 3/10 episodes · 0.5 ep/s") and "~00:14 left" in text and "1 failed" in text, text
+    await line.aclose()
+    assert out.getvalue().count("\r\x1b[K") == line.lines == 4  # at start, 2 updates, at close
+    assert out.getvalue().endswith("\n")
+
+
+async def test_in_a_notebook_one_output_is_updated_in_place(monkeypatch):
+    shown: list[dict] = []
+
+    class Handle:
+        def update(self, bundle, raw):
+            shown.append(bundle)
+
+    def display(bundle, raw, display_id):
+        shown.append(bundle)
+        return Handle()
+
+    monkeypatch.setattr("IPython.display.display", display)
+    line = EvalProgress(4, name="held-out", delay_s=0.0, notebook=True).start()
+    line.update(4)
+    await line.aclose()
+    assert len(shown) == line.lines >= 2
+    assert "<progress value='4' max='4'" in shown[-1]["text/html"]
+    assert shown[-1]["text/plain"].startswith("held-out 4/4 episodes")
