@@ -140,7 +140,10 @@ def test_an_agent_program_gives_pass_at_k_with_intervals(
 
 # -- bad input: one line, exit status 2, before any model loads ----------------------------------
 BAD = [
-    (["--task", "capitols"], ["unknown task 'capitols'", "capitals, digits, bugfix, reasoning_gym:NAME, harbor:PATH, tools"]),
+    (
+        ["--task", "capitols"],
+        ["unknown task 'capitols'", "capitals, digits, bugfix, reasoning_gym:NAME, harbor:PATH, tools"],
+    ),
     (["--task", "no_such_module_xyz:agent"], ["--task", "'no_such_module_xyz' does not import", "ModuleNotFoundError"]),
     ([f"--task={HERE / 'eval_program.py'}:missing"], ["has no attribute 'missing'", "'agent'", "'LetterEnv'"]),
     ([f"--task={HERE / 'eval_program.py'}:NOT_CALLABLE"], ["not callable", "an agent program"]),
