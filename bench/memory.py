@@ -23,9 +23,12 @@ stops after ``--steps`` training steps (no evaluation after training: it measure
   tictactoe  ``examples/tic_tac_toe/train_tic_tac_toe.py``: ``--scale`` x 4 games x 4 plays
 
 ``--release off`` runs with ``TrainerConfig(release_host_memory=False)`` (glibc's malloc
-defaults: what the trainer did before it bounded host memory; see
-``ludic_lab/training/host_memory.py``). On 2 cores SmolLM2 takes minutes per agent step at
-full scale; ``--scale 0.25`` keeps every path to a few GB.
+defaults: what the trainer did before it bounded host memory); ``--release map`` also maps every
+block of 1 MiB and more on its own from the start (``map_large_blocks``: what the option did
+until it cost 1.3x the seconds a step; see ``ludic_lab/training/host_memory.py`` and
+``bench/memory_speed.py``). Each step's peak is also given per phase: its rollouts (sampling),
+packing, forward/backward with the optimizer step, and publishing into the sampler. On 2 cores
+SmolLM2 takes minutes per agent step at full scale; ``--scale 0.25`` keeps every path to a few GB.
 
     .venv/bin/python bench/memory.py                                   # all paths, 8 steps, full scale
     .venv/bin/python bench/memory.py --paths agent --steps 8 --scale 0.25
@@ -57,15 +60,23 @@ MB = 2**20
 # -- in the child: the RSS monitor and the step hook -----------------------------------------------
 
 
+PHASES = ("sampling", "pack", "fwd_bwd", "publish")
+"""A step's phases, in order: its rollouts (the batch source's pull), packing the batch into
+micro-batches, forward/backward and the optimizer step, publishing into the sampler."""
+
+
 @dataclass
 class Monitor:
-    """RSS sampled every ``interval_s``; the peak since the last :meth:`mark` and of the run."""
+    """RSS sampled every ``interval_s``; the peak since the last :meth:`mark`, of the run, and
+    of each phase of the current step (:meth:`phase` names the phase the process is in)."""
 
     interval_s: float = 0.02
     peak: int = 0
     run_peak: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)
     before: int | None = None
+    phase_peaks: dict[str, int] = field(default_factory=dict)
+    current: str = "sampling"
 
     def __post_init__(self) -> None:
         import psutil
@@ -76,6 +87,7 @@ class Monitor:
     def rss(self) -> int:
         r = int(self._proc.memory_info().rss)
         self.peak, self.run_peak = max(self.peak, r), max(self.run_peak, r)
+        self.phase_peaks[self.current] = max(self.phase_peaks.get(self.current, 0), r)
         return r
 
     def _sample(self) -> None:
@@ -84,10 +96,17 @@ class Monitor:
             time.sleep(self.interval_s)
 
     def mark(self) -> int:
-        """RSS now; the step peak starts again from it."""
+        """RSS now; the step peak and the phase peaks start again from it (phase: sampling)."""
+        self.phase_peaks, self.current = {}, "sampling"
         r = self.rss()
         self.peak = r
         return r
+
+    def phase(self, name: str) -> None:
+        """From now on the process is in phase ``name``: its peak starts from RSS now."""
+        self.rss()
+        self.current = name
+        self.rss()
 
 
 class Done(Exception):
@@ -102,13 +121,30 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def hook_trainer(monitor: Monitor, steps: int, release: bool) -> None:
-    """Record RSS around every ``Trainer.train_step`` of the first trainer built; stop after ``steps``."""
+def _in_phase(monitor: Monitor, name: str, fn: Any) -> Any:
+    """``fn`` wrapped so that the monitor is in phase ``name`` from its call on."""
+
+    def wrapped(*a: Any, **kw: Any) -> Any:
+        monitor.phase(name)
+        return fn(*a, **kw)
+
+    return wrapped
+
+
+def hook_trainer(monitor: Monitor, steps: int, release: str) -> None:
+    """Record RSS around every ``Trainer.train_step`` of the first trainer built, by phase; stop after ``steps``."""
     import ludic_lab.training.trainer as trainer_mod
 
-    if not release and hasattr(trainer_mod, "HostMemory"):  # works on a library without it too
+    if release == "off" and hasattr(trainer_mod, "HostMemory"):  # works on a library without it too
         off = trainer_mod.HostMemory
         setattr(trainer_mod, "HostMemory", lambda enabled: off(False))  # noqa: B010
+    if release == "map":
+        from ludic_lab.training.host_memory import map_large_blocks
+
+        map_large_blocks()
+    trainer_mod.pack_step = _in_phase(monitor, "pack", trainer_mod.pack_step)  # type: ignore[attr-defined]
+    for method, name in (("_forward_backward", "fwd_bwd"), ("_publish_and_checkpoint", "publish")):
+        setattr(trainer_mod.Trainer, method, _in_phase(monitor, name, getattr(trainer_mod.Trainer, method)))
     original = trainer_mod.Trainer.train_step
     first: list[Any] = []
 
@@ -124,7 +160,8 @@ def hook_trainer(monitor: Monitor, steps: int, release: bool) -> None:
         end = monitor.rss()
         monitor.steps.append(
             {"peak": monitor.peak, "end": end, "tokens": int(metrics.get("tokens", 0) or 0),
-             "seconds": round(time.perf_counter() - t0, 1), "cpu_s": round(_cpu_s() - cpu0, 1)}
+             "seconds": round(time.perf_counter() - t0, 1), "cpu_s": round(_cpu_s() - cpu0, 1),
+             "phases": dict(monitor.phase_peaks)}
         )  # fmt: skip
         if len(monitor.steps) >= steps:
             raise Done
@@ -258,7 +295,7 @@ RUNNERS = {"capitals": run_capitals, "tools": run_tools, "agent": run_agent, "ti
 def child(args: argparse.Namespace) -> None:
     """Run one path; write the monitor's figures as JSON to ``args.result``."""
     monitor = Monitor()
-    hook_trainer(monitor, args.steps, args.release == "on")
+    hook_trainer(monitor, args.steps, args.release)
     error = None
     with tempfile.TemporaryDirectory() as out:
         try:
@@ -300,11 +337,14 @@ def report(path: str, data: dict[str, Any]) -> dict[str, str]:
     """Print ``path``'s per-step rows; return its summary row."""
     steps = data["steps"]
     print(f"\n{path}: before training {_mb(data['before'])} MB" + (f"  ERROR {data['error']}" if data["error"] else ""))
-    print(f"  {'step':>4} {'tokens':>7} {'peak MB':>9} {'end MB':>9} {'growth MB':>10} {'wall s':>7} {'cpu s':>7}")
+    phases = "".join(f" {p + ' MB':>11}" for p in PHASES)
+    head = f"{'end MB':>9} {'growth MB':>10} {'wall s':>7} {'cpu s':>7}"
+    print(f"  {'step':>4} {'tokens':>7} {'peak MB':>9}{phases} {head}")
     prev = data["before"]
     for i, s in enumerate(steps, 1):
         growth = "" if prev is None else f"{(s['end'] - prev) / MB:+,.0f}"
-        mem = f"{_mb(s['peak']):>9} {_mb(s['end']):>9} {growth:>10}"
+        by_phase = "".join(f" {_mb(s.get('phases', {}).get(p)):>11}" for p in PHASES)
+        mem = f"{_mb(s['peak']):>9}{by_phase} {_mb(s['end']):>9} {growth:>10}"
         print(f"  {i:>4} {s['tokens']:>7} {mem} {s['seconds']:>7} {s.get('cpu_s', '-'):>7}")
         prev = s["end"]
     ends = [s["end"] for s in steps]
@@ -328,7 +368,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="training steps measured per path")
     ap.add_argument("--scale", type=float, default=1.0, help="episodes per step, times each path's own")
     ap.add_argument("--model", default="default", help='"default" (SmolLM2-135M), "tiny" or a model folder')
-    ap.add_argument("--release", choices=("on", "off"), default="on", help="TrainerConfig.release_host_memory")
+    ap.add_argument(
+        "--release",
+        choices=("on", "off", "map"),
+        default="on",
+        help="TrainerConfig.release_host_memory on / off; map: on plus map_large_blocks()",
+    )
     ap.add_argument("--agent-lr", type=float, default=1e-5, help="the agent path's learning rate")
     ap.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)

@@ -27,12 +27,12 @@ class TrainerConfig:
     (one extra copy of the adapted weights stays allocated) instead of allocating them anew,
     which between steps often page-faults every byte again (SmolLM2, all linears: up to 0.8 s)."""
     release_host_memory: bool = True
-    """On Linux (glibc): from the trainer's construction on, blocks of 1 MiB and more (activations,
-    KV, logits) are mapped on their own and unmapped when freed, and after each step's rollouts
-    and each optimizer step the free pages malloc's arenas hold go back to the system
-    (:mod:`~ludic_lab.training.host_memory`; process-wide). Resident memory is then what is live:
+    """On Linux (glibc): after each step's rollouts and after each optimizer step, the free pages
+    malloc's arenas hold go back to the system (``malloc_trim``; process-wide;
+    :mod:`~ludic_lab.training.host_memory`), so resident memory between steps is what is live:
     without it a CPU run kept each step's freed activations and grew from step to step
-    (``bench/memory.py``). ``False``: glibc's defaults (freed memory kept for reuse)."""
+    (``bench/memory.py``). Nothing changes inside a step (``bench/memory_speed.py``: the same
+    seconds a step). ``False``: glibc's defaults (freed memory kept for reuse)."""
     max_lag: int | None = None
     """Drop items sampled more than this many policy versions ago from each pulled batch
     (None = keep all). For sources that do not enforce staleness themselves (a

@@ -1,20 +1,20 @@
-"""Host memory the trainer hands back to the system: glibc's malloc, bounded.
+"""Host memory the trainer hands back to the system between steps: glibc's malloc, bounded.
 
 A training step allocates the activations of a micro-batch (SmolLM2-135M in fp32: ~2 MB per
 trained token, GBs per step on a CPU) and frees them at its end; the in-process sampler
 allocates the KV of the step's rollouts on its own thread. glibc's malloc keeps what is freed
-for reuse: in the arena of the thread that allocated it (one per thread: the trainer's worker,
-the sampler's thread, the endpoint's), and after the first large block is freed it raises its
-mmap threshold (up to 32 MiB), so later blocks of that size come from the arenas too. Measured
-on the agent-program recipe (``bench/memory.py``): resident memory held the trainer's step
-after it ended, the next step's rollouts came on top, and blocks of other sizes the next step
-asked for did not fit the holes left, so resident memory went up from step to step although
-no tensor or Python object was kept.
+for reuse, in the arena of the thread that allocated it (one per thread: the trainer's worker,
+the sampler's thread, the endpoint's): resident memory held the trainer's step after it ended,
+the next step's rollouts came on top, and holes the next step could not reuse made it grow from
+step to step although no tensor or Python object was kept (``bench/memory.py``).
 
-:func:`map_large_blocks` fixes the threshold (which also turns the raising off): every block of
-at least ``threshold_bytes`` is mapped on its own and unmapped when freed, so it is resident
-only while live. :func:`release_free_memory` (``malloc_trim``) gives back the free pages the
-arenas hold, of every thread. On another C library (musl, macOS) both do nothing and say so.
+:class:`HostMemory` calls :func:`release_free_memory` (``malloc_trim``: the free pages of every
+arena back to the system) between steps only, so resident memory between steps is what is live,
+and leaves malloc's reuse inside a step alone. :func:`map_large_blocks` (every block of 1 MiB
+and more mapped on its own, process-wide) also lowers the peak inside a step, but every large
+tensor is then fresh memory (page faults, zeroing): a step took 1.3-1.4x as long
+(``bench/memory_speed.py``), so the trainer no longer calls it. On another C library (musl,
+macOS) both do nothing and say so.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import functools
 import sys
 
 MMAP_THRESHOLD_BYTES = 1 << 20
-"""Blocks from this size up (1 MiB: activations, KV, logits) are mapped on their own."""
+""":func:`map_large_blocks`' default: blocks from this size up (1 MiB: activations, KV, logits)."""
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 
@@ -63,14 +63,16 @@ def release_free_memory() -> bool:
 
 
 class HostMemory:
-    """What a trainer does with host memory: ``enabled`` maps large blocks on their own from
-    construction on (:func:`map_large_blocks`); :meth:`release` gives back the arenas' free
-    pages (:func:`release_free_memory`). Off glibc, or not ``enabled``, both do nothing."""
+    """What a trainer does with host memory: :meth:`release` gives back the free pages of every
+    malloc arena (:func:`release_free_memory`) when ``enabled``, on glibc; it is called between
+    steps only, never inside one. ``releases`` counts the calls that did so."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled = bool(enabled) and map_large_blocks()
+        self.enabled = bool(enabled) and _glibc() is not None
+        self.releases = 0
 
     def release(self) -> None:
         """Give the arenas' free pages back (a no-op when not enabled)."""
         if self.enabled:
             release_free_memory()
+            self.releases += 1
