@@ -98,9 +98,9 @@ def logical_lines(text: str) -> list[tuple[int, str]]:
         if not buf:
             start = no
         if line.endswith("\\"):
-            buf += line[:-1] + " "
+            buf += line[:-1].strip() + " "
             continue
-        out.append((start, (buf + line).strip()))
+        out.append((start, (buf + line.strip()).strip()))
         buf = ""
     if buf.strip():
         out.append((start, buf.strip()))
