@@ -319,3 +319,22 @@ def test_links_may_not_shadow_the_sandboxs_own_mounts() -> None:
             WorkspaceConfig(links={path: "/workspace"})
     with pytest.raises(ValueError, match="absolute, normalized"):
         WorkspaceConfig(links={"app": "/workspace"})
+
+
+def test_harbors_ignore_rules_choose_what_the_verifier_uploads(tmp_path: Path) -> None:
+    import base64
+    import io
+    import tarfile
+
+    from ludic_lab.task.harbor_verify import folder_payload
+
+    task = tmp_path / "t"
+    shutil.copytree(DATA / "hello-file", task)
+    (task / "tests" / ".harborignore").write_text("*.bak\n")
+    (task / "tests" / "old.bak").write_text("stale")
+    folder = load_harbor_task(task)
+    tar = tarfile.open(fileobj=io.BytesIO(base64.b64decode(folder_payload(folder.tests_dir, folder.path))))
+    assert tar.getnames() == ["test.sh"]  # Harbor's TaskFileFilter: the excluded file is not uploaded
+    (task / "tests" / ".harborignore").write_text("test.sh\n")
+    with pytest.raises(HarborTaskError, match="excluded by .harborignore: tests/test.sh"):
+        load_harbor_task(task)

@@ -101,7 +101,6 @@ def harbor_models() -> Any:
         VerifierEnvironmentMode = config.VerifierEnvironmentMode
         TaskPaths, TaskFileFilter = paths.TaskPaths, file_filter.TaskFileFilter
         resolve_mode = staticmethod(verifier_mode.resolve_task_verifier_mode)
-        resolve_definition = staticmethod(verifier_mode.resolve_verifier_environment_definition)
 
     return Models
 
@@ -159,11 +158,14 @@ def load_harbor_task(path: str | Path) -> HarborTaskFolder:
         needs += image_needs
     if test_path is not None:
         tests_rel = test_path.relative_to(tp.tests_dir).as_posix()
-        needs += script_needs(test_path.read_text(errors="replace"), f"tests/{tests_rel}",
-                              known_dirs=("/tests", "/logs", "/solution", image.workdir if image else "/app"),
-                              env=image.env if image else {})  # fmt: skip
+        known = ("/tests", "/logs", "/solution", image.workdir if image else "/app")
+        needs += script_needs(test_path.read_text(errors="replace"), f"tests/{tests_rel}", known_dirs=known)
     if needs or image is None or test_path is None:
         raise HarborUnsupportedError(name, needs, ELSEWHERE)
+    try:
+        file_filter.require_included(test_path)  # as Harbor's verifier: an excluded test script is an error
+    except (ValueError, OSError) as e:
+        raise HarborTaskError(f"{folder}: {e}") from e
     verifier_env = dict(config.verifier.env)
     templated = [k for k, v in {**verifier_env, **config.environment.env}.items() if "${" in v]
     if templated:

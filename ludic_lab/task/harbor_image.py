@@ -209,7 +209,7 @@ def _copy(rest: str, env_dir: Path, workdir: str, copies: list[tuple[str, str]],
     return []
 
 
-def script_needs(text: str, where: str, *, known_dirs: Iterable[str], env: Mapping[str, str]) -> list[str]:
+def script_needs(text: str, where: str, *, known_dirs: Iterable[str]) -> list[str]:
     """The lines of a shell script whose command needs the network or is not on this host's
     ``PATH`` (the sandbox's: the interpreter's ``bin``, ``/usr/local/bin``, ``/usr/bin``, ``/bin``)."""
     path = [os.path.join(sys.base_prefix, "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
