@@ -79,6 +79,8 @@ class DemoConfig:
     """Sampling temperature (the trainer scores at the same temperature)."""
     eval_k: int = 4
     """Sampled evaluation: k samples per held-out question (pass@k); 0 to skip."""
+    eval_every: int = 0
+    """Evaluate the held-out split every N steps too (into evals.jsonl); 0: before and after only."""
     seed: int = 0
     """Seeds questions, sampling and initialisation."""
     backend: Literal["local", "vllm"] = "local"
@@ -107,6 +109,7 @@ class DemoConfig:
                 "max_tokens": ">= 1",
                 "temperature": "> 0",
                 "eval_k": ">= 0",
+                "eval_every": ">= 0",
             },
             hints={"temperature": "the trainer scores at the sampling temperature"},
         )
@@ -120,6 +123,9 @@ class DemoConfig:
                 f"none to compare with; sample 2 or more per question (the default is 6), or pick an algo "
                 f"that needs no groups ({single})"
             )
+        if self.eval_every and self.task != "capitals":
+            raise ValueError(f"DemoConfig.eval_every applies to the capitals demo; the {self.task!r} demo evaluates "
+                             "before and after training only")  # fmt: skip
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"DemoConfig.seed must be an integer in [0, 2**63), got {self.seed!r}")
         pass_down(self, "trainer", scoring_temperature=self.temperature)
@@ -294,7 +300,16 @@ async def _run_demo(cfg: DemoConfig, cleanups: list[Callable[[], Any]]) -> dict[
             "watch reward_mean and grad_norm)[/dim]"
         )
     t1 = time.perf_counter()
-    history = await trainer.train(cfg.steps, progress=False)
+    history: list[dict[str, Any]] = []
+    done = 0
+    while done < cfg.steps:  # chunks of eval_every steps, each followed by an evaluation but the last
+        n = min(cfg.eval_every or cfg.steps, cfg.steps - done)
+        history += await trainer.train(n, progress=False)
+        done += n
+        if done < cfg.steps:
+            mid = await _evaluate(client, test_rows, cfg)
+            console.print(f"[bold]held-out at step {trainer.step}[/bold]: {format_metrics(mid)}")
+            run_folder.log_eval("held-out", trainer.step, mid)
     train_s = time.perf_counter() - t1
     trainer.close()
     if all_threads:
