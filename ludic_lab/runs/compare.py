@@ -22,7 +22,8 @@ class RunsConfig:
     csv: str = ""
     """Write the summary table to this CSV file."""
     eval_key: str = ""
-    """The evaluation metric of the table and plot (e.g. greedy_accuracy); "" = the first every run has."""
+    """The evaluation metric of the table and plot (e.g. greedy_accuracy); "" = the first score every run has
+    that changed between evaluations (``ludic_lab.runs.table.default_eval_key``)."""
     last: int = 3
     """``reward_final`` (and ``reward_first``) average the last (first) this many logged steps (at most half each)."""
 

@@ -20,7 +20,7 @@ def plot_runs(
     path: str | os.PathLike | None = None,
 ) -> Figure:
     """Three panels, a line (same colour) per run: ``reward_mean`` per step, the evaluation
-    ``eval_key`` per evaluated step (default: the first key every run has), and wall seconds
+    ``eval_key`` per evaluated step (default: :func:`~ludic_lab.runs.table.default_eval_key`), and wall seconds
     per step, for the :class:`~ludic_lab.runs.load.Runs` that ``load_runs`` returns (``runs.plot()`` is the same).
     Returns the figure (a notebook shows it); ``path`` also saves it (PNG, SVG, PDF, ...)."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no backend to pick

@@ -27,12 +27,37 @@ def eval_keys(runs: Runs) -> list[str]:
     return [k for k in per_run[0] if all(k in keys for keys in per_run[1:])]
 
 
+BOOKKEEPING = frozenset(
+    {"k", "num_items", "num_samples", "num_failed", "num_nonfinite_rewards", "duration_s", "mean_completion_tokens"}
+)
+"""Evaluation keys that count or time an evaluation rather than score it (also ``*_ci_low/high``)."""
+
+
+def _scores(key: str) -> bool:
+    last = key.rsplit("/", 1)[-1]
+    return last not in BOOKKEEPING and not last.endswith(("_ci_low", "_ci_high"))
+
+
+def _varies(runs: Runs, key: str) -> bool:
+    values = {float(v) for r in runs if key in r.evals.columns for v in r.evals[key] if _is_number(v)}
+    return len(values) > 1
+
+
+def default_eval_key(runs: Runs) -> str | None:
+    """The key the table and plot show by default: the first score every run has whose value
+    changed between evaluations (a saturated one, 1.0 before and after, says nothing), else the
+    first score, else the first key; None when no run evaluated."""
+    keys = eval_keys(runs)
+    scores = [k for k in keys if _scores(k)] or keys
+    return next((k for k in scores if _varies(runs, k)), scores[0] if scores else None)
+
+
 def pick_eval_key(runs: Runs, eval_key: str | None) -> str | None:
-    """``eval_key`` checked against the runs' evaluations, or the first key they all have
-    (None when no run evaluated). A key no run has is a ``ValueError`` listing the keys."""
+    """``eval_key`` checked against the runs' evaluations, or :func:`default_eval_key` (None
+    when no run evaluated). A key no run has is a ``ValueError`` listing the keys."""
     keys = eval_keys(runs)
     if not eval_key:
-        return keys[0] if keys else None
+        return default_eval_key(runs)
     if any(eval_key in r.evals.columns for r in runs):
         return eval_key
     raise ValueError(f"no run has the evaluation key {eval_key!r}; the keys every run has: {', '.join(keys) or 'none'}")
