@@ -8,6 +8,10 @@ seeded, so both local schedulers sample the same tokens):
   program   ``openai``-SDK agent programs through ``OpenAIEndpoint`` + ``AgentProgramProtocol``,
             exactly ``--turns`` calls each (bench/endpoint_overhead.py's tool loop)
   single    the games' first moves only: the sampler's single-turn rate on the same prompts
+  workspace long episodes (not in the default list): ``openai``-SDK programs of exactly
+            ``--ws-turns`` calls (20) in the bubblewrap workspace of a shipped bug-fix task, a
+            shell command's output back after each call, so the context grows every turn
+            (bench/workspace_episodes.py): what KV reuse across turns is worth
 
 Backends, each measured in the same run on the same model:
 
@@ -32,6 +36,8 @@ continuous/vllm, and each backend's multi-turn tokens/s over its own single-turn
 
     .venv/bin/python bench/agent_throughput.py                          # SmolLM2, 32 episodes
     .venv/bin/python bench/agent_throughput.py --model tiny --episodes 16 --vllm off   # a quick check
+    .venv/bin/python bench/agent_throughput.py --workloads single,workspace --episodes 8 \
+        --backends continuous,static,vllm                              # long workspace episodes
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-WORKLOADS = ("single", "ttt", "tool", "program")
+WORKLOADS = ("single", "ttt", "tool", "program", "workspace")
+DEFAULT_WORKLOADS = ("single", "ttt", "tool", "program")
 
 from ideal_schedule import episode_calls, ideal_wall, measure_step_cost, step_cost  # noqa: E402
 
@@ -91,17 +98,25 @@ async def run_workload(name: str, client: Any, args: argparse.Namespace, seed0: 
         t0 = time.perf_counter()
         rs = await engine.generate_rollouts(reqs, max_steps=1)
     else:
+        from contextlib import AsyncExitStack
+
         from endpoint_overhead import make_program, product_env
+        from workspace_episodes import make_workspace_program
 
         from ludic_lab.endpoint import OpenAIEndpoint
         from ludic_lab.interaction import AgentProgramProtocol
         from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine
 
-        with OpenAIEndpoint(client) as ep:
-            program = make_program(args.turns, mt)
+        async with AsyncExitStack() as stack:
+            if name == "workspace":
+                turns = args.ws_turns
+                program, env = make_workspace_program(turns, mt, stack, args.ws_tasks)
+            else:
+                turns, program, env = args.turns, make_program(args.turns, mt), product_env()
+            ep = stack.enter_context(OpenAIEndpoint(client))
             engine = RolloutEngine(
-                {"product": product_env()},
-                {"program": lambda: AgentProgramProtocol(program, ep, max_calls=args.turns)},
+                {"product": env},
+                {"program": lambda: AgentProgramProtocol(program, ep, max_calls=turns)},
                 max_concurrency=n,
             )
             reqs = [
@@ -112,9 +127,13 @@ async def run_workload(name: str, client: Any, args: argparse.Namespace, seed0: 
             ]
             t0 = time.perf_counter()
             rs = await engine.generate_rollouts(reqs, max_steps=1)
-            dt = time.perf_counter() - t0
-            return dt, rs
-    dt = time.perf_counter() - t0
+            dt = time.perf_counter() - t0  # the pool and the endpoint close after it
+        return checked(name, dt, rs)
+    return checked(name, time.perf_counter() - t0, rs)
+
+
+def checked(name: str, dt: float, rs: list[Any]) -> tuple[float, list[Any]]:
+    """``(dt, rs)``, or an error when an episode failed (a bench of failed episodes measures nothing)."""
     failed = [r.error for r in rs if r.failed]
     if failed:
         raise RuntimeError(f"{name}: {len(failed)} episodes failed, e.g. {failed[:2]}")
@@ -191,7 +210,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16, help="tokens a move / a program call")
     ap.add_argument("--turns", type=int, default=3, help="calls per agent program")
     ap.add_argument("--repeats", type=int, default=1, help="runs per cell (the fastest is kept)")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=f"of {WORKLOADS}")
+    ap.add_argument("--ws-turns", type=int, default=20, help="model calls per workspace episode")
+    ap.add_argument("--ws-tasks", type=int, default=8, help="held-out bug-fix tasks the workspace episodes use")
     ap.add_argument("--backends", default="continuous,cont-old,static,vllm", help=f"of {[*LOCAL_BACKENDS, 'vllm']}")
     ap.add_argument("--vllm", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--local-dtype", default="float32", help="the in-process sampler's dtype (vLLM runs bfloat16)")
@@ -243,8 +264,9 @@ def run_vllm(args: argparse.Namespace) -> dict[str, dict[str, dict[str, float]]]
     from ludic_lab.inference.vllm.client.client import VLLMChatClient
 
     path = tiny_model_path() if args.model == "tiny" else resolve_model(args.model)
+    max_len = 8192 if "workspace" in args.workloads else 2048  # 20 turns of growing context
     server = start_vllm_server(
-        path, port=0, dtype="bfloat16", max_model_len=2048, extra_args=["--enable-prefix-caching"]
+        path, port=0, dtype="bfloat16", max_model_len=max_len, extra_args=["--enable-prefix-caching"]
     )
     try:
         server.wait_until_healthy(900)
