@@ -6,8 +6,10 @@ saying why (:class:`VerifiersEnvError`):
 
 - harnesses other than ``null`` (verifiers' own chat loop: the task's prompt, its tool servers
   over MCP, a model call per turn until a text-only reply): ``bash`` hands the model a shell on
-  this host (ludic_lab runs model-written code only in its sandbox), the agent-CLI harnesses
-  (codex, claude_code, ...) install third-party programs into a container;
+  this host (ludic_lab runs model-written code only in its sandbox) unless the episodes run it
+  in a workspace (``sandbox="workspace"``: :mod:`ludic_lab.integrations.verifiers_bash`; its
+  ``search`` tool, which needs the network, is refused); the agent-CLI harnesses (codex,
+  claude_code, ...) install third-party programs into a container;
 - runtimes other than ``subprocess``: ``docker`` / ``podman`` / ``apptainer`` need a container
   engine, ``prime`` / ``modal`` / ``e2b`` are remote sandboxes (an account and the network);
 - tasks that need a container, tool servers placed in such runtimes or at a remote URL, judges
@@ -36,6 +38,12 @@ from urllib.parse import urlsplit
 SUPPORTED_HARNESSES = ("null",)
 """Harness ids an episode may run (verifiers' endpoint-backed chat loop)."""
 
+SANDBOXED_HARNESSES = ("bash",)
+"""Harness ids an episode may run with ``sandbox="workspace"`` (their commands in a workspace)."""
+
+SANDBOXES = ("workspace",)
+"""Where a harness's commands may run instead of the host (``sandbox=``)."""
+
 SUPPORTED_RUNTIMES = ("subprocess",)
 """Runtime types an episode (and a tool server) may run in."""
 
@@ -58,16 +66,28 @@ class VerifiersEnvError(ValueError):
     """A verifiers environment ludic_lab cannot run here (the message says why and what to change)."""
 
 
-def check_harness(harness: Any) -> None:
-    """Refuse a harness config other than ``null`` (see the module docstring)."""
+def check_harness(harness: Any, sandbox: str | None = None) -> None:
+    """Refuse a harness config other than ``null``, or ``bash`` with ``sandbox="workspace"``
+    (without its network ``search`` tool); see the module docstring."""
+    if sandbox is not None and sandbox not in SANDBOXES:
+        raise VerifiersEnvError(f"sandbox must be None or one of {SANDBOXES}, got {sandbox!r}")
     ident = getattr(harness, "id", None)
     if ident in SUPPORTED_HARNESSES:
         return
-    why = (
-        "it gives the model a bash shell on this host, and ludic_lab runs model-written code only in its sandbox"
-        if ident == "bash"
-        else "it runs an agent program that is installed into a container or fetched from the network"
-    )
+    if ident in SANDBOXED_HARNESSES and sandbox == "workspace":
+        if getattr(harness, "search", False):
+            raise VerifiersEnvError(
+                "verifiers harness 'bash' with search=true calls a web search service (serper.dev), which needs "
+                "the network; ludic_lab runs the bash harness with search off"
+            )
+        return
+    if ident == "bash":
+        why = (
+            "it gives the model a bash shell on this host, and ludic_lab runs model-written code only in its sandbox; "
+            "run its commands in a workspace sandbox instead: verifiers_task(..., sandbox='workspace')"
+        )
+    else:
+        why = "it runs an agent program that is installed into a container or fetched from the network"
     raise VerifiersEnvError(
         f"verifiers harness {ident!r} is not supported: {why}. ludic_lab runs verifiers' endpoint-backed chat "
         f"loop, harness 'null' (the task's prompt, its tool servers over MCP, one model call per turn)"
