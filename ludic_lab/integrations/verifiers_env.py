@@ -237,6 +237,7 @@ def load_verifiers_env(
     agent: Mapping[str, Any] | None = None,
     limit: int | None = None,
     max_concurrent: int | None = None,
+    sandbox: str | None = None,
 ) -> VerifiersSource:
     """Load verifiers taskset ``taskset`` (an installed package id) as verifiers does.
 
@@ -245,7 +246,9 @@ def load_verifiers_env(
     ``agent``: ``AgentConfig`` fields of its one seat (``max_turns``, ``timeout``, ...; harness
     ``null`` and runtime ``subprocess`` by default, the only ones supported); ``limit``: load
     the first ``limit`` tasks (required for an infinite taskset); ``max_concurrent``: episodes
-    run at once (see :class:`VerifiersSource`). Raises
+    run at once (see :class:`VerifiersSource`); ``sandbox="workspace"``: the ``bash`` harness
+    allowed, its commands run in a workspace per episode (:mod:`~ludic_lab.integrations.verifiers_sandbox`:
+    the tasks get its hooks; episodes need its ``WorkspaceVerifiersProtocol``). Raises
     :class:`VerifiersEnvError` for what cannot run here, before anything runs.
     """
     require_extra("verifiers", what="ludic_lab.integrations.verifiers_env")
@@ -258,7 +261,7 @@ def load_verifiers_env(
         raw = {"id": env_id, "taskset": {**dict(taskset_options or {}), "id": taskset}, role: seat}
         config = vf.resolve_env_config(raw)
         spec = getattr(config, role)
-        check_harness(spec.harness)
+        check_harness(spec.harness, sandbox)
         check_runtime(spec.runtime, f"the {role} of {taskset!r}")
         env = vf.load_environment(config)
     except VerifiersEnvError:
@@ -275,7 +278,12 @@ def load_verifiers_env(
         raise VerifiersEnvError(f"verifiers environment {taskset!r} failed to load: {type(e).__name__}: {e}") from e
     check_env(env)
     use_this_python()
-    return VerifiersSource(env, _load_tasks(env, taskset, limit), spec, role, max_concurrent=max_concurrent)
+    tasks = _load_tasks(env, taskset, limit)
+    if sandbox == "workspace":
+        from ludic_lab.integrations.verifiers_sandbox import sandbox_task
+
+        tasks = [sandbox_task(t) for t in tasks]
+    return VerifiersSource(env, tasks, spec, role, max_concurrent=max_concurrent)
 
 
 def _load_tasks(env: Any, taskset: str, limit: int | None) -> list[Any]:
