@@ -61,6 +61,8 @@ def verifiers_task(
     timeout_s: float | None = 600.0,
     keep_trace: bool = True,
     protocol_kind: str = "verifiers",
+    sandbox: str | None = None,
+    workspace: Any = None,
 ) -> Task:
     """The verifiers environment ``taskset`` as a task named ``name`` (default: the taskset id).
 
@@ -71,10 +73,15 @@ def verifiers_task(
     ``max_calls`` / ``max_completion_tokens`` / ``timeout_s`` / ``keep_trace``: each
     episode's :class:`~ludic_lab.integrations.verifiers_protocol.VerifiersProtocol`.
     ``task.evaluate(client, ...)``: :func:`evaluate_verifiers`'s summary on the held-out tasks.
+    ``sandbox="workspace"``: verifiers' ``bash`` harness allowed, every ``bash`` / ``edit`` call
+    run in a workspace of its episode (:mod:`ludic_lab.integrations.verifiers_bash`), made from
+    ``workspace`` (a ``Snapshot``; default empty) by a pool per event loop.
     """
     source = load_verifiers_env(
-        taskset, taskset_options=taskset_options, env_id=env_id, agent=agent, limit=limit, max_concurrent=max_concurrent
-    )
+        taskset, taskset_options=taskset_options, env_id=env_id, agent=agent, limit=limit,
+        max_concurrent=max_concurrent, sandbox=sandbox,
+    )  # fmt: skip
+    lease = _workspace_lease() if sandbox == "workspace" else None
     n = len(source)
     if isinstance(heldout, bool) or not isinstance(heldout, int) or not 0 <= heldout < n:
         raise ValueError(f"heldout must be an int in [0, {n}) (the taskset has {n} tasks), got {heldout!r}")
@@ -83,13 +90,13 @@ def verifiers_task(
 
     def make_protocol(client: Any) -> VerifiersProtocol:
         ep = endpoint if endpoint is not None else endpoint_for(client)
-        return VerifiersProtocol(
-            ep,
-            max_calls=max_calls,
-            max_completion_tokens=max_completion_tokens,
-            timeout_s=timeout_s,
-            keep_trace=keep_trace,
-        )
+        options: dict[str, Any] = {"max_calls": max_calls, "max_completion_tokens": max_completion_tokens,
+                                   "timeout_s": timeout_s, "keep_trace": keep_trace}  # fmt: skip
+        if lease is not None:
+            from ludic_lab.integrations.verifiers_bash import WorkspaceVerifiersProtocol
+
+            return WorkspaceVerifiersProtocol(ep, lease=lease, snapshot=workspace, **options)
+        return VerifiersProtocol(ep, **options)
 
     async def evaluate_task(client: Any, **options: Any) -> dict[str, Any]:
         options.setdefault("seeds", held)
@@ -99,6 +106,14 @@ def verifiers_task(
     task = Task(kind, env, size=n - heldout, protocol_kind=protocol_kind, protocol=make_protocol, max_steps=1,
                 evaluate=evaluate_task)  # fmt: skip
     return task
+
+
+def _workspace_lease() -> Any:
+    """Workspace pools for a sandboxed verifiers task: one per event loop (its commands get the
+    venv's packages, as the harness's would), shut down with its last workspace."""
+    from ludic_lab.task.repo_env import PoolLease
+
+    return PoolLease()
 
 
 def verifiers_source(task: Task) -> VerifiersSource:
