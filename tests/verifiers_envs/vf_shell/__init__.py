@@ -1,0 +1,3 @@
+from vf_shell.taskset import ShellTaskset
+
+__all__ = ["ShellTaskset"]
