@@ -338,3 +338,27 @@ def test_harbors_ignore_rules_choose_what_the_verifier_uploads(tmp_path: Path) -
     (task / "tests" / ".harborignore").write_text("test.sh\n")
     with pytest.raises(HarborTaskError, match="excluded by .harborignore: tests/test.sh"):
         load_harbor_task(task)
+
+
+def test_reward_files_are_read_as_harbor_reads_them() -> None:
+    from ludic_lab.task.harbor_verify import HarborRewardError, parse_rewards, scalar_reward
+
+    assert parse_rewards(None, "0.5\n") == {"reward": 0.5}  # reward.txt: one float
+    assert parse_rewards('{"a": 1}', "0") == {"a": 1}  # reward.json wins over reward.txt
+    rewards = parse_rewards('{"reward": true, "tests": 3}', None)  # Harbor's VerifierResult coerces
+    assert rewards == {"reward": 1.0, "tests": 3} and scalar_reward(rewards) == 1.0
+    assert scalar_reward({"a": 1, "b": 0}) == 0.5 and scalar_reward({"only": 0.25}) == 0.25
+    errors = {
+        ("", None): "RewardFileEmptyError",
+        (None, ""): "RewardFileEmptyError",
+        (None, None): "RewardFileNotFoundError",
+        ("{", None): "VerifierOutputParseError",
+        ('{"r": NaN}', None): "non-finite",
+        ('{"r": "1"}', None): "non-numeric",
+        ("1", None): "VerifierResult: rewards: Input should be a valid dictionary",  # a bare number: Harbor's error
+        (None, "one"): "VerifierOutputParseError",
+        (None, "inf"): "non-finite",
+    }
+    for (as_json, as_text), message in errors.items():
+        with pytest.raises(HarborRewardError, match=message):
+            parse_rewards(as_json, as_text)

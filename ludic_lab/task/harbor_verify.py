@@ -106,8 +106,9 @@ class HarborVerdict:
 
 
 def parse_rewards(reward_json: str | None, reward_txt: str | None) -> dict[str, float | int]:
-    """The rewards as Harbor's ``Verifier`` reads them: reward.json first (a number or an
-    object of finite numbers), else reward.txt (one finite float, as ``{"reward": x}``)."""
+    """The rewards as Harbor's ``Verifier`` reads them: reward.json first (an object of finite
+    numbers), else reward.txt (one finite float, as ``{"reward": x}``); Harbor's own
+    ``VerifierResult`` then validates the dict (a bare number in reward.json is its error too)."""
     if reward_json is not None:
         if not reward_json:
             raise HarborRewardError("RewardFileEmptyError: reward file is empty at /logs/verifier/reward.json")
@@ -118,11 +119,11 @@ def parse_rewards(reward_json: str | None, reward_txt: str | None) -> dict[str, 
                                     f"/logs/verifier/reward.json ({e})") from e  # fmt: skip
         values = rewards.values() if isinstance(rewards, dict) else [rewards]
         for value in values:
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if not isinstance(value, int | float):
                 raise HarborRewardError(f"VerifierOutputParseError: non-numeric reward {value!r} in reward.json")
             if isinstance(value, float) and not math.isfinite(value):
                 raise HarborRewardError(f"VerifierOutputParseError: non-finite reward {value!r} in reward.json")
-        return rewards if isinstance(rewards, dict) else {"reward": rewards}
+        return _verifier_result(rewards)
     if reward_txt is not None:
         if not reward_txt:
             raise HarborRewardError("RewardFileEmptyError: reward file is empty at /logs/verifier/reward.txt")
@@ -133,9 +134,20 @@ def parse_rewards(reward_json: str | None, reward_txt: str | None) -> dict[str, 
                                     f"/logs/verifier/reward.txt ({reward_txt[:80]!r})") from e  # fmt: skip
         if not math.isfinite(value):
             raise HarborRewardError(f"VerifierOutputParseError: non-finite reward {value!r} in reward.txt")
-        return {"reward": value}
+        return _verifier_result({"reward": value})
     raise HarborRewardError("RewardFileNotFoundError: no reward file found at /logs/verifier/reward.txt or "
                             "/logs/verifier/reward.json")  # fmt: skip
+
+
+def _verifier_result(rewards: Any) -> dict[str, float | int]:
+    from harbor.models.verifier.result import VerifierResult
+
+    try:
+        checked = VerifierResult(rewards=rewards).rewards
+    except ValueError as e:  # pydantic's ValidationError
+        msg = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e)
+        raise HarborRewardError(f"VerifierResult: rewards: {msg} (got {rewards!r:.80})") from e
+    return dict(checked or {})
 
 
 def scalar_reward(rewards: Mapping[str, float | int]) -> float:
