@@ -79,6 +79,12 @@ def test_the_folder_maps_onto_a_workspace_as_its_dockerfile_says() -> None:
     f = load_harbor_task(DATA / "csv-total")
     assert f.name == "ludic/csv-total" and f.workdir == "/srv/report" and f.image.base == "debian:bookworm-slim"
     assert f.image.links()["/srv/report"] == "/workspace" and f.agent_timeout_s == 300.0
+    from harbor.models.task.config import TaskOS
+    from harbor.models.trial.paths import EnvironmentPaths
+
+    where = EnvironmentPaths.for_os(TaskOS.LINUX)  # where Harbor puts tests, logs and the solution
+    assert {str(where.tests_dir), str(where.logs_dir), str(where.solution_dir)} <= set(f.image.links())
+    assert str(where.reward_text_path) == "/logs/verifier/reward.txt"  # what the verifier reads back
     assert f.verifier_timeout_s == 60.0 and f.test_script == "test.sh" and f.solve_script == "solve.sh"
     assert f.config.metadata["difficulty"] == "easy"  # Harbor's TaskConfig, as Harbor parsed it
     snapshot = Path(harbor_snapshot(f).source)
