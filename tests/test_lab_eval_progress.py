@@ -95,3 +95,22 @@ async def test_in_a_notebook_one_output_is_updated_in_place(monkeypatch):
     assert len(shown) == line.lines >= 2
     assert "<progress value='4' max='4'" in shown[-1]["text/html"]
     assert shown[-1]["text/plain"].startswith("held-out 4/4 episodes")
+
+
+async def test_lab_run_episodes_shows_the_line_and_returns_what_the_engine_returns(capsys):
+    from ludic_lab import lab
+    from ludic_lab.eval.evaluator import eval_requests
+    from ludic_lab.inference.request import InferenceSpec, SamplingConfig
+
+    client = ScriptedChatClient(answers(0.3), chat_template=chatml_template())
+    engine, env, protocol, n = qa_engine(client, ROWS, parser=identity_parser)
+    inference = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=8))
+    requests = eval_requests(env, protocol, range(3), k=2, inference=inference, max_steps=None)
+    got = await lab.run_episodes(engine, requests, name="first episodes", max_steps=1)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("first episodes 0/6 episodes") and "waiting for the first of" in err[0]
+    assert err[-1].startswith("first episodes 6/6 episodes")
+    plain = await engine.generate_rollouts(requests, max_steps=1)
+    assert [(r.env_seed, r.sampling_seed, r.total_reward) for r in got] == [
+        (r.env_seed, r.sampling_seed, r.total_reward) for r in plain
+    ]

@@ -152,17 +152,18 @@ async def generate_showing(
     *,
     concurrency: int | None = None,
     timeout_s: float | None = None,
+    max_steps: int | None = None,
 ) -> list[Rollout]:
     """``engine.generate_rollouts(requests)`` (same rollouts, same order, at most ``concurrency``
     episodes at once), advancing ``line`` as each request's episodes end."""
-    engine.validate(requests)  # every request checked before any episode starts
+    engine.validate(requests, max_steps=max_steps)  # every request checked before any episode starts
     limit = engine.max_concurrency if concurrency is None else concurrency
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"concurrency must be an int >= 1, got {limit!r}")
     sem = asyncio.Semaphore(limit)
 
     async def one(req: RolloutRequest) -> list[Rollout]:
-        rs = await engine.generate_rollouts([req], timeout_s=timeout_s, semaphore=sem)
+        rs = await engine.generate_rollouts([req], max_steps=max_steps, timeout_s=timeout_s, semaphore=sem)
         line.update(req.num_episodes, failed=sum(1 for r in rs if r.failed))
         return rs
 

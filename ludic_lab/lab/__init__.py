@@ -56,6 +56,14 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    if name == "run_episodes":  # on first use: it brings ludic_lab.eval (a second to import)
+        from ludic_lab.lab.episodes import run_episodes
+
+        return run_episodes
+    raise AttributeError(f"module 'ludic_lab.lab' has no attribute {name!r}")
+
+
 def load_ipython_extension(ip: Any) -> None:
     """``%load_ext ludic_lab.lab``: register the lab's magics in this IPython shell."""
     from ludic_lab.lab import export
