@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,6 +38,13 @@ from ludic_lab.extras import require_extra
 from ludic_lab.parsers import Parser
 from ludic_lab.task.definition import Task
 from ludic_lab.task.external.reasoning_gym_scorer import ScorerSandbox
+from ludic_lab.task.external.reasoning_gym_shaping import (
+    check_curriculum,
+    check_format_reward,
+    examples_protocol,
+    reasoning_gym_stats,
+    worked_examples,
+)
 from ludic_lab.types import Info, StepOutcome
 
 Split = Literal["train", "heldout"]
@@ -74,7 +81,8 @@ class ReasoningGymData:
 
     def __init__(self, name: str, *, size: int = 1000, seed: int = 0, heldout_size: int = 100,
                  heldout_seed: int | None = None, scorer_sandbox: ScorerSandbox = "bubblewrap",
-                 scorer_timeout_s: float = 10.0, **config: Any) -> None:  # fmt: skip
+                 scorer_timeout_s: float = 10.0, curriculum: Sequence[Mapping[str, Any]] = (),
+                 curriculum_rows: int = 64, **config: Any) -> None:  # fmt: skip
         _check_name(name)
         if "isolate_scorer" in config:
             raise ValueError(
@@ -107,22 +115,30 @@ class ReasoningGymData:
         self.name, self.config = name, dict(config)
         self.size, self.seed, self.heldout_size, self.heldout_seed = size, seed, heldout_size, heldout_seed
         self.scorer_sandbox, self.scorer_timeout_s = scorer_sandbox, float(scorer_timeout_s)
+        self.curriculum, self.curriculum_rows = check_curriculum(curriculum, curriculum_rows)
         self._datasets = {"train": self._create(size, seed)}
         if heldout_size:
             self._datasets["heldout"] = self._create(heldout_size, heldout_seed)
+        self._stages = [self._create(self.curriculum_rows, self._stage_seed(k), **stage)
+                        for k, stage in enumerate(self.curriculum)]  # fmt: skip
         self._entries: dict[tuple[str, int], dict[str, Any]] = {}
         self._train_index: dict[int, int] = {}
         self._heldout_questions: frozenset[str] | None = None
 
-    def _create(self, size: int, seed: int) -> Any:
+    def _stage_seed(self, stage: int) -> int:
+        """The dataset seed of curriculum stage ``stage``: its rows keep their training seeds."""
+        return self.seed + stage * self.curriculum_rows
+
+    def _create(self, size: int, seed: int, **stage: Any) -> Any:
         try:
-            return _reasoning_gym().create_dataset(self.name, size=size, seed=seed, **self.config)
+            return _reasoning_gym().create_dataset(self.name, size=size, seed=seed, **{**self.config, **stage})
         except (TypeError, AssertionError, ValueError) as e:
             from reasoning_gym.factory import DATASETS
 
             fields = sorted(getattr(DATASETS[self.name][1], "__dataclass_fields__", {}))
             raise ValueError(
-                f"reasoning-gym rejected the config {self.config} of {self.name!r}: {type(e).__name__}: {e} "
+                f"reasoning-gym rejected the config {dict(self.config, **stage)} of {self.name!r}: "
+                f"{type(e).__name__}: {e} "
                 f"(its config fields: {fields})"
             ) from e
 
@@ -134,14 +150,30 @@ class ReasoningGymData:
         return self.size if split == "train" else self.heldout_size
 
     def dataset_kwargs(self, split: Split) -> dict[str, Any]:
-        """``create_dataset`` keywords of ``split`` (besides the name)."""
+        """``create_dataset`` keywords of ``split`` (besides the name), curriculum stages aside."""
         size, seed = (self.size, self.seed) if split == "train" else (self.heldout_size, self.heldout_seed)
         return {"size": size, "seed": seed, **self.config}
+
+    def stage(self, split: Split, generator_index: int) -> int | None:
+        """The curriculum stage a row is generated at (``None``: the task's own config). Training
+        row ``i`` is at stage ``i // curriculum_rows`` while stages last; held-out rows never are."""
+        k = generator_index // self.curriculum_rows
+        return k if split == "train" and k < len(self.curriculum) else None
+
+    def _source(self, split: Split, generator_index: int) -> tuple[dict[str, Any], int]:
+        """``(create_dataset keywords, item index)`` that generate a row (what the scorer rebuilds)."""
+        k = self.stage(split, generator_index)
+        if k is None:
+            return self.dataset_kwargs(split), generator_index
+        kwargs = {"size": self.curriculum_rows, "seed": self._stage_seed(k), **self.config, **self.curriculum[k]}
+        return kwargs, generator_index - k * self.curriculum_rows
 
     def _generate(self, split: Split, index: int) -> dict[str, Any]:
         key = (split, index)
         if key not in self._entries:
-            self._entries[key] = self._datasets[split][index]
+            k = self.stage(split, index)
+            dataset = self._datasets[split] if k is None else self._stages[k]
+            self._entries[key] = dataset[self._source(split, index)[1]]
         return self._entries[key]
 
     def heldout_questions(self) -> frozenset[str]:
@@ -195,10 +227,11 @@ class ReasoningGymData:
 
         generator_index = self.row_index(split, index)
         question = str(self._generate(split, generator_index)["question"])
+        kwargs, item = self._source(split, generator_index)
         scorer = shared_scorer(self.scorer_sandbox)
         try:
-            score = await asyncio.to_thread(scorer.score, self.name, self.dataset_kwargs(split), generator_index,
-                                            question, answer, timeout_s=self.scorer_timeout_s)  # fmt: skip
+            score = await asyncio.to_thread(scorer.score, self.name, kwargs, item, question, answer,
+                                            timeout_s=self.scorer_timeout_s)  # fmt: skip
             return score, None
         except (ScorerTimeout, ScorerError) as e:  # model text that chokes the scorer scores 0, with the reason
             return 0.0, str(e)
@@ -278,7 +311,9 @@ def reasoning_gym_task(name: str, *, size: int = 1000, seed: int = 0, heldout_si
                        heldout_seed: int | None = None, system_prompt: str | None = "default",
                        parser: Parser | None = None, threshold: float = 1.0,
                        reject_incomplete_completions: bool = True, scorer_sandbox: ScorerSandbox = "bubblewrap",
-                       scorer_timeout_s: float = 10.0, **config: Any) -> Task:  # fmt: skip
+                       scorer_timeout_s: float = 10.0, few_shot: int = 0, format_reward: float = 0.0,
+                       curriculum: Sequence[Mapping[str, Any]] | None = None, curriculum_rows: int = 64,
+                       **config: Any) -> Task:  # fmt: skip
     """reasoning-gym's generator ``name`` as a :class:`Task` (env kind ``name``; env seed ``i``:
     training row ``i``; request streams walk a seeded shuffle). ``config`` goes to
     ``reasoning_gym.create_dataset``; ``system_prompt`` is one of reasoning-gym's
@@ -286,10 +321,24 @@ def reasoning_gym_task(name: str, *, size: int = 1000, seed: int = 0, heldout_si
     absent); ``threshold``: the score that counts as correct; answers are scored in the bubblewrap
     sandbox (``scorer_sandbox="unsafe_local"``: a plain child process, for trusted answers only).
     ``task.evaluate(client, k=...)`` runs :func:`evaluate_reasoning_gym` on the held-out rows;
-    ``task.env.data`` holds the rows."""
+    ``task.env.data`` holds the rows.
+
+    For a small model (:mod:`.reasoning_gym_shaping`; none changes the package's score):
+    ``few_shot=n`` starts every episode, training and held-out alike, with ``n`` worked examples
+    in the answer format; ``format_reward=r`` adds ``r`` to the training reward of a reply in the
+    answer format (``Step.format_reward``; the evaluation leaves it out); ``curriculum`` (a list of
+    configs, easiest first, e.g. ``package_curriculum(name)``) generates training rows
+    ``[k * curriculum_rows, (k + 1) * curriculum_rows)`` at stage ``k``, later rows and the
+    held-out ones at ``config``; training rows are then walked in order, not shuffled."""
     data = ReasoningGymData(name, size=size, seed=seed, heldout_size=heldout_size, heldout_seed=heldout_seed,
-                            scorer_sandbox=scorer_sandbox, scorer_timeout_s=scorer_timeout_s, **config)  # fmt: skip
-    read = parser if parser is not None else ReasoningGymEnv.recommended_parser()
+                            scorer_sandbox=scorer_sandbox, scorer_timeout_s=scorer_timeout_s,
+                            curriculum=curriculum or (), curriculum_rows=curriculum_rows, **config)  # fmt: skip
+    format_reward = check_format_reward(format_reward)
+    if parser is not None and format_reward:
+        raise ValueError("give either parser= or format_reward= (the default parser's reward for the answer format)")
+    read = parser if parser is not None else ReasoningGymEnv.recommended_parser(success_reward=float(format_reward))
+    scored = parser if parser is not None else ReasoningGymEnv.recommended_parser()
+    examples = tuple(worked_examples(data, few_shot))
     factory = ReasoningGymEnvFactory(data, "train", system_prompt, threshold)
     heldout = ReasoningGymEnvFactory(data, "heldout", system_prompt, threshold)
 
@@ -297,21 +346,24 @@ def reasoning_gym_task(name: str, *, size: int = 1000, seed: int = 0, heldout_si
         """Held-out metrics (``evaluate_reasoning_gym``'s options): summary and pass@k intervals."""
         incomplete = reject_incomplete_completions
         result = await evaluate_reasoning_gym(
-            client, heldout, parser=read, reject_incomplete_completions=incomplete, **options
+            client, heldout, parser=scored, reject_incomplete_completions=incomplete, examples=examples, **options
         )
         return eval_summary(result)
 
-    return Task(name, factory, parser=read, size=size, shuffle=True, evaluate=evaluate,
-                reject_incomplete_completions=reject_incomplete_completions)  # fmt: skip
+    return Task(name, factory, parser=read, size=size, shuffle=not data.curriculum, evaluate=evaluate,
+                protocol=examples_protocol(read, examples, reject_incomplete_completions) if examples else None,
+                reject_incomplete_completions=reject_incomplete_completions, stats=reasoning_gym_stats)  # fmt: skip
 
 
 async def evaluate_reasoning_gym(client: Any, env: Callable[[], ReasoningGymEnv], *, k: int = 1,
                                  limit: int | None = None, temperature: float | None = None, max_tokens: int = 256,
                                  parser: Parser | None = None, reject_incomplete_completions: bool = True,
                                  sampling_seed: int = 0, concurrency: int = 32, timeout_s: float | None = None,
-                                 progress: bool = False, name: str = "heldout") -> Any:  # fmt: skip
+                                 progress: bool = False, name: str = "heldout",
+                                 examples: Sequence[Any] = ()) -> Any:  # fmt: skip
     """:func:`ludic_lab.eval.evaluate` of ``client`` on every row of ``env``'s split (or the first
-    ``limit``), ``k`` samples each; success is ``info["correct"]``. Returns the
+    ``limit``), ``k`` samples each (after the worked ``examples``, chat turns); success is
+    ``info["correct"]``. Returns the
     :class:`~ludic_lab.eval.EvalResult` (``summary()``: accuracy with its Wilson interval, pass@1..k)."""
     from ludic_lab.eval.evaluator import evaluate
     from ludic_lab.eval.success import InfoKeySuccess
@@ -319,8 +371,9 @@ async def evaluate_reasoning_gym(client: Any, env: Callable[[], ReasoningGymEnv]
 
     probe = env()
     n = probe.data.split_size(probe.split)
-    task = Task("reasoning_gym_eval", env, parser=parser or ReasoningGymEnv.recommended_parser(),
-                reject_incomplete_completions=reject_incomplete_completions)  # fmt: skip
+    read, reject = parser or ReasoningGymEnv.recommended_parser(), reject_incomplete_completions
+    task = Task("reasoning_gym_eval", env, parser=read, reject_incomplete_completions=reject,
+                protocol=examples_protocol(read, examples, reject) if examples else None)  # fmt: skip
     engine = task.engine(client, max_concurrency=concurrency)
     seeds = range(n if limit is None else min(int(limit), n))
     return await evaluate(engine, EnvSpec(task.name), ProtocolSpec(task.protocol_kind), seeds, k=k,
@@ -329,11 +382,14 @@ async def evaluate_reasoning_gym(client: Any, env: Callable[[], ReasoningGymEnv]
 
 
 def eval_summary(result: Any) -> dict[str, Any]:
-    """``result.summary()`` plus ``pass@k_ci_low`` / ``pass@k_ci_high``: the Wilson interval of the
-    share of items solved at least once in their ``k`` samples (which pass@k is when n = k)."""
+    """``result.summary()`` plus ``pass@k_ci_low`` / ``pass@k_ci_high`` (the Wilson interval of the
+    share of items solved at least once in their ``k`` samples, which pass@k is when n = k) and
+    ``score_mean``: reasoning-gym's mean score per sample (a reply out of the answer format: 0)."""
     from ludic_lab.eval.metrics import wilson_interval
 
     out = dict(result.summary())
+    scores = [float(r.steps[-1].info.get("score", 0.0)) if r.steps else 0.0 for r in result.rollouts]
+    out["score_mean"] = sum(scores) / len(scores) if scores else math.nan
     items = result.per_item()
     if result.k > 1 and len(items):
         lo, hi = wilson_interval(int((items["c"] > 0).sum()), len(items))

@@ -33,6 +33,7 @@ from ludic_lab.integrations.textarena_env import (
     game_players,
     player_id,
 )
+from ludic_lab.integrations.textarena_shaping import format_stats, move_format_parser, worked_openings
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
 from ludic_lab.rollouts.requests import EnvSpec, ProtocolSpec
@@ -101,14 +102,34 @@ def textarena_task(
     win_threshold: float = 1.0,
     make_kwargs: Mapping[str, Any] | None = None,
     name: str | None = None,
+    few_shot: int = 0,
+    format_reward: float = 0.0,
 ) -> Task:
     """TextArena game ``env_id`` as a task (see the module docstring). ``opponent``: ``"random"``,
     a ChatClient or a callable ``obs -> action`` for every seat but ``seat`` (default ``"random"``
     unless ``self_play``); ``num_players`` defaults to the game's own count. The game is made
-    once here, so a game that cannot run raises :class:`TextArenaGameError` now."""
+    once here, so a game that cannot run raises :class:`TextArenaGameError` now.
+
+    For a small model (:mod:`~ludic_lab.integrations.textarena_shaping`; neither changes the
+    game's reward): ``few_shot=n`` starts every game, training and held-out alike, with ``n``
+    worked moves played as the game expects; ``format_reward=r`` adds ``r`` to the training
+    reward of each reply holding a bracketed move (``Step.format_reward``; evaluation leaves it out)."""
     n = game_players(env_id) if num_players is None else int(num_players)
     kind = name or env_id
     common: dict[str, Any] = {"system_prompt": system_prompt, "make_kwargs": dict(make_kwargs or {})}
+    if (
+        isinstance(format_reward, bool)
+        or not isinstance(format_reward, (int, float))
+        or not math.isfinite(format_reward)
+    ):
+        raise ValueError(f"format_reward must be a finite number, got {format_reward!r}")
+    examples = tuple(worked_openings(env_id, few_shot, num_players=n, seat=seat, make_kwargs=make_kwargs))
+    read = move_format_parser(format_reward)
+
+    def stats(rs: Sequence[Rollout]) -> dict[str, float]:
+        return {**game_stats(rs, threshold=win_threshold), **format_stats(rs)}
+
+    shaping = {"few_shot": few_shot, "examples": examples}
     if n == 1:
         if opponent is not None or self_play:
             raise ValueError(f"TextArena game {env_id!r} is a single-player game: no opponent, no self-play")
@@ -117,11 +138,11 @@ def textarena_task(
         def single_env(**kw: Any) -> TextArenaEnv:
             return TextArenaEnv(env_id, **{**common, **kw})
 
-        return Task(kind, single_env, parser=identity_parser, size=TRAIN_SEEDS, protocol_kind="textarena",
-                    protocol=lambda client: SingleAgentSyncProtocol(_agent(client)), max_steps=max_turns,
-                    reject_incomplete_completions=False,
-                    evaluate=_evaluator(env_id, kind, n, 0, common, None, max_turns, win_threshold),
-                    stats=lambda rs: game_stats(rs, threshold=win_threshold))  # fmt: skip
+        return Task(kind, single_env, parser=read, size=TRAIN_SEEDS, protocol_kind="textarena",
+                    protocol=lambda client: SingleAgentSyncProtocol(_agent(client, read, examples)),
+                    max_steps=max_turns, reject_incomplete_completions=False, stats=stats,
+                    evaluate=_evaluator(env_id, kind, n, 0, common, None, max_turns, win_threshold,
+                                        shaping))  # fmt: skip
     if self_play and opponent is not None:
         raise ValueError("give either self_play=True or an opponent, not both")
     if not 0 <= seat < n:
@@ -137,29 +158,31 @@ def textarena_task(
     seats = list(range(n)) if self_play else [seat]
 
     def protocol(client: Any) -> MultiAgentProtocol:
-        return MultiAgentProtocol({player_id(p): _agent(client, name=player_id(p)) for p in seats})
+        return MultiAgentProtocol({player_id(p): _agent(client, read, examples, name=player_id(p)) for p in seats})
 
-    return Task(kind, multi_env, parser=identity_parser, size=TRAIN_SEEDS,
+    return Task(kind, multi_env, parser=read, size=TRAIN_SEEDS,
                 protocol_kind="textarena_self_play" if self_play else "textarena_vs", protocol=protocol,
-                max_steps=max_turns, reject_incomplete_completions=False,
+                max_steps=max_turns, reject_incomplete_completions=False, stats=stats,
                 evaluate=_evaluator(env_id, kind, n, seat, common, eval_opponent if self_play else opponent,
-                                    max_turns, win_threshold),
-                stats=lambda rs: game_stats(rs, threshold=win_threshold))  # fmt: skip
+                                    max_turns, win_threshold, shaping))  # fmt: skip
 
 
-def _agent(client: Any, *, name: str | None = None) -> Agent:
-    """The game's player: the whole reply goes to the game (it parses and judges), cut or not."""
-    return Agent(client, FullDialog(), identity_parser, name=name, reject_incomplete_completions=False)
+def _agent(
+    client: Any, parser: Any = identity_parser, examples: Sequence[Any] = (), *, name: str | None = None
+) -> Agent:
+    """The game's player: the whole reply goes to the game (it parses and judges), cut or not;
+    its dialog starts with the worked ``examples``."""
+    return Agent(client, FullDialog(examples=examples), parser, name=name, reject_incomplete_completions=False)
 
 
 def _evaluator(env_id: str, kind: str, n: int, seat: int, common: Mapping[str, Any], opponent: Any, max_turns: int,
-               threshold: float) -> Any:  # fmt: skip
+               threshold: float, shaping: Mapping[str, Any]) -> Any:  # fmt: skip
     async def evaluate_task(client: Any, **options: Any) -> dict[str, Any]:
         """Held-out games (``games``, ``k``, ``temperature``, ``max_tokens``, ...: see
         :func:`evaluate_textarena`) -> its summary, with ``win_rate`` and its Wilson interval."""
         result = await evaluate_textarena(
             client, env_id, num_players=n, seat=seat, opponent=opponent, max_turns=max_turns,
-            win_threshold=threshold, name=f"{kind}/eval", **common, **options,
+            win_threshold=threshold, name=f"{kind}/eval", few_shot=shaping["few_shot"], **common, **options,
         )  # fmt: skip
         return textarena_summary(result)
 
@@ -196,14 +219,17 @@ async def evaluate_textarena(
     timeout_s: float | None = None,
     progress: bool = False,
     name: str = "textarena_eval",
+    few_shot: int = 0,
 ) -> EvalResult:
     """Play ``games`` held-out games of ``env_id`` (env seeds ``seed_base + i``), ``k`` samples
     each, with ``client`` in seat ``seat`` (against ``opponent`` in the others) and score them
-    with :class:`GameWin` through :func:`ludic_lab.eval.evaluate` (greedy for ``k = 1``)."""
+    with :class:`GameWin` through :func:`ludic_lab.eval.evaluate` (greedy for ``k = 1``); each
+    game starts with ``few_shot`` worked moves; no format reward (the game's reward alone)."""
     n = game_players(env_id) if num_players is None else int(num_players)
     task = textarena_task(
         env_id, opponent=None if n == 1 else (opponent if opponent is not None else "random"), seat=seat,
         num_players=n, system_prompt=system_prompt, max_turns=max_turns, make_kwargs=make_kwargs, name=name,
+        few_shot=few_shot,
     )  # fmt: skip
     engine = task.engine(client, max_concurrency=concurrency)
     return await evaluate(

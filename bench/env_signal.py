@@ -1,0 +1,131 @@
+"""Learning signal from the first steps on reasoning-gym and TextArena with the default model.
+
+Each source is one short ``train_env`` run on SmolLM2-135M-Instruct (LoRA, GRPO) with
+``eval_every=steps``: the task's own held-out evaluation runs on the sampler before the first
+step and after the last, on rows / game seeds the run never trains on. The score reported is
+the package's own (reasoning-gym's ``score_answer`` -> accuracy at ``score >= 1`` and its mean
+score; TextArena's game reward -> win rate), each with its Wilson 95% interval; the shaping
+(worked examples in the package's format, a format reward) only changes what is trained on.
+
+  basic_arithmetic  reasoning_gym_task("basic_arithmetic", few_shot=3, format_reward=0.1,
+                    **package_curriculum(...)[0]): the package's easiest level, held out by seed
+  countdown         the same on ``countdown`` (3 numbers up to 10, targets 10-40)
+  tictactoe         textarena_task("TicTacToe-v0", opponent="random", few_shot=2,
+                    format_reward=0.1), held-out games from seed 1,000,000 on
+
+Each source runs in its own process (its peak RSS is that process's); the before figure is the
+baseline of the same run. Timings depend on the machine's load, printed with each row.
+
+    .venv/bin/python bench/env_signal.py [--only basic_arithmetic] [--steps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+SOURCES = ("basic_arithmetic", "countdown", "tictactoe")
+
+
+def build(source: str, few_shot: int) -> tuple[Any, dict[str, Any], str]:
+    """``(task, train_env's evaluation options, the metric reported)`` of ``source``."""
+    if source == "tictactoe":
+        from ludic_lab.task.external.textarena import textarena_task
+
+        task = textarena_task("TicTacToe-v0", opponent="random", few_shot=1, format_reward=0.1, max_turns=9)
+        return task, {"eval_options": {"games": 32, "max_tokens": 6}}, "win_rate"
+    from ludic_lab.task.external.reasoning_gym import reasoning_gym_task
+    from ludic_lab.task.external.reasoning_gym_shaping import package_curriculum
+
+    if source == "basic_arithmetic":
+        config = package_curriculum("basic_arithmetic", 1)[0]
+    elif source == "countdown":
+        config = dict(min_numbers=3, max_numbers=3, min_value=1, max_value=10, min_target=10, max_target=40)
+    else:
+        raise ValueError(f"unknown source {source!r}; sources: {', '.join(SOURCES)}")
+    task = reasoning_gym_task(source, size=2000, heldout_size=48, few_shot=few_shot, format_reward=0.1, **config)
+    return task, {"eval_options": {"max_tokens": 16}}, "accuracy"
+
+
+def run_one(source: str, steps: int, few_shot: int, lr: float) -> dict[str, Any]:
+    """One short run of ``source``; its before / after held-out figures and peak RSS."""
+    from ludic_lab import train_env
+
+    task, options, metric = build(source, few_shot)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = train_env(
+            task, steps=steps, eval_every=steps, group_size=6 if source == "tictactoe" else 8, prompts_per_step=4,
+            max_tokens=6 if source == "tictactoe" else 16, config={"lr": lr}, progress=True, out=f"{tmp}/run",
+            **options,
+        )  # fmt: skip
+    before, after = run.evals[0], run.evals[-1]
+
+    def fig(e: dict[str, Any]) -> dict[str, float]:
+        keys = (metric, f"{metric}_ci_low", f"{metric}_ci_high", "score_mean", "parse_error_rate", "n")
+        base = "accuracy" if metric == "win_rate" else metric
+        out = {k: e[k] for k in keys if k in e}
+        out.setdefault(f"{metric}_ci_low", e.get(f"{base}_ci_low"))
+        out.setdefault(f"{metric}_ci_high", e.get(f"{base}_ci_high"))
+        return out
+
+    shaping = [h.get("reasoning_gym/format_reward_mean", h.get("textarena/format_reward_mean")) for h in run.history]
+    return {
+        "source": source, "metric": metric, "steps": steps, "before": fig(before), "after": fig(after),
+        "train_reward": [h.get("reward_mean") for h in run.history], "format_reward": shaping,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "load": os.getloadavg()[0],
+    }  # fmt: skip
+
+
+def show(r: dict[str, Any]) -> str:
+    m, b, a = r["metric"], r["before"], r["after"]
+
+    def f(e: dict[str, Any]) -> str:
+        return f"{e[m]:.3f} [{e[f'{m}_ci_low']:.2f}, {e[f'{m}_ci_high']:.2f}]"
+
+    extra = f"; mean score {b['score_mean']:.3f} -> {a['score_mean']:.3f}" if "score_mean" in b else ""
+    ratio = a[m] / b[m] if b[m] else float("inf")
+    return (
+        f"{r['source']:17s} {m} {f(b)} -> {f(a)} ({r['steps']} steps; ratio {ratio:.2f})"
+        f"{extra}; parse errors {b.get('parse_error_rate', float('nan')):.2f} -> "
+        f"{a.get('parse_error_rate', float('nan')):.2f}; {r['wall_s']:.0f} s, peak RSS {r['peak_rss_gb']:.2f} GB, "
+        f"load {r['load']:.1f}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--only", choices=SOURCES, action="append", help="run these sources (default: all)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--few-shot", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    sources = args.only or list(SOURCES)
+    if args.child:
+        print("RESULT " + json.dumps(run_one(sources[0], args.steps, args.few_shot, args.lr)), flush=True)
+        return
+    for source in sources:
+        cmd = [sys.executable, __file__, "--child", "--only", source, "--steps", str(args.steps),
+               "--few-shot", str(args.few_shot), "--lr", str(args.lr)]  # fmt: skip
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # its progress on stderr, as it runs
+        lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+        if out.returncode or not lines:
+            print(f"{source}: failed (exit {out.returncode}; its stderr is above)", flush=True)
+            continue
+        r = json.loads(lines[-1][len("RESULT ") :])
+        print(show(r), flush=True)
+        print("  " + json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    main()
