@@ -51,7 +51,7 @@ CSS = """
 .ll-view .ll-id{font-size:11px}
 .ll-view .ll-head{font-size:12px;color:#444;margin:2px 0 4px 0}
 .ll-view .ll-head b{color:#111}
-.ll-view .ll-group{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(18em,100%),1fr));gap:8px;
+.ll-view .ll-group{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(18em,100%),1fr));gap:8px;
   align-items:start;margin:6px 0 12px 0}
 .ll-view .ll-card{min-width:0;border:1px solid #d0d0d0;border-radius:4px;padding:6px 8px;background:#fff}
 .ll-view .ll-ghead{font-size:12.5px;border-bottom:1px solid #ccc;margin-top:10px;padding-bottom:2px}
