@@ -121,3 +121,39 @@ async def test_without_the_sandbox_the_bash_harness_is_refused_and_sandboxed_tas
             await protocol.run(env=VerifiersTaskEnv(source), max_steps=1, env_seed=0, inference=SPEC)
     assert client.requests == [], "the episode failed before any model call"
     assert "should-not-exist" not in str(info.value)
+
+
+async def test_the_hook_denies_every_bash_and_edit_call_with_a_result_and_lets_nothing_else_through() -> None:
+    """The gate's probe for a call is answered by the workspace (an empty output included: an
+    empty result would let the call run on the host); an edit the harness did not offer is denied
+    with an error; other messages are left alone; a trace with no workspace is refused."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from verifiers.v1.types import AssistantMessage, Request, Tool, ToolCall, ToolMessage, UserMessage
+
+    from ludic_lab.integrations.verifiers_sandbox import WorkspaceEpisode, bound_episodes, run_gated_call
+    from tests.workspace_helpers import pool
+
+    def probe(name: str, **arguments: object) -> Request:
+        asked = ToolCall(id="call_1", name=name, arguments=json.dumps(arguments))
+        return Request(messages=[UserMessage(content="go"), AssistantMessage(tool_calls=[asked]),
+                                 ToolMessage(tool_call_id="call_1", content="", name=name)],
+                       tools=[Tool(name="bash")])  # fmt: skip
+
+    trace = SimpleNamespace(id="trace-1")
+    async with pool() as p, p.workspace() as ws:
+        bound_episodes[trace.id] = WorkspaceEpisode(ws, asyncio.get_running_loop())
+        try:
+            quiet = await run_gated_call(probe("bash", command="echo made > f.txt"), trace)
+            shown = await run_gated_call(probe("bash", command="cat f.txt; exit 3"), trace)
+            edit = await run_gated_call(probe("edit", path="f.txt", old_str="made", new_str="changed"), trace)
+            user = await run_gated_call(Request(messages=[UserMessage(content="hi")]), trace)
+            kept = (await ws.run("cat f.txt")).output
+        finally:
+            del bound_episodes[trace.id]
+        with pytest.raises(RuntimeError, match="no ludic_lab workspace is bound to verifiers trace trace-1"):
+            await run_gated_call(probe("bash", command="touch x"), trace)
+    assert quiet.messages[-1].content == "(no output)" and shown.messages[-1].content == "made\n\n[exit code 3]"
+    assert edit.messages[-1].content == "error: unknown tool 'edit'" and kept == "made\n"  # not offered: not run
+    assert user is None

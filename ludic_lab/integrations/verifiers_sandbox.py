@@ -101,7 +101,12 @@ async def run_gated_call(request: Any, trace: Any) -> Any:
     calls = [c for m in request.messages if isinstance(m, AssistantMessage) for c in m.tool_calls or ()]
     call = next((c for c in reversed(calls) if c.id == last.tool_call_id), None)
     arguments = _arguments(call.arguments if call is not None else "{}")
-    run = _bash(episode.workspace, arguments) if last.name == "bash" else _edit(episode.workspace, arguments)
+    if request.tools is not None and last.name not in {t.name for t in request.tools}:
+        run = _refuse(last.name)  # not offered (edit=false): denied too, never let through to the host
+    elif last.name == "bash":
+        run = _bash(episode.workspace, arguments)
+    else:
+        run = _edit(episode.workspace, arguments)
     if asyncio.get_running_loop() is episode.loop:
         content = await run
     else:  # the workspace's commands run on the episode's loop
@@ -117,6 +122,10 @@ def _arguments(raw: str) -> dict[str, Any]:
     except json.JSONDecodeError:
         return {}
     return parsed if isinstance(parsed, dict) else {}
+
+
+async def _refuse(name: str) -> str:
+    return f"error: unknown tool {name!r}"
 
 
 async def _bash(workspace: Workspace, arguments: dict[str, Any]) -> str:
