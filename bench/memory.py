@@ -21,6 +21,11 @@ stops after ``--steps`` training steps (no evaluation after training: it measure
              ``--agent-lr`` (1e-5): at 1e-3 this policy collapses after one step to one short
              reply, and the later steps would train on a fraction of the first one's tokens.
   tictactoe  ``examples/tic_tac_toe/train_tic_tac_toe.py``: ``--scale`` x 4 games x 4 plays
+  textarena  ``train_env(textarena_task("TicTacToe-v0"))`` against TextArena's random opponent,
+             ``--scale`` x 4 games x 4 plays = 16 games a step (``train_env``'s defaults otherwise)
+  verifiers  ``train_env(verifiers_task("vf_calc"))``: the test suite's verifiers taskset with one
+             tool (a calculator on a shared MCP server, ``tests/verifiers_envs``), ``--scale``
+             x 4 tasks x 4 samples, 96 tokens a reply
 
 ``--release off`` runs with ``TrainerConfig(release_host_memory=False)`` (glibc's malloc
 defaults: what the trainer did before it bounded host memory); ``--release map`` also maps every
@@ -53,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ("capitals", "tools", "agent", "tictactoe")
+PATHS = ("capitals", "tools", "agent", "tictactoe", "textarena", "verifiers")
 MB = 2**20
 
 
@@ -283,13 +288,41 @@ async def run_agent(args: argparse.Namespace, out: str) -> None:
                                  inference=spec, max_steps=1)  # fmt: skip
         source = RolloutBatchSource(engine, requests, algo.credit_assigner, request_strategy=GRPORequestStrategy(8))
         policy = AutoModelForCausalLM.from_pretrained(client.model_path)
-        config = TrainerConfig(lr=args.agent_lr, lora_r=16, lora_alpha=32.0, max_seq_len=1024)
+        config = TrainerConfig(lr=args.agent_lr, lora_r=16, lora_alpha=32.0, max_seq_len=1024, **_budget(args))
         trainer = Trainer(policy, algo, source, config=config, publisher=ClientPublisher(client),
                           pad_token_id=client.pad_token_id)  # fmt: skip
         await trainer.train(args.steps + 1, progress=False)
 
 
-RUNNERS = {"capitals": run_capitals, "tools": run_tools, "agent": run_agent, "tictactoe": run_tictactoe}
+def _budget(args: argparse.Namespace) -> dict[str, Any]:
+    """``--micro-token-budget``, as a ``train_env`` config (empty: the path's own)."""
+    return {"micro_token_budget": args.micro_token_budget} if args.micro_token_budget else {}
+
+
+async def run_textarena(args: argparse.Namespace, out: str) -> None:
+    from ludic_lab.env_training import train_env_async
+    from ludic_lab.task.external.textarena import textarena_task
+
+    await train_env_async(textarena_task("TicTacToe-v0", opponent="random"), steps=args.steps + 1, progress=False,
+                          model=args.model, prompts_per_step=_n(4, args.scale), group_size=4, out=None,
+                          config=_budget(args))  # fmt: skip
+
+
+async def run_verifiers(args: argparse.Namespace, out: str) -> None:
+    from ludic_lab.env_training import train_env_async
+    from ludic_lab.task.external.verifiers import verifiers_task
+
+    envs = str(ROOT / "tests" / "verifiers_envs")  # verifiers imports tasksets by id; tool servers run as modules
+    sys.path.insert(0, envs)
+    os.environ["PYTHONPATH"] = os.pathsep.join([envs, *filter(None, [os.environ.get("PYTHONPATH")])])
+    task = verifiers_task("vf_calc", limit=64)
+    await train_env_async(task, steps=args.steps + 1, progress=False, model=args.model, max_tokens=96,
+                          prompts_per_step=_n(4, args.scale), group_size=4, out=None, check=False,
+                          config=_budget(args))  # fmt: skip
+
+
+RUNNERS = {"capitals": run_capitals, "tools": run_tools, "agent": run_agent, "tictactoe": run_tictactoe,
+           "textarena": run_textarena, "verifiers": run_verifiers}  # fmt: skip
 
 
 def child(args: argparse.Namespace) -> None:
@@ -317,7 +350,7 @@ def measure(path: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any
     result = log_dir / f"{path}.json"
     cmd = [sys.executable, __file__, "--child", path, "--result", str(result), "--steps", str(args.steps),
            "--scale", str(args.scale), "--model", args.model, "--release", args.release,
-           "--agent-lr", str(args.agent_lr)]  # fmt: skip
+           "--agent-lr", str(args.agent_lr), "--micro-token-budget", str(args.micro_token_budget)]  # fmt: skip
     t0 = time.perf_counter()
     with open(log_dir / f"{path}.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
@@ -375,6 +408,12 @@ def main() -> None:
         help="TrainerConfig.release_host_memory on / off; map: on plus map_large_blocks()",
     )
     ap.add_argument("--agent-lr", type=float, default=1e-5, help="the agent path's learning rate")
+    ap.add_argument(
+        "--micro-token-budget",
+        type=int,
+        default=0,
+        help="TrainerConfig.micro_token_budget of the agent, textarena and verifiers paths (0: theirs)",
+    )
     ap.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -384,7 +423,10 @@ def main() -> None:
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     if bad := [p for p in paths if p not in PATHS]:
         ap.error(f"unknown path(s) {bad}; choose from {', '.join(PATHS)}")
-    print(f"memory: {args.steps} steps, scale {args.scale}, model {args.model}, release_host_memory {args.release}")
+    print(
+        f"memory: {args.steps} steps, scale {args.scale}, model {args.model}, release_host_memory {args.release}, "
+        f"micro_token_budget {args.micro_token_budget or 'the path default'}, load average {os.getloadavg()[0]:.1f}"
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for p in paths:
