@@ -127,3 +127,21 @@ async def test_an_env_without_a_workspace_is_refused_naming_what_it_needs() -> N
             await protocol.run(env=object(), max_steps=1)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="builds the program's task itself"):
             WorkspaceProgramProtocol(mcp_program, endpoint, task_from=lambda o, i: o)
+
+
+async def test_evaluate_runs_the_program_on_the_held_out_tasks_through_the_clients_own_endpoint() -> None:
+    """``task.evaluate(client)`` without ``endpoint=``: one endpoint over ``client`` (``endpoint_for``),
+    the program's answer scored by the held-out task's hidden tests (an untouched snapshot: 0)."""
+    from ludic_lab.task.external.verifiers import endpoint_for
+
+    client = ScriptedChatClient(["Nothing to fix."], chat_template=chatml_template())
+    task = bugfix_program_task(mcp_program, "train", limit=2)
+    try:
+        metrics = await task.evaluate(client, limit=1, max_tokens=64)
+    finally:
+        endpoint_for(client).stop()
+    (r,) = metrics["result"].rollouts
+    assert r.error is None, r.error
+    assert metrics["accuracy"] == 0.0 and metrics["resolved_rate"] == 0.0 and metrics["model_turns_per_episode"] == 1
+    assert r.steps[-1].info["task_id"] == load_bugfix_tasks("heldout")[0].id and r.total_reward == 0.0
+    assert r.steps[-1].parsed_action == "Nothing to fix." and task.size == 2
