@@ -42,6 +42,7 @@ EXPECTED = {
         "10_bring_your_agent",
         "11_judges",
         "12_bring_your_env",
+        "13_workspace_agent",
     ),
 }
 SIGNAL_CHECKED = {
@@ -56,7 +57,7 @@ credit-view batch, 7 of 20 held out), so all 24 equal is unlikely even where num
 replies of a group practically never score alike."""
 EXTENDED = {"01_reinforce", "02_rloo", "04_dr_grpo_dapo", "05_gspo", "06_cispo_scalerl", "07_sft_rejection_sampling",
             "08_tool_use", "09_code_exec", "10_bring_your_agent", "11_judges", "12_bring_your_env"}  # fmt: skip
-"""Tutorials whose smoke run is ``extended`` (``make test-all``, not CI's ``make test``): 01-06 are
+"""Tutorials whose smoke run is ``extended`` (``make test-all``, which CI runs; not ``make test``): 01-06 are
 03_grpo's notebook with another preset (the presets and losses have their own tests; 03 runs in CI),
 07's rejection sampling + SFT is ``examples/rejection_sampling.py``'s (tests/test_examples.py),
 08's GRPO over ``ToolAgent`` episodes is README's tool block's (tests/test_readme.py) and
@@ -65,7 +66,7 @@ agent trained through the endpoint is docs/agents_from_outside.md's (tests/test_
 and tests/test_endpoint_*.py's, 11's rubric judge rewarding a GRPO run is
 ``examples/explain_task.py``'s (tests/test_examples.py) and tests/test_judge*.py's, 12's verifiers
 and OpenEnv environments are their examples' (tests/test_examples.py) and tests/test_verifiers*.py's.
-Their static checks (no outputs, the parameters cell, the prose) run in CI."""
+Their static checks (no outputs, the parameters cell, the prose) run in ``make test``."""
 NEEDS_VLLM = {"server_weight_sync"}
 """Notebooks that start a vLLM server (also marked ``vllm``)."""
 NEEDS_PACKAGES = {"12_bring_your_env": ("verifiers", "openenv")}
