@@ -83,6 +83,7 @@ async def test_mini_swe_agent_fixes_a_bugfix_task_in_the_sandbox_token_exact(tmp
     assert json.loads(step.parsed_action)["exit_status"] == "Submitted"
     assert step.info["resolved"] is True and r.total_reward == 1.0  # the hidden tests' verdict
     assert [c["name"] for c in step.info["agent_program"]["tool_calls"]] == ["bash"] * 4
+    assert step.info["workspace"]["commands"] == 4  # each ran in the workspace, counted by the episode's tools
 
     trace = step.trace
     mask = trace.completion_mask
@@ -110,3 +111,33 @@ def test_bad_arguments_are_refused_naming_them() -> None:
         mini_swe_agent(step_limit=0)
     with pytest.raises(ValueError, match="needs agent.system_template and agent.instance_template"):
         mini_swe_agent(config={"agent": {"system_template": "x"}})
+
+
+async def test_the_environment_runs_commands_in_the_workspace_and_fails_with_its_sandbox() -> None:
+    """``WorkspaceEnvironment`` alone (mini-swe-agent calls ``execute`` from its thread): output and
+    return code, the submit line, a stopped episode, a sandbox that fails."""
+    import asyncio
+    import dataclasses
+
+    from ludic_lab.agents.mini_swe import EpisodeStopped, WorkspaceEnvironment, import_minisweagent
+    from ludic_lab.envs.code_exec.sandbox import SandboxCrashError
+    from tests.workspace_helpers import pool
+
+    import_minisweagent()
+    from minisweagent.exceptions import Submitted
+
+    async with pool() as p, p.workspace() as ws:
+        env = WorkspaceEnvironment(ws, asyncio.get_running_loop())
+        made = await asyncio.to_thread(env.execute, {"command": "mkdir d && echo hi > d/f; id -u; exit 3"})
+        read = await asyncio.to_thread(env.execute, {"command": "cat f; pwd"}, "d")
+        with pytest.raises(Submitted):
+            await asyncio.to_thread(env.execute, {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo patch"})
+        ws.target = dataclasses.replace(ws.target, setup=dataclasses.replace(ws.target.setup, bwrap="/bin/false"))
+        with pytest.raises(SandboxCrashError, match="the workspace sandbox failed"):
+            await asyncio.to_thread(env.execute, {"command": "ls"})
+        env.stop.set()
+        with pytest.raises(EpisodeStopped):
+            await asyncio.to_thread(env.execute, {"command": "ls"})
+    assert made["returncode"] == 3 and made["exception_info"] == "" and made["output"].strip() != "0"  # not root
+    assert read == {"output": "hi\n/workspace/d\n", "returncode": 0, "exception_info": ""}
+    assert len(env.results) == 3 and env.get_template_vars()["cwd"] == "/workspace"

@@ -63,13 +63,15 @@ class WorkspaceEnvironment:
     returns ``{"output", "returncode", "exception_info"}``; a sandbox failure raises."""
 
     def __init__(self, workspace: Workspace, loop: asyncio.AbstractEventLoop, *, timeout_s: float | None = None,
-                 stop: threading.Event | None = None) -> None:  # fmt: skip
+                 stop: threading.Event | None = None, results: list[Any] | None = None) -> None:  # fmt: skip
         self.workspace = workspace
         self.loop = loop
         self.timeout_s = timeout_s
         self.stop = stop or threading.Event()
+        self.results: list[Any] = results if results is not None else []
+        """Every command's :class:`~ludic_lab.envs.workspace.CommandResult` (e.g. the episode's
+        ``WorkspaceTools.results``, which the step's info counts)."""
         self.config: dict[str, Any] = {"cwd": "/workspace", "timeout": timeout_s}
-        self.commands = 0
 
     def execute(self, action: dict[str, Any], cwd: str = "", *, timeout: float | None = None) -> dict[str, Any]:
         """Run ``action["command"]`` in the workspace (after ``cd cwd`` when given)."""
@@ -81,14 +83,16 @@ class WorkspaceEnvironment:
         limit = timeout if timeout is not None else self.timeout_s
         limit = limit if limit is not None else self.workspace.limits.timeout_s
         future = asyncio.run_coroutine_threadsafe(self.workspace.run(command, timeout_s=limit), self.loop)
-        self.commands += 1
         try:
             result = future.result(timeout=float(limit) + 60.0)
-        except SandboxCrashError:
-            raise
         except (ValueError, TypeError) as e:  # a command the workspace refuses (NUL bytes, too long)
             output = {"output": "", "returncode": -1, "exception_info": str(e)}
         else:
+            if result.stop_reason == "sandbox_error":  # not the model's doing: the episode fails
+                raise SandboxCrashError(
+                    f"the workspace sandbox failed running a command: {result.output.strip()[-300:] or 'no output'}"
+                )
+            self.results.append(result)
             why = "" if result.stop_reason == "exited" else str(result).rsplit("\n", 1)[-1]
             code = result.exit_code if result.exit_code is not None else -1
             output = {"output": result.output, "returncode": code, "exception_info": why}
@@ -179,7 +183,9 @@ def mini_swe_agent(
                   "api_key": client.api_key}  # fmt: skip
         model = endpoint_model_class()(**{**model_config, "model_name": "openai/policy", "model_kwargs": kwargs})
         stop = threading.Event()
-        env = WorkspaceEnvironment(workspace, asyncio.get_running_loop(), timeout_s=command_timeout_s, stop=stop)
+        tools = task.get("tools")
+        env = WorkspaceEnvironment(workspace, asyncio.get_running_loop(), timeout_s=command_timeout_s, stop=stop,
+                                   results=getattr(tools, "results", None))  # fmt: skip
         agent = DefaultAgent(model, env, **agent_config)
         try:
             result = await asyncio.to_thread(agent.run, str(task["instruction"]))

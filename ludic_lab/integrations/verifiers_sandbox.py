@@ -27,6 +27,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ludic_lab.envs.code_exec.sandbox import SandboxCrashError
 from ludic_lab.envs.workspace import WorkspaceFileError
 from ludic_lab.envs.workspace.workspace import Workspace
 
@@ -133,9 +134,12 @@ async def _bash(workspace: Workspace, arguments: dict[str, Any]) -> str:
     if not isinstance(command, str) or not command.strip():
         return "error: 'command' is required"
     try:
-        return str(await workspace.run(command))
+        result = await workspace.run(command)
     except (ValueError, TypeError) as e:  # a command the workspace refuses (NUL bytes, too long)
         return f"error: {e}"
+    if result.stop_reason == "sandbox_error":  # not the model's doing: the model turn, and the episode, fail
+        raise SandboxCrashError(f"the workspace sandbox failed running a command: {result.output.strip()[-300:]}")
+    return str(result)
 
 
 async def _edit(workspace: Workspace, arguments: dict[str, Any]) -> str:
