@@ -15,6 +15,8 @@ weights into it after every optimizer step and stops it at the end (also on erro
 
 ``--task tools`` runs another demo (:mod:`ludic_lab.demos.tool_demo`): SmolLM2 learns to use a
 calculator tool for products it cannot compute in its head, against a no-tool control.
+``--task workspace`` (:mod:`ludic_lab.demos.workspace_demo`): SmolLM2 learns to apply a located
+fix with ``edit_file`` in a bubblewrap workspace, scored by the bug-fix tasks' hidden tests.
 """
 
 from __future__ import annotations
@@ -86,9 +88,11 @@ class DemoConfig:
     backend: Literal["local", "vllm"] = "local"
     """Sampler: "local" (in-process transformers) or "vllm" (the bundled vLLM server on CPU,
     weights pushed each step)."""
-    task: Literal["capitals", "tools"] = "capitals"
-    """Which demo: "capitals", or "tools" (learn to use a calculator; fields left at their
-    default take that task's own: 5 steps, 4 questions, 40 tokens, lr 1e-3)."""
+    task: Literal["capitals", "tools", "workspace"] = "capitals"
+    """Which demo: "capitals", "tools" (learn to use a calculator; fields left at their
+    default take that task's own: 5 steps, 4 questions, 40 tokens, lr 1e-3) or "workspace"
+    (apply located bug fixes with edit_file in a sandboxed workspace: 8 steps, 4 tasks x 4, 96
+    tokens, lr 1e-3; needs bwrap)."""
     trainer: TrainerConfig = sub_config(
         TrainerConfig, derived=("scoring_temperature",), lr=3e-4, lora_r=16, lora_alpha=None, max_seq_len=512,
         micro_token_budget=4096,
@@ -159,6 +163,11 @@ class DemoConfig:
             from ludic_lab.demos.tool_demo import tool_demo_config
 
             cfg = tool_demo_config(self)
+        elif self.task == "workspace":
+            from ludic_lab.demos.workspace_demo import check_bwrap, workspace_demo_config
+
+            cfg = workspace_demo_config(self)
+            check_bwrap()
         check_lengths(cfg)  # values first, then what this machine has
         check_device(cfg.trainer.model_device)
         check_folder("DemoConfig.out", cfg.out)
@@ -224,6 +233,10 @@ async def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             from ludic_lab.demos.tool_demo import run_tool_demo
 
             return await run_tool_demo(cfg, cleanups)
+        if cfg.task == "workspace":
+            from ludic_lab.demos.workspace_demo import run_workspace_demo
+
+            return await run_workspace_demo(cfg, cleanups)
         return await _run_demo(cfg, cleanups)
     finally:
         for fn in reversed(cleanups):  # the vLLM server is stopped on error and Ctrl-C too
