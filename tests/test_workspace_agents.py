@@ -145,3 +145,30 @@ async def test_evaluate_runs_the_program_on_the_held_out_tasks_through_the_clien
     assert metrics["accuracy"] == 0.0 and metrics["resolved_rate"] == 0.0 and metrics["model_turns_per_episode"] == 1
     assert r.steps[-1].info["task_id"] == load_bugfix_tasks("heldout")[0].id and r.total_reward == 0.0
     assert r.steps[-1].parsed_action == "Nothing to fix." and task.size == 2
+
+
+async def test_a_sandbox_failure_under_an_mcp_call_fails_the_episode() -> None:
+    """The program reads an ``isError`` result; the episode is a failed rollout naming the sandbox."""
+    import dataclasses
+
+    async def breaks_the_sandbox(client: Any, task: dict[str, Any]) -> str:
+        from mcp import ClientSession
+        from mcp.client.streamable_http import streamable_http_client
+
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "go"}])
+        ws = task["workspace"]
+        ws.target = dataclasses.replace(ws.target, setup=dataclasses.replace(ws.target.setup, bwrap="/bin/false"))
+        async with streamable_http_client(task["mcp_url"]) as (read, write, *_), ClientSession(read, write) as mcp:
+            await mcp.initialize()
+            result = await mcp.call_tool("shell", {"command": "ls"})
+        assert result.is_error
+        return "done"
+
+    client = ScriptedChatClient(["ok"], chat_template=chatml_template())
+    with OpenAIEndpoint(client) as endpoint:
+        task = bugfix_program_task(breaks_the_sandbox, "heldout", limit=1, endpoint=endpoint)
+        spec = InferenceSpec(SamplingConfig(max_tokens=16), ReturnSpec.for_training())
+        request = RolloutRequest(EnvSpec(task.name), ProtocolSpec(task.protocol_kind), env_seed=0, inference=spec)
+        (r,) = await task.engine(client, episode_timeout_s=120).generate_rollouts([request], max_steps=1)
+    assert r.failed and "SandboxCrashError: the workspace sandbox failed running a command" in str(r.error), r.error
+    assert r.meta["failure_cause"] == "sandbox_error"  # not the model's doing

@@ -13,8 +13,9 @@ The program's model calls go through the endpoint session the protocol opened, s
 is what the model sampled, token for token; tool results are weight 0. ``serve_mcp=False``
 (the default for a program whose ``needs_mcp`` attribute is false, e.g.
 :func:`~ludic_lab.agents.mini_swe.mini_swe_agent`'s) starts no server: the program works
-through ``task["workspace"]`` / ``task["tools"]`` itself, in process. A failure of the sandbox under an MCP call
-fails the episode (``SandboxCrashError``), as it would a ``ToolAgent``'s.
+through ``task["workspace"]`` / ``task["tools"]`` itself, in process. A failure of the sandbox
+(under an MCP call or the program's own command) fails the episode with failure cause
+``sandbox_error``, as it would a ``ToolAgent``'s.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ludic_lab.envs.code_exec.sandbox import SandboxCrashError
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.envs.workspace.tools import WorkspaceTools
 from ludic_lab.inference.request import InferenceSpec
 from ludic_lab.interaction.agent_program import AgentProgram, AgentProgramProtocol
 from ludic_lab.interaction.base import InteractionProtocol
+from ludic_lab.interaction.single_agent import EpisodeError
 from ludic_lab.types import Rollout
 
 TASK_KEYS = ("instruction", "task_id", "mcp_url", "workspace", "tools", "info")
@@ -89,21 +92,30 @@ class WorkspaceProgramProtocol(InteractionProtocol):
             if tools.workspace is None:
                 raise RuntimeError(f"{type(env).__name__}.reset bound no workspace to its tools")
             task = {**task, "workspace": tools.workspace, "tools": tools, "mcp_url": None}
-            if not self.serve_mcp:
-                return await self.program(client, task)
-            from ludic_lab.envs.workspace.mcp_server import WorkspaceMCPServer
+            try:
+                if not self.serve_mcp:
+                    return await self.program(client, task)
+                from ludic_lab.envs.workspace.mcp_server import WorkspaceMCPServer
 
-            async with WorkspaceMCPServer(tools) as server:
-                answer = await self.program(client, {**task, "mcp_url": server.url})
-            served["mcp_calls"] = server.calls
-            if server.sandbox_error is not None:
-                raise server.sandbox_error
-            return answer
+                async with WorkspaceMCPServer(tools) as server:
+                    answer = await self.program(client, {**task, "mcp_url": server.url})
+                served["mcp_calls"] = server.calls
+                if server.sandbox_error is not None:
+                    raise server.sandbox_error
+                return answer
+            except SandboxCrashError:
+                served["sandbox_error"] = True
+                raise
 
         in_workspace.__name__ = getattr(self.program, "__name__", type(self.program).__name__)
         inner = AgentProgramProtocol(in_workspace, self.endpoint, task_from=_task, **self.options)
-        rollouts = await inner.run(env=env, max_steps=max_steps, env_seed=env_seed, sampling_seed=sampling_seed,
-                                   inference=inference, timeout_s=timeout_s)  # fmt: skip
+        try:
+            rollouts = await inner.run(env=env, max_steps=max_steps, env_seed=env_seed, sampling_seed=sampling_seed,
+                                       inference=inference, timeout_s=timeout_s)  # fmt: skip
+        except EpisodeError as e:
+            if served.pop("sandbox_error", False):  # not the model's doing: counted as the sandbox's
+                e.failure_cause = "sandbox_error"  # type: ignore[attr-defined]
+            raise
         for r in rollouts:
             r.meta["workspace_program"] = {"mcp": self.serve_mcp, **served}
         return rollouts
