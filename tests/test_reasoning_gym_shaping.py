@@ -145,3 +145,15 @@ def test_bad_shaping_options_are_named() -> None:
         reasoning_gym_task("basic_arithmetic", size=4, curriculum=[{"max_termz": 2}])
     with pytest.raises(ValueError, match="no curriculum for 'no_such'"):
         package_curriculum("no_such")
+
+
+def test_the_parser_reads_answers_exactly_as_reasoning_gym_does() -> None:
+    parse = reasoning_gym_task("basic_arithmetic", size=4, heldout_size=2, format_reward=0.2).parser
+    replies = ["<answer>5</answer>", "<answer> 5 </answer>", "<answer>1</answer> then <answer>2</answer>",
+               "<answer>5", "<answer></answer>", "<ANSWER>4</ANSWER>", "<answer><answer>3</answer></answer>",
+               "The answer is 5.", ""]  # fmt: skip
+    for reply in replies:
+        own, got = extract_answer(reply), parse(reply)
+        assert got.action == own, reply
+        assert got.reward == (-1.0 if own is None else 0.2), reply
+        assert (got.obs is None) == (own is not None)

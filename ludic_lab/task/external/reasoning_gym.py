@@ -32,7 +32,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ludic_lab.envs.dataset_qa_env import DatasetQAEnv
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.extras import require_extra
 from ludic_lab.parsers import Parser
@@ -42,6 +41,7 @@ from ludic_lab.task.external.reasoning_gym_shaping import (
     check_curriculum,
     check_format_reward,
     examples_protocol,
+    package_answer_parser,
     reasoning_gym_stats,
     worked_examples,
 )
@@ -262,8 +262,8 @@ class ReasoningGymEnv(SingleAgentEnv):
 
     @classmethod
     def recommended_parser(cls, *, success_reward: float = 0.0, error_reward: float = -1.0) -> Parser:
-        """The text inside the last ``<answer>...</answer>`` (as reasoning-gym's ``extract_answer``)."""
-        return DatasetQAEnv.recommended_parser(success_reward=success_reward, error_reward=error_reward)
+        """The text inside the last ``<answer>...</answer>``, read by reasoning-gym's own ``extract_answer``."""
+        return package_answer_parser(success_reward=success_reward, error_reward=error_reward)
 
     def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         if seed is None:

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ludic_lab.extras import require_extra
+from ludic_lab.parsers import Parser, ParseResult
 from ludic_lab.types import Message, Rollout
 
 EXAMPLE_SEED_GAP = 1_000_000
@@ -62,6 +63,23 @@ def worked_examples(data: Any, n: int) -> list[Message]:
         if len(out) == 2 * n:
             return out
     raise ValueError(f"{data.name}: found fewer than {n} worked examples outside the held-out questions")
+
+
+def package_answer_parser(*, success_reward: float = 0.0, error_reward: float = -1.0) -> Parser:
+    """The answer exactly as reasoning-gym reads it: ``reasoning_gym.utils.extract_answer`` (the
+    last ``<answer>...</answer>``, case-sensitive, an empty one included); ``None`` from it is a
+    parse error (``error_reward``, feedback naming the format), else ``success_reward``."""
+    _reasoning_gym()
+    from reasoning_gym.utils import extract_answer
+
+    def parse(text: str) -> ParseResult:
+        answer = extract_answer(text if isinstance(text, str) else str(text or ""))
+        if answer is None:
+            return ParseResult(None, float(error_reward), "Format error: put your answer inside <answer>...</answer>.")
+        return ParseResult(answer, float(success_reward))
+
+    parse.__name__ = "reasoning_gym_answer"
+    return parse
 
 
 def examples_protocol(parser: Any, examples: Sequence[Message], reject_incomplete: bool) -> Any:
