@@ -44,7 +44,8 @@ async def test_a_slow_evaluation_says_how_far_it_is_and_what_it_waits_for(tmp_pa
     # on a plain stream: the first line at once (nothing ended yet: what it waits for), the last at the end
     assert lines[0].startswith("held-out 0/12 episodes") and "waiting for the first of 4 running episodes" in lines[0]
     assert FIRST_WAIT in lines[0]
-    assert lines[-1].startswith("held-out 12/12 episodes") and "ep/s" in lines[-1] and "waiting" not in lines[-1]
+    assert lines[-1].startswith("held-out 12/12 episodes") and "waiting" not in lines[-1]
+    assert re.search(r" · [\d.]+ (ep/s|s/ep) · ", lines[-1]), lines[-1]
     # the same result as without the line: same episodes, same order
     assert res.summary()["num_samples"] == 12 and res.summary()["accuracy"] == pytest.approx(0.5)
     quiet = await evaluate(
@@ -71,7 +72,7 @@ async def test_the_line_counts_rate_time_left_and_failures_on_a_terminal():
     line._t0 -= 10.0
     line.update(2, failed=1)
     text = line.text()
-    assert text.startswith("eval 3/10 episodes · 0.5 ep/s") and "~00:14 left" in text and "1 failed" in text, text
+    assert text.startswith("eval 3/10 episodes · 2 s/ep") and "~00:14 left" in text and "1 failed" in text, text
     await line.aclose()
     assert out.getvalue().count("\r\x1b[K") == line.lines == 4  # at start, 2 updates, at close
     assert out.getvalue().endswith("\n")

@@ -103,14 +103,14 @@ class EvalProgress:
 
     # -- the line ---------------------------------------------------------------------------------
     def text(self) -> str:
-        """``held-out 12/60 episodes · 0.21 ep/s · 00:57 elapsed · ~03:48 left · 1 failed``."""
+        """``held-out 12/60 episodes · 4.8 s/ep · 00:57 elapsed · ~03:48 left · 1 failed`` (ep/s from 1 a second)."""
         el = time.monotonic() - self._t0
         parts = [f"{self.name} {self.done}/{self.total} episodes"]
         if self.done and self._first is not None:
             # the rate after the first episode ended, so start-up does not stretch the estimate
             span = time.monotonic() - self._first
             rate = (self.done - 1) / span if self.done > 1 and span > 0 else self.done / max(el, 1e-9)
-            parts.append(f"{rate:.3g} ep/s")
+            parts.append(f"{rate:.3g} ep/s" if rate >= 1 else f"{1 / rate:.3g} s/ep")  # slow: seconds an episode
         parts.append(f"{_clock(el)} elapsed")
         if 0 < self.done < self.total:
             per = (time.monotonic() - self._t0) / self.done
