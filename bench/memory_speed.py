@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import resource
 import statistics
@@ -46,7 +47,7 @@ MB = 2**20
 def child(args: argparse.Namespace) -> None:
     """Train in mode ``args.child``; write per-step seconds, rewards, memory and the eval time as JSON."""
     sys.path.insert(0, str(ROOT / "bench"))
-    from memory import Monitor
+    from memory import Monitor, _cpu_s
 
     from ludic_lab.env_training import train_env_async
     from ludic_lab.task.capitals import capitals_task
@@ -58,9 +59,13 @@ def child(args: argparse.Namespace) -> None:
     config = {"async_mode": "one_step_ahead", "autocast": "bf16", "release_host_memory": args.child != "off"}
     steps: list[dict[str, Any]] = []
 
+    cpu = [_cpu_s()]
+
     def record(step: int, metrics: dict[str, Any]) -> None:
-        steps.append({"seconds": metrics.get("time/step_s"), "reward": metrics.get("reward_mean"),
-                      "tokens": metrics.get("tokens"), "peak": monitor.peak, "end": monitor.mark()})  # fmt: skip
+        cpu.append(_cpu_s())
+        steps.append({"seconds": metrics.get("time/step_s"), "cpu_s": cpu[-1] - cpu[-2],
+                      "reward": metrics.get("reward_mean"), "tokens": metrics.get("tokens"), "peak": monitor.peak,
+                      "end": monitor.mark()})  # fmt: skip
 
     async def run() -> float:
         monitor.mark()
@@ -132,26 +137,31 @@ def main() -> None:
     summary = {}
     for m in modes:
         secs = [s["seconds"] for run in runs[m] for s in run["steps"][1:]]
+        cpus = [s["cpu_s"] for run in runs[m] for s in run["steps"][1:] if "cpu_s" in s]
         peaks = [max(run["steps"][i]["peak"] for run in runs[m]) for i in range(args.steps)]
         ends = [max(run["steps"][i]["end"] for run in runs[m]) for i in range(args.steps)]
         med = {k: statistics.median(r[k] for r in runs[m]) for k in ("eval_s", "cpu_s", "minflt")}
-        summary[m] = {"step_s": statistics.median(secs), **med, "peaks": peaks, "ends": ends}
-    print(f"\n{'mode':>4} {'s/step':>7} {'vs off':>7} {'eval s':>7} {'vs off':>7} {'cpu s':>7} {'faults':>9}  "
+        summary[m] = {"step_s": statistics.median(secs), "step_cpu_s": statistics.median(cpus) if cpus else math.nan,
+                      **med, "peaks": peaks, "ends": ends}  # fmt: skip
+    print(f"\n{'mode':>4} {'s/step':>7} {'vs off':>7} {'cpu s/step':>10} {'vs off':>7} {'eval s':>7} {'vs off':>7} "
+          f"{'cpu s':>7} {'faults':>9}  "
           "peak MB per step / end MB per step (highest over rounds)")  # fmt: skip
     base = summary.get("off")
     for m, s in summary.items():
         r_step = f"{s['step_s'] / base['step_s']:.3f}" if base else "-"
         r_eval = f"{s['eval_s'] / base['eval_s']:.3f}" if base and base["eval_s"] > 0 else "-"
         mem = " ".join(f"{p / MB:,.0f}" for p in s["peaks"]) + " / " + " ".join(f"{e / MB:,.0f}" for e in s["ends"])
-        print(f"{m:>4} {s['step_s']:>7.2f} {r_step:>7} {s['eval_s']:>7.1f} {r_eval:>7} {s['cpu_s']:>7.0f} "
-              f"{s['minflt'] / 1e6:>8.2f}M  {mem}")  # fmt: skip
+        r_cpu = f"{s['step_cpu_s'] / base['step_cpu_s']:.3f}" if base else "-"
+        print(f"{m:>4} {s['step_s']:>7.2f} {r_step:>7} {s['step_cpu_s']:>10.2f} {r_cpu:>7} {s['eval_s']:>7.1f} "
+              f"{r_eval:>7} {s['cpu_s']:>7.0f} {s['minflt'] / 1e6:>8.2f}M  {mem}")  # fmt: skip
     rewards = {m: [[s["reward"] for s in run["steps"]] for run in runs[m]] for m in modes}
     same = all(r == rewards[modes[0]][0] for rs in rewards.values() for r in rs)
     print(f"\nrewards identical across modes and rounds: {same}" + ("" if same else f" {json.dumps(rewards)}"))
     if base and "on" in summary:
-        ratio = summary["on"]["step_s"] / base["step_s"]
-        verdict = "within" if ratio <= 1 + args.bound else "OUTSIDE"
-        print(f"on / off seconds a step: {ratio:.3f} ({verdict} the {args.bound:.0%} bound)")
+        for what, key in (("seconds", "step_s"), ("CPU seconds", "step_cpu_s")):
+            ratio = summary["on"][key] / base[key]
+            verdict = "within" if ratio <= 1 + args.bound else "OUTSIDE"
+            print(f"on / off {what} a step: {ratio:.3f} ({verdict} the {args.bound:.0%} bound)")
     print(f"load average at the end {os.getloadavg()[0]:.1f} (the machine's other jobs load every mode alike)")
 
 
