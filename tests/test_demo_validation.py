@@ -50,6 +50,8 @@ BAD: list[tuple[list[str], int, list[str]]] = [
     (["--temperature", "0"], 2, ["--temperature must be a finite number > 0, got 0"]),
     (["--temperature", "nan"], 2, ["--temperature must be a finite number > 0, got nan"]),
     (["--eval-k", "-1"], 2, ["--eval-k must be an integer >= 0, got -1"]),
+    (["--eval-every", "-1"], 2, ["--eval-every must be an integer >= 0, got -1"]),
+    (["--task", "tools", "--eval-every", "2"], 2, ["--eval-every applies to the capitals demo"]),
     (["--seed", "-1"], 2, ["--seed must be an integer in [0, 2**63), got -1"]),
     (["--backend", "gpu"], 2, ["--backend", "invalid choice: 'gpu'", "'vllm'"]),
     (["--task", "poker"], 2, ["--task", "invalid choice: 'poker'", "'tools'"]),
