@@ -33,6 +33,7 @@ from ludic_lab.integrations.verifiers_checks import (
     env_role,
     use_this_python,
 )
+from ludic_lab.integrations.verifiers_inprocess import HARNESS_MODES
 from ludic_lab.types import Info, StepOutcome
 
 _NETWORK_MODULES = ("huggingface_hub", "datasets", "requests", "urllib", "httpx", "socket", "aiohttp")
@@ -54,11 +55,20 @@ class VerifiersSource:
     loop and stop with :meth:`aclose`; one that exits is started afresh for the next episode
     (``tool_restarts`` counts them), while the episodes it served fail at once
     (:meth:`run_with_tools`, :class:`VerifiersToolServerError`). At most ``max_concurrent``
-    episodes run at once (each is a harness process; default twice the CPU count), the others
-    wait their turn."""
+    episodes run at once (default twice the CPU count), the others
+    wait their turn. ``harness_mode``: ``"in_process"`` (default) runs the ``null`` harness's chat
+    program in this process per episode, ``"subprocess"`` as a process per episode, as verifiers
+    does (:mod:`~ludic_lab.integrations.verifiers_inprocess`)."""
 
     def __init__(
-        self, env: Any, tasks: list[Any], agent: Any, role: str = "agent", *, max_concurrent: int | None = None
+        self,
+        env: Any,
+        tasks: list[Any],
+        agent: Any,
+        role: str = "agent",
+        *,
+        max_concurrent: int | None = None,
+        harness_mode: str = "in_process",
     ) -> None:
         from verifiers.v1.envs.single_agent import SingleAgentEnv as PlainEnv
 
@@ -66,6 +76,9 @@ class VerifiersSource:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"max_concurrent must be an int >= 1 or None, got {max_concurrent!r}")
         self.max_concurrent = limit
+        if harness_mode not in HARNESS_MODES:
+            raise ValueError(f"harness_mode must be one of {HARNESS_MODES}, got {harness_mode!r}")
+        self.harness_mode = harness_mode
 
         self.env = env
         self.tasks = tuple(tasks)
@@ -238,6 +251,7 @@ def load_verifiers_env(
     limit: int | None = None,
     max_concurrent: int | None = None,
     sandbox: str | None = None,
+    harness_mode: str = "in_process",
 ) -> VerifiersSource:
     """Load verifiers taskset ``taskset`` (an installed package id) as verifiers does.
 
@@ -248,13 +262,16 @@ def load_verifiers_env(
     the first ``limit`` tasks (required for an infinite taskset); ``max_concurrent``: episodes
     run at once (see :class:`VerifiersSource`); ``sandbox="workspace"``: the ``bash`` harness
     allowed, its commands run in a workspace per episode (:mod:`~ludic_lab.integrations.verifiers_sandbox`:
-    the tasks get its hooks; episodes need its ``WorkspaceVerifiersProtocol``). Raises
-    :class:`VerifiersEnvError` for what cannot run here, before anything runs.
+    the tasks get its hooks; episodes need its ``WorkspaceVerifiersProtocol``); ``harness_mode``:
+    see :class:`VerifiersSource`. Raises :class:`VerifiersEnvError` for what cannot run here,
+    before anything runs.
     """
     require_extra("verifiers", what="ludic_lab.integrations.verifiers_env")
     import pydantic
     import verifiers.v1 as vf
 
+    if harness_mode not in HARNESS_MODES:
+        raise ValueError(f"harness_mode must be one of {HARNESS_MODES}, got {harness_mode!r}")
     seat: dict[str, Any] = {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}, **dict(agent or {})}
     try:
         role = env_role(vf.environment_class(taskset, env_id), vf.env_config_type(taskset, env_id), taskset)
@@ -283,7 +300,7 @@ def load_verifiers_env(
         from ludic_lab.integrations.verifiers_sandbox import sandbox_task
 
         tasks = [sandbox_task(t) for t in tasks]
-    return VerifiersSource(env, tasks, spec, role, max_concurrent=max_concurrent)
+    return VerifiersSource(env, tasks, spec, role, max_concurrent=max_concurrent, harness_mode=harness_mode)
 
 
 def _load_tasks(env: Any, taskset: str, limit: int | None) -> list[Any]:

@@ -43,6 +43,7 @@ from ludic_lab.aio import maybe_await, within
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.inference.request import InferenceSpec
 from ludic_lab.integrations.verifiers_env import VerifiersTaskEnv
+from ludic_lab.integrations.verifiers_inprocess import MODE_IN_PROCESS, in_process_harness
 from ludic_lab.interaction.agent_program import segment_steps
 from ludic_lab.interaction.base import InteractionProtocol
 from ludic_lab.interaction.program_steps import waiting_on
@@ -249,7 +250,10 @@ async def _play(
     if bound is not None and (spec.timeout.rollout is None or spec.timeout.rollout > 0.9 * bound):
         spec = spec.model_copy(update={"timeout": spec.timeout.model_copy(update={"rollout": 0.9 * bound})})
     # a shared tool server that exits stops the episode at once, naming it (not ~20 s of retries later)
-    await source.run_with_tools(lambda shared: vf.Agent(spec).run(task, tools=shared, on_trace=minted.append))
+    agent = vf.Agent(spec)
+    if source.harness_mode == MODE_IN_PROCESS:  # the null harness's chat program in this process
+        agent.harness = in_process_harness(agent.harness)
+    await source.run_with_tools(lambda shared: agent.run(task, tools=shared, on_trace=minted.append))
     return None
 
 
