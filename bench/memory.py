@@ -299,26 +299,36 @@ def _budget(args: argparse.Namespace) -> dict[str, Any]:
     return {"micro_token_budget": args.micro_token_budget} if args.micro_token_budget else {}
 
 
-async def run_textarena(args: argparse.Namespace, out: str) -> None:
+NO_TIMEOUT_S = 86_400.0
+"""Episode time limit of the train_env paths: a batch of games on a loaded 2-core machine outlasts
+the default 600 s, and a timed-out episode fails (the step would measure nothing)."""
+
+
+async def _train_env(task: Any, args: argparse.Namespace, **kw: Any) -> None:
+    """``train_env`` on ``task``: ``--scale`` x 4 prompts x 4 samples a step, no episode time limit."""
     from ludic_lab.env_training import train_env_async
+    from ludic_lab.inference import LocalChatClient
+
+    n = _n(4, args.scale)
+    client = LocalChatClient(args.model, max_batch_size=4 * n)
+    await train_env_async(task, steps=args.steps + 1, progress=False, model=client, prompts_per_step=n, group_size=4,
+                          out=None, config=_budget(args), engine=task.engine(client, episode_timeout_s=NO_TIMEOUT_S),
+                          **kw)  # fmt: skip
+
+
+async def run_textarena(args: argparse.Namespace, out: str) -> None:
     from ludic_lab.task.external.textarena import textarena_task
 
-    await train_env_async(textarena_task("TicTacToe-v0", opponent="random"), steps=args.steps + 1, progress=False,
-                          model=args.model, prompts_per_step=_n(4, args.scale), group_size=4, out=None,
-                          config=_budget(args))  # fmt: skip
+    await _train_env(textarena_task("TicTacToe-v0", opponent="random"), args)
 
 
 async def run_verifiers(args: argparse.Namespace, out: str) -> None:
-    from ludic_lab.env_training import train_env_async
     from ludic_lab.task.external.verifiers import verifiers_task
 
     envs = str(ROOT / "tests" / "verifiers_envs")  # verifiers imports tasksets by id; tool servers run as modules
     sys.path.insert(0, envs)
     os.environ["PYTHONPATH"] = os.pathsep.join([envs, *filter(None, [os.environ.get("PYTHONPATH")])])
-    task = verifiers_task("vf_calc", limit=64)
-    await train_env_async(task, steps=args.steps + 1, progress=False, model=args.model, max_tokens=96,
-                          prompts_per_step=_n(4, args.scale), group_size=4, out=None, check=False,
-                          config=_budget(args))  # fmt: skip
+    await _train_env(verifiers_task("vf_calc", limit=64, timeout_s=NO_TIMEOUT_S), args, max_tokens=96, check=False)
 
 
 RUNNERS = {"capitals": run_capitals, "tools": run_tools, "agent": run_agent, "tictactoe": run_tictactoe,
