@@ -116,7 +116,8 @@ async def run_workload(name: str, client: Any, args: argparse.Namespace, seed0: 
             ep = stack.enter_context(OpenAIEndpoint(client))
             engine = RolloutEngine(
                 {"product": env},
-                {"program": lambda: AgentProgramProtocol(program, ep, max_calls=turns)},
+                # a 20-turn episode on a busy CPU can pass the protocol's default 300 s
+                {"program": lambda: AgentProgramProtocol(program, ep, max_calls=turns, timeout_s=None)},
                 max_concurrency=n,
             )
             reqs = [
