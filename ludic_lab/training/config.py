@@ -27,7 +27,7 @@ class TrainerConfig:
     (one extra copy of the adapted weights stays allocated) instead of allocating them anew,
     which between steps often page-faults every byte again (SmolLM2, all linears: up to 0.8 s)."""
     release_host_memory: bool = True
-    """On Linux (glibc): after each step's rollouts and after each optimizer step, the free pages
+    """On Linux (glibc): after each step's rollouts, its optimizer step and its publish, the free pages
     malloc's arenas hold go back to the system (``malloc_trim``; process-wide;
     :mod:`~ludic_lab.training.host_memory`), so resident memory between steps is what is live:
     without it a CPU run kept each step's freed activations and grew from step to step

@@ -156,9 +156,10 @@ class Trainer:
         loop = asyncio.get_running_loop()
         metrics = await loop.run_in_executor(self._worker(), self._optimize, batches)  # filter ... optimizer step
         metrics["time/data_s"] = t_data
+        self._host_memory.release()  # the step's activations, before publishing allocates
         self._publish_and_checkpoint(metrics)
         step_done(self.batch_source, self.policy_version)  # fully_async: the window moves on, groups start
-        self._host_memory.release()  # the step's activations, before the next rollouts
+        self._host_memory.release()  # what publishing freed, before the next rollouts
         metrics["time/step_s"] = time.perf_counter() - t0  # pull to publish and checkpoint
         self._log(metrics)
         return metrics
