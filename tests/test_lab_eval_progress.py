@@ -115,3 +115,12 @@ async def test_lab_run_episodes_shows_the_line_and_returns_what_the_engine_retur
     assert [(r.env_seed, r.sampling_seed, r.total_reward) for r in got] == [
         (r.env_seed, r.sampling_seed, r.total_reward) for r in plain
     ]
+
+
+def test_episodes_ending_together_do_not_make_a_rate_out_of_nothing():
+    line = EvalProgress(4, name="before", delay_s=0.0, stream=io.StringIO())
+    line._t0 -= 120.0  # two minutes before the first two episodes (one item, k=2) ended at once
+    line.update(2)
+    assert " · 60 s/ep · " in line.text(), line.text()  # 120 s over 2 episodes, not 2 / 0 s
+    line.update(2)
+    assert "ep/s" in line.text() and "s/ep" not in line.text()  # the next two a moment later: fast

@@ -64,7 +64,8 @@ class EvalProgress:
         self.lines = 0
         """Lines written to the stream, or updates of the notebook output."""
         self._t0 = time.monotonic()
-        self._first: float | None = None  # when the first episode ended
+        self._first: float | None = None  # when the first episodes ended
+        self._first_n = 0  # how many ended then
         self._printed = -float("inf")
         self._handle: Any = None
         self._tty = False
@@ -84,7 +85,7 @@ class EvalProgress:
         self.done += int(episodes)
         self.failed += int(failed)
         if self._first is None and episodes:
-            self._first = time.monotonic()
+            self._first, self._first_n = time.monotonic(), self.done  # the first episodes to end, together
         self.refresh()
 
     async def _tick(self) -> None:
@@ -104,18 +105,18 @@ class EvalProgress:
     # -- the line ---------------------------------------------------------------------------------
     def text(self) -> str:
         """``held-out 12/60 episodes · 4.8 s/ep · 00:57 elapsed · ~03:48 left · 1 failed`` (ep/s from 1 a second)."""
-        el = time.monotonic() - self._t0
+        now = time.monotonic()
+        el = now - self._t0
         parts = [f"{self.name} {self.done}/{self.total} episodes"]
-        if self.done and self._first is not None:
-            # the rate after the first episode ended, so start-up does not stretch the estimate
-            span = time.monotonic() - self._first
-            rate = (self.done - 1) / span if self.done > 1 and span > 0 else self.done / max(el, 1e-9)
-            parts.append(f"{rate:.3g} ep/s" if rate >= 1 else f"{1 / rate:.3g} s/ep")  # slow: seconds an episode
+        if self.done:
+            # seconds an episode since the first ones ended (start-up does not stretch the estimate);
+            # until more end, over the whole time
+            later = self.done - self._first_n
+            per = (now - self._first) / later if self._first is not None and later > 0 else el / self.done
+            if per > 0:
+                parts.append(f"{1 / per:.3g} ep/s" if per <= 1 else f"{per:.3g} s/ep")
         parts.append(f"{_clock(el)} elapsed")
         if 0 < self.done < self.total:
-            per = (time.monotonic() - self._t0) / self.done
-            if self.done > 1 and self._first is not None:
-                per = (time.monotonic() - self._first) / (self.done - 1)
             parts.append(f"~{_clock(per * (self.total - self.done))} left")
         if self.failed:
             parts.append(f"{self.failed} failed")

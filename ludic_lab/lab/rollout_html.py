@@ -40,11 +40,12 @@ Weights = Mapping[tuple[str, int], float]
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
 
 CUT_NOTE = (
-    "<b>{n} of {total}</b> replies shown were cut at <code>max_tokens</code> (marked <i>cut</i>). An agent "
-    "that rejects incomplete completions (the default, as in Ludic) does not hand a cut reply to the env: "
-    "it scores it with its penalty (-0.1 by default), so in a right-or-wrong task a right answer that was "
-    "cut scores below a complete wrong one (0) and is pushed down. Raise <code>max_tokens</code>, or pass "
-    "<code>reject_incomplete_completions=False</code> to let the env judge cut replies."
+    "<b>{n} of {total}</b> replies shown were cut at <code>max_tokens</code> (marked <i>cut</i>). What a cut "
+    "reply scores depends on who ends the turn: an agent that rejects incomplete completions (ludic_lab's "
+    "<code>Agent</code> by default, as in Ludic) never hands it to the env and scores it with its penalty "
+    "(-0.1 by default), so in a right-or-wrong task a right answer that ran on is pushed below a complete "
+    "wrong one (0); with <code>reject_incomplete_completions=False</code>, or a harness of another package, "
+    "the env judges the cut text. Raise <code>max_tokens</code> to cut fewer."
 )
 """What a cut reply's reward means, shown above the cards when any of them was cut."""
 
