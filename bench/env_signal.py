@@ -39,13 +39,13 @@ NO_TIMEOUT_S = 6 * 3600.0
 """Episode time limit: on a loaded machine a batch of games outlasts the default 600 s."""
 
 
-def build(source: str, few_shot: int) -> tuple[Any, dict[str, Any], str]:
+def build(source: str, few_shot: int, games: int = 24) -> tuple[Any, dict[str, Any], str]:
     """``(task, train_env's evaluation options, the metric reported)`` of ``source``."""
     if source == "tictactoe":
         from ludic_lab.task.external.textarena import textarena_task
 
         task = textarena_task("TicTacToe-v0", opponent="random", few_shot=2, format_reward=0.1, max_turns=9)
-        return task, {"eval_options": {"games": 24, "max_tokens": 6, "timeout_s": NO_TIMEOUT_S}}, "win_rate"
+        return task, {"eval_options": {"games": games, "max_tokens": 6, "timeout_s": NO_TIMEOUT_S}}, "win_rate"
     from ludic_lab.task.external.reasoning_gym import reasoning_gym_task
     from ludic_lab.task.external.reasoning_gym_shaping import package_curriculum
 
@@ -59,18 +59,18 @@ def build(source: str, few_shot: int) -> tuple[Any, dict[str, Any], str]:
     return task, {"eval_options": {"max_tokens": 16, "timeout_s": NO_TIMEOUT_S}}, "accuracy"
 
 
-def run_one(source: str, steps: int, few_shot: int, lr: float) -> dict[str, Any]:
+def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, prompts: int = 4) -> dict[str, Any]:
     """One short run of ``source``; its before / after held-out figures and peak RSS."""
     from ludic_lab import train_env
     from ludic_lab.sampler import open_client
 
-    task, options, metric = build(source, few_shot)
+    task, options, metric = build(source, few_shot, games)
     t0 = time.perf_counter()
     group = 4 if source == "tictactoe" else 6
-    client = open_client("local", "default", max_batch_size=4 * group)
+    client = open_client("local", "default", max_batch_size=prompts * group)
     with tempfile.TemporaryDirectory() as tmp:
         run = train_env(
-            task, steps=steps, eval_every=steps, group_size=group, prompts_per_step=4, model=client,
+            task, steps=steps, eval_every=steps, group_size=group, prompts_per_step=prompts, model=client,
             engine=task.engine(client, episode_timeout_s=NO_TIMEOUT_S), max_tokens=6 if source == "tictactoe" else 16,
             config={"lr": lr}, progress=True, out=f"{tmp}/run", **options,
         )  # fmt: skip
@@ -116,15 +116,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--few-shot", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--games", type=int, default=24, help="held-out games (tictactoe)")
+    ap.add_argument("--prompts", type=int, default=4, help="prompts (games) a step, each a GRPO group")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sources = args.only or list(SOURCES)
     if args.child:
-        print("RESULT " + json.dumps(run_one(sources[0], args.steps, args.few_shot, args.lr)), flush=True)
+        result = run_one(sources[0], args.steps, args.few_shot, args.lr, args.games, args.prompts)
+        print("RESULT " + json.dumps(result), flush=True)
         return
     for source in sources:
         cmd = [sys.executable, __file__, "--child", "--only", source, "--steps", str(args.steps),
-               "--few-shot", str(args.few_shot), "--lr", str(args.lr)]  # fmt: skip
+               "--few-shot", str(args.few_shot), "--lr", str(args.lr), "--games", str(args.games),
+               "--prompts", str(args.prompts)]  # fmt: skip
         out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # its progress on stderr, as it runs
         lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         if out.returncode or not lines:
