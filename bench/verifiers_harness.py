@@ -19,8 +19,11 @@ machine hits them alike. Printed: episodes/s per arm (median of ``--rounds``), e
 ratio to ``program``, its harness overhead per episode ((vf wall - program wall) / episodes,
 in seconds and as a share of the vf arm's wall), where a verifiers episode's time goes (from
 verifiers' own trace timing: runtime + interception + tool wiring, program start to the first
-model call, model calls, tool calls and the loop between them, the program's exit, scoring),
-and the peak resident memory of this process plus its children during each arm.
+model call, model calls, tool calls and the loop between them, the program's exit, scoring;
+the harness's share is all but the model and tool calls), and the peak resident memory of this
+process plus its children during each arm. With a model (not the scripted client) the arms'
+sampled tokens can differ (the harness's requests are relayed by verifiers' interception), so
+the per-arm sampled tokens are printed beside episodes/s.
 
 Backends (``--backend``): ``scripted`` (a zero-cost client defined here: the tool call, then the
 answer; what is left is the harness and the plumbing), ``tiny`` (``LocalChatClient`` on the tiny
@@ -106,15 +109,15 @@ def make_program(url: str, max_turns: int) -> Any:
 
         async with mcp_client({"url": url}) as mcp:
             listed = await mcp.list_tools()
-            tools = [
+            tools = [  # as verifiers' chat program lists them (key order too: the same rendered prompt)
                 {
                     "type": "function",
                     "function": {
                         "name": f"calc_{t.name}",
-                        "parameters": t.input_schema,
                         "description": t.description or "",
+                        "parameters": t.input_schema,
                     },
-                }  # fmt: skip
+                }
                 for t in listed.tools
             ]
             messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
@@ -275,9 +278,10 @@ def report(args: argparse.Namespace, walls: dict, peaks: dict, outs: dict) -> No
         rs = outs[arm]
         ok = [r for r in rs if r.error is None]
         calls = statistics.mean(r.meta["agent_program"]["calls"] for r in ok) if ok else 0.0
+        tokens = statistics.mean(sum(s.trace.num_sampled_tokens for s in r.steps) for r in ok) if ok else 0.0
         reward = statistics.mean(r.total_reward for r in ok) if ok else 0.0
         print(f"  {arm:12}: {n / med[arm]:7.3f} episodes/s  (median wall {med[arm]:7.2f} s; {calls:.2f} model calls "
-              f"an episode, reward {reward:.2f}, failed {len(rs) - len(ok)}/{len(rs)}; "
+              f"and {tokens:.1f} sampled tokens an episode, reward {reward:.2f}, failed {len(rs) - len(ok)}/{len(rs)}; "
               f"peak RSS {peaks[arm] / 2**20:,.0f} MiB incl. children)")  # fmt: skip
     for arm in ("vf-process", "vf-inprocess"):
         over = med[arm] - med["program"]
@@ -289,6 +293,8 @@ def report(args: argparse.Namespace, walls: dict, peaks: dict, outs: dict) -> No
         print(f"  where a {arm} episode's time goes (mean of its own trace timing, s; episodes overlap):")
         for k, v in parts.items():
             print(f"    {k:44}: {v:7.3f}  {v / total:6.1%}")
+        harness = sum(v for k, v in parts.items() if k not in ("model calls", "between calls (tool calls, loop)"))
+        print(f"    harness (setup, program start and exit, scoring): {harness:.3f} s = {harness / total:.1%} of it")
 
 
 def main() -> None:
