@@ -4,8 +4,9 @@ The task (:mod:`ludic_lab.demos.workspace_task`): the shipped bug-fix tasks, eac
 where the bug is and what the line should read. The agent is a
 :class:`~ludic_lab.agents.ToolAgent` with one workspace tool, ``edit_file``, run by the env in
 the episode's bubblewrap workspace; the reward is the task's hidden tests, run after the
-episode in a fresh sandbox (1.0 when all pass). Untrained, SmolLM2 often writes the call with
-the wrong path, text it did not copy exactly, or invalid JSON; GRPO (LoRA) teaches it.
+episode in a fresh sandbox (1.0 when all pass). Untrained, SmolLM2 calls functions named after
+the code in the issue or leaves its call unclosed, so no edit runs and GRPO (LoRA) gets no signal
+from this reward alone (docs/demo.md has the measured run).
 
 The run evaluates the 20 held-out tasks (two repositories no train task touches) before and
 after training: greedy, and one sample each at the training temperature, each with its Wilson

@@ -1,7 +1,7 @@
 """The workspace demo's task: the shipped bug-fix tasks with the fix located, applied through ``edit_file``.
 
-SmolLM2-135M does not find bugs. What it can learn in minutes is the workflow step every
-fix ends with: turn an issue that says where the bug is and what the line should read into
+SmolLM2-135M does not find bugs. This task asks for the workflow step every fix ends with:
+turn an issue that says where the bug is and what the line should read into
 one correct ``edit_file`` call in the sandboxed workspace (valid JSON, the right path, the
 exact old text), then stop. Each task is a shipped bug-fix task (``ludic_lab.data.bugfix``)
 whose instruction keeps its symptom and adds the location (:func:`located_instruction`); the
@@ -52,8 +52,11 @@ def _m(role: str, content: str) -> Message:
 
 
 EDIT_EXAMPLES: tuple[Message, ...] = (
-    _m("user", "In `calc`, `add(2, 3)` returns `-1`, expected `5`.\n"
-               "The bug is in `calc/ops.py`: replace `return a - b` with `return a + b`."),  # fmt: skip
+    _m(
+        "user",
+        "In `calc`, `add(2, 3)` returns `-1`, expected `5`.\n"
+        "The bug is in `calc/ops.py`: replace `return a - b` with `return a + b`.",
+    ),  # fmt: skip
     _m("assistant", _call("edit_file", path="calc/ops.py", old="return a - b", new="return a + b")),
     _m("tool", "Edited calc/ops.py at line 2; it now reads:\n     1\tdef add(a, b):\n     2\t    return a + b"),
     _m("assistant", "Fixed: `add` in calc/ops.py returns a + b now."),
