@@ -6,7 +6,8 @@ Per episode the protocol resets the :class:`~ludic_lab.integrations.verifiers_en
 ``SingleAgentEnv`` the seat's ``Agent`` (``agent.run(task)``, with the taskset's shared tool
 servers), for an ``Env`` of the taskset's own with one seat its ``run_episode`` (its ``run()``
 drives the seat, e.g. a game engine answering each reply as the user). The ``null`` harness
-(verifiers' chat program, in the ``subprocess`` runtime) sends every model call through
+(verifiers' chat program in the ``subprocess`` runtime; for a ``SingleAgentEnv`` run in this
+process by default, :mod:`~ludic_lab.integrations.verifiers_inprocess`) sends every model call through
 verifiers' interception server to the session, runs the task's tool servers over MCP, and
 stops on the task's ``@stop`` methods and the seat's limits; verifiers then scores the trace
 with the task's ``@reward`` / ``@metric`` methods (and the env's own recorded rewards).
