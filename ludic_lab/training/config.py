@@ -31,8 +31,9 @@ class TrainerConfig:
     malloc's arenas hold go back to the system (``malloc_trim``; process-wide;
     :mod:`~ludic_lab.training.host_memory`), so resident memory between steps is what is live:
     without it a CPU run kept each step's freed activations and grew from step to step
-    (``bench/memory.py``). Nothing changes inside a step (``bench/memory_speed.py``: the same
-    seconds a step). ``False``: glibc's defaults (freed memory kept for reuse)."""
+    (``bench/memory.py``). Nothing changes inside a step, but what is given back the next step
+    faults in again (``bench/memory_speed.py``, capitals 4 x 8: 1.19x the CPU seconds a step).
+    ``False``: glibc's defaults (freed memory kept for reuse)."""
     max_lag: int | None = None
     """Drop items sampled more than this many policy versions ago from each pulled batch
     (None = keep all). For sources that do not enforce staleness themselves (a

@@ -10,10 +10,11 @@ step to step although no tensor or Python object was kept (``bench/memory.py``).
 
 :class:`HostMemory` calls :func:`release_free_memory` (``malloc_trim``: the free pages of every
 arena back to the system) between steps only, so resident memory between steps is what is live,
-and leaves malloc's reuse inside a step alone. :func:`map_large_blocks` (every block of 1 MiB
-and more mapped on its own, process-wide) also lowers the peak inside a step, but every large
-tensor is then fresh memory (page faults, zeroing): a step took 1.3-1.4x as long
-(``bench/memory_speed.py``), so the trainer no longer calls it. On another C library (musl,
+and leaves malloc's reuse inside a step alone; what it gives back, the next step faults in again
+(1.19x the CPU seconds of a step on the capitals task, ``bench/memory_speed.py``).
+:func:`map_large_blocks` (every block of 1 MiB and more mapped on its own, process-wide) also
+lowers the peak inside a step, but every large tensor is then fresh memory (page faults,
+zeroing): a step took 1.3-1.4x as long, so the trainer no longer calls it. On another C library (musl,
 macOS) both do nothing and say so.
 """
 
