@@ -110,8 +110,7 @@ class Trainer:
         self.counters = dict.fromkeys(counted, 0)
         self.scoring_temperature = algo.scoring_temperature or cfg.scoring_temperature
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        # merged LoRA weights are written into the same CPU tensors at every publish (a fresh
-        # copy per step costs more in page faults than the merge); publishers copy what they get
+        # merged LoRA weights go into the same CPU tensors each publish (fewer page faults)
         reuse = cfg.reuse_publish_buffers and self.device.type == "cpu"
         self._publish_buffers: dict[str, torch.Tensor] | None = {} if reuse else None
         self._host_memory = HostMemory(cfg.release_host_memory)  # resident = live memory (host_memory.py)
