@@ -135,7 +135,7 @@ def _evaluator(held: Task, n: int, max_turns: int) -> Any:
         sampling_seed: int = 0,
         concurrency: int | None = None,
         timeout_s: float | None = None,
-        progress: bool = False,
+        progress: bool | None = None,
         name: str = "eval",
     ) -> dict[str, Any]:
         """The held-out tasks (the first ``limit``), ``k`` episodes each (greedy for ``k = 1``

@@ -37,7 +37,7 @@ def _name(env: Any, name: str | None) -> str:
 def _evaluate_fn(task: Task, heldout_seeds: Sequence[int], max_steps: int) -> Callable[..., Any]:
     async def evaluate(client: Any, *, k: int = 1, seeds: Sequence[int] | None = None,
                        temperature: float | None = None, max_tokens: int = 64, success: Any = None,
-                       progress: bool = False) -> dict[str, Any]:  # fmt: skip
+                       progress: bool | None = None) -> dict[str, Any]:  # fmt: skip
         """``ludic_lab.eval.evaluate`` on ``seeds`` (default the task's held-out seeds), ``k``
         samples each: its summary plus the Wilson interval of pass@k."""
         from ludic_lab.eval import RewardThresholdSuccess, evaluate as run_eval

@@ -359,7 +359,7 @@ async def evaluate_reasoning_gym(client: Any, env: Callable[[], ReasoningGymEnv]
                                  limit: int | None = None, temperature: float | None = None, max_tokens: int = 256,
                                  parser: Parser | None = None, reject_incomplete_completions: bool = True,
                                  sampling_seed: int = 0, concurrency: int = 32, timeout_s: float | None = None,
-                                 progress: bool = False, name: str = "heldout",
+                                 progress: bool | None = None, name: str = "heldout",
                                  examples: Sequence[Any] = ()) -> Any:  # fmt: skip
     """:func:`ludic_lab.eval.evaluate` of ``client`` on every row of ``env``'s split (or the first
     ``limit``), ``k`` samples each (after the worked ``examples``, chat turns); success is

@@ -217,7 +217,7 @@ async def evaluate_textarena(
     concurrency: int = 32,
     sampling_seed: int = 0,
     timeout_s: float | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     name: str = "textarena_eval",
     few_shot: int = 0,
 ) -> EvalResult:
