@@ -8,8 +8,9 @@ APP = Path("/app")
 
 
 def run(path):
-    out = subprocess.run([sys.executable, str(APP / "wordcount.py"), str(path)], capture_output=True, text=True,
-                         timeout=30, cwd=APP)
+    out = subprocess.run(
+        [sys.executable, str(APP / "wordcount.py"), str(path)], capture_output=True, text=True, timeout=30, cwd=APP
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.split("\n")
 
