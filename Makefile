@@ -90,11 +90,18 @@ demo: setup
 # few tests marked `alone` (timing-sensitive under a busy CPU) by themselves. --dist loadgroup:
 # tests that share a server or a module's fixture run in one worker (tests/conftest.py). Both
 # phases always run; the first one's failure (or "no tests", exit 5) decides, else the second's.
+# Each phase has a wall-time limit (TEST_PHASE_LIMIT_S, ALONE_PHASE_LIMIT_S): past it pytest is
+# interrupted (it prints its summary: what failed, what was running) and the target fails, so a
+# hung run can never use up CI's time in silence.
 TEST_WORKERS ?= 2
+TEST_PHASE_LIMIT_S ?= 3000
+ALONE_PHASE_LIMIT_S ?= 600
 define run_tests
-$(PY) -m pytest -q -ra -m "$(1)not alone" --durations=25 -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; \
+timeout -s INT -k 60 $(TEST_PHASE_LIMIT_S) $(PY) -m pytest -q -ra -m "$(1)not alone" --durations=25 -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; \
+if [ $$rc -eq 124 ]; then echo "== the parallel phase ran past $(TEST_PHASE_LIMIT_S) s and was stopped"; fi; \
 echo "== the tests marked alone, by themselves (docs/testing.md)"; \
-$(PY) -m pytest -q -ra -m "$(1)alone" --durations=5; rc2=$$?; \
+timeout -s INT -k 60 $(ALONE_PHASE_LIMIT_S) $(PY) -m pytest -q -ra -m "$(1)alone" --durations=5; rc2=$$?; \
+if [ $$rc2 -eq 124 ]; then echo "== the alone phase ran past $(ALONE_PHASE_LIMIT_S) s and was stopped"; fi; \
 if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$rc2
 endef
 

@@ -7,13 +7,9 @@ transformers or datasets. Models come from :mod:`ludic_lab.inference.models`, ca
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,11 +23,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _xdist_worker() -> tuple[int, int] | None:
-    """(index, count) of this pytest-xdist worker ("gw3" -> 3), None outside xdist workers."""
+    """(index, count) of this pytest-xdist worker ("gw3" -> 3), None outside xdist workers. A
+    worker that replaces a crashed one ("gw2" of 2) takes the slot of the one it replaces."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw"):
         return None
-    return int(worker[2:]), max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    return int(worker[2:]) % count, count
 
 
 def _worker_port_range(index: int, count: int) -> str:
@@ -162,6 +160,8 @@ _CONFIG: list[Any] = []
 
 def pytest_configure(config: Any) -> None:
     _CONFIG[:] = [config]
+    if not config.pluginmanager.has_plugin("tests.xdist_groups"):  # -p tests.xdist_groups loads it too
+        config.pluginmanager.import_plugin("tests.xdist_groups")
     config.addinivalue_line(
         "markers",
         "alone: timing-sensitive under a busy CPU; make test runs it after the parallel workers, by itself",
@@ -207,81 +207,3 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if len(_SECONDS_BY_FILE) > 20:
         rest = sorted(_SECONDS_BY_FILE.values(), reverse=True)[20:]
         terminalreporter.write_line(f"{sum(rest):8.0f} s {100 * sum(rest) / total:5.1f}%  the other {len(rest)} files")
-
-
-# -- parallel workers: which tests share a worker -------------------------------------------------
-# `make test` runs `-n 2 --dist loadgroup`: each test is a unit of work of its own (a worker that
-# finishes one takes the next), except that one worker runs, as one unit,
-# - the tests marked `xdist_group(name)` with the same name (vllm_helpers.SHARED_SERVERS: the
-#   session's vLLM servers start once, and their memory is held once);
-# - the tests of a module that use a module-scoped fixture of that module (a torchrun run, a
-#   trained model, a server or model the module starts), so that fixture is built once.
-# xdist 3.8 groups marked tests by rewriting their node ids, which pytest 9.2's node ids no
-# longer take (its groups are silently ignored): each worker writes the groups of its collection
-# to a file and the scheduler below reads them.
-
-
-def _xdist_group_of(item: Any) -> str | None:
-    names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
-    if names:
-        return "_".join(sorted(names))
-    module = item.nodeid.split("::", 1)[0]
-    info = getattr(item, "_fixtureinfo", None)  # no such attribute: every test on its own
-    for name in getattr(info, "names_closure", ()):
-        defs = info.name2fixturedefs.get(name) or ()
-        if defs and defs[-1].scope in ("module", "class") and defs[-1].baseid.split("::", 1)[0] == module:
-            return module
-    return None
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
-    folder = getattr(config, "workerinput", {}).get("ludic_xdist_groups")
-    if not folder:
-        return
-    groups = {item.nodeid: group for item in items if (group := _xdist_group_of(item))}
-    path = Path(folder) / f"{config.workerinput['workerid']}.json"
-    path.with_suffix(".tmp").write_text(json.dumps(groups))
-    os.replace(path.with_suffix(".tmp"), path)
-
-
-_GROUPS_DIR: list[str] = []
-
-
-def _groups_dir() -> str:
-    if not _GROUPS_DIR:
-        _GROUPS_DIR.append(tempfile.mkdtemp(prefix="ludic-xdist-groups-"))
-    return _GROUPS_DIR[0]
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    node.workerinput["ludic_xdist_groups"] = _groups_dir()
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
-    if config.getoption("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    folder = Path(_groups_dir())
-
-    class GroupsFromWorkers(LoadGroupScheduling):
-        """loadgroup with the groups the workers found (read once all of them collected)."""
-
-        groups: dict[str, str] | None = None
-
-        def _split_scope(self, nodeid: str) -> str:
-            if self.groups is None:
-                self.groups = {}
-                for path in sorted(folder.glob("*.json")):
-                    self.groups.update(json.loads(path.read_text()))
-            return self.groups.get(nodeid) or super()._split_scope(nodeid)
-
-    return GroupsFromWorkers(config, log)
-
-
-def pytest_unconfigure(config: Any) -> None:
-    if _GROUPS_DIR and not hasattr(config, "workerinput"):
-        shutil.rmtree(_GROUPS_DIR.pop(), ignore_errors=True)

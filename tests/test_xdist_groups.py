@@ -1,0 +1,91 @@
+"""The parallel suite's scheduler (tests/xdist_groups.py) when workers die: two workers killed
+mid-run (as the OOM killer does) each fail their own test, every other test runs once, and the
+run ends. xdist 3.8's own scope scheduler hangs for ever on this run (CI once sat at 99% until
+its time limit)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_DIES_ONCE = """
+import os, signal, time
+import pytest
+
+
+def die_once(flag):
+    if not os.path.exists(flag):
+        open(flag, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+ALONE = (
+    _DIES_ONCE
+    + """
+
+@pytest.mark.parametrize("i", range(12))
+def test_alone(i):
+    time.sleep(0.3)
+    if i == 3:
+        die_once("alone.died")
+"""
+)
+
+GROUPED = (
+    _DIES_ONCE
+    + """
+
+@pytest.fixture(scope="module")
+def shared():
+    return 1
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_grouped(shared, i):
+    time.sleep(0.3)
+    if i == 2:
+        die_once("grouped.died")
+"""
+)
+
+
+def test_two_dead_workers_fail_their_own_tests_and_the_run_ends(tmp_path: Path) -> None:
+    (tmp_path / "test_alone.py").write_text(ALONE)
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "tests.xdist_groups",
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    out = res.stdout + res.stderr
+    assert (tmp_path / "alone.died").exists() and (tmp_path / "grouped.died").exists(), out
+    assert res.returncode == 1, out
+    assert "2 failed, 18 passed" in out, out  # 20 tests, each reported once: no rerun, none lost
+    assert "crashed while running 'test_alone.py::test_alone[3]'" in out, out
+    assert "crashed while running 'test_grouped.py::test_grouped[2]'" in out, out

@@ -1,0 +1,198 @@
+"""Parallel workers (pytest-xdist): which tests share a worker, a scheduler that survives a
+crashed worker, and a watch on the machine's free memory. A pytest plugin: tests/conftest.py
+imports its hooks; a test of the scheduler loads it alone with ``-p tests.xdist_groups``.
+
+`make test` runs `-n 2 --dist loadgroup`: each test is a unit of work of its own (a worker that
+finishes one takes the next), except that one worker runs, as one unit,
+
+- the tests marked `xdist_group(name)` with the same name (vllm_helpers.SHARED_SERVERS: the
+  session's vLLM servers start once, and their memory is held once);
+- the tests of a module that use a module-scoped fixture of that module (a torchrun run, a
+  trained model, a server or model the module starts), so that fixture is built once.
+
+xdist 3.8 groups marked tests by rewriting their node ids, which pytest 9.2's node ids no longer
+take (its groups are silently ignored): each worker writes the groups of its collection to a
+file and the scheduler below reads them.
+
+A worker that dies (the OOM killer, a segfault) is replaced by a new one, and xdist 3.8's scope
+scheduler then hangs for ever (CI once sat at 99% until its time limit): it hands every unit
+the dead worker ever had back to the queue, finished ones included, and a finished unit given
+to a worker sends it no test. A worker runs a test only once it knows the next one (or is told
+to stop) and is topped up only when it finishes a test, so a worker holding one test waits for
+ever. Here finished units are dropped instead of handed out, the test that was running when the
+worker died is reported failed and not run again (as ``--dist load`` does), and every worker is
+told to stop as soon as nothing is left to hand out (it runs what it holds, then stops).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _xdist_group_of(item: Any) -> str | None:
+    names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    if names:
+        return "_".join(sorted(names))
+    module = item.nodeid.split("::", 1)[0]
+    info = getattr(item, "_fixtureinfo", None)  # no such attribute: every test on its own
+    for name in getattr(info, "names_closure", ()):
+        defs = info.name2fixturedefs.get(name) or ()
+        if defs and defs[-1].scope in ("module", "class") and defs[-1].baseid.split("::", 1)[0] == module:
+            return module
+    return None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    folder = getattr(config, "workerinput", {}).get("ludic_xdist_groups")
+    if not folder:
+        return
+    groups = {item.nodeid: group for item in items if (group := _xdist_group_of(item))}
+    path = Path(folder) / f"{config.workerinput['workerid']}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(groups))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+_GROUPS_DIR: list[str] = []
+
+
+def _groups_dir() -> str:
+    if not _GROUPS_DIR:
+        _GROUPS_DIR.append(tempfile.mkdtemp(prefix="ludic-xdist-groups-"))
+    return _GROUPS_DIR[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    node.workerinput["ludic_xdist_groups"] = _groups_dir()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    folder = Path(_groups_dir())
+
+    class GroupsFromWorkers(LoadGroupScheduling):
+        """loadgroup with the groups the workers found (read once all of them collected), and
+        every worker told to stop once the queue is empty (the module docstring says why)."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = {}
+                for path in sorted(folder.glob("*.json")):
+                    self.groups.update(json.loads(path.read_text()))
+            return self.groups.get(nodeid) or super()._split_scope(nodeid)
+
+        def remove_node(self, node: Any) -> str | None:
+            crashitem = super().remove_node(node)
+            for unit in self.workqueue.values():  # reported as failed: not run again (as --dist load)
+                if crashitem in unit:
+                    unit[crashitem] = True
+            return crashitem
+
+        def _assign_work_unit(self, node: Any) -> None:
+            while self.workqueue and all(next(iter(self.workqueue.values())).values()):
+                self.workqueue.popitem(last=False)  # a dead worker's finished unit, handed back
+            if self.workqueue:
+                super()._assign_work_unit(node)
+
+        def _reschedule(self, node: Any) -> None:
+            super()._reschedule(node)
+            if not self.workqueue:
+                for other in self.nodes:
+                    if not other.shutting_down:
+                        other.shutdown()
+
+    return GroupsFromWorkers(config, log)
+
+
+# -- the machine's free memory -------------------------------------------------------------------
+# Two workers that each start a server, a notebook kernel or a model can together fill the
+# machine; the OOM killer then takes a worker and its test fails as "crashed". The controller
+# samples the available memory and, when it falls below LOW_MEMORY_BYTES, prints it with the
+# test each worker is running, so a log shows which tests met.
+LOW_MEMORY_BYTES = 2 * 1024**3
+_LOWEST: list[Any] = []
+
+
+_WORKER_FOLDER: list[str] = []
+
+
+def pytest_configure(config: Any) -> None:
+    folder = getattr(config, "workerinput", {}).get("ludic_xdist_groups")
+    if folder:
+        _WORKER_FOLDER[:] = [folder]
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if _WORKER_FOLDER and worker:
+        Path(_WORKER_FOLDER[0], f"running-{worker}").write_text(f"{time.time():.0f} {nodeid}")
+
+
+def _running(folder: str) -> str:
+    now = time.time()
+    found = []
+    for path in sorted(Path(folder).glob("running-*")):
+        try:
+            started, nodeid = path.read_text().split(" ", 1)
+        except (OSError, ValueError):
+            continue
+        found.append(f"{path.name[8:]} {nodeid} ({now - float(started):.0f} s in)")
+    return "; ".join(found) or "nothing known"
+
+
+def _watch_memory(folder: str, stop: threading.Event) -> None:
+    import psutil
+
+    start = time.monotonic()
+    warned_at = float("inf")
+    while not stop.wait(2.0):
+        available = psutil.virtual_memory().available
+        if not _LOWEST or available < _LOWEST[0][0]:
+            _LOWEST[:] = [(available, time.monotonic() - start, _running(folder))]
+        if available < LOW_MEMORY_BYTES and available < 0.75 * warned_at:
+            warned_at = available
+            sys.stderr.write(
+                f"\n[memory] {available / 1024**3:.1f} GiB available at {(time.monotonic() - start) / 60:.1f} min,"
+                f" running: {_running(folder)}\n"
+            )
+
+
+_STOP = threading.Event()
+
+
+def pytest_sessionstart(session: Any) -> None:
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    threading.Thread(target=_watch_memory, args=(_groups_dir(), _STOP), daemon=True, name="memory-watch").start()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _LOWEST:
+        available, at_s, running = _LOWEST[0]
+        terminalreporter.write_line(
+            f"lowest available memory: {available / 1024**3:.1f} GiB at {at_s / 60:.1f} min, running: {running}"
+        )
+
+
+def pytest_unconfigure(config: Any) -> None:
+    _STOP.set()
+    if _GROUPS_DIR and not hasattr(config, "workerinput"):
+        shutil.rmtree(_GROUPS_DIR.pop(), ignore_errors=True)
