@@ -184,7 +184,38 @@ def pytest_sessionstart(session: Any) -> None:
     threading.Thread(target=_watch_memory, args=(_groups_dir(), _STOP), daemon=True, name="memory-watch").start()
 
 
+# Each worker's resident memory after each test (its own process, not what it started): a test
+# that leaves a worker several GiB larger makes the next tests' peaks the machine's problem.
+_AFTER: dict[str, int] = {}
+_GROWTH: list[tuple[int, int, str, str]] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+    outcome = yield
+    if call.when == "teardown" and _WORKER_FOLDER:
+        import psutil
+
+        outcome.get_result().user_properties.append(("ludic_rss", psutil.Process().memory_info().rss))
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    rss = dict(report.user_properties).get("ludic_rss") if report.when == "teardown" else None
+    worker = getattr(getattr(report, "node", None), "workerinput", {}).get("workerid")
+    if rss is None or worker is None:
+        return
+    before = _AFTER.get(worker, rss)
+    _AFTER[worker] = rss
+    _GROWTH.append((rss - before, rss, worker, report.nodeid))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _GROWTH:
+        terminalreporter.write_sep("=", "worker memory: the tests after which a worker was largest, and its growth")
+        for growth, rss, worker, nodeid in sorted(_GROWTH, key=lambda g: -g[1])[:5]:
+            terminalreporter.write_line(f"{rss / 1024**3:6.1f} GiB ({growth / 1024**3:+.1f}) {worker} {nodeid}")
+        for growth, rss, worker, nodeid in sorted(_GROWTH, key=lambda g: -g[0])[:8]:
+            terminalreporter.write_line(f"grew {growth / 1024**3:+.1f} GiB to {rss / 1024**3:.1f} {worker} {nodeid}")
     if _LOWEST:
         available, at_s, running = _LOWEST[0]
         terminalreporter.write_line(
