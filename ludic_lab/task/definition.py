@@ -106,6 +106,43 @@ class Task:
         )
 
 
+def heldout_evaluator(held: Task, stats: StatsFn, *, progress: bool | None = False) -> EvaluateFn:
+    """``task.evaluate`` over ``held``'s rows ``0..size-1``, one step per episode (a workspace
+    task's whole exchange); ``progress``: the returned function's default for it, as
+    :func:`~ludic_lab.eval.evaluate` reads it."""
+    default_progress = progress
+
+    async def evaluate_task(
+        client: Any,
+        *,
+        limit: int | None = None,
+        k: int = 1,
+        temperature: float | None = None,
+        max_tokens: int = 1024,
+        sampling_seed: int = 0,
+        concurrency: int | None = None,
+        timeout_s: float | None = None,
+        progress: bool | None = default_progress,
+        name: str = "eval",
+    ) -> dict[str, Any]:
+        """The held-out tasks (the first ``limit``), ``k`` episodes each (greedy for ``k = 1``
+        without a ``temperature``): ``result.summary()`` (``accuracy``: the resolved rate, with
+        its Wilson interval), the task's stats of the episodes, and ``"result"``, the ``EvalResult``."""
+        from ludic_lab.eval.evaluator import evaluate
+        from ludic_lab.rollouts import EnvSpec, ProtocolSpec
+
+        n = int(held.size or 0)
+        count = n if limit is None else min(int(limit), n)
+        result = await evaluate(
+            held.engine(client), EnvSpec(held.name), ProtocolSpec(held.protocol_kind), range(count), k=k,
+            temperature=temperature, max_tokens=max_tokens, max_steps=1, sampling_seed=sampling_seed,
+            concurrency=concurrency, timeout_s=timeout_s, progress=progress, name=name,
+        )  # fmt: skip
+        return {**result.summary(), **stats(result.rollouts), "result": result}
+
+    return evaluate_task
+
+
 def as_task(env_or_task: Any, *, name: str | None = None, parser: Parser | None = None) -> Task:
     """``env_or_task`` as a :class:`Task`: a task as it is (``name`` / ``parser`` replacing its
     own when given), an env class or factory wrapped in one named ``name`` (default: the class

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ludic_lab.envs.workspace import Snapshot, WorkspaceConfig
-from ludic_lab.task.definition import Task
+from ludic_lab.task.definition import Task, heldout_evaluator
 from ludic_lab.task.harbor_env import HarborTaskEnv
 from ludic_lab.task.harbor_folder import HarborTaskError, HarborTaskFolder, is_harbor_task, load_harbor_task
 from ludic_lab.task.harbor_image import HarborUnsupportedError
@@ -149,7 +149,7 @@ def harbor_task(path: str | Path, *, split: Split = "train", heldout: float | Se
                     stats=harbor_stats)  # fmt: skip
 
     held_task = build(held, f"{label}-heldout", None)
-    return build(rows, label, _evaluator(held_task))
+    return build(rows, label, heldout_evaluator(held_task, harbor_stats))
 
 
 def harbor_snapshot(folder: HarborTaskFolder, *, cache_dir: str | os.PathLike[str] | None = None) -> Snapshot:
@@ -181,28 +181,6 @@ def harbor_snapshot(folder: HarborTaskFolder, *, cache_dir: str | os.PathLike[st
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return Snapshot.folder(target)
-
-
-def _evaluator(held: Task) -> Any:
-    async def evaluate_task(client: Any, *, limit: int | None = None, k: int = 1, temperature: float | None = None,
-                            max_tokens: int = 1024, sampling_seed: int = 0, concurrency: int | None = None,
-                            timeout_s: float | None = None, progress: bool = False,
-                            name: str = "eval") -> dict[str, Any]:  # fmt: skip
-        """The held-out tasks (the first ``limit``), ``k`` episodes each: ``result.summary()``
-        (``accuracy``: the resolved rate, with its Wilson interval), :func:`harbor_stats`, ``"result"``."""
-        from ludic_lab.eval.evaluator import evaluate
-        from ludic_lab.rollouts import EnvSpec, ProtocolSpec
-
-        n = int(held.size or 0)
-        count = n if limit is None else min(int(limit), n)
-        result = await evaluate(
-            held.engine(client), EnvSpec(held.name), ProtocolSpec(held.protocol_kind), range(count), k=k,
-            temperature=temperature, max_tokens=max_tokens, max_steps=1, sampling_seed=sampling_seed,
-            concurrency=concurrency, timeout_s=timeout_s, progress=progress, name=name,
-        )  # fmt: skip
-        return {**result.summary(), **harbor_stats(result.rollouts), "result": result}
-
-    return evaluate_task
 
 
 def harbor_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:

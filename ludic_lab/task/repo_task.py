@@ -25,7 +25,7 @@ from ludic_lab.context import FullDialog
 from ludic_lab.envs.workspace import WorkspaceConfig, WorkspacePool, WorkspaceTools
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
-from ludic_lab.task.definition import Task
+from ludic_lab.task.definition import Task, heldout_evaluator
 from ludic_lab.task.repo_env import PoolLease, RepoEnvSettings, RepoTask, RepoTaskEnv
 from ludic_lab.types import Rollout
 
@@ -104,7 +104,7 @@ def repo_task(
         held = repo_task(heldout, name=f"{name}-heldout", pool=pool, pool_size=pool_size, config=config,
                          max_workspaces=max_workspaces, max_turns=max_turns, system_prompt=system_prompt,
                          tools=tools, settings=settings, agent_options=agent_options)  # fmt: skip
-        evaluate = _evaluator(held, len(list(heldout)), max_turns)
+        evaluate = heldout_evaluator(held, repo_stats, progress=None)
     return Task(name, make_env, size=len(tasks), shuffle=shuffle, protocol_kind="workspace_agent",
                 protocol=make_protocol, reject_incomplete_completions=False, max_steps=1, evaluate=evaluate,
                 stats=repo_stats)  # fmt: skip
@@ -122,37 +122,6 @@ def repo_agent(client: Any, *, max_turns: int = DEFAULT_MAX_TURNS, system_prompt
                           "tool_timeout_s": None, **options}  # fmt: skip
     return ToolAgent(client, FullDialog(), identity_parser, external_tools=schemas, max_tool_turns=max_turns - 1,
                      system_prompt=system_prompt, **kw)  # fmt: skip
-
-
-def _evaluator(held: Task, n: int, max_turns: int) -> Any:
-    async def evaluate_task(
-        client: Any,
-        *,
-        limit: int | None = None,
-        k: int = 1,
-        temperature: float | None = None,
-        max_tokens: int = 1024,
-        sampling_seed: int = 0,
-        concurrency: int | None = None,
-        timeout_s: float | None = None,
-        progress: bool | None = None,
-        name: str = "eval",
-    ) -> dict[str, Any]:
-        """The held-out tasks (the first ``limit``), ``k`` episodes each (greedy for ``k = 1``
-        without a ``temperature``): ``result.summary()`` (``accuracy``: the resolved rate, with
-        its Wilson interval), :func:`repo_stats`, and ``"result"``, the ``EvalResult``."""
-        from ludic_lab.eval.evaluator import evaluate
-        from ludic_lab.rollouts import EnvSpec, ProtocolSpec
-
-        count = n if limit is None else min(int(limit), n)
-        result = await evaluate(
-            held.engine(client), EnvSpec(held.name), ProtocolSpec(held.protocol_kind), range(count), k=k,
-            temperature=temperature, max_tokens=max_tokens, max_steps=1, sampling_seed=sampling_seed,
-            concurrency=concurrency, timeout_s=timeout_s, progress=progress, name=name,
-        )  # fmt: skip
-        return {**result.summary(), **repo_stats(result.rollouts), "result": result}
-
-    return evaluate_task
 
 
 def repo_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:

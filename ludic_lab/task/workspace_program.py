@@ -23,7 +23,7 @@ from typing import Any
 
 from ludic_lab.interaction.agent_program import AgentProgram
 from ludic_lab.interaction.workspace_program import WorkspaceProgramProtocol
-from ludic_lab.task.definition import Task
+from ludic_lab.task.definition import Task, heldout_evaluator
 from ludic_lab.task.external.verifiers import endpoint_for
 from ludic_lab.task.repo_env import RepoTask
 from ludic_lab.task.repo_task import repo_stats, repo_task
@@ -67,7 +67,7 @@ def repo_program_task(
         held = repo_program_task(program, heldout, name=f"{name}-heldout", endpoint=endpoint, serve_mcp=serve_mcp,
                                  max_calls=max_calls, max_completion_tokens=max_completion_tokens, timeout_s=timeout_s,
                                  program_options=program_options, **repo_options)  # fmt: skip
-        evaluate = _evaluator(held, len(heldout))
+        evaluate = heldout_evaluator(held, program_stats)
     return dataclasses.replace(base, protocol_kind="workspace_program", protocol=make_protocol, evaluate=evaluate,
                                stats=program_stats)  # fmt: skip
 
@@ -95,37 +95,6 @@ def bugfix_program_task(
     heldout = [repo(t) for t in load_bugfix_tasks("heldout")]
     return repo_program_task(program, [repo(t) for t in chosen], heldout=heldout,
                              name=options.pop("name", "bugfix-program"), **options)  # fmt: skip
-
-
-def _evaluator(held: Task, n: int) -> Any:
-    async def evaluate_task(
-        client: Any,
-        *,
-        limit: int | None = None,
-        k: int = 1,
-        temperature: float | None = None,
-        max_tokens: int = 1024,
-        sampling_seed: int = 0,
-        concurrency: int | None = None,
-        timeout_s: float | None = None,
-        progress: bool = False,
-        name: str = "eval",
-    ) -> dict[str, Any]:
-        """The program on the held-out tasks (the first ``limit``), ``k`` episodes each (greedy
-        for ``k = 1`` without a ``temperature``): ``result.summary()`` (``accuracy``: the resolved
-        rate, with its Wilson interval), :func:`program_stats`, and ``"result"``, the ``EvalResult``."""
-        from ludic_lab.eval import evaluate
-        from ludic_lab.rollouts import EnvSpec, ProtocolSpec
-
-        count = n if limit is None else min(int(limit), n)
-        result = await evaluate(
-            held.engine(client), EnvSpec(held.name), ProtocolSpec(held.protocol_kind), range(count), k=k,
-            temperature=temperature, max_tokens=max_tokens, max_steps=1, sampling_seed=sampling_seed,
-            concurrency=concurrency, timeout_s=timeout_s, progress=progress, name=name,
-        )  # fmt: skip
-        return {**result.summary(), **program_stats(result.rollouts), "result": result}
-
-    return evaluate_task
 
 
 def program_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
