@@ -48,8 +48,8 @@ from ludic_lab.integrations.verifiers_inprocess import MODE_IN_PROCESS, in_proce
 from ludic_lab.interaction.agent_program import segment_steps
 from ludic_lab.interaction.base import InteractionProtocol
 from ludic_lab.interaction.program_steps import waiting_on
-from ludic_lab.interaction.single_agent import EpisodeError, merge_info, oldest_policy_version
-from ludic_lab.types import Rollout, Step
+from ludic_lab.interaction.single_agent import EpisodeError, episode_rollout, merge_info
+from ludic_lab.types import Rollout
 
 _CAUSES = {
     "SandboxError": "sandbox_error",
@@ -202,7 +202,7 @@ class VerifiersProtocol(InteractionProtocol):
         info = {"verifiers": {k: meta["verifiers"][k] for k in ("rewards", "metrics", "stop_condition")}}
         if error is not None:
             phase, cause, why = error
-            partial = _rollout(steps, env.agent_id, env_seed, sampling_seed, {**meta, "end": "error"})
+            partial = episode_rollout(steps, env.agent_id, env_seed, sampling_seed, {**meta, "end": "error"})
             raise VerifiersEpisodeError(
                 f"verifiers episode of {source.taskset_id!r} task {task.data.idx} (env_seed={env_seed}) failed "
                 f"({cause}) after {session.stats()['calls']} model call(s): {why}",
@@ -223,7 +223,7 @@ class VerifiersProtocol(InteractionProtocol):
             info=merge_info(info, **last.info),
         )
         meta["end"] = "truncated" if trace.is_truncated else "terminated"
-        return [_rollout(steps, env.agent_id, env_seed, sampling_seed, meta)]
+        return [episode_rollout(steps, env.agent_id, env_seed, sampling_seed, meta)]
 
 
 async def _play(
@@ -307,14 +307,3 @@ def _trace_meta(source: Any, task: Any, trace: Any, *, keep: bool) -> dict[str, 
     if keep:
         out["trace"] = trace.to_record()
     return out
-
-
-def _rollout(steps: list[Step], agent_id: Any, env_seed: int | None, sampling_seed: int | None, meta: dict) -> Rollout:
-    return Rollout(
-        steps=tuple(steps),
-        agent_id=str(agent_id),
-        env_seed=env_seed,
-        sampling_seed=sampling_seed,
-        policy_version=oldest_policy_version(steps),
-        meta=meta,
-    )

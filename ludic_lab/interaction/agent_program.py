@@ -45,7 +45,7 @@ from ludic_lab.interaction.model_errors import (
     find_model_error,
 )
 from ludic_lab.interaction.program_steps import segment_steps, waiting_on
-from ludic_lab.interaction.single_agent import EpisodeError, merge_info, oldest_policy_version
+from ludic_lab.interaction.single_agent import EpisodeError, episode_rollout, merge_info
 from ludic_lab.types import Rollout, Step
 
 AgentProgram = Callable[[Any, Any], Awaitable[Any]]
@@ -165,7 +165,9 @@ class AgentProgramProtocol(InteractionProtocol):
                 return [self._scored(steps, agent_id, env_seed, sampling_seed, meta)]
         if error is not None:
             phase, why = error
-            partial = _rollout(steps, agent_id, env_seed, sampling_seed, {**meta, "end": "error", "error_cause": phase})
+            partial = episode_rollout(
+                steps, agent_id, env_seed, sampling_seed, {**meta, "end": "error", "error_cause": phase}
+            )
             kind = ModelErrorEpisode if model_error is not None else EpisodeError
             failed = kind(
                 f"agent program episode (env_seed={env_seed}) failed ({phase}) after {stats['calls']} call(s): {why}",
@@ -188,7 +190,7 @@ class AgentProgramProtocol(InteractionProtocol):
             info=merge_info(dict(outcome.info or {}), **last.info),
         )
         meta["end"] = "terminated" if outcome.terminated else "answered"
-        return [_rollout(steps, agent_id, env_seed, sampling_seed, meta)]
+        return [episode_rollout(steps, agent_id, env_seed, sampling_seed, meta)]
 
     def _scored(
         self, steps: list[Step], agent_id: Any, env_seed: int | None, sampling_seed: int | None, meta: dict
@@ -207,18 +209,7 @@ class AgentProgramProtocol(InteractionProtocol):
             terminated=True,
             info={**last.info, "agent_program": program, "terminated_by": "model_error"},
         )
-        return _rollout(steps, agent_id, env_seed, sampling_seed, {**meta, "end": "model_error"})
-
-
-def _rollout(steps: list[Step], agent_id: Any, env_seed: int | None, sampling_seed: int | None, meta: dict) -> Rollout:
-    return Rollout(
-        steps=tuple(steps),
-        agent_id=str(agent_id),
-        env_seed=env_seed,
-        sampling_seed=sampling_seed,
-        policy_version=oldest_policy_version(steps),
-        meta=meta,
-    )
+        return episode_rollout(steps, agent_id, env_seed, sampling_seed, {**meta, "end": "model_error"})
 
 
 def _answer_text(answer: Any) -> str:

@@ -87,6 +87,28 @@ def oldest_policy_version(steps: Sequence[Step]) -> int | None:
     return min(versions) if versions else None
 
 
+def episode_rollout(
+    steps: Sequence[Step],
+    agent_id: Any,
+    env_seed: int | None,
+    sampling_seed: int | None,
+    meta: dict[str, Any],
+    *,
+    error: str | None = None,
+) -> Rollout:
+    """The :class:`Rollout` of one agent's ``steps`` in an episode: ``agent_id`` as a string,
+    ``policy_version`` the oldest of the steps' traces (:func:`oldest_policy_version`)."""
+    return Rollout(
+        steps=tuple(steps),
+        agent_id=str(agent_id),
+        env_seed=env_seed,
+        sampling_seed=sampling_seed,
+        policy_version=oldest_policy_version(steps),
+        error=error,
+        meta=meta,
+    )
+
+
 async def act_before(
     agent: Agent,
     inference: InferenceSpec | None,
@@ -350,7 +372,7 @@ class SingleAgentSyncProtocol(InteractionProtocol):
             if isinstance(e, TurnFailed):
                 phase, e = e.phase, e.__cause__  # type: ignore[assignment]  # TurnFailed always wraps a cause
             phase = "timeout" if isinstance(e, TimeoutError) and phase == "agent.act" else phase
-            partial = self._rollout(steps, agent_id, env_seed, sampling_seed, {**meta, "end": "error"})
+            partial = episode_rollout(steps, agent_id, env_seed, sampling_seed, {**meta, "end": "error"})
             partial = replace(partial, error=error_text(phase, e))
             raise EpisodeError(
                 f"episode of {type(env).__name__} (env_seed={env_seed}) failed in {phase} after "
@@ -362,17 +384,4 @@ class SingleAgentSyncProtocol(InteractionProtocol):
             steps[-1] = mark_truncated(steps[-1], end)
         meta["end"] = end
         meta["num_parse_errors"] = sum(1 for s in steps if s.info.get("parse_error"))
-        return [self._rollout(steps, agent_id, env_seed, sampling_seed, meta)]
-
-    @staticmethod
-    def _rollout(
-        steps: list[Step], agent_id: Any, env_seed: int | None, sampling_seed: int | None, meta: dict
-    ) -> Rollout:
-        return Rollout(
-            steps=tuple(steps),
-            agent_id=str(agent_id),
-            env_seed=env_seed,
-            sampling_seed=sampling_seed,
-            policy_version=oldest_policy_version(steps),
-            meta=meta,
-        )
+        return [episode_rollout(steps, agent_id, env_seed, sampling_seed, meta)]

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ludic_lab.interaction.single_agent import oldest_policy_version
+from ludic_lab.interaction.single_agent import episode_rollout
 from ludic_lab.types import Rollout, Step, StepOutcome
 
 
@@ -141,15 +141,6 @@ class TraceCollector:
             steps = self._list(a)
             if not steps and not keep_empty:
                 continue
-            out.append(
-                Rollout(
-                    steps=tuple(steps),
-                    agent_id=str(a),
-                    env_seed=env_seed,
-                    sampling_seed=sampling_seed,
-                    policy_version=oldest_policy_version(steps),
-                    error=error,
-                    meta={**meta, **dict((per_agent_meta or {}).get(a, {}))},
-                )
-            )
+            agent_meta = {**meta, **dict((per_agent_meta or {}).get(a, {}))}
+            out.append(episode_rollout(steps, a, env_seed, sampling_seed, agent_meta, error=error))
         return out

@@ -33,9 +33,9 @@ from ludic_lab.inference.request import InferenceSpec, SamplingConfig
 from ludic_lab.interaction.single_agent import (
     TurnFailed,
     env_system_prompt,
+    episode_rollout,
     mark_truncated,
     maybe_await,
-    oldest_policy_version,
     run_turn,
 )
 from ludic_lab.lab.stepper_turn import Turn, transcript_html
@@ -298,14 +298,7 @@ class RolloutStepper:
             "num_parse_errors": sum(1 for s in steps if s.info.get("parse_error")),
             "stepper": {"reruns": self.reruns, "discarded_turns": len(self.discarded)},
         }
-        return Rollout(
-            steps=tuple(steps),
-            agent_id=str(self.agent_id),
-            env_seed=self.env_seed,
-            sampling_seed=self.sampling_seed,
-            policy_version=oldest_policy_version(steps),
-            meta=meta,
-        )
+        return episode_rollout(steps, self.agent_id, self.env_seed, self.sampling_seed, meta)
 
     # -- sync twins -------------------------------------------------------------------------
     def step_sync(self) -> Turn:
