@@ -46,6 +46,10 @@ from ludic_lab.integrations.openenv_text import (
 )
 from ludic_lab.types import Info, StepOutcome
 
+DEATH_WAIT_S = 5.0
+"""After a lost connection to a launched server, how long to wait for its process to be reaped
+(its death named in the error). A server that is alive costs this much once per lost connection."""
+
 ResetKwargs = Mapping[str, Any] | Callable[[int | None], Mapping[str, Any]]
 """Extra ``reset`` arguments sent to the server: a mapping, or ``seed -> mapping``."""
 
@@ -239,8 +243,10 @@ class OpenEnvEnv(SingleAgentEnv):
         except Exception as exc:
             self._stale = True
             # a lost connection: say whether the (launched) server died, once its process is reaped
+            # (a killed process's sockets close before it can be reaped; on a loaded machine 1 s
+            # was once too short to see the exit)
             gen, server = self._generation, self.server
-            exit_note = await asyncio.to_thread(server.describe_exit, 1.0, gen) if server.launched else ""
+            exit_note = await asyncio.to_thread(server.describe_exit, DEATH_WAIT_S, gen) if server.launched else ""
             raise OpenEnvError(f"OpenEnv {what} at {url} failed: {type(exc).__name__}: {exc}{exit_note}") from exc
 
     def _client_url(self) -> str:
