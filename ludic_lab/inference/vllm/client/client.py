@@ -194,7 +194,10 @@ class VLLMChatClient:
 
     def completion_body(self, request: ChatCompletionRequest, prompt: Sequence[int]) -> dict[str, Any]:
         """The ``/v1/completions`` JSON body for ``request`` (prompt given as token ids)."""
-        return completion_body(request, prompt, model_name=self.model_name, template=self.chat_template)
+        body = completion_body(request, prompt, model_name=self.model_name, template=self.chat_template)
+        if self.max_model_len is not None:  # vLLM refuses prompt + max_tokens past the context: cap, as in process
+            body["max_tokens"] = min(body["max_tokens"], self.max_model_len - len(prompt))
+        return body
 
     async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
         """Sample one completion from the server (token ids in, token ids + logprobs out).
