@@ -4,21 +4,22 @@ One GRPO + LoRA run of SmolLM2 on the capitals task (``--prompts`` questions x 8
 bf16 autocast, ``async_mode="one_step_ahead"``, seed 0) per mode, each in its own process:
 
   off   ``TrainerConfig(release_host_memory=False)``: glibc's defaults
-  on    the default: malloc's free pages handed back between steps (``malloc_trim``), nothing
-        changed on the hot path (``ludic_lab/training/host_memory.py``)
-  map   what ``release_host_memory`` did before: blocks of 1 MiB and more mapped on their own
-        for the whole process (``map_large_blocks``), plus the trim
+  on    the default: malloc's free pages handed back between steps (``malloc_trim``) only once
+        resident memory outgrows its limit (``ludic_lab/training/host_memory.py``)
+  every the trim at the end of every step (no limit): what the option did until 2026-12-05
+  map   what it did before that: blocks of 1 MiB and more mapped on their own for the whole
+        process (``map_large_blocks``), plus a trim every step
 
 Then a held-out evaluation of the trained policy (sampling only, ``--eval-k`` samples of each
 test question), timed. The modes run interleaved, ``--rounds`` times in a rotating order
-(on, off, map / off, map, on / ...), so a loaded machine's load falls on each alike. Printed per
+(on, off, every, map / off, every, map, on / ...), so a loaded machine's load falls on each alike. Printed per
 mode: median seconds a step (step 1 left out: it loads and warms up), evaluation seconds, CPU
-seconds, minor page faults, peak resident memory per step, resident memory at the end of each
-step; the ratio of each mode to ``off`` and whether ``on`` is within ``--bound`` (3%) of it;
+seconds, minor page faults, trims, peak resident memory per step, resident memory at the end of
+each step; the ratio of each mode to ``off`` and whether ``on`` is within ``--bound`` (3%) of it;
 and whether every mode drew the same rewards (same seeds: the memory option must not change
 what is sampled).
 
-    .venv/bin/python bench/memory_speed.py                              # 3 rounds, on / off / map
+    .venv/bin/python bench/memory_speed.py                              # 3 rounds, every mode
     .venv/bin/python bench/memory_speed.py --modes on,off --rounds 4 --steps 6
     .venv/bin/python bench/memory_speed.py --model tiny --steps 3 --rounds 1   # a quick check
 """
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("on", "off", "map")
+MODES = ("on", "off", "every", "map")
 MB = 2**20
 
 
@@ -51,11 +52,13 @@ def child(args: argparse.Namespace) -> None:
 
     from ludic_lab.env_training import train_env_async
     from ludic_lab.task.capitals import capitals_task
-    from ludic_lab.training.host_memory import map_large_blocks
+    from ludic_lab.training import host_memory
 
     monitor = Monitor()
+    if args.child in ("every", "map"):  # no limit: every step ends with a trim
+        host_memory.free_bytes = lambda: None
     if args.child == "map":
-        map_large_blocks()
+        host_memory.map_large_blocks()
     config = {"async_mode": "one_step_ahead", "autocast": "bf16", "release_host_memory": args.child != "off"}
     steps: list[dict[str, Any]] = []
 
@@ -67,11 +70,14 @@ def child(args: argparse.Namespace) -> None:
                       "reward": metrics.get("reward_mean"), "tokens": metrics.get("tokens"), "peak": monitor.peak,
                       "end": monitor.mark()})  # fmt: skip
 
+    trims = []
+
     async def run() -> float:
         monitor.mark()
         training = await train_env_async(capitals_task(), steps=args.steps, progress=False, model=args.model,
                                          prompts_per_step=args.prompts, group_size=8, max_tokens=24, seed=0,
                                          config=config, out=None, callbacks=[record])  # fmt: skip
+        trims.extend((training.trainer._host_memory.releases, training.trainer._host_memory.limit))
         t0 = time.perf_counter()
         if args.eval_k:
             test = capitals_task("test")
@@ -82,7 +88,7 @@ def child(args: argparse.Namespace) -> None:
     eval_s = asyncio.run(run())
     r = resource.getrusage(resource.RUSAGE_SELF)
     out = {"steps": steps, "eval_s": eval_s, "cpu_s": r.ru_utime + r.ru_stime, "minflt": r.ru_minflt,
-           "run_peak": monitor.run_peak}  # fmt: skip
+           "run_peak": monitor.run_peak, "trims": trims[0], "limit": trims[1]}  # fmt: skip
     Path(args.result).write_text(json.dumps(out))
     sys.stdout.flush()
     os._exit(0)  # the sampler's threads need no joining
@@ -132,7 +138,7 @@ def main() -> None:
                 data = run_mode(m, args, Path(tmp), k)
                 runs[m].append(data)
                 secs = [s["seconds"] for s in data["steps"][1:]]
-                print(f"  round {k + 1} {m:>3}: {statistics.median(secs):.2f} s a step, eval {data['eval_s']:.1f} s, "
+                print(f"  round {k + 1} {m:>5}: {statistics.median(secs):.2f} s a step, eval {data['eval_s']:.1f} s, "
                       f"peak {data['run_peak'] / MB:,.0f} MB, load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     summary = {}
     for m in modes:
@@ -140,11 +146,14 @@ def main() -> None:
         cpus = [s["cpu_s"] for run in runs[m] for s in run["steps"][1:] if "cpu_s" in s]
         peaks = [max(run["steps"][i]["peak"] for run in runs[m]) for i in range(args.steps)]
         ends = [max(run["steps"][i]["end"] for run in runs[m]) for i in range(args.steps)]
-        med = {k: statistics.median(r[k] for r in runs[m]) for k in ("eval_s", "cpu_s", "minflt")}
+        med = {k: statistics.median(r.get(k, 0) for r in runs[m]) for k in ("eval_s", "cpu_s", "minflt", "trims")}
         summary[m] = {"step_s": statistics.median(secs), "step_cpu_s": statistics.median(cpus) if cpus else math.nan,
                       **med, "peaks": peaks, "ends": ends}  # fmt: skip
-    print(f"\n{'mode':>4} {'s/step':>7} {'vs off':>7} {'cpu s/step':>10} {'vs off':>7} {'eval s':>7} {'vs off':>7} "
-          f"{'cpu s':>7} {'faults':>9}  "
+        limits = sorted({round(r["limit"] / MB) for r in runs[m] if r.get("limit")})
+        if limits:
+            print(f"{m}: resident limit between steps at the end of the run {limits} MB")
+    print(f"\n{'mode':>5} {'s/step':>7} {'vs off':>7} {'cpu s/step':>10} {'vs off':>7} {'eval s':>7} {'vs off':>7} "
+          f"{'cpu s':>7} {'faults':>9} {'trims':>5}  "
           "peak MB per step / end MB per step (highest over rounds)")  # fmt: skip
     base = summary.get("off")
     for m, s in summary.items():
@@ -152,8 +161,8 @@ def main() -> None:
         r_eval = f"{s['eval_s'] / base['eval_s']:.3f}" if base and base["eval_s"] > 0 else "-"
         mem = " ".join(f"{p / MB:,.0f}" for p in s["peaks"]) + " / " + " ".join(f"{e / MB:,.0f}" for e in s["ends"])
         r_cpu = f"{s['step_cpu_s'] / base['step_cpu_s']:.3f}" if base else "-"
-        print(f"{m:>4} {s['step_s']:>7.2f} {r_step:>7} {s['step_cpu_s']:>10.2f} {r_cpu:>7} {s['eval_s']:>7.1f} "
-              f"{r_eval:>7} {s['cpu_s']:>7.0f} {s['minflt'] / 1e6:>8.2f}M  {mem}")  # fmt: skip
+        print(f"{m:>5} {s['step_s']:>7.2f} {r_step:>7} {s['step_cpu_s']:>10.2f} {r_cpu:>7} {s['eval_s']:>7.1f} "
+              f"{r_eval:>7} {s['cpu_s']:>7.0f} {s['minflt'] / 1e6:>8.2f}M {s['trims']:>5.0f}  {mem}")  # fmt: skip
     rewards = {m: [[s["reward"] for s in run["steps"]] for run in runs[m]] for m in modes}
     same = all(r == rewards[modes[0]][0] for rs in rewards.values() for r in rs)
     print(f"\nrewards identical across modes and rounds: {same}" + ("" if same else f" {json.dumps(rewards)}"))

@@ -1,14 +1,19 @@
-"""``TrainerConfig.release_host_memory``: glibc's free pages go back between steps, never inside one.
+"""``TrainerConfig.release_host_memory``: glibc's free pages go back between steps, never inside one,
+and only once resident memory outgrows its limit.
 
-The trainer trims malloc's arenas (``malloc_trim``) after each step's rollouts and after each
-optimizer step, and changes nothing on the hot path (no process-wide mmap threshold, which made
-a step 1.3-1.4x slower: ``bench/memory_speed.py``). Checked on the real trainer and real glibc:
-where the trims run, that the off switch turns them off, and that a trim hands back what a
-thread's arena kept after its tensors were freed.
+The trainer asks :class:`HostMemory` once a step, after publishing, and changes nothing on the hot
+path (no process-wide mmap threshold, which made a step 1.3-1.4x slower; a trim every step,
+1.1-1.2x: ``bench/memory_speed.py``). Checked on the real trainer and real glibc: where the trims
+run, that the off switch turns them off, that a trim hands back what a thread's arena kept after
+its tensors were freed, and, in a fresh process, that steps which reuse malloc's pool never trim
+while a step that outgrows the limit does, and resident memory falls back under it.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -21,7 +26,8 @@ MB = 2**20
 
 
 def _train(model_dir: str, monkeypatch: pytest.MonkeyPatch, **config: Any) -> tuple[list[str], Any]:
-    """Two steps of GRPO on the digits task; the order of trims and optimizer work, and the run."""
+    """Two steps of GRPO on the digits task with no limit (every step ends with a trim, as without
+    ``mallinfo2``); the order of trims and optimizer work, and the run."""
     from ludic_lab.env_training import train_env
     from ludic_lab.task.digits import digits_task
 
@@ -44,6 +50,7 @@ def _train(model_dir: str, monkeypatch: pytest.MonkeyPatch, **config: Any) -> tu
 
     monkeypatch.setattr(host_memory, "release_free_memory", release)
     monkeypatch.setattr(host_memory, "map_large_blocks", no_map)
+    monkeypatch.setattr(host_memory, "free_bytes", lambda: None)
     monkeypatch.setattr(trainer_mod.Trainer, "_optimize", optimize)
     run = train_env(digits_task(), steps=2, model=model_dir, max_tokens=4, group_size=2, prompts_per_step=2,
                     progress=False, out=None, check=False, config=config)  # fmt: skip
@@ -55,12 +62,11 @@ def test_trims_run_between_steps_never_inside_one(tiny_model_dir: str, monkeypat
     events, run = _train(tiny_model_dir, monkeypatch)
     assert len(run.history) == 2
     trims = [e for e in events if e.startswith("trim")]
-    # after the rollouts (before the activations), after the optimizer step (before publishing) and
-    # after publishing, on the loop's thread
+    # once a step, after its optimizer step and its publish, on the loop's thread
     steps = [e if not e.startswith("trim") else "trim" for e in events]
-    assert steps == ["trim", "optimize", "optimized", "trim", "trim"] * 2, events
+    assert steps == ["optimize", "optimized", "trim"] * 2, events
     assert not any("ludic-trainer" in e for e in trims), events
-    assert run.trainer._host_memory.releases == 6
+    assert run.trainer._host_memory.releases == 2
 
 
 def test_the_off_switch_turns_the_trims_off(tiny_model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,7 +95,7 @@ def test_a_trim_hands_back_what_a_threads_arena_kept() -> None:
         kept = blocks[1::2]  # every other block lives on: the freed ones cannot merge into the top
         del blocks
         rss["freed"] = proc.memory_info().rss
-        host_memory.HostMemory(True).release()
+        host_memory.release_free_memory()
         rss["trimmed"] = proc.memory_info().rss
         assert all(int(b[0]) == 1 and int(b[-1]) == 1 for b in kept)  # what lives is untouched
         del kept
@@ -101,3 +107,69 @@ def test_a_trim_hands_back_what_a_threads_arena_kept() -> None:
     assert rss["allocated"] - rss["start"] > 200 * MB, table
     assert rss["allocated"] - rss["freed"] < 40 * MB, f"glibc kept the freed blocks resident before the trim: {table}"
     assert rss["freed"] - rss["trimmed"] > 90 * MB, f"the trim gave back the ~120 MB freed: {table}"
+
+
+STEPS_SCRIPT = r"""
+import json, threading
+import torch
+from ludic_lab.training.host_memory import HostMemory, free_bytes, resident_bytes
+
+MB = 2**20
+hm, out = HostMemory(True), []
+
+
+def step(mb, keep_every=0):
+    # a step: `mb` of 1 MiB tensors from this thread's arena, all freed at its end but every
+    # `keep_every`-th (and the last: the freed ones stay holes, resident, not the arena's top)
+    blocks = [torch.ones(MB, dtype=torch.uint8) for _ in range(mb)]
+    kept = [b for i, b in enumerate(blocks) if keep_every and (i % keep_every == 0 or i == mb - 1)]
+    peak = resident_bytes()
+    del blocks
+    trimmed = hm.step_ended()
+    out.append({"peak": peak, "end": resident_bytes(), "trimmed": trimmed, "limit": hm.limit, "free": free_bytes()})
+    return kept
+
+
+def run():
+    big = torch.ones(8 * MB, dtype=torch.uint8)  # mapped and freed: glibc's threshold rises above 1 MiB
+    del big
+    live = [step(200, keep_every=8)]  # the first step leaves a pool of ~170 MB free; the limit is set
+    for _ in range(3):
+        step(150)  # steps that reuse the pool: no growth, no trim
+    limit = hm.limit
+    grow = 2 * (limit - resident_bytes()) // MB + 100  # the pool is reused first, then the arena grows
+    live.append(step(grow, keep_every=8))  # a step that allocates past the pool: over the limit
+    step(150)  # the first step after the trim sets the limit again
+    step(150)
+    out.append({"first_limit": limit})
+
+
+t = threading.Thread(target=run)
+t.start()
+t.join()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(host_memory._glibc() is None or host_memory.free_bytes() is None, reason="glibc >= 2.33")
+def test_steps_that_reuse_the_pool_never_trim_and_growth_past_the_limit_does() -> None:
+    """Real glibc in a fresh process (this one's arenas hold what earlier tests freed): the limit is
+    resident memory at the end of the first step plus malloc's free bytes then; steps that reuse the
+    pool stay under it with no trim; a step that grows past it ends with a trim that brings resident
+    memory back under the limit; the step after it sets the limit anew."""
+    proc = subprocess.run([sys.executable, "-c", STEPS_SCRIPT], capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    *steps, tail = json.loads(proc.stdout.strip().splitlines()[-1])
+    table = [{k: (round(v / MB) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in s.items()}
+             for s in steps]  # fmt: skip
+    first, reuse, grown, after = steps[0], steps[1:4], steps[4], steps[5:]
+    assert not first["trimmed"] and first["limit"] == tail["first_limit"], table
+    assert first["limit"] - first["end"] > 150 * MB, f"the pool (malloc's free bytes) counts toward the limit: {table}"
+    assert not any(s["trimmed"] for s in reuse), f"a step that reuses the pool must not trim: {table}"
+    assert all(s["end"] <= first["limit"] for s in reuse), table
+    assert grown["peak"] > first["limit"] and grown["trimmed"], f"growth past the limit must trim: {table}"
+    assert grown["end"] < first["limit"], f"the trim brings resident memory back under the limit: {table}"
+    assert grown["peak"] - grown["end"] > 300 * MB, f"the trim gave back the step's freed blocks: {table}"
+    assert not after[0]["trimmed"] and after[0]["limit"] is not None, f"the next step sets the limit: {table}"
+    assert not after[1]["trimmed"], table

@@ -27,13 +27,14 @@ class TrainerConfig:
     (one extra copy of the adapted weights stays allocated) instead of allocating them anew,
     which between steps often page-faults every byte again (SmolLM2, all linears: up to 0.8 s)."""
     release_host_memory: bool = True
-    """On Linux (glibc): after each step's rollouts, its optimizer step and its publish, the free pages
-    malloc's arenas hold go back to the system (``malloc_trim``; process-wide;
-    :mod:`~ludic_lab.training.host_memory`), so resident memory between steps is what is live:
-    without it a CPU run kept each step's freed activations and grew from step to step
-    (``bench/memory.py``). Nothing changes inside a step, but what is given back the next step
-    faults in again (``bench/memory_speed.py``, capitals 4 x 8: 1.19x the CPU seconds a step).
-    ``False``: glibc's defaults (freed memory kept for reuse)."""
+    """On Linux (glibc): resident memory between steps stays under a limit, what was resident at the
+    end of the first step plus as much again as malloc then held free for the next step's reuse;
+    past it the free pages of malloc's arenas go back to the system (``malloc_trim``, process-wide,
+    between steps only; :mod:`~ludic_lab.training.host_memory`). Without it a CPU run can grow from
+    step to step (``bench/memory.py``). Trimming every step would keep only live memory resident,
+    but the next step faults it in again (capitals 4 x 8: 1.1-1.2x the CPU seconds a step,
+    ``bench/memory_speed.py``); trimming past the limit costs nothing while nothing grows.
+    ``False``: glibc's defaults (freed memory kept for reuse, unbounded)."""
     max_lag: int | None = None
     """Drop items sampled more than this many policy versions ago from each pulled batch
     (None = keep all). For sources that do not enforce staleness themselves (a

@@ -4,18 +4,26 @@ A training step allocates the activations of a micro-batch (SmolLM2-135M in fp32
 trained token, GBs per step on a CPU) and frees them at its end; the in-process sampler
 allocates the KV of the step's rollouts on its own thread. glibc's malloc keeps what is freed
 for reuse, in the arena of the thread that allocated it (one per thread: the trainer's worker,
-the sampler's thread, the endpoint's): resident memory held the trainer's step after it ended,
-the next step's rollouts came on top, and holes the next step could not reuse made it grow from
-step to step although no tensor or Python object was kept (``bench/memory.py``).
+the sampler's thread, the endpoint's). The next step reuses most of it, but holes it cannot
+reuse made resident memory grow from step to step although no tensor or Python object was kept
+(``bench/memory.py``).
 
-:class:`HostMemory` calls :func:`release_free_memory` (``malloc_trim``: the free pages of every
-arena back to the system) between steps only, so resident memory between steps is what is live,
-and leaves malloc's reuse inside a step alone; what it gives back, the next step faults in again
-(1.19x the CPU seconds of a step on the capitals task, ``bench/memory_speed.py``).
+Giving the free pages back after every step (``malloc_trim``) keeps resident memory between
+steps at what is live (capitals 4 x 8: 2.6-2.8 GB against 4.0-4.4 GB), but the next step faults
+the same pages in again: 1.5M more page faults and 1.12-1.23x the CPU seconds a step, whether it
+trims once or three times a step (``bench/memory_speed.py``, 2026-12-05; torch's huge pages or
+``M_ARENA_MAX=2`` did not change that). A step reuses the pool it is given, so what can be bounded
+for free is its growth, not the pool. :class:`HostMemory` therefore trims only when resident memory
+at the end of a step exceeds a limit: what was resident at the end of the first step (after the
+last trim), plus as much again as malloc then held free for reuse (``mallinfo2``'s free bytes:
+the pool). Resident memory between steps stays under that limit, and each trim, which costs about
+one refault of the pool, comes after at least a pool's worth of growth, which cost as many faults
+to allocate: at most twice what the growth itself costs, nothing when nothing grows.
+
 :func:`map_large_blocks` (every block of 1 MiB and more mapped on its own, process-wide) also
 lowers the peak inside a step, but every large tensor is then fresh memory (page faults,
-zeroing): a step took 1.3-1.4x as long, so the trainer no longer calls it. On another C library (musl,
-macOS) both do nothing and say so.
+zeroing): a step took 1.3-1.4x as long, so the trainer does not call it. On another C library
+(musl, macOS) all of this does nothing and says so.
 """
 
 from __future__ import annotations
@@ -23,12 +31,23 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import sys
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 MMAP_THRESHOLD_BYTES = 1 << 20
 """:func:`map_large_blocks`' default: blocks from this size up (1 MiB: activations, KV, logits)."""
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (malloc.h, glibc 2.33 and later)."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]  # fmt: skip
 
 
 @functools.cache
@@ -43,6 +62,8 @@ def _glibc() -> ctypes.CDLL | None:
         return None
     lib.mallopt.argtypes, lib.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     lib.malloc_trim.argtypes, lib.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    if hasattr(lib, "mallinfo2"):
+        lib.mallinfo2.argtypes, lib.mallinfo2.restype = [], _MallInfo2
     return lib
 
 
@@ -63,17 +84,47 @@ def release_free_memory() -> bool:
     return bool(lib is not None and lib.malloc_trim(0) == 1)
 
 
+def free_bytes() -> int | None:
+    """Bytes malloc's arenas hold free for reuse, every arena together (``mallinfo2().fordblks``;
+    pages a trim gave back still count). ``None`` off glibc or before glibc 2.33 (no ``mallinfo2``)."""
+    lib = _glibc()
+    if lib is None or not hasattr(lib, "mallinfo2"):
+        return None
+    return int(lib.mallinfo2().fordblks)
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (``/proc/self/statm``; Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE_SIZE
+
+
 class HostMemory:
-    """What a trainer does with host memory: :meth:`release` gives back the free pages of every
-    malloc arena (:func:`release_free_memory`) when ``enabled``, on glibc; it is called between
-    steps only, never inside one. ``releases`` counts the calls that did so."""
+    """What a trainer does with host memory, at the end of each step (:meth:`step_ended`), when
+    ``enabled`` and on glibc: nothing while resident memory is under :attr:`limit`, else give the
+    free pages of every malloc arena back (:func:`release_free_memory`) and set the limit again at
+    the end of the next step. ``limit`` is resident memory at the end of the first step after
+    the last trim plus what malloc then held free (:func:`free_bytes`; without ``mallinfo2`` no
+    limit: every step trims). ``releases`` counts the trims."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = bool(enabled) and _glibc() is not None
         self.releases = 0
+        self.limit: int | None = None
 
-    def release(self) -> None:
-        """Give the arenas' free pages back (a no-op when not enabled)."""
-        if self.enabled:
-            release_free_memory()
-            self.releases += 1
+    def step_ended(self) -> bool:
+        """Called once a step, between steps (never inside one); returns whether it trimmed."""
+        if not self.enabled:
+            return False
+        resident = resident_bytes()
+        if self.limit is None:
+            free = free_bytes()
+            if free is not None:
+                self.limit = resident + free  # the pool the next steps reuse, and as much again
+                return False
+        elif resident <= self.limit:
+            return False
+        release_free_memory()
+        self.releases += 1
+        self.limit = None
+        return True

@@ -113,7 +113,7 @@ class Trainer:
         # merged LoRA weights go into the same CPU tensors each publish (fewer page faults)
         reuse = cfg.reuse_publish_buffers and self.device.type == "cpu"
         self._publish_buffers: dict[str, torch.Tensor] | None = {} if reuse else None
-        self._host_memory = HostMemory(cfg.release_host_memory)  # resident = live memory (host_memory.py)
+        self._host_memory = HostMemory(cfg.release_host_memory)  # resident memory between steps bounded
 
     # -- public API ----------------------------------------------------------------------
     async def train(self, steps: int, *, progress: bool | str | ProgressView = True) -> list[dict[str, Any]]:
@@ -149,16 +149,14 @@ class Trainer:
         t0 = time.perf_counter()
         batches = [await self.batch_source.next_batch() for _ in range(self.config.grad_accum_steps)]
         t_data = time.perf_counter() - t0
-        self._host_memory.release()  # the rollouts' KV, before the step's activations
         # always the same worker thread: glibc gives each thread its own malloc arena, so
         # alternating pool threads would each keep a step's worth of freed activations (2x RSS)
         loop = asyncio.get_running_loop()
         metrics = await loop.run_in_executor(self._worker(), self._optimize, batches)  # filter ... optimizer step
         metrics["time/data_s"] = t_data
-        self._host_memory.release()  # the step's activations, before publishing allocates
         self._publish_and_checkpoint(metrics)
         step_done(self.batch_source, self.policy_version)  # fully_async: the window moves on, groups start
-        self._host_memory.release()  # what publishing freed, before the next rollouts
+        self._host_memory.step_ended()  # malloc's free pages back once they outgrow a limit (host_memory.py)
         metrics["time/step_s"] = time.perf_counter() - t0  # pull to publish and checkpoint
         self._log(metrics)
         return metrics
