@@ -6,7 +6,8 @@ bf16 autocast, ``async_mode="one_step_ahead"``, seed 0) per mode, each in its ow
   off   ``TrainerConfig(release_host_memory=False)``: glibc's defaults
   on    the default: malloc's free pages handed back between steps (``malloc_trim``) only once
         resident memory outgrows its limit (``ludic_lab/training/host_memory.py``)
-  every the trim at the end of every step (no limit): what the option did until 2026-12-05
+  every a trim at the end of every step (no limit): what the option did until 2026-12-05 (then
+        three trims a step; one a step cost as much in a probe)
   map   what it did before that: blocks of 1 MiB and more mapped on their own for the whole
         process (``map_large_blocks``), plus a trim every step
 
@@ -56,7 +57,14 @@ def child(args: argparse.Namespace) -> None:
 
     monitor = Monitor()
     if args.child in ("every", "map"):  # no limit: every step ends with a trim
-        host_memory.free_bytes = lambda: None
+
+        def every(self: host_memory.HostMemory) -> bool:
+            if self.enabled:
+                host_memory.release_free_memory()
+                self.releases += 1
+            return self.enabled
+
+        host_memory.HostMemory.step_ended = every  # type: ignore[method-assign]
     if args.child == "map":
         host_memory.map_large_blocks()
     config = {"async_mode": "one_step_ahead", "autocast": "bf16", "release_host_memory": args.child != "off"}

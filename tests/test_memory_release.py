@@ -26,17 +26,24 @@ MB = 2**20
 
 
 def _train(model_dir: str, monkeypatch: pytest.MonkeyPatch, **config: Any) -> tuple[list[str], Any]:
-    """Two steps of GRPO on the digits task with no limit (every step ends with a trim, as without
-    ``mallinfo2``); the order of trims and optimizer work, and the run."""
+    """Two steps of GRPO on the digits task; the order of the host-memory checks, the trims and the
+    optimizer work, and the run. Step 2 ends over the limit (as if resident memory had grown)."""
     from ludic_lab.env_training import train_env
     from ludic_lab.task.digits import digits_task
 
     events: list[str] = []
-    real_release, real_optimize = host_memory.release_free_memory, trainer_mod.Trainer._optimize
+    real_release, real_check = host_memory.release_free_memory, host_memory.HostMemory.step_ended
+    real_optimize = trainer_mod.Trainer._optimize
 
     def release() -> bool:
         events.append(f"trim in {threading.current_thread().name}")
         return real_release()
+
+    def step_ended(self: host_memory.HostMemory) -> bool:
+        events.append(f"check in {threading.current_thread().name}")
+        if self.limit is not None:
+            self.limit = 0
+        return real_check(self)
 
     def optimize(self: Any, batches: Any) -> Any:
         events.append("optimize")
@@ -50,7 +57,7 @@ def _train(model_dir: str, monkeypatch: pytest.MonkeyPatch, **config: Any) -> tu
 
     monkeypatch.setattr(host_memory, "release_free_memory", release)
     monkeypatch.setattr(host_memory, "map_large_blocks", no_map)
-    monkeypatch.setattr(host_memory, "free_bytes", lambda: None)
+    monkeypatch.setattr(host_memory.HostMemory, "step_ended", step_ended)
     monkeypatch.setattr(trainer_mod.Trainer, "_optimize", optimize)
     run = train_env(digits_task(), steps=2, model=model_dir, max_tokens=4, group_size=2, prompts_per_step=2,
                     progress=False, out=None, check=False, config=config)  # fmt: skip
@@ -61,22 +68,32 @@ def _train(model_dir: str, monkeypatch: pytest.MonkeyPatch, **config: Any) -> tu
 def test_trims_run_between_steps_never_inside_one(tiny_model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     events, run = _train(tiny_model_dir, monkeypatch)
     assert len(run.history) == 2
-    trims = [e for e in events if e.startswith("trim")]
-    # once a step, after its optimizer step and its publish, on the loop's thread
-    steps = [e if not e.startswith("trim") else "trim" for e in events]
-    assert steps == ["optimize", "optimized", "trim"] * 2, events
-    assert not any("ludic-trainer" in e for e in trims), events
-    assert run.trainer._host_memory.releases == 2
+    # one check a step, after its optimizer step and its publish, on the loop's thread: step 1's
+    # sets the limit, step 2's finds resident memory over it and trims
+    short = [e.split(" in ")[0] for e in events]
+    assert short == ["optimize", "optimized", "check", "optimize", "optimized", "check", "trim"], events
+    assert not any("ludic-trainer" in e for e in events if " in " in e), events
+    assert run.trainer._host_memory.releases == 1 and run.trainer._host_memory.limit is None
 
 
 def test_the_off_switch_turns_the_trims_off(tiny_model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     events, run = _train(tiny_model_dir, monkeypatch, release_host_memory=False)
     assert len(run.history) == 2
-    assert events == ["optimize", "optimized"] * 2
+    assert [e.split(" in ")[0] for e in events] == ["optimize", "optimized", "check"] * 2, events
     assert run.trainer._host_memory.releases == 0 and not run.trainer._host_memory.enabled
 
 
 @pytest.mark.skipif(host_memory._glibc() is None, reason="malloc_trim is glibc's")
+def test_the_limit_is_a_tenth_over_a_steps_end_and_bad_growth_is_refused() -> None:
+    memory = host_memory.HostMemory(True)
+    assert not memory.step_ended()  # the first step's end sets the limit
+    assert memory.limit is not None
+    assert abs(memory.limit - 1.1 * host_memory.resident_bytes()) < 0.02 * memory.limit
+    for bad in (-0.1, float("nan"), "0.1", True, 10):
+        with pytest.raises(ValueError, match="growth"):
+            host_memory.HostMemory(True, growth=bad)  # type: ignore[arg-type]
+
+
 def test_a_trim_hands_back_what_a_threads_arena_kept() -> None:
     """Tensors freed in a thread stay resident in its arena (glibc keeps them for reuse); the trim
     gives them back while the tensors still live stay."""
@@ -112,7 +129,7 @@ def test_a_trim_hands_back_what_a_threads_arena_kept() -> None:
 STEPS_SCRIPT = r"""
 import json, threading
 import torch
-from ludic_lab.training.host_memory import HostMemory, free_bytes, resident_bytes
+from ludic_lab.training.host_memory import HostMemory, resident_bytes
 
 MB = 2**20
 hm, out = HostMemory(True), []
@@ -126,18 +143,18 @@ def step(mb, keep_every=0):
     peak = resident_bytes()
     del blocks
     trimmed = hm.step_ended()
-    out.append({"peak": peak, "end": resident_bytes(), "trimmed": trimmed, "limit": hm.limit, "free": free_bytes()})
+    out.append({"peak": peak, "end": resident_bytes(), "trimmed": trimmed, "limit": hm.limit})
     return kept
 
 
 def run():
     big = torch.ones(8 * MB, dtype=torch.uint8)  # mapped and freed: glibc's threshold rises above 1 MiB
     del big
-    live = [step(200, keep_every=8)]  # the first step leaves a pool of ~170 MB free; the limit is set
+    live = [step(200, keep_every=8)]  # the first step leaves a pool of ~175 MB free; the limit is set
     for _ in range(3):
         step(150)  # steps that reuse the pool: no growth, no trim
     limit = hm.limit
-    grow = 2 * (limit - resident_bytes()) // MB + 100  # the pool is reused first, then the arena grows
+    grow = (limit - resident_bytes()) // MB + 400  # the ~175 MB pool is reused first, then the arena grows
     live.append(step(grow, keep_every=8))  # a step that allocates past the pool: over the limit
     step(150)  # the first step after the trim sets the limit again
     step(150)
@@ -151,12 +168,12 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(host_memory._glibc() is None or host_memory.free_bytes() is None, reason="glibc >= 2.33")
+@pytest.mark.skipif(host_memory._glibc() is None, reason="malloc_trim is glibc's")
 def test_steps_that_reuse_the_pool_never_trim_and_growth_past_the_limit_does() -> None:
     """Real glibc in a fresh process (this one's arenas hold what earlier tests freed): the limit is
-    resident memory at the end of the first step plus malloc's free bytes then; steps that reuse the
-    pool stay under it with no trim; a step that grows past it ends with a trim that brings resident
-    memory back under the limit; the step after it sets the limit anew."""
+    resident memory at the end of the first step, a tenth over; steps that reuse malloc's pool stay
+    under it with no trim; a step that grows past it ends with a trim that brings resident memory
+    back under the limit; the step after it sets the limit anew."""
     proc = subprocess.run([sys.executable, "-c", STEPS_SCRIPT], capture_output=True, text=True, timeout=120,
                           check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -165,7 +182,7 @@ def test_steps_that_reuse_the_pool_never_trim_and_growth_past_the_limit_does() -
              for s in steps]  # fmt: skip
     first, reuse, grown, after = steps[0], steps[1:4], steps[4], steps[5:]
     assert not first["trimmed"] and first["limit"] == tail["first_limit"], table
-    assert first["limit"] - first["end"] > 150 * MB, f"the pool (malloc's free bytes) counts toward the limit: {table}"
+    assert first["end"] - first["peak"] < 20 * MB, f"the freed blocks stayed resident for reuse: {table}"
     assert not any(s["trimmed"] for s in reuse), f"a step that reuses the pool must not trim: {table}"
     assert all(s["end"] <= first["limit"] for s in reuse), table
     assert grown["peak"] > first["limit"] and grown["trimmed"], f"growth past the limit must trim: {table}"

@@ -27,14 +27,14 @@ class TrainerConfig:
     (one extra copy of the adapted weights stays allocated) instead of allocating them anew,
     which between steps often page-faults every byte again (SmolLM2, all linears: up to 0.8 s)."""
     release_host_memory: bool = True
-    """On Linux (glibc): resident memory between steps stays under a limit, what was resident at the
-    end of the first step plus as much again as malloc then held free for the next step's reuse;
-    past it the free pages of malloc's arenas go back to the system (``malloc_trim``, process-wide,
-    between steps only; :mod:`~ludic_lab.training.host_memory`). Without it a CPU run can grow from
-    step to step (``bench/memory.py``). Trimming every step would keep only live memory resident,
-    but the next step faults it in again (capitals 4 x 8: 1.1-1.2x the CPU seconds a step,
-    ``bench/memory_speed.py``); trimming past the limit costs nothing while nothing grows.
-    ``False``: glibc's defaults (freed memory kept for reuse, unbounded)."""
+    """On Linux (glibc): resident memory between steps stays within 10% of what it was at the end of
+    the first step (or of the first step after a trim); past that, the free pages of malloc's arenas
+    go back to the system (``malloc_trim``, process-wide, between steps only;
+    :mod:`~ludic_lab.training.host_memory`). Without it a CPU run can grow from step to step
+    (``bench/memory.py``). Steps keep the pool of freed memory they reuse: trimming it every step
+    keeps only live memory resident, but the next step faults it in again (capitals 4 x 8:
+    1.1-1.2x the CPU seconds a step, ``bench/memory_speed.py``).
+    ``False``: glibc's defaults (freed memory kept for reuse, no bound)."""
     max_lag: int | None = None
     """Drop items sampled more than this many policy versions ago from each pulled batch
     (None = keep all). For sources that do not enforce staleness themselves (a

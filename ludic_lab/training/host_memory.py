@@ -9,16 +9,15 @@ reuse made resident memory grow from step to step although no tensor or Python o
 (``bench/memory.py``).
 
 Giving the free pages back after every step (``malloc_trim``) keeps resident memory between
-steps at what is live (capitals 4 x 8: 2.6-2.8 GB against 4.0-4.4 GB), but the next step faults
-the same pages in again: 1.5M more page faults and 1.12-1.23x the CPU seconds a step, whether it
-trims once or three times a step (``bench/memory_speed.py``, 2026-12-05; torch's huge pages or
-``M_ARENA_MAX=2`` did not change that). A step reuses the pool it is given, so what can be bounded
-for free is its growth, not the pool. :class:`HostMemory` therefore trims only when resident memory
-at the end of a step exceeds a limit: what was resident at the end of the first step (after the
-last trim), plus as much again as malloc then held free for reuse (``mallinfo2``'s free bytes:
-the pool). Resident memory between steps stays under that limit, and each trim, which costs about
-one refault of the pool, comes after at least a pool's worth of growth, which cost as many faults
-to allocate: at most twice what the growth itself costs, nothing when nothing grows.
+steps at what is live (capitals 4 x 8: 2.6-2.8 GB against 4.0-4.4 GB), but the next step reuses
+that pool and faults every page of it in again: 1.5M more page faults and 1.1-1.2x the CPU seconds
+a step, whether it trims once or three times a step (``bench/memory_speed.py``, 2026-12-05;
+torch's huge pages, ``THP_MEM_ALLOC_ENABLE``, or ``MALLOC_ARENA_MAX=2`` made it no cheaper). What
+can be bounded without that price is the growth, not the pool: :class:`HostMemory` trims only
+when resident memory at the end of a step is more than :data:`GROWTH` (10%) over what it was at
+the end of the first step after the last trim. Between steps resident memory stays under that
+limit; a step that reuses its pool costs nothing; a trim costs one refault of the pool, once
+per 10% of growth.
 
 :func:`map_large_blocks` (every block of 1 MiB and more mapped on its own, process-wide) also
 lowers the peak inside a step, but every large tensor is then fresh memory (page faults,
@@ -36,18 +35,14 @@ import sys
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
+GROWTH = 0.10
+""":class:`HostMemory`'s default: resident memory between steps may grow 10% past a step's end
+before a trim (a step's peak is to stay within 15% from step to step)."""
+
 MMAP_THRESHOLD_BYTES = 1 << 20
 """:func:`map_large_blocks`' default: blocks from this size up (1 MiB: activations, KV, logits)."""
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
-
-
-class _MallInfo2(ctypes.Structure):
-    """glibc's ``struct mallinfo2`` (malloc.h, glibc 2.33 and later)."""
-
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]  # fmt: skip
 
 
 @functools.cache
@@ -62,8 +57,6 @@ def _glibc() -> ctypes.CDLL | None:
         return None
     lib.mallopt.argtypes, lib.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     lib.malloc_trim.argtypes, lib.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
-    if hasattr(lib, "mallinfo2"):
-        lib.mallinfo2.argtypes, lib.mallinfo2.restype = [], _MallInfo2
     return lib
 
 
@@ -84,15 +77,6 @@ def release_free_memory() -> bool:
     return bool(lib is not None and lib.malloc_trim(0) == 1)
 
 
-def free_bytes() -> int | None:
-    """Bytes malloc's arenas hold free for reuse, every arena together (``mallinfo2().fordblks``;
-    pages a trim gave back still count). ``None`` off glibc or before glibc 2.33 (no ``mallinfo2``)."""
-    lib = _glibc()
-    if lib is None or not hasattr(lib, "mallinfo2"):
-        return None
-    return int(lib.mallinfo2().fordblks)
-
-
 def resident_bytes() -> int:
     """This process's resident set size (``/proc/self/statm``; Linux)."""
     with open("/proc/self/statm") as f:
@@ -101,14 +85,16 @@ def resident_bytes() -> int:
 
 class HostMemory:
     """What a trainer does with host memory, at the end of each step (:meth:`step_ended`), when
-    ``enabled`` and on glibc: nothing while resident memory is under :attr:`limit`, else give the
-    free pages of every malloc arena back (:func:`release_free_memory`) and set the limit again at
-    the end of the next step. ``limit`` is resident memory at the end of the first step after
-    the last trim plus what malloc then held free (:func:`free_bytes`; without ``mallinfo2`` no
-    limit: every step trims). ``releases`` counts the trims."""
+    ``enabled`` and on glibc: nothing while resident memory is at most :attr:`limit`, else give the
+    free pages of every malloc arena back (:func:`release_free_memory`); the end of the next step
+    sets the limit again. ``limit``: resident memory at the end of the first step after the last
+    trim, plus ``growth`` (a fraction of it: 10%). ``releases`` counts the trims."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, growth: float = GROWTH) -> None:
+        if isinstance(growth, bool) or not isinstance(growth, int | float) or not 0 <= growth < 10:
+            raise ValueError(f"HostMemory: growth must be a fraction >= 0 and < 10, got {growth!r}")
         self.enabled = bool(enabled) and _glibc() is not None
+        self.growth = float(growth)
         self.releases = 0
         self.limit: int | None = None
 
@@ -118,11 +104,9 @@ class HostMemory:
             return False
         resident = resident_bytes()
         if self.limit is None:
-            free = free_bytes()
-            if free is not None:
-                self.limit = resident + free  # the pool the next steps reuse, and as much again
-                return False
-        elif resident <= self.limit:
+            self.limit = int(resident * (1 + self.growth))
+            return False
+        if resident <= self.limit:
             return False
         release_free_memory()
         self.releases += 1
