@@ -83,6 +83,10 @@ class DemoConfig:
     """Sampled evaluation: k samples per held-out question (pass@k); 0 to skip."""
     eval_every: int = 0
     """Evaluate the held-out split every N steps too (into evals.jsonl); 0: before and after only."""
+    sft_warmup_steps: int | None = None
+    """The workspace demo only: SFT steps on demonstrated episodes of the train tasks before RL
+    (``ludic_lab.demos.workspace_warmup``); None: the task's default (workspace: 6); 0: RL from
+    the untrained model."""
     seed: int = 0
     """Seeds questions, sampling and initialisation."""
     backend: Literal["local", "vllm"] = "local"
@@ -114,6 +118,7 @@ class DemoConfig:
                 "temperature": "> 0",
                 "eval_k": ">= 0",
                 "eval_every": ">= 0",
+                "sft_warmup_steps": ">= 0",
             },
             hints={"temperature": "the trainer scores at the sampling temperature"},
         )
@@ -130,6 +135,9 @@ class DemoConfig:
         if self.eval_every and self.task != "capitals":
             raise ValueError(f"DemoConfig.eval_every applies to the capitals demo; the {self.task!r} demo evaluates "
                              "before and after training only")  # fmt: skip
+        if self.sft_warmup_steps and self.task != "workspace":
+            raise ValueError(f"DemoConfig.sft_warmup_steps applies to the workspace demo (its demonstrations are the "
+                             f"located bug fixes); the {self.task!r} demo has none")  # fmt: skip
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"DemoConfig.seed must be an integer in [0, 2**63), got {self.seed!r}")
         pass_down(self, "trainer", scoring_temperature=self.temperature)

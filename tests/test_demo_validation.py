@@ -52,6 +52,8 @@ BAD: list[tuple[list[str], int, list[str]]] = [
     (["--eval-k", "-1"], 2, ["--eval-k must be an integer >= 0, got -1"]),
     (["--eval-every", "-1"], 2, ["--eval-every must be an integer >= 0, got -1"]),
     (["--task", "tools", "--eval-every", "2"], 2, ["--eval-every applies to the capitals demo"]),
+    (["--sft-warmup-steps", "-1"], 2, ["--sft-warmup-steps must be an integer >= 0"]),
+    (["--sft-warmup-steps", "2"], 2, ["--sft-warmup-steps applies to the workspace demo"]),
     (["--seed", "-1"], 2, ["--seed must be an integer in [0, 2**63), got -1"]),
     (["--backend", "gpu"], 2, ["--backend", "invalid choice: 'gpu'", "'vllm'"]),
     (["--task", "poker"], 2, ["--task", "invalid choice: 'poker'", "'tools'"]),

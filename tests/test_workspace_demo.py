@@ -80,12 +80,23 @@ def test_workspace_demo_config_defaults() -> None:
     assert (cfg.steps, cfg.max_tokens, cfg.group_size) == (3, 64, WORKSPACE_DEFAULTS["group_size"])
     with pytest.raises(ValueError, match="eval_every"):
         DemoConfig(task="workspace", eval_every=2)
+    from ludic_lab.demos.workspace_demo import WARMUP_STEPS
+
+    assert cfg.sft_warmup_steps == WARMUP_STEPS == 6  # None: the workspace task's default
+    assert workspace_demo_config(DemoConfig(task="workspace", sft_warmup_steps=0)).sft_warmup_steps == 0  # RL alone
+    assert DemoConfig().sft_warmup_steps is None
+    with pytest.raises(ValueError, match="sft_warmup_steps applies to the workspace demo"):
+        DemoConfig(task="capitals", sft_warmup_steps=2)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="sft_warmup_steps must be an integer >= 0"):
+            DemoConfig(task="workspace", sft_warmup_steps=bad)  # type: ignore[arg-type]
 
 
 def test_workspace_demo_runs_on_tiny_model(
     tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Evaluate (greedy and sampled, with intervals), train a step, evaluate, write the files."""
+    """Evaluate (greedy and sampled, with intervals), warm up a step on demonstrations, evaluate,
+    train a step, evaluate, write the files."""
     import ludic_lab.demos.workspace_demo as demo
     from ludic_lab.aio import run_sync
     from ludic_lab.demo import DemoConfig, run_demo
@@ -93,16 +104,18 @@ def test_workspace_demo_runs_on_tiny_model(
     monkeypatch.setattr(demo, "HELD_OUT_TASKS", 2)  # the tiny model's 2 tasks; the demo evaluates 20
     out = tmp_path / "demo"
     cfg = DemoConfig(task="workspace", model=tiny_model_dir, steps=1, questions_per_step=2, group_size=2,
-                     max_tokens=8, eval_k=1, out=str(out), save_policy=False)  # fmt: skip
+                     max_tokens=8, eval_k=1, out=str(out), save_policy=False, sft_warmup_steps=1)  # fmt: skip
     summary = run_sync(run_demo(cfg))
     for name in ("summary.json", "metrics.jsonl", "evals.jsonl", "reward_curve.png", "rollouts.html"):
         assert (out / name).is_file(), name
     saved = json.loads((out / "summary.json").read_text())
     assert saved["config"]["task"] == "workspace" and saved["held_out_tasks"] == 2
-    for key in ("before", "after"):
+    for key in ("before", "after_warmup", "after"):
         assert set(saved[key]) == {"greedy", "sampled"}
         g = saved[key]["greedy"]
         assert g["episodes"] == 2 and g["failed"] == 0 and 0.0 <= g["ci_low"] <= g["accuracy"] <= g["ci_high"] <= 1.0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1] and "reward_mean" in rows[0]
+    assert [r["step"] for r in rows] == [2] and "reward_mean" in rows[0]  # the RL step, after the warm-up's
+    evals = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
+    assert [(e["name"], e["step"]) for e in evals] == [("held-out", 0), ("held-out", 1), ("held-out", 2)]
     assert summary["train_seconds"] > 0 and summary["peak_rss_gb"] > 0

@@ -76,3 +76,37 @@ class DemonstrationClient:
 
     def sync_weights(self, params: Mapping[str, Any], **kwargs: Any) -> str:
         return str(self.client.sync_weights(params, **kwargs))
+
+
+async def warm_up(trainer: Any, client: Any, task: Any, *, steps: int, per_step: int, seed: int, max_tokens: int,
+                  lr: float, episode_timeout_s: float = 3600.0) -> list[dict[str, Any]]:  # fmt: skip
+    """``steps`` SFT steps of ``trainer`` (``lr``, plain logits, no loggers) on episodes of
+    ``task`` demonstrated by :class:`DemonstrationClient` over ``client`` (``per_step`` tasks a
+    step); then the trainer gets back its algorithm, batch source, scoring temperature, loggers and
+    learning rate, and goes on from the warmed-up weights (already pushed to ``client``). Returns
+    the warm-up steps' metrics."""
+    from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
+    from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+    from ludic_lab.training.algorithm import make_sft
+
+    sft = make_sft()
+    inference = InferenceSpec(SamplingConfig(max_tokens=max_tokens), ReturnSpec.for_training())
+    source = RolloutBatchSource(task.engine(DemonstrationClient(client), episode_timeout_s=episode_timeout_s),
+                                task.requests(per_step=per_step, seed=seed, inference=inference), sft.credit_assigner,
+                                request_strategy=GRPORequestStrategy(1, seed=seed))  # fmt: skip
+    saved = (trainer.algo, trainer.batch_source, trainer.scoring_temperature, trainer.loggers)
+    rl_lrs = list(trainer.scheduler.base_lrs)
+    trainer.algo, trainer.batch_source, trainer.scoring_temperature, trainer.loggers = sft, source, 1.0, []
+    _set_lr(trainer, [lr] * len(rl_lrs))
+    try:
+        return await trainer.train(steps, progress=False)
+    finally:
+        trainer.algo, trainer.batch_source, trainer.scoring_temperature, trainer.loggers = saved
+        _set_lr(trainer, rl_lrs)
+
+
+def _set_lr(trainer: Any, lrs: list[float]) -> None:
+    """The optimizer's learning rates now and the scheduler's base (which it scales each step)."""
+    trainer.scheduler.base_lrs = list(lrs)
+    for group, lr in zip(trainer.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
