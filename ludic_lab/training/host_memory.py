@@ -17,7 +17,9 @@ can be bounded without that price is the growth, not the pool: :class:`HostMemor
 when resident memory at the end of a step is more than :data:`GROWTH` (10%) over what it was at
 the end of the first step after the last trim. Between steps resident memory stays under that
 limit; a step that reuses its pool costs nothing; a trim costs one refault of the pool, once
-per 10% of growth.
+per 10% of growth. The peak inside a step is then glibc's own: the sampler's freed KV (its own
+arena) stays resident under the trainer's activations, which trims between the two lowered at
+the same refault price (``docs/deployment.md``, "Host memory, step by step").
 
 :func:`map_large_blocks` (every block of 1 MiB and more mapped on its own, process-wide) also
 lowers the peak inside a step, but every large tensor is then fresh memory (page faults,
