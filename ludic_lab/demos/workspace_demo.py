@@ -6,10 +6,12 @@ where the bug is and what the line should read. The agent is a
 the episode's bubblewrap workspace; the reward is the task's hidden tests, run after the
 episode in a fresh sandbox (1.0 when all pass). Untrained, SmolLM2 calls functions named after
 the code in the issue or leaves its call unclosed, so no edit runs and GRPO (LoRA) gets no signal
-from this reward alone (docs/demo.md has the measured run).
+from this reward alone. So the run first takes a few SFT steps on demonstrated episodes of the
+train tasks (:mod:`ludic_lab.demos.workspace_warmup`; ``--sft-warmup-steps``, 0 to skip), then
+GRPO (docs/demo.md has the measured runs).
 
-The run evaluates the 20 held-out tasks (two repositories no train task touches) before and
-after training: greedy, and one sample each at the training temperature, each with its Wilson
+The run evaluates the 20 held-out tasks (two repositories no train task touches) before, after
+the warm-up and after training: greedy, and one sample each at the training temperature, each with its Wilson
 95% interval, the share of episodes whose edit ran and the tool calls per episode. The
 output folder is the run folder (``docs/runs.md``) with ``summary.json`` (the figures, wall
 time, the process's peak resident memory), ``reward_curve.png`` and ``rollouts.html``.
@@ -33,10 +35,11 @@ from ludic_lab.runs.folder import RunFolder
 from ludic_lab.task.repo_task import repo_stats
 
 WORKSPACE_DEFAULTS: dict[str, Any] = {
-    "steps": 8,
+    "steps": 4,
     "questions_per_step": 4,
     "group_size": 4,
     "max_tokens": 96,
+    "temperature": 0.7,
     "eval_k": 1,
     "out": "runs/demo_workspace",
 }
@@ -48,7 +51,7 @@ WARMUP_PER_STEP = 8
 WARMUP_LR = 1e-3
 """The warm-up's learning rate (the RL steps then use ``--lr``)."""
 """``--task workspace`` defaults for the DemoConfig fields left at their capitals-demo default."""
-WORKSPACE_TRAINER_DEFAULTS: dict[str, Any] = {"lr": 1e-3, "max_seq_len": 1024, "micro_token_budget": 2048}
+WORKSPACE_TRAINER_DEFAULTS: dict[str, Any] = {"lr": 2e-4, "max_seq_len": 1024, "micro_token_budget": 2048}
 """The same for ``DemoConfig.trainer`` (a prompt holds the tool's schema and a worked example)."""
 HELD_OUT_TASKS = 20
 """Held-out tasks evaluated before and after (all 20 of the two held-out repositories)."""
