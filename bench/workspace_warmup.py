@@ -43,7 +43,8 @@ p.add_argument("--rl-steps", type=int, default=4)
 p.add_argument("--tasks-per-step", type=int, default=4)
 p.add_argument("--group-size", type=int, default=4)
 p.add_argument("--temperature", type=float, default=0.7)
-p.add_argument("--lr", type=float, default=1e-3)
+p.add_argument("--lr", type=float, default=1e-3, help="learning rate of the SFT steps")
+p.add_argument("--rl-lr", type=float, default=2e-4, help="learning rate of the GRPO steps")
 p.add_argument("--max-tokens", type=int, default=96)
 p.add_argument("--seed", type=int, default=0)
 args = p.parse_args()
@@ -82,13 +83,17 @@ async def main() -> None:
     trainer = Trainer(policy, sft, source(DemonstrationClient(client), train, sft, temperature=1.0, group=1,
                                           per_step=args.sft_per_step),
                       config=cfg, publisher=publisher(client, policy), pad_token_id=client.pad_token_id)  # fmt: skip
+    trainer.scoring_temperature = 1.0  # SFT: cross-entropy of the plain logits
     t0 = time.perf_counter()
     for h in await trainer.train(args.sft_steps, progress=False):
         print(f"sft step loss {h.get('loss', float('nan')):.3f}", flush=True)
     print(f"SFT: {args.sft_steps} steps in {time.perf_counter() - t0:.0f} s", flush=True)
     print(await held_out(client, "held-out greedy, after SFT"), flush=True)
     grpo = make_preset("grpo", max_tokens=args.max_tokens)
-    trainer.algo = grpo
+    trainer.algo, trainer.scoring_temperature = grpo, args.temperature
+    for group in trainer.optimizer.param_groups:  # the scheduler scales base_lrs each step
+        group["lr"] = args.rl_lr
+    trainer.scheduler.base_lrs = [args.rl_lr] * len(trainer.optimizer.param_groups)
     trainer.batch_source = source(client, train, grpo, temperature=args.temperature, group=args.group_size,
                                   per_step=args.tasks_per_step)  # fmt: skip
     t0 = time.perf_counter()
