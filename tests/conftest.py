@@ -156,10 +156,20 @@ def _release_memory_after_module() -> Any:
     _release_memory()
 
 
-RELEASE_ABOVE_BYTES = 2 * 1024**3
-"""After a test that leaves this process larger than this, release memory at once: a test that
-trained in process left a worker 3 GiB larger until its module ended, while the other worker's
-notebook kernel or server needed it (the suite's lowest free memory was 3 GiB, on 24 GiB)."""
+RELEASE_GROWTH_BYTES = 512 * 1024**2
+"""After a test that grew this process by this much (from its set-up to its tear-down), release
+memory at once, not only at the module's end: a test that trained in process left a worker 3 GiB
+larger while the other worker's notebook kernel or server needed it (the suite's lowest free
+memory was 3 GiB of 24). Tests that grow it less, or a module's model held steady, pay nothing."""
+_RSS_AT_SETUP: list[int] = []
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: Any) -> Any:
+    import psutil
+
+    _RSS_AT_SETUP[:] = [psutil.Process().memory_info().rss]
+    yield
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
@@ -167,7 +177,7 @@ def pytest_runtest_teardown(item: Any, nextitem: Any) -> Any:
     yield
     import psutil
 
-    if psutil.Process().memory_info().rss > RELEASE_ABOVE_BYTES:
+    if _RSS_AT_SETUP and psutil.Process().memory_info().rss - _RSS_AT_SETUP[0] > RELEASE_GROWTH_BYTES:
         _release_memory()
 
 
