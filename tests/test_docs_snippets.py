@@ -19,6 +19,7 @@ import pytest
 
 from tests.doc_blocks import Block, blocks_under, python_blocks, run_notebook_code
 from tests.test_readme import EXECUTED
+from tests.xdist_groups import HEAVY_MEMORY
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted(
@@ -40,7 +41,7 @@ def _run_elsewhere(page: Path) -> set[str]:
 def _page_param(page: Path) -> object:
     elsewhere = _run_elsewhere(page)
     runs = [b for b in python_blocks(page) if b.kind is None and b.code not in elsewhere]
-    marks = [pytest.mark.slow] if any(_SLOW.search(b.code) for b in runs) else []
+    marks = [pytest.mark.slow, HEAVY_MEMORY] if any(_SLOW.search(b.code) for b in runs) else []
     return pytest.param(page, id=str(page.relative_to(ROOT)), marks=marks)
 
 

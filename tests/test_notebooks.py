@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from tests.xdist_groups import HEAVY_MEMORY
+
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = {
     "notebooks": ("quickstart", "rollout_explorer", "server_weight_sync"),
@@ -353,7 +355,7 @@ def _stderr_tracebacks(nb: Any) -> list[str]:
 
 
 def _marks(path: Path) -> list[Any]:
-    marks = [pytest.mark.notebook, pytest.mark.slow, pytest.mark.timeout(1500)]
+    marks = [pytest.mark.notebook, pytest.mark.slow, pytest.mark.timeout(1500), HEAVY_MEMORY]  # one at a time
     if path.stem in EXTENDED:
         marks.append(pytest.mark.extended)
     if path.stem in NEEDS_VLLM:

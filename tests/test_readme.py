@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.doc_blocks import blocks_under, run_notebook_code
+from tests.xdist_groups import HEAVY_MEMORY
+
+pytestmark = HEAVY_MEMORY  # its training blocks: one at a time with the notebooks (tests/xdist_groups.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -38,6 +38,12 @@ from typing import Any
 
 import pytest
 
+HEAVY_MEMORY = pytest.mark.xdist_group("heavy_memory")
+"""The tests that train SmolLM2 in a notebook kernel or in the test's own process (the tutorials'
+smoke runs, README's and the docs' training blocks): 5-8 GB each. One worker runs them one
+after another: two at once (one per worker), beside the shared vLLM servers (~4 GB), left
+0.1 GiB of 24 free and the machine thrashing."""
+
 
 def _xdist_group_of(item: Any) -> str | None:
     names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
