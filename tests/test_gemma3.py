@@ -32,8 +32,9 @@ from ludic_lab.rendering import renderer_of
 from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.types import Rollout
 from tests.test_tool_backends import ANSWER, RecordingVLLMClient, calls_of, load_fp32, run_episode, tool_info
+from tests.xdist_groups import HEAVY_MEMORY
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, HEAVY_MEMORY]  # its own vLLM server and Gemma in process: not beside a notebook
 
 LOGPROB_TOL = 1e-4
 """|trainer logprob - sampler logprob|, both fp32 on the same weights."""
