@@ -121,7 +121,7 @@ def test_a_trim_hands_back_what_a_threads_arena_kept() -> None:
     t.start()
     t.join()
     table = {k: round(v / MB) for k, v in rss.items()}
-    assert rss["allocated"] - rss["start"] > 200 * MB, table
+    assert rss["allocated"] - rss["start"] > 150 * MB, table  # of 240 MB: a busy worker frees some meanwhile
     assert rss["allocated"] - rss["freed"] < 40 * MB, f"glibc kept the freed blocks resident before the trim: {table}"
     assert rss["freed"] - rss["trimmed"] > 90 * MB, f"the trim gave back the ~120 MB freed: {table}"
 
