@@ -25,6 +25,7 @@ builds without training; :func:`train_env_async` is the ``await``-able twin of
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from ludic_lab.rollouts import GRPORequestStrategy, IdentityStrategy, RolloutBat
 from ludic_lab.rollouts.strategies import RequestStrategy
 from ludic_lab.runs.folder import RUN_FILE, RunFolder
 from ludic_lab.task.definition import Task, as_task
+from ludic_lab.task.warmup import DEFAULT_WARMUP_LR
 from ludic_lab.types import Rollout
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,6 +81,8 @@ class EnvTraining:
     """The run folder the trainer logs to (``folder.path``; ``docs/runs.md``), None with ``out=None``."""
     evals: list[dict[str, Any]] = field(default_factory=list)
     """The held-out evaluations ``train_env(..., eval_every=N)`` ran, ``{"step": ..., **summary}`` each."""
+    warmup: list[dict[str, Any]] = field(default_factory=list)
+    """Metrics of the SFT warm-up steps ``train_env(..., sft_warmup_steps=N)`` ran before RL, one dict per step."""
 
     def __repr__(self) -> str:
         last = self.history[-1] if self.history else {}
@@ -208,17 +212,30 @@ async def train_env_async(
     eval_k: int | None = None,
     eval_limit: int | None = None,
     eval_options: Mapping[str, Any] | None = None,
+    sft_warmup_steps: int = 0,
+    sft_warmup_lr: float = DEFAULT_WARMUP_LR,
+    sft_warmup_per_step: int | None = None,
     **parts: Any,
 ) -> EnvTraining:
     """``await`` twin of :func:`train_env`: build (:func:`build_env_training` takes ``parts``)
     and train ``steps`` optimizer steps; returns the :class:`EnvTraining` (``history`` filled).
     ``save_to``: a folder to save the trained policy into (``True``: the run folder's ``policy/``).
-    ``eval_every`` / ``eval_k`` / ``eval_limit`` / ``eval_options``: see :func:`train_env`."""
+    ``eval_every`` / ``eval_k`` / ``eval_limit`` / ``eval_options`` and ``sft_warmup_*``: see :func:`train_env`."""
     from ludic_lab.eval.during_training import eval_plan, train_evaluating
     from ludic_lab.saving.policy import check_destination
+    from ludic_lab.task.warmup import check_warmup
 
     evaluation = eval_plan(env, parts.get("parser"), eval_every, eval_k, eval_limit, eval_options)
+    check_warmup(as_task(env, parser=parts.get("parser")), sft_warmup_steps, sft_warmup_lr, sft_warmup_per_step)
     run = build_env_training(env, **parts)
+    warmup = None
+    if sft_warmup_steps:
+        from ludic_lab.task.warmup import run_warmup
+
+        opt = {k: p.default for k, p in inspect.signature(build_env_training).parameters.items()} | parts
+        warmup = run_warmup(run, steps=sft_warmup_steps, lr=sft_warmup_lr, seed=opt["seed"],
+                            max_tokens=opt["max_tokens"],
+                            per_step=sft_warmup_per_step or opt["prompts_per_step"] * opt["group_size"])  # fmt: skip
     if save_to is True:
         if run.folder is None:
             raise ValueError("save_to=True saves into the run folder, and out=None writes none: pass a folder")
@@ -226,9 +243,11 @@ async def train_env_async(
     if save_to is not None and save_to is not False:
         check_destination(save_to, overwrite=True)  # before training, not after it
     if evaluation is None:
+        if warmup is not None:
+            await warmup()
         await run.train(steps, progress=progress)
     else:
-        await train_evaluating(run, steps, progress, *evaluation)
+        await train_evaluating(run, steps, progress, *evaluation, warmup=warmup)
     if save_to is not None and save_to is not False:
         from ludic_lab.saving import save_policy
 
@@ -246,6 +265,9 @@ def train_env(
     eval_k: int | None = None,
     eval_limit: int | None = None,
     eval_options: Mapping[str, Any] | None = None,
+    sft_warmup_steps: int = 0,
+    sft_warmup_lr: float = DEFAULT_WARMUP_LR,
+    sft_warmup_per_step: int | None = None,
     **parts: Any,
 ) -> EnvTraining:
     """Train a policy on ``env`` in one call: ``run = train_env(ShoutEnv, steps=20)``.
@@ -268,6 +290,13 @@ def train_env(
     rows), ``eval_options`` any other keywords of the task's ``evaluate`` (e.g. ``{"games": 8}``,
     ``{"max_tokens": 32}``). A task without ``evaluate`` is refused before anything loads.
     ``eval_every=None`` (the default): no evaluation.
+
+    SFT warm-up before RL (:mod:`ludic_lab.task.warmup`): ``sft_warmup_steps=N`` first trains
+    ``N`` SFT steps at ``sft_warmup_lr`` on episodes of the task's training rows whose replies its
+    demonstrator wrote (``Task.demonstrate``; ``sft_warmup_per_step`` episodes a step, default
+    ``prompts_per_step * group_size``), then the ``steps`` RL steps at the run's own lr. With
+    ``eval_every`` the held-out evaluation also runs after the warm-up (at step ``N``). A task
+    without a demonstrator, or a nonsense value, is refused before anything loads.
     """
     return run_sync(
         train_env_async(
@@ -279,6 +308,9 @@ def train_env(
             eval_k=eval_k,
             eval_limit=eval_limit,
             eval_options=eval_options,
+            sft_warmup_steps=sft_warmup_steps,
+            sft_warmup_lr=sft_warmup_lr,
+            sft_warmup_per_step=sft_warmup_per_step,
             **parts,
         )  # fmt: skip
     )
@@ -352,8 +384,6 @@ def _check(task: Task) -> None:
     not conform (sync single-agent envs; an ``async def`` env is checked by its first episode).
     An env its own protocol plays (``played_by``, e.g. verifiers') is checked up to its reset,
     and the task must bring a protocol (the default Agent could only step it)."""
-    import inspect
-
     from ludic_lab.envs import EnvCheckError, SingleAgentEnv, check_env
 
     env = task.env()

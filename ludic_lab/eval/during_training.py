@@ -10,7 +10,7 @@ of ``N`` steps through one progress view, so nothing in the ``Trainer`` changes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ludic_lab.task.definition import as_task
@@ -121,16 +121,26 @@ class _Continuing:
 
 
 async def train_evaluating(
-    run: EnvTraining, steps: int, progress: bool | str, every: int, options: dict[str, Any]
+    run: EnvTraining,
+    steps: int,
+    progress: bool | str,
+    every: int,
+    options: dict[str, Any],
+    *,
+    warmup: Callable[[], Awaitable[Any]] | None = None,
 ) -> None:
     """Train ``run`` ``steps`` steps in chunks of ``every`` (one progress view over all of them),
-    evaluating the task's held-out split before, after every chunk and so after the last step."""
+    evaluating the task's held-out split before, after every chunk and so after the last step;
+    ``await warmup()`` (an SFT warm-up) runs after the first evaluation, evaluated after it too."""
     from ludic_lab.training.progress import make_progress
 
     view = make_progress(steps, progress, history=run.history)
     try:
         step = int(getattr(run.trainer, "step", len(run.history)) or 0)
         await _evaluate_into(run, step, options, view)
+        if warmup is not None:
+            await warmup()
+            await _evaluate_into(run, int(getattr(run.trainer, "step", len(run.history))), options, view)
         done = 0
         while done < steps:
             n = min(every, steps - done)

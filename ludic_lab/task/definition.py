@@ -22,7 +22,7 @@ from ludic_lab.inference import InferenceSpec
 from ludic_lab.parsers import Parser, identity_parser
 from ludic_lab.rollouts.engine import RolloutEngine
 from ludic_lab.task.request_stream import RequestStream
-from ludic_lab.types import Rollout
+from ludic_lab.types import Message, Rollout
 
 EvaluateFn = Callable[..., Awaitable[dict[str, Any]]]
 """``await evaluate(client, **options) -> metrics``: a task's held-out evaluation."""
@@ -57,6 +57,10 @@ class Task:
     """Held-out evaluation: ``await task.evaluate(client, **options)`` (``None``: the task has none)."""
     stats: StatsFn | None = None
     """What to count over a batch's rollouts (``None``: nothing beyond the batch source's own)."""
+    demonstrate: Callable[[Sequence[Message]], str] | None = None
+    """``demonstrate(messages) -> reply``: a correct reply to a training episode's conversation, what
+    the SFT warm-up trains on (:mod:`ludic_lab.task.warmup`; ``train_env(sft_warmup_steps=N)``);
+    ``None``: the task has no demonstrator and refuses a warm-up."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -65,6 +69,8 @@ class Task:
             raise TypeError(f"Task.env must be an env class or factory, got {type(self.env).__name__}")
         if not callable(self.parser):
             raise TypeError("Task.parser must be a callable str -> ParseResult (e.g. identity_parser)")
+        if self.demonstrate is not None and not callable(self.demonstrate):
+            raise TypeError("Task.demonstrate must be a callable messages -> reply text, or None")
 
     def make_protocol(self, client: Any) -> Any:
         """A fresh protocol sampling through ``client`` (one per episode)."""

@@ -38,6 +38,7 @@ from ludic_lab.parsers import Parser
 from ludic_lab.task.definition import Task
 from ludic_lab.task.external.reasoning_gym_scorer import ScorerSandbox
 from ludic_lab.task.external.reasoning_gym_shaping import (
+    TrainDemonstrator,
     check_curriculum,
     check_format_reward,
     examples_protocol,
@@ -352,7 +353,8 @@ def reasoning_gym_task(name: str, *, size: int = 1000, seed: int = 0, heldout_si
 
     return Task(name, factory, parser=read, size=size, shuffle=not data.curriculum, evaluate=evaluate,
                 protocol=examples_protocol(read, examples, reject_incomplete_completions) if examples else None,
-                reject_incomplete_completions=reject_incomplete_completions, stats=reasoning_gym_stats)  # fmt: skip
+                reject_incomplete_completions=reject_incomplete_completions, stats=reasoning_gym_stats,
+                demonstrate=TrainDemonstrator(data))  # fmt: skip
 
 
 async def evaluate_reasoning_gym(client: Any, env: Callable[[], ReasoningGymEnv], *, k: int = 1,

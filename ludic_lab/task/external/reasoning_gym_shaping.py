@@ -6,6 +6,8 @@ generator's difficulty knobs, and the counts that keep the package's score apart
   ``<answer>{its answer}</answer>``), drawn from seeds that neither split uses;
 - :func:`package_curriculum`: the configs of reasoning-gym's own curriculum for a generator,
   easiest first (``create_curriculum(name)`` at global levels ``0..levels-1``);
+- :class:`TrainDemonstrator`: the task's demonstrator for an SFT warm-up (``Task.demonstrate``):
+  the reference answer of the training row asked, in the answer format; never a held-out row;
 - :func:`reasoning_gym_stats`: per batch, the package's score (``reasoning_gym/score_mean``,
   what reasoning-gym's ``score_answer`` gave) apart from the parser's format reward
   (``reasoning_gym/format_reward_mean``) and the share of replies in the answer format.
@@ -63,6 +65,39 @@ def worked_examples(data: Any, n: int) -> list[Message]:
         if len(out) == 2 * n:
             return out
     raise ValueError(f"{data.name}: found fewer than {n} worked examples outside the held-out questions")
+
+
+class TrainDemonstrator:
+    """``demonstrate(messages)``: ``<answer>{reference answer}</answer>`` of the training row of
+    ``data`` (a ``ReasoningGymData``) whose question is the last user message, reasoning-gym's own
+    ``answer`` field. A question that is no training row (a held-out one) is refused: held-out
+    rows are never demonstrated. The training questions are indexed on the first call."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self._answers: dict[str, str] | None = None
+
+    def answers(self) -> dict[str, str]:
+        """question -> reference answer over every training row served (curriculum stages included)."""
+        if self._answers is None:
+            answers: dict[str, str] = {}
+            for i in range(self.data.split_size("train")):
+                entry = self.data.entry("train", i)
+                answers.setdefault(str(entry["question"]), str(entry["answer"]))
+            self._answers = answers
+        return self._answers
+
+    def __call__(self, messages: Sequence[Message]) -> str:
+        users = [m for m in messages if m.get("role") == "user"]
+        question = str(users[-1].get("content", "")) if users else ""
+        answers = self.answers()
+        answer = answers.get(question, answers.get(question.strip()))
+        if answer is None:
+            raise ValueError(
+                f"{self.data.name}: the last user message is not one of the task's training questions "
+                f"({question[:80]!r}); only training rows are demonstrated, never held-out ones"
+            )
+        return answer_text(answer)
 
 
 def package_answer_parser(*, success_reward: float = 0.0, error_reward: float = -1.0) -> Parser:

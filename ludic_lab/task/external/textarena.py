@@ -33,6 +33,7 @@ from ludic_lab.integrations.textarena_env import (
     game_players,
     player_id,
 )
+from ludic_lab.integrations.textarena_scripted import scripted_player
 from ludic_lab.integrations.textarena_shaping import format_stats, move_format_parser, worked_openings
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
@@ -113,7 +114,9 @@ def textarena_task(
     For a small model (:mod:`~ludic_lab.integrations.textarena_shaping`; neither changes the
     game's reward): ``few_shot=n`` starts every game, training and held-out alike, with ``n``
     worked moves played as the game expects; ``format_reward=r`` adds ``r`` to the training
-    reward of each reply holding a bracketed move (``Step.format_reward``; evaluation leaves it out)."""
+    reward of each reply holding a bracketed move (``Step.format_reward``; evaluation leaves it out).
+    ``task.demonstrate``: the game's scripted player (:mod:`~ludic_lab.integrations.textarena_scripted`;
+    ``TicTacToe-v0``), for ``train_env(sft_warmup_steps=N)``; None for other games."""
     n = game_players(env_id) if num_players is None else int(num_players)
     kind = name or env_id
     common: dict[str, Any] = {"system_prompt": system_prompt, "make_kwargs": dict(make_kwargs or {})}
@@ -142,7 +145,7 @@ def textarena_task(
                     protocol=lambda client: SingleAgentSyncProtocol(_agent(client, read, examples)),
                     max_steps=max_turns, reject_incomplete_completions=False, stats=stats,
                     evaluate=_evaluator(env_id, kind, n, 0, common, None, max_turns, win_threshold,
-                                        shaping))  # fmt: skip
+                                        shaping), demonstrate=scripted_player(env_id))  # fmt: skip
     if self_play and opponent is not None:
         raise ValueError("give either self_play=True or an opponent, not both")
     if not 0 <= seat < n:
@@ -164,7 +167,8 @@ def textarena_task(
                 protocol_kind="textarena_self_play" if self_play else "textarena_vs", protocol=protocol,
                 max_steps=max_turns, reject_incomplete_completions=False, stats=stats,
                 evaluate=_evaluator(env_id, kind, n, seat, common, eval_opponent if self_play else opponent,
-                                    max_turns, win_threshold, shaping))  # fmt: skip
+                                    max_turns, win_threshold, shaping),
+                demonstrate=scripted_player(env_id))  # fmt: skip
 
 
 def _agent(

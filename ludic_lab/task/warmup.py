@@ -1,0 +1,132 @@
+"""An SFT warm-up before RL: a few supervised steps on a task's demonstrated episodes.
+
+A small model that never writes a task's format (``<answer>...</answer>``, a move ``[4]``, a
+tool call) gives GRPO groups of zeros: no signal. A short warm-up on demonstrations teaches the
+format first (SFT, then RL, as agents are usually trained); what is scored never changes.
+
+A demonstration is an episode of the task's own env, protocol and agent whose model replies are
+written, not sampled: :class:`DemonstrationClient` answers each request with ``reply(messages)``
+(a task's :attr:`~ludic_lab.task.Task.demonstrate`: reasoning-gym's reference answer of the
+training row asked, a scripted TicTacToe move, ...) as the token ids the chat template gives that
+reply. The episodes are scored like any other; :func:`warm_up` trains on them with the ``sft``
+algorithm (masked cross-entropy on the reply tokens) inside a
+:func:`~ludic_lab.training.phase.training_phase`, so the trainer then goes on with its own
+algorithm, source and learning rate from the warmed-up weights. Only training rows are asked for
+(``task.requests``); ``train_env(task, sft_warmup_steps=N)`` runs it before the first RL step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ludic_lab.types import ChatResponse, Message
+
+ReplyFn = Callable[[Sequence[Message]], str]
+"""``reply(messages) -> text``: the demonstrated reply to a conversation."""
+
+DEFAULT_WARMUP_LR = 1e-3
+"""The warm-up's learning rate unless told (the workspace demo's measured setting)."""
+
+
+class DemonstrationClient:
+    """A chat client whose replies are ``reply(messages)``, as token ids: the prompt as ``client``
+    renders it and the reply as its chat template renders an assistant turn (ending with the
+    end-of-turn token). Behaviour logprobs are 0 (nothing was sampled): train on its episodes with
+    the ``sft`` algorithm only. Weight updates go to ``client``."""
+
+    def __init__(self, client: Any, reply: ReplyFn) -> None:
+        if not callable(reply):
+            raise TypeError(f"DemonstrationClient: reply must be a callable messages -> str, got {reply!r}")
+        self.client, self.reply = client, reply
+        self.chat_template = client.chat_template
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.client.pad_token_id)
+
+    @property
+    def policy_version(self) -> int:
+        return int(self.client.policy_version)
+
+    async def complete(self, request: Any) -> tuple[ChatResponse, dict[str, Any]]:
+        from ludic_lab.inference.local.response import RowState, build_response
+        from ludic_lab.training.batching.chat_sft import _assistant_turn_ids
+
+        prompt = self.client.prompt_ids(request)
+        messages = list(request.messages)
+        text = self.reply(messages)
+        if not isinstance(text, str):
+            raise TypeError(f"DemonstrationClient: reply(messages) must return a str, got {type(text).__name__}")
+        turn: Message = {"role": "assistant", "content": text}
+        row = RowState(request.sampling, 0)
+        row.ids = _assistant_turn_ids(self.chat_template, messages, turn)
+        row.logprobs = [0.0] * len(row.ids)
+        row.finish = "stop"
+        return build_response(request, prompt, row, self.chat_template, version=self.policy_version, info={})
+
+    def sync_weights(self, params: Mapping[str, Any], **kwargs: Any) -> str:
+        return str(self.client.sync_weights(params, **kwargs))
+
+
+def check_warmup(task: Any, steps: Any, lr: Any, per_step: Any = None) -> tuple[int, float, int | None]:
+    """``(steps, lr, per_step)`` of a warm-up on ``task``, checked before anything loads: ``steps``
+    an int >= 0, ``lr`` a finite number > 0, ``per_step`` None or an int >= 1; a task without
+    :attr:`~ludic_lab.task.Task.demonstrate` is refused when ``steps`` > 0 (``task`` None: not asked)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"sft_warmup_steps must be an int >= 0 (SFT steps before RL; 0: none), got {steps!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"sft_warmup_lr must be a finite number > 0, got {lr!r}")
+    if per_step is not None and (isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 1):
+        raise ValueError(f"sft_warmup_per_step must be an int >= 1 (demonstrated episodes a step), got {per_step!r}")
+    if steps and task is not None and getattr(task, "demonstrate", None) is None:
+        raise _no_demonstrator(task)
+    return steps, float(lr), per_step
+
+
+def _no_demonstrator(task: Any) -> ValueError:
+    return ValueError(
+        f"task {getattr(task, 'name', task)!r} has no demonstrator (Task.demonstrate is None), so there is "
+        "nothing to warm up on: give the task demonstrate=reply(messages) -> the correct reply "
+        "(reasoning_gym_task and textarena_task('TicTacToe-v0') have one), or leave sft_warmup_steps at 0"
+    )
+
+
+async def warm_up(trainer: Any, client: Any, task: Any, *, steps: int, per_step: int, seed: int = 0,
+                  max_tokens: int = 256, lr: float = DEFAULT_WARMUP_LR, episode_timeout_s: float = 3600.0,
+                  reply: ReplyFn | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """``steps`` SFT steps of ``trainer`` (``lr``, plain logits, no loggers) on episodes of
+    ``task``'s training rows demonstrated by :class:`DemonstrationClient` over ``client``
+    (``per_step`` episodes a step; ``reply``: default ``task.demonstrate``); then the trainer has
+    its own algorithm, source, scoring temperature, loggers and learning rate back and goes on
+    from the warmed-up weights (already pushed to ``client``). Returns the warm-up steps' metrics."""
+    from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
+    from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
+    from ludic_lab.training.algorithm import make_sft
+    from ludic_lab.training.phase import training_phase
+
+    check_warmup(None, steps, lr, per_step)
+    reply = reply if reply is not None else getattr(task, "demonstrate", None)
+    if reply is None:
+        raise _no_demonstrator(task)
+    sft = make_sft()
+    inference = InferenceSpec(SamplingConfig(max_tokens=max_tokens), ReturnSpec.for_training())
+    source = RolloutBatchSource(task.engine(DemonstrationClient(client, reply), episode_timeout_s=episode_timeout_s),
+                                task.requests(per_step=per_step, seed=seed, inference=inference), sft.credit_assigner,
+                                request_strategy=GRPORequestStrategy(1, seed=seed))  # fmt: skip
+    if steps == 0:
+        return []
+    with training_phase(trainer, algo=sft, batch_source=source, lr=lr, scoring_temperature=1.0, loggers=[]):
+        return list(await trainer.train(steps, progress=False))
+
+
+def run_warmup(run: Any, *, steps: int, lr: float, per_step: int, seed: int, max_tokens: int) -> Any:
+    """``await warmup()``: :func:`warm_up` of a ``train_env`` run (an ``EnvTraining``: its
+    trainer, client and task), its steps' metrics appended to ``run.warmup``."""
+
+    async def warmup() -> None:
+        run.warmup.extend(await warm_up(run.trainer, run.client, run.task, steps=steps, per_step=per_step,
+                                        seed=int(seed), max_tokens=int(max_tokens), lr=lr))  # fmt: skip
+
+    return warmup
