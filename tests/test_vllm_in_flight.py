@@ -67,16 +67,21 @@ def _push(server, sd, **fields):
     return _post(server, _stage(server, sd), **fields)
 
 
-def _wait_running(server, timeout=60.0):
-    """Until a generation is in flight on the server (then give it time to sample some tokens)."""
-    t0 = time.monotonic()
+def _wait_running(server, fut, timeout=120.0):
+    """Until a generation is in flight on the server (then give it time to sample some tokens).
+    False when ``fut`` (the long request) ended first: the caller tries again. A request that
+    failed raises its own error here."""
+    t0, last = time.monotonic(), None
     while time.monotonic() - t0 < timeout:
-        _, js, _ = http_json(server.base_url + "/runtime_version")
-        if js["inflight_requests"] > 0:
+        if fut.done():
+            fut.result()  # raises the request's own error, if any
+            return False
+        _, last, _ = http_json(server.base_url + "/runtime_version")
+        if last["inflight_requests"] > 0:
             time.sleep(0.15)
-            return
+            return True
         time.sleep(0.02)
-    raise AssertionError("the long generation never started")
+    raise AssertionError(f"the long generation never started within {timeout:.0f} s (server state: {last})")
 
 
 @pytest.fixture(scope="module")
@@ -129,14 +134,27 @@ def _expected(old, new, prompt, ids, k, kv):
     )
 
 
-def _run_across_update(server, prompt, new_sd, **fields):
-    staged = _stage(server, new_sd)
-    with ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(completion, server, prompt, max_tokens=LONG, temperature=1.0, seed=7, ignore_eos=True)
-        _wait_running(server)
-        answer = _post(server, staged, **fields)
-        choice, header_v = fut.result(timeout=300)
-    return choice, header_v, answer
+def _run_across_update(server, prompt, old_sd, new_sd, attempts=5, **fields):
+    """``old_sd`` pushed, then a ``LONG`` completion with ``new_sd`` pushed while it runs: (the
+    old version, the choice, its version header, the update's answer). An update that missed
+    the completion (it ended before the push, or before the update reached it) is tried again
+    from ``old_sd``, up to ``attempts`` times."""
+    overlapped = "drained_requests" if fields.get("weight_update") == "drain" else "inflight_requests"
+    for attempt in range(attempts):
+        v_old = _push(server, old_sd)["version"]
+        staged = _stage(server, new_sd)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(completion, server, prompt, max_tokens=LONG, temperature=1.0, seed=7, ignore_eos=True)
+            answer = _post(server, staged, **fields) if _wait_running(server, fut) else None
+            choice, header_v = fut.result(timeout=300)
+        took = time.monotonic() - t0
+        if answer is None:
+            staged[0].discard(staged[1])
+        elif answer[overlapped] >= 1:
+            return v_old, choice, header_v, answer
+        print(f"attempt {attempt}: the update missed the long completion ({took:.2f} s; {answer}); again")
+    raise AssertionError(f"in {attempts} attempts no update landed while the long completion ran")
 
 
 @pytest.mark.alone  # the update must land while the long request still runs: a busy CPU lets it finish first
@@ -144,8 +162,7 @@ def _run_across_update(server, prompt, new_sd, **fields):
 def test_a_long_request_continues_across_an_update_with_per_token_versions(server, hf, prompt, kv):
     ckpt = checkpoint_state_dict(server.model)
     old_sd, new_sd = _perturbed(ckpt, seed=11), _perturbed(ckpt, seed=12, scale=0.2)
-    v_old = _push(server, old_sd)["version"]
-    choice, header_v, answer = _run_across_update(server, prompt, new_sd, in_flight_kv=kv)
+    v_old, choice, header_v, answer = _run_across_update(server, prompt, old_sd, new_sd, in_flight_kv=kv)
     v_new = answer["version"]
     assert v_new == v_old + 1 == runtime_version(server)
     assert answer["weight_update"] == "in_flight" and answer["drained_requests"] == 0
@@ -184,11 +201,14 @@ def test_the_client_carries_token_versions_into_the_trace(server, prompt):
         return_=ReturnSpec.for_training(),
         extensions={"extra_body": {"ignore_eos": True, "stop_token_ids": []}},  # run to LONG
     )
-    for attempt in range(3):  # an update that missed the completion (all tokens one version): again
+    for attempt in range(5):  # an update that missed the completion (all tokens one version): again
         staged = _stage(server, _perturbed(ckpt, seed=13 + attempt))
         with ThreadPoolExecutor(1) as pool:
             fut = pool.submit(run_sync, client.complete(req))
-            _wait_running(server)
+            if not _wait_running(server, fut):
+                staged[0].discard(staged[1])
+                print(f"attempt {attempt}: the completion ended before it was seen running; again")
+                continue
             answer = _post(server, staged)
             resp, info = fut.result(timeout=300)
         v_new = answer["version"]
@@ -203,7 +223,9 @@ def test_the_client_carries_token_versions_into_the_trace(server, prompt):
 
 def test_a_drain_update_on_the_same_server_still_drains(server, prompt):
     ckpt = checkpoint_state_dict(server.model)
-    choice, header_v, answer = _run_across_update(server, prompt, _perturbed(ckpt, seed=14), weight_update="drain")
+    _, choice, header_v, answer = _run_across_update(
+        server, prompt, ckpt, _perturbed(ckpt, seed=14), weight_update="drain"
+    )
     assert answer["weight_update"] == "drain" and answer["drained_requests"] >= 1
     assert answer["phases"]["drain"] > 0
     assert len(choice["token_ids"]) == LONG and "token_versions" not in choice
