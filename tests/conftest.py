@@ -179,6 +179,28 @@ def pytest_runtest_teardown(item: Any, nextitem: Any) -> Any:
 
     if _RSS_AT_SETUP and psutil.Process().memory_info().rss - _RSS_AT_SETUP[0] > RELEASE_GROWTH_BYTES:
         _release_memory()
+    if os.environ.get("PYTEST_XDIST_WORKER") and _shares_servers(item) and not _shares_servers(nextitem):
+        _stop_shared_servers()
+
+
+def _shares_servers(item: Any) -> bool:
+    return item is not None and any(
+        m.args[:1] == ("vllm_shared_servers",) or m.kwargs.get("name") == "vllm_shared_servers"
+        for m in item.iter_markers("xdist_group")
+    )
+
+
+def _stop_shared_servers() -> None:
+    """After the last test of the shared-servers group in a parallel worker (the scheduler hands
+    the group out as one unit, so nothing of it comes later): stop the session's vLLM servers
+    rather than hold their ~4 GB for the rest of the run. A later test that needs one starts it
+    again (``shared_vllm_server`` restarts a server that is gone). Serial runs keep them: there
+    the group's tests are spread over the file order."""
+    import sys
+
+    helpers = sys.modules.get("vllm_helpers")
+    if helpers is not None:
+        helpers.stop_all_vllm_servers()
 
 
 SLOW_REPORT_S = 60.0
