@@ -27,7 +27,9 @@ stops after ``--steps`` training steps (no evaluation after training: it measure
              tool (a calculator on a shared MCP server, ``tests/verifiers_envs``), ``--scale``
              x 4 tasks x 4 samples, 96 tokens a reply
 
-``--release off`` runs with ``TrainerConfig(release_host_memory=False)`` (glibc's malloc
+``--release on`` (the default) is ``TrainerConfig(release_host_memory=True)``: the trainer trims
+glibc's arenas once, at a step's end, when that end is more than 10% above the resident memory
+after the last trim. ``--release off`` runs with ``TrainerConfig(release_host_memory=False)`` (glibc's malloc
 defaults: what the trainer did before it bounded host memory); ``--release map`` also maps every
 block of 1 MiB and more on its own from the start (``map_large_blocks``: what the option did
 until it cost 1.3x the seconds a step; see ``ludic_lab/training/host_memory.py`` and
@@ -258,7 +260,9 @@ def main() -> None:
         "--release",
         choices=("on", "off", "map"),
         default="on",
-        help="TrainerConfig.release_host_memory on / off; map: on plus map_large_blocks()",
+        help="on: TrainerConfig.release_host_memory (a trim when a step ends more than 10%% above the "
+        "resident memory after the last trim); off: glibc's malloc defaults; map: on, plus every block of "
+        "1 MiB or more mapped on its own from the start (map_large_blocks)",
     )
     ap.add_argument("--agent-lr", type=float, default=1e-5, help="the agent path's learning rate")
     ap.add_argument(

@@ -165,7 +165,7 @@ def run_steps(model_dir: str, **trainer_kw: Any) -> list[dict[str, Any]]:
     return out
 
 
-def test_agent_program_training_memory_is_flat_from_step_to_step(model_dir: str) -> None:
+def test_agent_program_training_memory_stays_under_its_trim_limit_from_step_to_step(model_dir: str) -> None:
     steps = run_steps(model_dir)
     table = json.dumps([{k: round(v / MB) if k in ("start", "end", "peak", "limit") and v else v
                          for k, v in s.items()} for s in steps])  # fmt: skip
