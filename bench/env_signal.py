@@ -13,13 +13,18 @@ score; TextArena's game reward -> win rate), each with its Wilson 95% interval; 
   tictactoe         textarena_task("TicTacToe-v0", opponent="random", few_shot=2,
                     format_reward=0.1), 24 held-out games from seed 1,000,000 on
 
-GRPO groups of 6 (4 for the games) over 4 prompts a step, LoRA lr 1e-3, 32 held-out rows,
+GRPO groups of 6 (4 for the games) over 4 prompts a step, LoRA lr 1e-3, 32 held-out rows (``--heldout``),
 greedy; no episode time limit (a loaded machine outlasts the default 600 s).
 
 Each source runs in its own process (its peak RSS is that process's); the before figure is the
 baseline of the same run. Timings depend on the machine's load, printed with each row.
 
-    .venv/bin/python bench/env_signal.py [--only basic_arithmetic] [--steps 8]
+``--sft-warmup-steps N`` first trains N SFT steps (``train_env(sft_warmup_steps=N,
+sft_warmup_lr=...)``: lr ``--sft-warmup-lr``, one GRPO step's episodes a step) on demonstrated
+training episodes (reasoning-gym's reference answers of training rows; TicTacToe's scripted
+player), then the GRPO steps; the held-out evaluation also runs between the two ("warm").
+
+    .venv/bin/python bench/env_signal.py [--only basic_arithmetic] [--steps 8] [--sft-warmup-steps 4]
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ NO_TIMEOUT_S = 6 * 3600.0
 """Episode time limit: on a loaded machine a batch of games outlasts the default 600 s."""
 
 
-def build(source: str, few_shot: int, games: int = 24) -> tuple[Any, dict[str, Any], str]:
+def build(source: str, few_shot: int, games: int = 24, heldout: int = 32) -> tuple[Any, dict[str, Any], str]:
     """``(task, train_env's evaluation options, the metric reported)`` of ``source``."""
     if source == "tictactoe":
         from ludic_lab.task.external.textarena import textarena_task
@@ -55,26 +60,32 @@ def build(source: str, few_shot: int, games: int = 24) -> tuple[Any, dict[str, A
         config = dict(min_numbers=3, max_numbers=3, min_value=1, max_value=10, min_target=10, max_target=40)
     else:
         raise ValueError(f"unknown source {source!r}; sources: {', '.join(SOURCES)}")
-    task = reasoning_gym_task(source, size=2000, heldout_size=32, few_shot=few_shot, format_reward=0.1, **config)
+    task = reasoning_gym_task(source, size=2000, heldout_size=heldout, few_shot=few_shot, format_reward=0.1, **config)
     return task, {"eval_options": {"max_tokens": 16, "timeout_s": NO_TIMEOUT_S}}, "accuracy"
 
 
-def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, prompts: int = 4) -> dict[str, Any]:
-    """One short run of ``source``; its before / after held-out figures and peak RSS."""
+def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, prompts: int = 4,
+            warmup: int = 0, warmup_lr: float = 1e-3, heldout: int = 32,
+            micro_tokens: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """One short run of ``source`` (``warmup`` SFT steps first); its before / after (/ warm)
+    held-out figures and peak RSS."""
     from ludic_lab import train_env
     from ludic_lab.sampler import open_client
 
-    task, options, metric = build(source, few_shot, games)
+    task, options, metric = build(source, few_shot, games, heldout)
     t0 = time.perf_counter()
     group = 4 if source == "tictactoe" else 6
     client = open_client("local", "default", max_batch_size=prompts * group)
+    config = {"lr": lr, **({"micro_token_budget": micro_tokens} if micro_tokens else {})}
     with tempfile.TemporaryDirectory() as tmp:
         run = train_env(
-            task, steps=steps, eval_every=steps, group_size=group, prompts_per_step=prompts, model=client,
+            task, steps=steps, eval_every=max(1, steps), group_size=group, prompts_per_step=prompts, model=client,
             engine=task.engine(client, episode_timeout_s=NO_TIMEOUT_S), max_tokens=6 if source == "tictactoe" else 16,
-            config={"lr": lr}, progress=True, out=f"{tmp}/run", **options,
+            config=config, progress=True, out=f"{tmp}/run", sft_warmup_steps=warmup, sft_warmup_lr=warmup_lr,
+            **options,
         )  # fmt: skip
     before, after = run.evals[0], run.evals[-1]
+    warm = run.evals[1] if warmup else None
 
     def fig(e: dict[str, Any]) -> dict[str, float]:
         keys = (metric, f"{metric}_ci_low", f"{metric}_ci_high", "score_mean", "parse_error_rate", "failure_rate")
@@ -87,6 +98,9 @@ def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, 
     shaping = [h.get("reasoning_gym/format_reward_mean", h.get("textarena/format_reward_mean")) for h in run.history]
     return {
         "source": source, "metric": metric, "steps": steps, "before": fig(before), "after": fig(after),
+        "warmup_steps": warmup, "warmup_lr": warmup_lr, "warm": fig(warm) if warm else None,
+        "warmup_loss": [h.get("loss") for h in run.warmup], "warmup_reward": [h.get("reward_mean") for h in run.warmup],
+        "warmup_s": round(sum(float(h.get("time/step_s", 0.0)) for h in run.warmup), 1),
         "train_reward": [h.get("reward_mean") for h in run.history], "format_reward": shaping,
         "wall_s": round(time.perf_counter() - t0, 1),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -100,10 +114,12 @@ def show(r: dict[str, Any]) -> str:
     def f(e: dict[str, Any]) -> str:
         return f"{e[m]:.3f} [{e[f'{m}_ci_low']:.2f}, {e[f'{m}_ci_high']:.2f}]"
 
+    w = r.get("warm")
     extra = f"; mean score {b['score_mean']:.3f} -> {a['score_mean']:.3f}" if "score_mean" in b else ""
     ratio = a[m] / b[m] if b[m] else float("inf")
+    mid = f"{f(w)} after {r['warmup_steps']} SFT warm-up steps ({r['warmup_s']:.0f} s) -> " if w else ""
     return (
-        f"{r['source']:17s} {m} {f(b)} -> {f(a)} ({r['steps']} steps; ratio {ratio:.2f})"
+        f"{r['source']:17s} {m} {f(b)} -> {mid}{f(a)} ({r['steps']} GRPO steps; ratio {ratio:.2f})"
         f"{extra}; parse errors {b.get('parse_error_rate', float('nan')):.2f} -> "
         f"{a.get('parse_error_rate', float('nan')):.2f}; {r['wall_s']:.0f} s, peak RSS {r['peak_rss_gb']:.2f} GB, "
         f"load {r['load']:.1f}"
@@ -118,17 +134,24 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--games", type=int, default=24, help="held-out games (tictactoe)")
     ap.add_argument("--prompts", type=int, default=4, help="prompts (games) a step, each a GRPO group")
+    ap.add_argument("--heldout", type=int, default=32, help="held-out rows (reasoning-gym)")
+    ap.add_argument("--micro-token-budget", type=int, default=0, help="TrainerConfig's (0: default)")
+    ap.add_argument("--sft-warmup-steps", type=int, default=0, help="SFT steps on demonstrations before GRPO")
+    ap.add_argument("--sft-warmup-lr", type=float, default=1e-3)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sources = args.only or list(SOURCES)
     if args.child:
-        result = run_one(sources[0], args.steps, args.few_shot, args.lr, args.games, args.prompts)
+        result = run_one(sources[0], args.steps, args.few_shot, args.lr, args.games, args.prompts,
+                         args.sft_warmup_steps, args.sft_warmup_lr, args.heldout, args.micro_token_budget)  # fmt: skip
         print("RESULT " + json.dumps(result), flush=True)
         return
     for source in sources:
         cmd = [sys.executable, __file__, "--child", "--only", source, "--steps", str(args.steps),
                "--few-shot", str(args.few_shot), "--lr", str(args.lr), "--games", str(args.games),
-               "--prompts", str(args.prompts)]  # fmt: skip
+               "--prompts", str(args.prompts), "--sft-warmup-steps", str(args.sft_warmup_steps),
+               "--sft-warmup-lr", str(args.sft_warmup_lr), "--heldout", str(args.heldout),
+               "--micro-token-budget", str(args.micro_token_budget)]  # fmt: skip
         out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # its progress on stderr, as it runs
         lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         if out.returncode or not lines:
