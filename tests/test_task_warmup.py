@@ -111,6 +111,25 @@ def test_train_env_warms_up_then_trains_and_evaluates_before_between_and_after(
     assert [m["step"] for m in metrics] == [2]  # the run folder logs the RL steps; the warm-up is in run.warmup
 
 
+def test_a_tictactoe_warmup_trains_on_every_move_and_one_that_trains_on_nothing_says_why(tiny_model_dir: str) -> None:
+    pytest.importorskip("textarena")
+    from ludic_lab.inference import LocalChatClient
+    from ludic_lab.task.external.textarena import textarena_task
+
+    client = LocalChatClient(tiny_model_dir, max_batch_size=4)
+    task = textarena_task("TicTacToe-v0", opponent="random", few_shot=2, max_turns=9)
+    # the tiny model's tokenizer writes the rules and boards as more tokens than max_seq_len: all dropped
+    with pytest.raises(RuntimeError, match=r"trained on nothing: its 1 step\(s\) were skipped \(no action tokens"):
+        train_env(task, steps=0, group_size=1, prompts_per_step=2, model=client, max_tokens=6, out=None,
+                  progress=False, config={"max_seq_len": 256}, sft_warmup_steps=1)  # fmt: skip
+    # with room for them, the game's demonstrated moves (every turn of every game) are trained on
+    run = train_env(task, steps=0, group_size=1, prompts_per_step=2, model=client, max_tokens=6, out=None,
+                    progress=False, config={"max_seq_len": 2048, "micro_token_budget": 4096}, sft_warmup_steps=1)  # fmt: skip
+    (warm,) = run.warmup
+    assert warm["loss"] > 0 and warm["pack/dropped_items"] == 0 and warm["items"] >= 6, warm  # 2 games, 3+ moves each
+    assert client.policy_version == 1
+
+
 def test_warmup_refusals_come_before_any_model_loads(tmp_path: Path) -> None:
     from ludic_lab.task.digits import digits_task
 

@@ -100,7 +100,8 @@ async def warm_up(trainer: Any, client: Any, task: Any, *, steps: int, per_step:
     ``task``'s training rows demonstrated by :class:`DemonstrationClient` over ``client``
     (``per_step`` episodes a step; ``reply``: default ``task.demonstrate``); then the trainer has
     its own algorithm, source, scoring temperature, loggers and learning rate back and goes on
-    from the warmed-up weights (already pushed to ``client``). Returns the warm-up steps' metrics."""
+    from the warmed-up weights (already pushed to ``client``). Returns the warm-up steps' metrics;
+    a warm-up whose every step was skipped (nothing to train on, e.g. too long) raises."""
     from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
     from ludic_lab.rollouts import GRPORequestStrategy, RolloutBatchSource
     from ludic_lab.training.algorithm import make_sft
@@ -118,7 +119,21 @@ async def warm_up(trainer: Any, client: Any, task: Any, *, steps: int, per_step:
     if steps == 0:
         return []
     with training_phase(trainer, algo=sft, batch_source=source, lr=lr, scoring_temperature=1.0, loggers=[]):
-        return list(await trainer.train(steps, progress=False))
+        metrics = list(await trainer.train(steps, progress=False))
+    skipped = [m for m in metrics if m.get("skipped")]
+    if len(skipped) == len(metrics):
+        reasons = sorted({str(m.get("skip_reason")) for m in skipped})
+        raise RuntimeError(
+            f"the SFT warm-up on task {getattr(task, 'name', task)!r} trained on nothing: its {steps} step(s) were "
+            f"skipped ({'; '.join(reasons)}; {sum(int(m.get('pack/dropped_items', 0)) for m in skipped)} demonstrated "
+            "step(s) dropped in packing); raise TrainerConfig.max_seq_len if they were too long"
+        )
+    if skipped:
+        import warnings
+
+        warnings.warn(f"SFT warm-up: {len(skipped)} of {steps} steps were skipped "
+                      f"({skipped[0].get('skip_reason')})", stacklevel=2)  # fmt: skip
+    return metrics
 
 
 def run_warmup(run: Any, *, steps: int, lr: float, per_step: int, seed: int, max_tokens: int) -> Any:
