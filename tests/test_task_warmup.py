@@ -164,16 +164,25 @@ def test_training_phase_gives_the_trainer_its_own_back_after_an_error(tiny_model
     try:
         with (
             pytest.raises(RuntimeError, match="no batch"),
-            training_phase(trainer, algo=make_sft(), batch_source=Never(), lr=1e-3, loggers=[]),
+            training_phase(
+                trainer, algo=make_sft(), batch_source=Never(), lr=1e-3, loggers=[], micro_token_budget=2048
+            ),
         ):
             assert trainer.algo.name == "sft" and trainer.scoring_temperature == 1.0
+            assert trainer.config.micro_token_budget == 2048
             assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-3] * len(trainer.optimizer.param_groups)
             run_sync(trainer.train(1, progress=False))
         assert trainer.algo.name == "grpo" and trainer.batch_source is own and trainer.scoring_temperature == 0.7
+        assert trainer.config.micro_token_budget == TrainerConfig().micro_token_budget
         assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-4] * len(trainer.optimizer.param_groups)
         with (
             pytest.raises(ValueError, match="lr must be a finite number > 0"),
             training_phase(trainer, algo=make_sft(), batch_source=own, lr=0),
+        ):
+            pass
+        with (
+            pytest.raises(ValueError, match="micro_token_budget"),
+            training_phase(trainer, algo=make_sft(), batch_source=own, micro_token_budget=16),
         ):
             pass
     finally:

@@ -28,6 +28,10 @@ ReplyFn = Callable[[Sequence[Message]], str]
 
 DEFAULT_WARMUP_LR = 1e-3
 """The warm-up's learning rate unless told (the workspace demo's measured setting)."""
+WARMUP_MICRO_TOKENS = 2048
+"""Tokens of a warm-up micro-batch at most (at least the trainer's ``max_seq_len``): a warm-up step
+trains on distinct prompts, which no GRPO group shares, so at the trainer's own budget (8192 by
+default) its activations held 16-21 GB on SmolLM2 (``bench/env_signal.py``)."""
 
 
 class DemonstrationClient:
@@ -95,10 +99,12 @@ def _no_demonstrator(task: Any) -> ValueError:
 
 async def warm_up(trainer: Any, client: Any, task: Any, *, steps: int, per_step: int, seed: int = 0,
                   max_tokens: int = 256, lr: float = DEFAULT_WARMUP_LR, episode_timeout_s: float = 3600.0,
-                  reply: ReplyFn | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                  reply: ReplyFn | None = None,
+                  micro_token_budget: int | None = WARMUP_MICRO_TOKENS) -> list[dict[str, Any]]:  # fmt: skip
     """``steps`` SFT steps of ``trainer`` (``lr``, plain logits, no loggers) on episodes of
     ``task``'s training rows demonstrated by :class:`DemonstrationClient` over ``client``
-    (``per_step`` episodes a step; ``reply``: default ``task.demonstrate``); then the trainer has
+    (``per_step`` episodes a step; ``reply``: default ``task.demonstrate``; micro-batches of at most
+    ``micro_token_budget`` tokens, None: the trainer's own); then the trainer has
     its own algorithm, source, scoring temperature, loggers and learning rate back and goes on
     from the warmed-up weights (already pushed to ``client``). Returns the warm-up steps' metrics;
     a warm-up whose every step was skipped (nothing to train on, e.g. too long) raises."""
@@ -118,7 +124,10 @@ async def warm_up(trainer: Any, client: Any, task: Any, *, steps: int, per_step:
                                 request_strategy=GRPORequestStrategy(1, seed=seed))  # fmt: skip
     if steps == 0:
         return []
-    with training_phase(trainer, algo=sft, batch_source=source, lr=lr, scoring_temperature=1.0, loggers=[]):
+    cfg = trainer.config
+    budget = micro_token_budget and max(cfg.max_seq_len, min(cfg.micro_token_budget, micro_token_budget))
+    with training_phase(trainer, algo=sft, batch_source=source, lr=lr, scoring_temperature=1.0, loggers=[],
+                        micro_token_budget=budget):  # fmt: skip
         metrics = list(await trainer.train(steps, progress=False))
     skipped = [m for m in metrics if m.get("skipped")]
     if len(skipped) == len(metrics):

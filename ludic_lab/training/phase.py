@@ -14,6 +14,7 @@ phase starts from the weights this one left.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -43,10 +44,13 @@ def training_phase(
     lr: float | None = None,
     scoring_temperature: float | None = None,
     loggers: Sequence[Any] | None = None,
+    micro_token_budget: int | None = None,
 ) -> Iterator[Any]:
     """Within the block ``trainer`` steps with ``algo`` on ``batch_source`` (``lr``: every
     parameter group's learning rate, None: unchanged; ``scoring_temperature``: None takes
-    ``algo``'s or 1.0; ``loggers``: None keeps the trainer's); afterwards it has its own back."""
+    ``algo``'s or 1.0; ``loggers``: None keeps the trainer's; ``micro_token_budget``: the tokens
+    of a micro-batch, which bound the step's activation memory, None: the trainer's); afterwards
+    it has its own back."""
     if trainer.config.effective_async_mode == "fully_async":
         raise ValueError(
             "training_phase: the trainer's source samples in the background (async_mode='fully_async') with the "
@@ -56,9 +60,13 @@ def training_phase(
         raise TypeError(f"training_phase: batch_source must have next_batch(), got {type(batch_source).__name__}")
     new_lrs = None if lr is None else [_check_lr(lr)] * len(trainer.optimizer.param_groups)
     temperature = scoring_temperature if scoring_temperature is not None else (algo.scoring_temperature or 1.0)
-    saved = (trainer.algo, trainer.batch_source, trainer.scoring_temperature, trainer.loggers)
+    config = trainer.config
+    if micro_token_budget is not None:
+        config = dataclasses.replace(config, micro_token_budget=micro_token_budget)  # checked by TrainerConfig
+    saved = (trainer.algo, trainer.batch_source, trainer.scoring_temperature, trainer.loggers, trainer.config)
     own_lrs = list(trainer.scheduler.base_lrs)
     trainer.algo, trainer.batch_source, trainer.scoring_temperature = algo, batch_source, float(temperature)
+    trainer.config = config
     if loggers is not None:
         trainer.loggers = list(loggers)
     if new_lrs is not None:
@@ -66,5 +74,5 @@ def training_phase(
     try:
         yield trainer
     finally:
-        trainer.algo, trainer.batch_source, trainer.scoring_temperature, trainer.loggers = saved
+        trainer.algo, trainer.batch_source, trainer.scoring_temperature, trainer.loggers, trainer.config = saved
         set_learning_rate(trainer, own_lrs)
