@@ -130,10 +130,11 @@ def test_what_this_host_cannot_give_is_refused_when_the_environment_is_made(host
         assert "harbor run -p <task folder>" in r[name]
 
 
-def test_harbor_run_with_the_oracle_agent_rewards_every_shipped_task(tmp_path: Path) -> None:
-    """The CLI end to end, offline: ``harbor run -p <tasks> -a oracle --env <import path>``."""
+@pytest.mark.parametrize(("agent", "reward"), [("oracle", 1), ("nop", 0)])
+def test_harbor_run_rewards_every_shipped_task_what_its_agent_did(tmp_path: Path, agent: str, reward: int) -> None:
+    """The CLI end to end, offline: ``harbor run -p <tasks> -a oracle|nop --env <import path>``."""
     cli = "import sys; from harbor.cli.main import app; sys.argv[0] = 'harbor'; sys.exit(app())"
-    args = [PYTHON, "-c", cli, "run", "-p", str(HARBOR_DATA), "-a", "oracle", "--env", IMPORT_PATH,
+    args = [PYTHON, "-c", cli, "run", "-p", str(HARBOR_DATA), "-a", agent, "--env", IMPORT_PATH,
             "--ek", f"python={COMMAND_PYTHON}", "--ek", f"site_packages={json.dumps(SITES)}",
             "-o", str(tmp_path / "jobs"), "-n", "2", "-y", "-q"]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=CLEAN_ENV, cwd=tmp_path)
@@ -142,4 +143,6 @@ def test_harbor_run_with_the_oracle_agent_rewards_every_shipped_task(tmp_path: P
     for result in (tmp_path / "jobs").glob("*/*/result.json"):
         data = json.loads(result.read_text())
         trials[data["task_name"]] = (data["exception_info"], data["verifier_result"]["rewards"]["reward"])
-    assert trials == {f"ludic/{n}": (None, 1) for n in ("csv-total", "env-greeting", "fix-wordcount", "hello-file")}
+    assert trials == {
+        f"ludic/{n}": (None, reward) for n in ("csv-total", "env-greeting", "fix-wordcount", "hello-file")
+    }
