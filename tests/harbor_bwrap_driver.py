@@ -124,6 +124,9 @@ async def files() -> dict:
                for p in ("bytes.bin", "nested/deeper/big.bin", "run.sh"))  # fmt: skip
     await env.exec("mkdir -p /logs/verifier/sub && echo a > /logs/verifier/a.txt && echo b > /logs/verifier/sub/b.log")
     await env.download_dir_filtered(source_dir="/logs/verifier", target_dir=back / "filtered", exclude=["*.log"])
+    removed = await env.exec("rm -rf /workspace/.harbor && ls /tests/ 2>&1; echo $?")  # a command may remove them
+    await env.upload_file(src / "run.sh", "/tests/again.sh")
+    restored = (await env.exec("ls /tests /logs")).stdout
     errors = {}
     for name, call in {
         "missing_file": env.download_file("/app/nope.txt", back / "nope"),
@@ -144,6 +147,7 @@ async def files() -> dict:
         "one_bin": (back / "one.bin").read_bytes() == (src / "bytes.bin").read_bytes(),
         "filtered": sorted(p.relative_to(back / "filtered").as_posix() for p in (back / "filtered").rglob("*")),
         "errors": errors,
+        "restored": [removed.stdout, restored],
     }
 
 
@@ -216,10 +220,10 @@ async def containment() -> dict:
     return out
 
 
-def refused(folder: Path, **kwargs) -> str | None:
+def refused(folder: Path, options: dict | None = None, **kwargs) -> str | None:
     task = Task(folder)
     try:
-        env = make_env(task, trial_paths(), **kwargs)
+        env = make_env(task, trial_paths(), options, **kwargs)
     except Exception as e:  # noqa: BLE001 - the report names the error
         return f"{type(e).__name__}: {e}"
     return f"accepted: {env}"
@@ -241,6 +245,8 @@ async def refusals() -> dict:
     allow = NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=["pypi.org"])
     out["allowlist"] = refused(TASKS / "hello-file", network_policy=allow)
     out["accepted"] = refused(TASKS / "hello-file")
+    out["bad_python"] = refused(TASKS / "hello-file", {"python": "/no/such/python"})
+    out["bad_sites"] = refused(TASKS / "hello-file", {"site_packages": ["/no/such/folder"]})
     return out
 
 

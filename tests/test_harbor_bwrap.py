@@ -95,6 +95,15 @@ def test_uploads_and_downloads_cross_the_wall_byte_for_byte(host_dir: Path) -> N
     assert e["missing_dir"].startswith("TransferError") and "No such file or directory" in e["missing_dir"]
     assert e["upload_to_tmp"].startswith("ValueError") and "private to each command" in e["upload_to_tmp"]
     assert "Read-only file system" in e["upload_read_only"]
+    removed, restored = r["restored"]  # Harbor's folders removed by a command are there again for the next
+    assert "No such file or directory" in removed and restored.split() == [
+        "/logs:",
+        "agent",
+        "artifacts",
+        "verifier",
+        "/tests:",
+        "again.sh",
+    ]
 
 
 def test_network_writes_outside_timeouts_and_leftover_processes_are_contained(host_dir: Path) -> None:
@@ -128,6 +137,8 @@ def test_what_this_host_cannot_give_is_refused_when_the_environment_is_made(host
     }.items():
         assert r[name].startswith("HarborUnsupportedError") and line in r[name], (name, r[name])
         assert "harbor run -p <task folder>" in r[name]
+    assert "python='/no/such/python' is not an executable file" in r["bad_python"]
+    assert "site_packages: no such folders ['/no/such/folder']" in r["bad_sites"]
 
 
 @pytest.mark.parametrize(("agent", "reward"), [("oracle", 1), ("nop", 0)])

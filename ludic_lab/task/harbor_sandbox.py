@@ -27,6 +27,7 @@ if sys.version_info < (3, 12):  # harbor's environment interface is a SyntaxErro
     )
 
 import logging
+import os
 import secrets
 import shutil
 import tempfile
@@ -41,7 +42,7 @@ from harbor.environments.capabilities import (
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.task.config import NetworkMode, TaskOS
 from harbor.utils.path_filter import filter_paths_by_patterns
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ludic_lab.envs.workspace import Snapshot, Workspace, WorkspaceConfig, WorkspaceLimits, WorkspacePool
 from ludic_lab.task.harbor_folder import ELSEWHERE
@@ -64,6 +65,9 @@ log = logging.getLogger(__name__)
 HARBOR_DIR = ".harbor"
 """The workspace folder that holds Harbor's own paths (``/logs``, ``/tests``, ``/solution`` link there)."""
 HARBOR_PATHS = ("logs", "tests", "solution")
+HARBOR_DIRS = ("logs/agent", "logs/verifier", "logs/artifacts", "tests", "solution")
+RESTORE = "mkdir -p " + " ".join(f"/workspace/{HARBOR_DIR}/{name}" for name in HARBOR_DIRS) + " 2>/dev/null\n"
+"""Run first by every exec and upload: the links' targets are there again if a command removed them."""
 MiB = 1 << 20
 
 
@@ -79,6 +83,21 @@ class BubblewrapOptions(EnvironmentOptions):
     )
     disk_quota_mb: int = Field(default=1024, gt=0, description="What the task may add to its files (or storage_mb).")
     max_transfer_mb: int = Field(default=64, gt=0, description="The largest download (a tar.gz as base64).")
+
+    @field_validator("python")
+    @classmethod
+    def _an_interpreter(cls, value: str | None) -> str | None:
+        if value is not None and not (os.path.isfile(value) and os.access(value, os.X_OK)):
+            raise ValueError(f"python={value!r} is not an executable file (give the interpreter's path)")
+        return os.path.realpath(value) if value is not None else None
+
+    @field_validator("site_packages")
+    @classmethod
+    def _folders(cls, value: list[str] | None) -> list[str] | None:
+        missing = [p for p in value or [] if not os.path.isdir(p)]
+        if missing:
+            raise ValueError(f"site_packages: no such folders {missing}")
+        return [os.path.realpath(p) for p in value] if value is not None else None
 
 
 class BubblewrapEnvironment(BaseEnvironment):
@@ -185,7 +204,7 @@ class BubblewrapEnvironment(BaseEnvironment):
         assert self._image is not None
         workdir = self._image.workdir
         self._image.build(root if workdir == "/workspace" else root / workdir.lstrip("/"))
-        for sub in ("logs/agent", "logs/verifier", "logs/artifacts", "tests", "solution"):
+        for sub in HARBOR_DIRS:
             (root / HARBOR_DIR / sub).mkdir(parents=True, exist_ok=True)
 
     async def start(self, force_build: bool) -> None:
@@ -236,7 +255,7 @@ class BubblewrapEnvironment(BaseEnvironment):
         ``RuntimeError`` at ``timeout_sec`` (as Harbor's Docker environment), with every process
         killed. ``user`` is not honoured: every command runs as the workspace's one user."""
         nonce = "HARBOR-EXEC-" + secrets.token_hex(8)
-        script = exec_script(command, cwd=cwd or self.workdir, env=self._merge_env(env) or {}, nonce=nonce)
+        script = RESTORE + exec_script(command, cwd=cwd or self.workdir, env=self._merge_env(env) or {}, nonce=nonce)
         timeout = float(timeout_sec) if timeout_sec else None
         result = await self.workspace.run(script, timeout_s=timeout)
         if result.stop_reason == "timeout":
@@ -278,7 +297,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                 name = f"{HARBOR_DIR}/upload-{tag}.{i // chunk}"
                 await self.workspace.write_file(name, payload[i : i + chunk])
                 sources.append("@" + name)
-        result = await self._run(unpack_script(sources, dest))
+        result = await self._run(RESTORE + unpack_script(sources, dest))
         if not result.ok:
             raise TransferError(f"upload to {dest} failed ({result.stop_reason}): {result.output.strip()[-500:]}")
 
