@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
-from ludic_lab.envs.workspace import OutputBudget, WorkspaceTools
+from ludic_lab.envs.workspace import WorkspaceTools
 from ludic_lab.envs.workspace.workspace import Workspace
 from ludic_lab.task.harbor_folder import HarborTaskFolder
 from ludic_lab.task.harbor_verify import run_harbor_verifier
@@ -40,8 +40,7 @@ class HarborTaskEnv(SingleAgentEnv):
         self.settings = settings or RepoEnvSettings()
         self._system_prompt = system_prompt
         s = self.settings
-        self.tools = WorkspaceTools(timeout_s=s.command_timeout_s, budget=OutputBudget(s.max_result_chars,
-                                    s.episode_chars))  # fmt: skip
+        self.tools = WorkspaceTools(timeout_s=s.command_timeout_s, budget=s.output_budget())
         self.folder: HarborTaskFolder | None = None
         self.workspace: Workspace | None = None
         self._lease: PoolLease | None = None

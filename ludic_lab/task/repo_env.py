@@ -29,6 +29,7 @@ from typing import Any
 
 from ludic_lab.envs.single_agent_env import SingleAgentEnv
 from ludic_lab.envs.workspace import OutputBudget, Snapshot, WorkspaceConfig, WorkspacePool, WorkspaceTools
+from ludic_lab.envs.workspace.budget import DEFAULT_EPISODE_TOKENS, DEFAULT_RESULT_TOKENS
 from ludic_lab.envs.workspace.workspace import Workspace
 from ludic_lab.task.hidden_tests import NO_AUTOLOAD, HiddenTests
 from ludic_lab.types import Info, StepOutcome
@@ -67,6 +68,33 @@ class RepoEnvSettings:
     """Characters of tool results one episode shows its model in all."""
     create_timeout_s: float | None = None
     """How long ``reset`` waits for a free workspace (``max_workspaces`` are open)."""
+    tokenizer: Any = field(default=None, repr=False, compare=False)
+    """The model's tokenizer (a Hugging Face tokenizer, a ``ChatTemplate``, or the client itself,
+    e.g. ``client`` or ``client.chat_template``): the output budget counts its tokens, with
+    ``max_result_tokens`` and ``episode_tokens`` (the character limits then do not apply)."""
+    max_result_tokens: int | None = None
+    """With ``tokenizer``: tokens of one tool result the model sees (default 1000)."""
+    episode_tokens: int | None = None
+    """With ``tokenizer``: tokens of tool results one episode shows its model in all (default 15000)."""
+
+    def __post_init__(self) -> None:
+        self.output_budget()  # bad limits, a tokenizer that is not one: refused now
+
+    def output_budget(self) -> OutputBudget:
+        """A fresh episode budget: in ``tokenizer``'s tokens when there is one, else in characters."""
+        if self.tokenizer is None:
+            for name in ("max_result_tokens", "episode_tokens"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"RepoEnvSettings.{name} counts tokens and needs the model's tokenizer: give "
+                        "tokenizer=client.chat_template (or a Hugging Face tokenizer)"
+                    )
+            return OutputBudget(self.max_result_chars, self.episode_chars)
+        return OutputBudget.for_tokenizer(
+            self.tokenizer,
+            max_result_tokens=DEFAULT_RESULT_TOKENS if self.max_result_tokens is None else self.max_result_tokens,
+            episode_tokens=DEFAULT_EPISODE_TOKENS if self.episode_tokens is None else self.episode_tokens,
+        )
 
 
 class PoolLease:
@@ -129,7 +157,7 @@ class RepoTaskEnv(SingleAgentEnv):
         self._system_prompt = system_prompt
         s = self.settings
         self.tools = WorkspaceTools(test_timeout_s=s.test_timeout_s, timeout_s=s.command_timeout_s,
-                                    budget=OutputBudget(s.max_result_chars, s.episode_chars))  # fmt: skip
+                                    budget=s.output_budget())  # fmt: skip
         self.task: RepoTask | None = None
         self.workspace: Workspace | None = None
         self._obs = ""
