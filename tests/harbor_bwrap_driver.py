@@ -124,6 +124,7 @@ async def files() -> dict:
                for p in ("bytes.bin", "nested/deeper/big.bin", "run.sh"))  # fmt: skip
     await env.exec("mkdir -p /logs/verifier/sub && echo a > /logs/verifier/a.txt && echo b > /logs/verifier/sub/b.log")
     await env.download_dir_filtered(source_dir="/logs/verifier", target_dir=back / "filtered", exclude=["*.log"])
+    await env.download_dir_with_exclusions(source_dir="/logs/verifier", target_dir=back / "excl", exclude=["*.txt"])
     removed = await env.exec("rm -rf /workspace/.harbor && ls /tests/ 2>&1; echo $?")  # a command may remove them
     await env.upload_file(src / "run.sh", "/tests/again.sh")
     restored = (await env.exec("ls /tests /logs")).stdout
@@ -146,6 +147,7 @@ async def files() -> dict:
         "mode_kept": os.access(back / "dir" / "run.sh", os.X_OK),
         "one_bin": (back / "one.bin").read_bytes() == (src / "bytes.bin").read_bytes(),
         "filtered": sorted(p.relative_to(back / "filtered").as_posix() for p in (back / "filtered").rglob("*")),
+        "excluded": sorted(p.relative_to(back / "excl").as_posix() for p in (back / "excl").rglob("*")),
         "errors": errors,
         "restored": [removed.stdout, restored],
     }

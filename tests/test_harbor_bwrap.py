@@ -90,6 +90,7 @@ def test_uploads_and_downloads_cross_the_wall_byte_for_byte(host_dir: Path) -> N
     assert r["seen"] == ["ran\n1024\nbig.bin\n", 0]  # an uploaded script runs, mode kept
     assert r["same_bytes"] and r["one_bin"] and r["mode_kept"]  # 300 kB went in chunks
     assert r["filtered"] == ["a.txt"]  # download_dir_filtered: *.log excluded (sub/ held only that)
+    assert r["excluded"] == ["sub", "sub/b.log"]  # download_dir_with_exclusions: tar's --exclude=*.txt
     e = r["errors"]
     assert e["missing_file"].startswith("TransferError") and "no such file" in e["missing_file"]
     assert e["missing_dir"].startswith("TransferError") and "No such file or directory" in e["missing_dir"]
