@@ -252,6 +252,10 @@ async def refusals() -> dict:
     return out
 
 
-print(
-    json.dumps(asyncio.run({"tasks": tasks, "files": files, "containment": containment, "refusals": refusals}[MODE]()))
-)
+WORK = tempfile.mkdtemp(prefix="hbw-")
+tempfile.tempdir = WORK  # every folder of this run (trials, copies, pools) in one, removed at the end
+try:
+    report = asyncio.run({"tasks": tasks, "files": files, "containment": containment, "refusals": refusals}[MODE]())
+finally:
+    shutil.rmtree(WORK, ignore_errors=True)
+print(json.dumps(report))
