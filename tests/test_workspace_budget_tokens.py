@@ -269,3 +269,16 @@ async def test_a_repository_tasks_step_info_has_its_cuts_in_tokens(tmp_path: Pat
     assert cut["reason"] == "result_limit" and cut["shown_tokens"] == n
     assert cut["total_tokens"] == tokens(tiny_tokenizer, "".join(f"{i}\n" for i in range(1, 5001)))
     assert task.stats([rollout])["output_cut_rate"] == 1.0
+
+
+def test_the_workspace_demo_counts_its_budget_in_its_models_tokens(tiny_tokenizer: Any) -> None:
+    from ludic_lab.demos.workspace_demo import tokenizer_of
+    from ludic_lab.demos.workspace_task import EPISODE_TOKENS, RESULT_TOKENS, workspace_edit_task
+
+    template = ChatTemplate(tiny_tokenizer)
+    assert tokenizer_of(ScriptedChatClient(["unused"], chat_template=template)) is template
+    assert tokenizer_of(ScriptedChatClient(["unused"])) is None  # a client that cannot tokenize: characters
+    env = workspace_edit_task("heldout", limit=1, tokenizer=template).env()
+    b = env.tools.budget
+    assert (b.unit, b.max_result, b.episode) == ("tokens", RESULT_TOKENS, EPISODE_TOKENS)
+    assert workspace_edit_task("heldout", limit=1).env().tools.budget.unit == "chars"

@@ -87,7 +87,7 @@ async def evaluate_workspace(client: Any, cfg: Any, *, tag: str, limit: int | No
     edit ran, tool calls and fail-to-pass tests passing."""
     from ludic_lab.eval import evaluate
 
-    held = workspace_edit_task("heldout", limit=limit or HELD_OUT_TASKS)
+    held = workspace_edit_task("heldout", limit=limit or HELD_OUT_TASKS, tokenizer=tokenizer_of(client))
     engine = held.engine(client, episode_timeout_s=EPISODE_TIMEOUT_S)
     out: dict[str, Any] = {}
     kinds = [("greedy", 1, 0.0)] + ([("sampled", cfg.eval_k, cfg.temperature)] if cfg.eval_k > 0 else [])
@@ -104,6 +104,15 @@ async def evaluate_workspace(client: Any, cfg: Any, *, tag: str, limit: int | No
             "fail_to_pass_rate": stats["fail_to_pass_rate"], "tool_calls_per_episode": stats["tool_calls_per_episode"],
         }  # fmt: skip
     return out
+
+
+def tokenizer_of(client: Any) -> Any:
+    """The client's ``chat_template`` (its tokenizer: the tool output budget counts tokens), or
+    ``None`` for a client without one (the budget then counts characters)."""
+    from ludic_lab.inference.chat_template import ChatTemplate
+
+    template = getattr(client, "chat_template", None)
+    return template if isinstance(template, ChatTemplate) else None
 
 
 def edit_ran_rate(rollouts: Any) -> float:
@@ -143,7 +152,7 @@ async def run_workspace_demo(cfg: Any, cleanups: list[Callable[[], Any]]) -> dic
     t_all = time.perf_counter()
     with console.status("loading the model (the first run materialises SmolLM2 into the cache)..."):
         client, model_path = await backend.start_backend(cfg, out, cleanups)
-    train = workspace_edit_task("train")
+    train = workspace_edit_task("train", tokenizer=tokenizer_of(client))
     console.print(f"workspace task: {train.size} training / {HELD_OUT_TASKS} held-out bug-fix tasks, fix located; "
                   f"{cfg.steps} steps of {cfg.questions_per_step} tasks x {cfg.group_size} episodes")  # fmt: skip
     with console.status(f"evaluating on {HELD_OUT_TASKS} held-out tasks (before training)..."):

@@ -41,6 +41,10 @@ EDIT_SYSTEM_PROMPT = (
 """The system prompt of every episode (the agent adds ``edit_file``'s description)."""
 TOOLS = ("edit_file",)
 """The workspace tools an episode offers."""
+RESULT_TOKENS = 256
+EPISODE_TOKENS = 512
+"""The tool output budget in the model's tokens (``workspace_edit_task(tokenizer=...)``): an
+episode, its prompt and the model's turns included, must fit the demo's ``max_seq_len`` (1024)."""
 
 
 def _call(name: str, **arguments: Any) -> str:
@@ -99,16 +103,22 @@ def edit_agent(client: Any, *, max_turns: int = 2) -> ToolAgent:
 
 
 def workspace_edit_task(split: str = "train", *, limit: int | None = None, max_turns: int = 2,
-                        pool_size: int = 2, max_workspaces: int = 16) -> Task:  # fmt: skip
+                        pool_size: int = 2, max_workspaces: int = 16, tokenizer: Any = None) -> Task:  # fmt: skip
     """The located bug-fix tasks of ``split`` (``"train"``: 60, ``"heldout"``: 20; the first
     ``limit``) as a :class:`Task` named ``"workspace_edit"``: one env step per episode, reward
-    the hidden tests, ``stats`` :func:`~ludic_lab.task.repo_task.repo_stats`."""
+    the hidden tests, ``stats`` :func:`~ludic_lab.task.repo_task.repo_stats`. ``tokenizer``
+    (the model's, or its client): the tool output budget in its tokens, :data:`RESULT_TOKENS`
+    a result and :data:`EPISODE_TOKENS` an episode (else the default in characters)."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     chosen = load_bugfix_tasks(split)  # type: ignore[arg-type]
     tasks = located_tasks(chosen[:limit] if limit is not None else chosen)
     lease = PoolLease(None, size=pool_size, max_workspaces=max_workspaces)
-    settings = RepoEnvSettings()
+    settings = RepoEnvSettings(
+        tokenizer=tokenizer,
+        max_result_tokens=RESULT_TOKENS if tokenizer is not None else None,
+        episode_tokens=EPISODE_TOKENS if tokenizer is not None else None,
+    )
 
     def make_env(**_: Any) -> RepoTaskEnv:
         return RepoTaskEnv(tasks, lease, settings, EDIT_SYSTEM_PROMPT)
