@@ -66,7 +66,7 @@ def build(source: str, few_shot: int, games: int = 24, heldout: int = 32) -> tup
 
 def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, prompts: int = 4,
             warmup: int = 0, warmup_lr: float = 1e-3, heldout: int = 32,
-            micro_tokens: int | None = None) -> dict[str, Any]:  # fmt: skip
+            micro_tokens: int | None = None, max_seq_len: int | None = None) -> dict[str, Any]:  # fmt: skip
     """One short run of ``source`` (``warmup`` SFT steps first); its before / after (/ warm)
     held-out figures and peak RSS."""
     from ludic_lab import train_env
@@ -76,7 +76,8 @@ def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, 
     t0 = time.perf_counter()
     group = 4 if source == "tictactoe" else 6
     client = open_client("local", "default", max_batch_size=prompts * group)
-    config = {"lr": lr, **({"micro_token_budget": micro_tokens} if micro_tokens else {})}
+    config = {"lr": lr, **({"micro_token_budget": micro_tokens} if micro_tokens else {}),
+              **({"max_seq_len": max_seq_len} if max_seq_len else {})}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         run = train_env(
             task, steps=steps, eval_every=max(1, steps), group_size=group, prompts_per_step=prompts, model=client,
@@ -138,6 +139,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4, help="prompts (games) a step, each a GRPO group")
     ap.add_argument("--heldout", type=int, default=32, help="held-out rows (reasoning-gym)")
     ap.add_argument("--micro-token-budget", type=int, default=0, help="TrainerConfig's (0: default)")
+    ap.add_argument("--max-seq-len", type=int, default=0, help="TrainerConfig's (0: default)")
     ap.add_argument("--sft-warmup-steps", type=int, default=0, help="SFT steps on demonstrations before GRPO")
     ap.add_argument("--sft-warmup-lr", type=float, default=1e-3)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -145,7 +147,8 @@ def main() -> None:
     sources = args.only or list(SOURCES)
     if args.child:
         result = run_one(sources[0], args.steps, args.few_shot, args.lr, args.games, args.prompts,
-                         args.sft_warmup_steps, args.sft_warmup_lr, args.heldout, args.micro_token_budget)  # fmt: skip
+                         args.sft_warmup_steps, args.sft_warmup_lr, args.heldout, args.micro_token_budget,
+                         args.max_seq_len)  # fmt: skip
         print("RESULT " + json.dumps(result), flush=True)
         return
     for source in sources:
@@ -153,7 +156,8 @@ def main() -> None:
                "--few-shot", str(args.few_shot), "--lr", str(args.lr), "--games", str(args.games),
                "--prompts", str(args.prompts), "--sft-warmup-steps", str(args.sft_warmup_steps),
                "--sft-warmup-lr", str(args.sft_warmup_lr), "--heldout", str(args.heldout),
-               "--micro-token-budget", str(args.micro_token_budget)]  # fmt: skip
+               "--micro-token-budget", str(args.micro_token_budget),
+               "--max-seq-len", str(args.max_seq_len)]  # fmt: skip
         out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # its progress on stderr, as it runs
         lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         if out.returncode or not lines:
