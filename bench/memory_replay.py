@@ -11,9 +11,10 @@ seconds, the loss (identical settings train on identical tokens: the loss must m
 packing figures. The items' weights are set to +1 / -1 by rollout (CRC32 of its id), so that a
 step whose rewards carry no signal still has a gradient.
 
-A setting is ``budget[,mmap][,ckpt][,trim]``: ``TrainerConfig.micro_token_budget``, glibc's mmap
+A setting is ``budget[,mmap][,ckpt][,trim][,saved]``: ``TrainerConfig.micro_token_budget``, glibc's mmap
 threshold at 1 MiB (``MALLOC_MMAP_THRESHOLD_``: what is live, without the allocator's retained
-pages), ``gradient_checkpointing=True``, ``malloc_trim(0)`` before each micro-batch.
+pages), ``gradient_checkpointing=True``, ``malloc_trim(0)`` before each micro-batch; ``saved``
+also counts what the first micro-batch's forward saves for the backward, by shape.
 
     .venv/bin/python bench/memory_replay.py --dump /tmp/items16.jsonl --games 16
     .venv/bin/python bench/memory_replay.py --items /tmp/items16.jsonl --settings 8192,ckpt 2048 1024 1024,mmap
@@ -119,6 +120,9 @@ def replay(items_path: str, setting: str, model_path: str) -> dict[str, Any]:
             return micro(self, *a, **kw)
 
         tm.Trainer._micro_batch_loss = trimmed  # type: ignore[method-assign]
+    saved: dict[str, int] = {}
+    if "saved" in parts:  # the first micro-batch's tensors saved for backward, by shape
+        _count_saved(tm, trainer, saved)
     peaks.phase = "before"
     time.sleep(0.1)
     t0 = time.perf_counter()
@@ -128,7 +132,34 @@ def replay(items_path: str, setting: str, model_path: str) -> dict[str, Any]:
     time.sleep(0.1)
     mem = {k: v / MB for k, v in peaks.peaks.items()}
     return {"setting": setting, "seconds": round(seconds, 1), "loss": m["loss"], "tokens": m["tokens"],
-            "micro_batches": m.get("pack/num_micro_batches"), **mem}  # fmt: skip
+            "micro_batches": m.get("pack/num_micro_batches"), "saved": saved, **mem}  # fmt: skip
+
+
+def _count_saved(tm: Any, trainer: Any, saved: dict[str, int]) -> None:
+    """Count, once, the bytes the first micro-batch's forward saves for backward (each storage
+    once, parameters left out) by shape, into ``saved`` (``"tokens"``: its real tokens)."""
+    import torch
+
+    micro = tm.Trainer._micro_batch_loss
+    params = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+    seen: set[int] = set()
+
+    def pack(t: Any) -> Any:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen and ptr not in params:
+            seen.add(ptr)
+            key = f"{tuple(t.shape)} {t.dtype}"
+            saved[key] = saved.get(key, 0) + t.untyped_storage().nbytes()
+        return t
+
+    def counted(self: Any, mb: Any, *a: Any, **kw: Any) -> Any:
+        if saved:
+            return micro(self, mb, *a, **kw)
+        saved["tokens"] = mb.num_real_tokens
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            return micro(self, mb, *a, **kw)
+
+    tm.Trainer._micro_batch_loss = counted
 
 
 def main() -> None:
@@ -137,7 +168,9 @@ def main() -> None:
     ap.add_argument("--games", type=int, default=16, help="games of the dumped step (prompts of 4 samples)")
     ap.add_argument("--model", default="default", help='"default" (SmolLM2-135M), "tiny" or a model folder')
     ap.add_argument("--items", help="the items to replay (JSONL from --dump)")
-    ap.add_argument("--settings", nargs="+", default=["2048", "1024", "1024,mmap"], help="budget[,mmap][,ckpt][,trim]")
+    ap.add_argument(
+        "--settings", nargs="+", default=["2048", "1024", "1024,mmap"], help="budget[,mmap][,ckpt][,trim][,saved]"
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.dump:
@@ -162,6 +195,15 @@ def main() -> None:
         r = json.loads(lines[-1])
         print(f"{s:>14} {r['micro_batches']:>6.0f} {r['tokens']:>7} {r['before']:>7,.0f} {r.get('fwd_bwd', 0):>8,.0f} "
               f"{r['end']:>7,.0f} {r['seconds']:>6}  {r['loss']:.6f}", flush=True)  # fmt: skip
+        if r["saved"]:
+            n = r["saved"].pop("tokens")
+            total = sum(r["saved"].values())
+            print(
+                f"{'':>14} saved for backward by the first micro-batch ({n} tokens): {total / MB:,.0f} MB, "
+                f"{total / MB / n:.2f} MB a token; largest:"
+            )
+            for key, b in sorted(r["saved"].items(), key=lambda kv: -kv[1])[:6]:
+                print(f"{'':>16}{b / MB:>9,.1f} MB  {key}")
 
 
 if __name__ == "__main__":
