@@ -102,26 +102,33 @@ def longest_suffix(text: str, room: int, count: Count, total: int) -> tuple[int,
 
 
 def _longest(measure: Callable[[int], int], length: int, room: int, total: int) -> tuple[int, int]:
-    """The largest ``n`` in ``[0, length]`` with ``measure(n) <= room``, by interpolation search
-    (tokens grow about linearly with characters) falling back to bisection when a probe does
-    not halve the bracket; stops early when the prefix counts exactly ``room``."""
+    """The largest ``n`` in ``[0, length]`` with ``measure(n) <= room`` (or one within
+    ``room // 200`` tokens of ``room``). Each probe costs about ``n`` characters of tokenizing, so
+    none goes far past the answer: each aims a little under ``room``, at the characters per token
+    measured so far (the part below it, or the bracket once a probe was over); once one was over,
+    a probe that did not halve the bracket is followed by one bisection."""
     if room <= 0:
         return 0, 0
     if total <= room:
         return length, total
+    near = room - room // 200
     lo, c_lo, hi, c_hi = 0, 0, length, total
-    bisect = False
-    while hi - lo > 1 and c_lo < room:
+    over = bisect = False  # ``over``: some probe counted more than ``room`` (``hi`` is near)
+    while hi - lo > 1 and c_lo < near:
         width = hi - lo
         if bisect:
             probe = lo + width // 2
         else:
-            probe = lo + int(width * (room - c_lo) / max(1, c_hi - c_lo))
+            aim = room - max(1, (room - c_lo) // 50)  # a little under: a probe over the room is a wasted one
+            if over or c_lo == 0:
+                probe = lo + int(width * (aim - c_lo) / max(1, c_hi - c_lo))
+            else:
+                probe = lo + int((aim - c_lo) * lo / c_lo)
         probe = min(max(probe, lo + 1), hi - 1)
         c = measure(probe)
         if c <= room:
             lo, c_lo = probe, c
         else:
-            hi, c_hi = probe, c
-        bisect = hi - lo > width // 2
+            hi, c_hi, over = probe, c, True
+        bisect = not bisect and over and hi - lo > width // 2
     return lo, c_lo
