@@ -122,6 +122,10 @@ def test_a_tictactoe_warmup_trains_on_every_move_and_one_that_trains_on_nothing_
     with pytest.raises(RuntimeError, match=r"trained on nothing: its 1 step\(s\) were skipped \(no action tokens"):
         train_env(task, steps=0, group_size=1, prompts_per_step=2, model=client, max_tokens=6, out=None,
                   progress=False, config={"max_seq_len": 256}, sft_warmup_steps=1)  # fmt: skip
+    # with room for some: the longer (later) turns are dropped, and the warm-up says so
+    with pytest.warns(UserWarning, match=r"of \d+ demonstrated turns were longer than max_seq_len=1400 and dropped"):
+        train_env(task, steps=0, group_size=1, prompts_per_step=2, model=client, max_tokens=6, out=None,
+                  progress=False, config={"max_seq_len": 1400, "micro_token_budget": 4096}, sft_warmup_steps=1)  # fmt: skip
     # with room for them, the game's demonstrated moves (every turn of every game) are trained on
     run = train_env(task, steps=0, group_size=1, prompts_per_step=2, model=client, max_tokens=6, out=None,
                     progress=False, config={"max_seq_len": 2048, "micro_token_budget": 4096}, sft_warmup_steps=1)  # fmt: skip

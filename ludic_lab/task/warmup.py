@@ -137,11 +137,17 @@ async def warm_up(trainer: Any, client: Any, task: Any, *, steps: int, per_step:
             f"skipped ({'; '.join(reasons)}; {sum(int(m.get('pack/dropped_items', 0)) for m in skipped)} demonstrated "
             "step(s) dropped in packing); raise TrainerConfig.max_seq_len if they were too long"
         )
-    if skipped:
-        import warnings
+    import warnings
 
+    if skipped:
         warnings.warn(f"SFT warm-up: {len(skipped)} of {steps} steps were skipped "
                       f"({skipped[0].get('skip_reason')})", stacklevel=2)  # fmt: skip
+    dropped = sum(int(m.get("pack/dropped_items", 0)) for m in metrics)
+    if dropped:  # e.g. a game's later turns: the warm-up would teach openings only
+        total = sum(int(m.get("items", 0)) for m in metrics)
+        warnings.warn(f"SFT warm-up: {dropped} of {total} demonstrated turns were longer than max_seq_len="
+                      f"{trainer.config.max_seq_len} and dropped, so it trained on the shorter ones only; "
+                      "raise TrainerConfig.max_seq_len", stacklevel=2)  # fmt: skip
     return metrics
 
 
