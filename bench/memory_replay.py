@@ -162,6 +162,33 @@ def _count_saved(tm: Any, trainer: Any, saved: dict[str, int]) -> None:
     tm.Trainer._micro_batch_loss = counted
 
 
+def turn_chains(items_path: str, max_seq_len: int = 1024) -> str:
+    """How much of the items repeats earlier turns: consecutive turns of a rollout whose tokens
+    start with the previous turn's exact tokens (its actions all after them), and the tokens left
+    if each such turn were stored as the tail of the one before (each item cut at ``max_seq_len``)."""
+    by_rollout: dict[str, list[dict[str, Any]]] = {}
+    for line in open(items_path):
+        d = json.loads(line)
+        by_rollout.setdefault(d["rollout_id"], []).append(d)
+    total = stored = links = pairs = 0
+    for turns in by_rollout.values():
+        prev: list[int] | None = None
+        for d in sorted(turns, key=lambda d: d["step_index"]):
+            ids = d["input_ids"][:max_seq_len]
+            total += len(ids)
+            n = len(prev) if prev is not None else 0
+            pairs += prev is not None
+            if prev is not None and len(ids) > n and ids[:n] == prev and 1 not in d["action_mask"][:n]:
+                links, stored = links + 1, stored + len(ids) - n
+            else:
+                stored += len(ids)
+            prev = ids
+    return (
+        f"{len(by_rollout)} rollouts, {total:,} tokens (items cut at {max_seq_len}); {links} of {pairs} consecutive "
+        f"turns start with the turn before, as tails: {stored:,} tokens"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--dump", help="sample one TextArena step and write its items here (JSONL)")
@@ -169,7 +196,7 @@ def main() -> None:
     ap.add_argument("--model", default="default", help='"default" (SmolLM2-135M), "tiny" or a model folder')
     ap.add_argument("--items", help="the items to replay (JSONL from --dump)")
     ap.add_argument(
-        "--settings", nargs="+", default=["2048", "1024", "1024,mmap"], help="budget[,mmap][,ckpt][,trim][,saved]"
+        "--settings", nargs="*", default=["2048", "1024", "1024,mmap"], help="budget[,mmap][,ckpt][,trim][,saved]"
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -182,7 +209,7 @@ def main() -> None:
         os._exit(0)
     if not args.items:
         ap.error("give --dump PATH (sample) or --items PATH (replay)")
-    print(f"replay of {args.items}, load average {os.getloadavg()[0]:.1f}; MB resident")
+    print(f"replay of {args.items}, load average {os.getloadavg()[0]:.1f}; {turn_chains(args.items)}; MB resident")
     print(f"{'setting':>14} {'micro':>6} {'tokens':>7} {'before':>7} {'fwd_bwd':>8} {'end':>7} {'s':>6}  loss")
     for s in args.settings:
         env = dict(os.environ, **({"MALLOC_MMAP_THRESHOLD_": str(MB)} if "mmap" in s.split(",") else {}))
