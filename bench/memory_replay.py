@@ -42,7 +42,8 @@ class Peaks:
     def __init__(self) -> None:
         import psutil
 
-        self.proc, self.phase, self.peaks = psutil.Process(), "load", {}
+        self.proc, self.phase = psutil.Process(), "load"
+        self.peaks: dict[str, int] = {}
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
