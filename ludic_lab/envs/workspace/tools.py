@@ -88,7 +88,7 @@ class WorkspaceTools:
     ``test_command``: what ``run_tests`` runs (without one there is no ``run_tests`` tool);
     ``test_timeout_s`` its time limit; ``timeout_s`` a shell command's (default the pool's);
     ``budget``: the episode's :class:`OutputBudget` (default 4000 characters a result, 60000
-    an episode)."""
+    an episode; ``OutputBudget.for_tokenizer(tokenizer, ...)`` counts the model's tokens)."""
 
     def __init__(self, workspace: Workspace | None = None, *, test_command: str | None = None,
                  test_timeout_s: float = 120.0, timeout_s: float | None = None,
