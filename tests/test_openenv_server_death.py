@@ -106,7 +106,8 @@ def _assert_killed_under(r: Rollout) -> None:
 async def test_a_server_killed_mid_batch_fails_only_the_episodes_it_was_serving(
     tiny_client: Any, tmp_path: Path
 ) -> None:
-    with OpenEnvServer.launch(APP, cwd=SERVERS, max_sessions=4) as server:
+    # the sandboxed server sees the hold file through `writable` (the host's tmp_path, bound in)
+    with OpenEnvServer.launch(APP, cwd=SERVERS, max_sessions=4, writable=[tmp_path]) as server:
         by_seed, served, took, pid = await _kill_mid_batch(server, tiny_client, tmp_path / "hold")
         failed = {s for s, r in by_seed.items() if r.failed}
         assert failed == served and len(served) == 4, {s: r.error for s, r in by_seed.items()}
@@ -125,7 +126,7 @@ async def test_a_server_killed_mid_batch_fails_only_the_episodes_it_was_serving(
 async def test_a_server_that_cannot_start_again_fails_the_queued_episodes_saying_why(
     tiny_client: Any, tmp_path: Path, why: str
 ) -> None:
-    options: dict[str, Any] = {"cwd": SERVERS, "max_sessions": 4, "startup_timeout_s": 30.0}
+    options: dict[str, Any] = {"cwd": SERVERS, "max_sessions": 4, "startup_timeout_s": 30.0, "writable": [tmp_path]}
     if why == "max_restarts=0":
         options["max_restarts"] = 0
     else:

@@ -1,9 +1,11 @@
 """An OpenEnv environment server shared by a pool of episodes: started here or already running.
 
 ``OpenEnvServer.launch("my_env.server.app:app")`` runs the app (an ``openenv-core``
-``create_app(...)`` FastAPI app, as ``openenv init`` writes it) under uvicorn on a free
-127.0.0.1 port, in its own session, logging to a file; ``close()``, interpreter exit and a
-watchdog that outlives a ``kill -9`` of this process all end its whole process tree.
+``create_app(...)`` FastAPI app, as ``openenv init`` writes it) under uvicorn in ludic_lab's
+bubblewrap sandbox, reached at a free 127.0.0.1 port (:mod:`.openenv_process`), so an env that
+runs its actions as code runs them there; ``sandbox="unsafe_local"`` runs it as a plain process,
+for envs you trust. ``close()``, interpreter exit and a watchdog that outlives a ``kill -9`` of
+this process all end its whole process tree.
 ``OpenEnvServer.at(url)`` uses a server already running there. Either way ``start`` checks
 ``GET /health`` (a server that is down is one clear :class:`OpenEnvServerError`) and reads
 ``GET /schema`` (the action's JSON schema, from which the default text-to-action mapping is
@@ -22,19 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import json
 import os
+import subprocess
 import threading
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from ludic_lab.extras import require_extra
-from ludic_lab.integrations.openenv_process import ServerProcess
+from ludic_lab.integrations import openenv_process as http
+from ludic_lab.integrations.openenv_process import ServerProcess, ServerSandbox, check_sandbox
 
 
 class OpenEnvServerError(RuntimeError):
@@ -68,6 +70,10 @@ class OpenEnvServer:
         startup_timeout_s: float = 60.0,
         http_timeout_s: float = 5.0,
         max_restarts: int = 2,
+        sandbox: ServerSandbox = "bubblewrap",
+        limits: Any = None,
+        readable: Sequence[str | os.PathLike[str]] = (),
+        writable: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         if (url is None) == (app is None):
             raise ValueError("OpenEnvServer needs exactly one of url= (a running server) or app= ('pkg.module:app')")
@@ -81,6 +87,12 @@ class OpenEnvServer:
         self.max_sessions = None if max_sessions is None else int(max_sessions)
         self.startup_timeout_s, self.http_timeout_s = float(startup_timeout_s), float(http_timeout_s)
         self.max_restarts = int(max_restarts)
+        self.sandbox: ServerSandbox = check_sandbox(sandbox, launched=app is not None)
+        self.limits, self.readable, self.writable = (
+            limits,
+            [os.fspath(p) for p in readable],
+            [os.fspath(p) for p in writable],
+        )
         self.restarts = 0
         self.action_schema: dict[str, Any] | None = None
         """The action's JSON schema (``GET /schema``), read by :meth:`start`; ``None`` before or without one."""
@@ -100,7 +112,8 @@ class OpenEnvServer:
     @classmethod
     def launch(cls, app: str, **options: Any) -> OpenEnvServer:
         """A server this object runs: ``app`` is uvicorn's ``'package.module:attribute'``, importable
-        from ``cwd`` (default: the current folder); ``env`` is added to the child's environment."""
+        from ``cwd`` (default: the current folder); sandboxed unless ``sandbox="unsafe_local"``
+        (``env``, ``readable``, ``writable``, ``limits``: see :class:`.openenv_process.ServerProcess`)."""
         return cls(app=app, **options)
 
     @classmethod
@@ -142,7 +155,7 @@ class OpenEnvServer:
                 raise OpenEnvServerError(f"{self!r} was closed; build a new OpenEnvServer")
             if not self._started:
                 self._spawn_and_wait() if self.launched else self._check_health()
-                self.action_schema = self._read_schema()
+                self.action_schema = http.read_schema(self.base_url, self.http_timeout_s)
                 self._started = True
                 if self.launched:
                     with _LIVE_LOCK:
@@ -332,14 +345,9 @@ class OpenEnvServer:
                     f"cause, then launch a new OpenEnvServer): {exc}"
                 )
 
-    def _get(self, path: str, base: str | None = None) -> tuple[int, bytes]:
-        url = (base or self.base_url) + path
-        with urllib.request.urlopen(url, timeout=self.http_timeout_s) as r:
-            return int(r.status), r.read()
-
     def _check_health(self) -> None:
         try:
-            status, _ = self._get("/health")
+            status, _ = http.http_get(self.base_url + "/health", self.http_timeout_s)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise OpenEnvServerError(
@@ -350,21 +358,19 @@ class OpenEnvServer:
         if status != 200:
             raise OpenEnvServerError(f"the server at {self._url} answered GET /health with HTTP {status}")
 
-    def _read_schema(self) -> dict[str, Any] | None:
-        try:
-            _, body = self._get("/schema")
-            schema = json.loads(body).get("action")
-        except (urllib.error.URLError, OSError, ValueError, AttributeError):
-            return None  # an older server without /schema: the default mapping needs action_field= then
-        return schema if isinstance(schema, dict) else None
-
     def _spawn_and_wait(self) -> None:
         assert self.app is not None
-        proc = ServerProcess(self.app, host=self.host, cwd=self.cwd, python=self.python, env=self.extra_env,
-                             uvicorn_args=self.uvicorn_args)  # fmt: skip
+        try:
+            proc = ServerProcess(self.app, host=self.host, cwd=self.cwd, python=self.python, env=self.extra_env,
+                                 uvicorn_args=self.uvicorn_args, sandbox=self.sandbox, limits=self.limits,
+                                 readable=self.readable, writable=self.writable)  # fmt: skip
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            raise OpenEnvServerError(f"the OpenEnv server {self.app!r} could not be started: {exc}") from exc
         self._proc, self._url, self.log_path = proc, proc.url, proc.log_path
         self._procs[len(self._procs) + 1] = proc
-        failed = proc.wait_healthy(self._healthy, self.startup_timeout_s, lambda: self._closed)
+        failed = proc.wait_healthy(
+            lambda url: http.healthy(url, self.http_timeout_s), self.startup_timeout_s, lambda: self._closed
+        )
         if failed is not None:
             tail = proc.tail()
             self._stop_process()
@@ -372,12 +378,6 @@ class OpenEnvServer:
                 f"the OpenEnv server {self.app!r} (cwd {self.cwd or os.getcwd()}) {failed} before it was "
                 f"healthy; log {proc.log_path}:\n{tail}"
             )
-
-    def _healthy(self, url: str) -> bool:
-        try:
-            return self._get("/health", url)[0] == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
 
     def _stop_process(self) -> None:
         proc, self._proc = self._proc, None

@@ -1,0 +1,155 @@
+"""The command line of a launched OpenEnv server inside bubblewrap, serving on a unix socket.
+
+The threat model of :mod:`ludic_lab.envs.code_exec` (its ``isolation_args``, ``sealing_args``
+and seccomp filter): new pid, network, ipc and uts namespaces (no network: the host's
+127.0.0.1 and every other address are out of reach), a user namespace with no capability
+(uid 1000 inside), an empty environment but for the few variables set here and ``env``, a
+read-only root of ``/usr`` and the interpreter's installation, the package folders read-only
+at ``/site/N`` (on ``sys.path`` through the workspace's ``sitecustomize``), the app's folder
+read-only at its own path (the working directory), a private writable tmpfs at ``/tmp``; and
+rlimits (address space, file size, open files, no core files) set before bubblewrap starts.
+The server listens on ``/ipc/server.sock``, the one writable folder shared with the host,
+which reaches it through :class:`~ludic_lab.integrations.openenv_proxy.UnixSocketProxy`.
+Killing bubblewrap kills the sandbox's pid 1 and with it every process the server started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ludic_lab.envs.code_exec.bwrap import find_bwrap, isolation_args, sealing_args
+from ludic_lab.envs.code_exec.sandbox import Interpreter
+from ludic_lab.envs.code_exec.seccomp import filter_program
+from ludic_lab.envs.workspace.sandbox import SANDBOX_UID, SITECUSTOMIZE, package_folders
+
+SOCKET = "/ipc/server.sock"
+"""Where the server listens inside the sandbox."""
+SET_LIMITS = (
+    "import os, resource, sys; [resource.setrlimit(getattr(resource, n), (int(v), int(v))) for n, v in zip(("
+    "'RLIMIT_AS', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_CORE'), sys.argv[1:5])]; os.execv(sys.argv[5], sys.argv[5:])"
+)
+"""Run with the host's interpreter: sets the rlimits, then becomes bubblewrap (same pid)."""
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Resource limits of every process of a sandboxed OpenEnv server (rlimits)."""
+
+    memory_bytes: int = 16 * 2**30
+    """RLIMIT_AS: address space of each process (threads' stacks count: keep it generous)."""
+    file_size_bytes: int = 1 * 2**30
+    """RLIMIT_FSIZE: largest file a process may write (the server's log included)."""
+    open_files: int = 4096
+    """RLIMIT_NOFILE: a WebSocket session holds one."""
+    tmpfs_bytes: int = 256 * 2**20
+    """Size of the private writable ``/tmp``."""
+
+    def __post_init__(self) -> None:
+        for name in ("memory_bytes", "file_size_bytes", "open_files", "tmpfs_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ServerLimits.{name} must be a positive int, got {value!r}")
+
+
+def sites_of(python: str | None) -> tuple[str, ...]:
+    """The package folders of ``python`` (default: the running interpreter), real paths."""
+    if python is None:
+        return package_folders()
+    code = "import json, site; print(json.dumps([*site.getsitepackages(), site.getusersitepackages()]))"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    found: list[str] = []
+    for folder in json.loads(out):
+        real = os.path.realpath(folder)
+        if os.path.isdir(real) and real not in found:
+            found.append(real)
+    return tuple(found)
+
+
+def _dirs(path: str) -> list[str]:
+    """``--dir`` arguments (mode 0755) for the parents of ``path``, which bwrap would make 0700."""
+    parts = path.strip("/").split("/")[:-1]
+    args: list[str] = []
+    for i in range(len(parts)):
+        args += ["--perms", "0755", "--dir", "/" + "/".join(parts[: i + 1])]
+    return args
+
+
+def server_argv(
+    uvicorn: Sequence[str],
+    *,
+    workdir: str,
+    app_dir: str,
+    python: str | None,
+    env: Mapping[str, str],
+    limits: ServerLimits,
+    readable: Sequence[str] = (),
+    writable: Sequence[str] = (),
+    seccomp_fd: int | None,
+) -> list[str]:
+    """The whole command: the rlimits, then bubblewrap running ``python -m uvicorn`` followed by
+    ``uvicorn`` (the app and its options; it must serve on :data:`SOCKET`). ``workdir``: the
+    host's private folder for this server (its ``ipc`` is bound writable at ``/ipc``, its
+    ``boot`` holds the ``sitecustomize``); ``app_dir``: the working directory, bound read-only;
+    ``readable`` / ``writable``: more host folders bound at their own paths."""
+    interpreter = Interpreter.from_executable(python) if python else Interpreter.current()
+    sites = sites_of(python)
+    boot = os.path.join(workdir, "boot")
+    os.makedirs(boot, mode=0o755, exist_ok=True)
+    with open(os.path.join(boot, "sitecustomize.py"), "w") as f:
+        f.write(SITECUSTOMIZE.format(sites=[f"/site/{i}" for i in range(len(sites))]))
+    os.makedirs(os.path.join(workdir, "ipc"), mode=0o700, exist_ok=True)
+    args = isolation_args(find_bwrap(), interpreter, tmpfs_bytes=limits.tmpfs_bytes, as_root=False)
+    args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
+    args += ["--perms", "0755", "--dir", "/site", "--ro-bind", boot, "/site/boot"]
+    for i, folder in enumerate(sites):
+        args += ["--ro-bind", folder, f"/site/{i}"]
+    args += ["--bind", os.path.join(workdir, "ipc"), "/ipc"]
+    binds = [(app_dir, "--ro-bind"), *((p, "--ro-bind") for p in readable), *((p, "--bind") for p in writable)]
+    for folder, how in binds:
+        real = os.path.realpath(folder)
+        if real in ("/", os.path.realpath(os.path.expanduser("~"))):
+            raise ValueError(
+                f"{folder!r} would show the sandboxed OpenEnv server the whole machine or home folder; "
+                "run it from (cwd=) the folder that holds the env's package"
+            )
+        if not os.path.isdir(real):
+            raise ValueError(f"{folder!r} is not a folder; the sandboxed OpenEnv server can be given folders only")
+        args += [*_dirs(real), how, real, real]
+    environment = {"PYTHONPATH": "/site/boot", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **env}
+    sealing = sealing_args(info_fd=None, seccomp_fd=seccomp_fd, env=environment)
+    sealing[sealing.index("--chdir") + 1] = os.path.realpath(app_dir)  # `python -m` imports the app from there
+    args += [*sealing, interpreter.executable, "-m", "uvicorn", *uvicorn]
+    rlimits = [limits.memory_bytes, limits.file_size_bytes, limits.open_files, 0]
+    return [sys.executable, "-I", "-S", "-c", SET_LIMITS, *map(str, rlimits), *args]
+
+
+def seccomp_fd() -> int | None:
+    """A readable fd of the seccomp filter (None where there is none); the caller closes it."""
+    import tempfile
+
+    program = filter_program()
+    if program is None:
+        return None
+    with tempfile.TemporaryFile() as f:
+        f.write(program)
+        f.flush()
+        return os.open(f"/proc/self/fd/{f.fileno()}", os.O_RDONLY)
+
+
+def require_bwrap() -> None:
+    """Raise :class:`~ludic_lab.envs.code_exec.sandbox.SandboxUnavailableError` naming the
+    install and the opt-out when bubblewrap is missing."""
+    from ludic_lab.envs.code_exec.sandbox import SandboxUnavailableError
+
+    try:
+        find_bwrap()
+    except SandboxUnavailableError as exc:
+        raise SandboxUnavailableError(
+            f"{exc} -- OpenEnvServer.launch runs the env server in that sandbox; for an env you trust, "
+            "sandbox='unsafe_local' runs it as a plain process (what its actions do, they do on this machine)"
+        ) from None

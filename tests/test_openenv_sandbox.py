@@ -1,0 +1,162 @@
+"""A launched OpenEnv server runs in ludic_lab's bubblewrap sandbox, against openenv-core and bwrap.
+
+The code env (``tests/openenv_servers/code_env``) hands each action's code to openenv-core's own
+``MCPEnvironment.execute_code`` (an ``exec``), as a coding or CodeAct env does. Launched by
+default, the code runs in the sandbox: a file it writes on the host's paths is not there, a
+listener on the host's 127.0.0.1 gets no connection, a process it leaves in the background is
+gone after close, the host's environment is not visible. ``sandbox="unsafe_local"`` is the
+positive control: the same action creates the file and reaches the listener. The host reaches
+the sandboxed server through the proxy over both of openenv-core's transports: HTTP (``/health``,
+``/schema``, ``POST /reset``) and the WebSocket session of ``GenericEnvClient``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("openenv")
+import psutil
+
+from ludic_lab.envs.code_exec.sandbox import SandboxUnavailableError
+from ludic_lab.integrations.openenv_server import OpenEnvServer
+
+pytestmark = pytest.mark.timeout(180)
+
+SERVERS = str(Path(__file__).parent / "openenv_servers")
+APP = "code_env.server.app:app"
+
+
+async def _run(server: OpenEnvServer, code: str) -> str:
+    """One episode on ``server``: reset, one step running ``code``; -> its output."""
+    from openenv.core.generic_client import GenericEnvClient
+
+    async with GenericEnvClient(base_url=server.base_url) as client:
+        await client.reset()
+        result = await client.step({"code": code})
+    return str(result.observation["output"])
+
+
+def _listener() -> tuple[socket.socket, list[Any]]:
+    """A TCP listener on the host's 127.0.0.1 that records every connection it accepts."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    accepted: list[Any] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    return sock, accepted
+
+
+def _touch(path: Path) -> str:
+    return f"import subprocess\nresult = subprocess.run(['touch', {str(path)!r}]).returncode"
+
+
+def _connect(port: int) -> str:
+    return (
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=3).close(); result = 'connected'\n"
+        "except OSError as e:\n"
+        "    result = type(e).__name__"
+    )
+
+
+async def test_an_action_that_runs_code_stays_in_the_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LUDIC_TEST_HOST_SECRET", "s3cret")
+    sock, accepted = _listener()
+    marker = f"{time.time_ns() % 10**6}.5"  # a sleep no other process runs
+    try:
+        async with OpenEnvServer.launch(APP, cwd=SERVERS) as server:
+            assert server.sandbox == "bubblewrap"
+            # a file on the host's paths: tmp_path, and the app's own folder (bound read-only)
+            assert await _run(server, _touch(tmp_path / "pwned")) == "1"
+            assert await _run(server, _touch(Path(SERVERS) / "pwned")) == "1"
+            assert await _run(server, _connect(sock.getsockname()[1])) == "'ConnectionRefusedError'"
+            out = await _run(server, "import os\nresult = sorted(os.environ)")
+            assert "LUDIC_TEST_HOST_SECRET" not in out and "PATH" in out
+            assert await _run(server, "import os\nresult = os.getuid()") == "1000"
+            # a process left in the background, in a session of its own, its parent gone
+            code = f"import subprocess\nresult = subprocess.Popen(['sh', '-c', 'sleep {marker} &'], start_new_session=True).wait()"
+            assert await _run(server, code) == "0"
+            assert _sleepers(marker), "the background process should run until the server is closed"
+            tree = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
+        assert not (tmp_path / "pwned").exists() and not (Path(SERVERS) / "pwned").exists()
+        assert accepted == []
+        assert _sleepers(marker) == []
+        assert [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+    finally:
+        sock.close()
+
+
+async def test_unsafe_local_runs_the_same_actions_on_this_machine(tmp_path: Path) -> None:
+    """The positive control: without the sandbox the same actions reach the host."""
+    sock, accepted = _listener()
+    try:
+        async with OpenEnvServer.launch(APP, cwd=SERVERS, sandbox="unsafe_local") as server:
+            assert await _run(server, _touch(tmp_path / "pwned")) == "0"
+            assert await _run(server, _connect(sock.getsockname()[1])) == "'connected'"
+        assert (tmp_path / "pwned").exists()
+        deadline = time.monotonic() + 5
+        while not accepted and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(accepted) == 1
+    finally:
+        sock.close()
+
+
+async def test_the_proxy_carries_http_and_websocket_sessions() -> None:
+    async with OpenEnvServer.launch(APP, cwd=SERVERS) as server:
+        assert server.action_schema is not None and "code" in server.action_schema["properties"]  # GET /schema
+        request = urllib.request.Request(
+            server.base_url + "/reset", data=b"{}", headers={"Content-Type": "application/json"}, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert json.loads(r.read())["observation"]["output"].startswith("Write Python")
+        # several WebSocket sessions at once, each with its own environment
+        import asyncio
+
+        outs = await asyncio.gather(*(_run(server, f"result = add({i}, {i})") for i in range(4)))
+        assert outs == [str(2 * i) for i in range(4)]
+        big = await _run(server, "result = 'x' * 300_000")  # a message larger than one proxy chunk
+        assert len(big) == 300_002  # its repr
+
+
+def test_a_bad_sandbox_or_a_missing_bwrap_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="'bubblewrap'.*'unsafe_local'"):
+        OpenEnvServer.launch(APP, cwd=SERVERS, sandbox="none")  # type: ignore[arg-type]
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SandboxUnavailableError, match="sandbox='unsafe_local'"):
+        OpenEnvServer.launch(APP, cwd=SERVERS)
+    OpenEnvServer.launch(APP, cwd=SERVERS, sandbox="unsafe_local")  # the explicit opt-out needs no bwrap
+    OpenEnvServer.at("http://127.0.0.1:1")  # nor does a server given by URL
+
+
+def test_a_folder_that_shows_the_whole_machine_is_refused() -> None:
+    server = OpenEnvServer.launch(APP, cwd=SERVERS, readable=["/"], startup_timeout_s=10)
+    with pytest.raises(Exception, match="whole machine or home folder"):
+        server.start_sync()
+    server.close_sync()
+
+
+def _sleepers(marker: str) -> list[int]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if (p.info["cmdline"] or [])[-1:] == [marker] and p.status() != psutil.STATUS_ZOMBIE:
+            found.append(p.pid)
+    return found
