@@ -175,7 +175,7 @@ def build_env_training(
         from transformers import AutoModelForCausalLM
 
         policy = AutoModelForCausalLM.from_pretrained(_model_path(client))
-    trainer_config = _trainer_config(config, temperature=temperature, seed=seed)
+    trainer_config = _trainer_config(config, temperature=temperature, seed=seed, task=task)
     folder = None
     if out is not None:
         run_config = dict(
@@ -369,14 +369,15 @@ def _model_path(client: Any) -> str:
     return str(path)
 
 
-def _trainer_config(config: Any, *, temperature: float, seed: int) -> Any:
+def _trainer_config(config: Any, *, temperature: float, seed: int, task: Any = None) -> Any:
     from ludic_lab.training import TrainerConfig
 
     if isinstance(config, TrainerConfig):
         return config
     if config is not None and not isinstance(config, Mapping):
         raise TypeError(f"config must be a TrainerConfig or a mapping of its fields, got {type(config).__name__}")
-    return TrainerConfig(**{**DEFAULT_CONFIG, "scoring_temperature": temperature, "seed": seed, **(config or {})})
+    fields = task.trainer_fields(config or {}) if task is not None else dict(config or {})  # the task's defaults
+    return TrainerConfig(**{**DEFAULT_CONFIG, "scoring_temperature": temperature, "seed": seed, **fields})
 
 
 def _check(task: Task) -> None:

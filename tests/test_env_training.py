@@ -212,3 +212,26 @@ def test_a_resumed_run_samples_the_requests_the_saved_run_would_have(tiny_model_
     resumed.train_sync(1, progress=False)
     assert [row[:2] for row in _trace_rows(resumed.rollouts)] == [row[:2] for row in expected]  # same seeds
     assert {row[0] for row in expected} == {2, 3}  # the next two questions, not the first two again
+
+
+def test_a_tasks_trainer_defaults_start_the_config_and_config_overrides_them(tiny_model_dir: str) -> None:
+    """``Task.trainer_defaults`` (a TextArena game's smaller micro-batches) start a run's
+    ``TrainerConfig``; a ``config`` mapping overrides them, a ``TrainerConfig`` replaces them."""
+    from ludic_lab.inference import LocalChatClient
+    from ludic_lab.task.external.textarena import GAME_TRAINER_DEFAULTS
+    from ludic_lab.training import TrainerConfig
+
+    client = LocalChatClient(tiny_model_dir, max_batch_size=8)
+    base = as_task(ShoutEnv)
+    task = Task(base.name, base.env, trainer_defaults={"micro_token_budget": 1024, "lora_r": 4})
+    run = build_env_training(task, model=client, max_tokens=4)
+    assert (run.trainer.config.micro_token_budget, run.trainer.config.lora_r, run.trainer.config.lr) == (1024, 4, 1e-4)
+    run = build_env_training(task, model=client, max_tokens=4, config={"micro_token_budget": 2048})
+    assert (run.trainer.config.micro_token_budget, run.trainer.config.lora_r) == (2048, 4)
+    run = build_env_training(task, model=client, max_tokens=4, config={"max_seq_len": 2048})  # the default lifted
+    assert (run.trainer.config.micro_token_budget, run.trainer.config.max_seq_len) == (2048, 2048)
+    run = build_env_training(task, model=client, max_tokens=4, config=TrainerConfig(lora_r=2))
+    assert (run.trainer.config.micro_token_budget, run.trainer.config.lora_r) == (TrainerConfig().micro_token_budget, 2)
+    assert as_task(ShoutEnv).trainer_defaults is None and GAME_TRAINER_DEFAULTS == {"micro_token_budget": 1024}
+    with pytest.raises(TypeError, match="trainer_defaults must be a mapping"):
+        Task(base.name, base.env, trainer_defaults=[("lr", 1.0)])  # type: ignore[arg-type]

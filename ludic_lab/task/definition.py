@@ -14,7 +14,7 @@ so a task is written once and trained, sampled in a pipeline or evaluated the sa
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,10 @@ class Task:
     """``demonstrate(messages) -> reply``: a correct reply to a training episode's conversation, what
     the SFT warm-up trains on (:mod:`ludic_lab.task.warmup`; ``train_env(sft_warmup_steps=N)``);
     ``None``: the task has no demonstrator and refuses a warm-up."""
+    trainer_defaults: Mapping[str, Any] | None = None
+    """``TrainerConfig`` fields this task's ``train_env`` runs start from (over the short path's
+    defaults; a ``config`` mapping overrides them, a ``TrainerConfig`` replaces them): e.g. a smaller
+    ``micro_token_budget`` for long multi-turn episodes."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -71,6 +75,17 @@ class Task:
             raise TypeError("Task.parser must be a callable str -> ParseResult (e.g. identity_parser)")
         if self.demonstrate is not None and not callable(self.demonstrate):
             raise TypeError("Task.demonstrate must be a callable messages -> reply text, or None")
+        if self.trainer_defaults is not None and not isinstance(self.trainer_defaults, Mapping):
+            raise TypeError("Task.trainer_defaults must be a mapping of TrainerConfig fields, or None")
+
+    def trainer_fields(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """``config`` (``TrainerConfig`` fields) over :attr:`trainer_defaults`; a default
+        ``micro_token_budget`` below ``config``'s ``max_seq_len`` is raised to it (one sequence of
+        ``max_seq_len`` tokens must fit in a micro-batch)."""
+        own = dict(self.trainer_defaults or {})
+        if "micro_token_budget" in own and "micro_token_budget" not in config and "max_seq_len" in config:
+            own["micro_token_budget"] = max(own["micro_token_budget"], config["max_seq_len"])
+        return {**own, **config}
 
     def make_protocol(self, client: Any) -> Any:
         """A fresh protocol sampling through ``client`` (one per episode)."""

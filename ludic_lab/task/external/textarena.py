@@ -47,6 +47,11 @@ HELD_OUT_BASE = TRAIN_SEEDS
 """Evaluation env seeds are ``HELD_OUT_BASE, HELD_OUT_BASE + 1, ...``: never trained on."""
 DEFAULT_MAX_TURNS = 32
 """Moves per episode (invalid ones included; a round of a multi-player game is one move)."""
+GAME_TRAINER_DEFAULTS = {"micro_token_budget": 1024}
+"""``train_env``'s trainer defaults for a game (``Task.trainer_defaults``; ``config=`` overrides):
+each turn is a training item that repeats the game so far, and activations cost ~1.2 MB a token,
+so the trainer's 8,192-token micro-batches held over 20 GB for one step of 16 Tic-Tac-Toe games
+on SmolLM2; at 1,024 the step peaks at 7.0 GB, the same update (docs/deployment.md)."""
 
 
 def game_reward(rollout: Rollout) -> float:
@@ -145,7 +150,8 @@ def textarena_task(
                     protocol=lambda client: SingleAgentSyncProtocol(_agent(client, read, examples)),
                     max_steps=max_turns, reject_incomplete_completions=False, stats=stats,
                     evaluate=_evaluator(env_id, kind, n, 0, common, None, max_turns, win_threshold,
-                                        shaping), demonstrate=scripted_player(env_id))  # fmt: skip
+                                        shaping), demonstrate=scripted_player(env_id),
+                    trainer_defaults=GAME_TRAINER_DEFAULTS)  # fmt: skip
     if self_play and opponent is not None:
         raise ValueError("give either self_play=True or an opponent, not both")
     if not 0 <= seat < n:
@@ -168,7 +174,7 @@ def textarena_task(
                 max_steps=max_turns, reject_incomplete_completions=False, stats=stats,
                 evaluate=_evaluator(env_id, kind, n, seat, common, eval_opponent if self_play else opponent,
                                     max_turns, win_threshold, shaping),
-                demonstrate=scripted_player(env_id))  # fmt: skip
+                demonstrate=scripted_player(env_id), trainer_defaults=GAME_TRAINER_DEFAULTS)  # fmt: skip
 
 
 def _agent(
