@@ -6,7 +6,8 @@ and seccomp filter): new pid, network, ipc and uts namespaces (no network: the h
 (uid 1000 inside), an empty environment but for the few variables set here and ``env``, a
 read-only root of ``/usr`` and the interpreter's installation, the package folders read-only
 at ``/site/N`` (on ``sys.path`` through the workspace's ``sitecustomize``), the app's folder
-read-only at its own path (the working directory), a private writable tmpfs at ``/tmp``; and
+read-only at its own path (the working directory), as is ludic_lab's own package folder, a
+private writable tmpfs at ``/tmp``; and
 rlimits (address space, file size, open files, no core files) set before bubblewrap starts.
 The server listens on ``/ipc/server.sock``, the one writable folder shared with the host,
 which reaches it through :class:`~ludic_lab.integrations.openenv_proxy.UnixSocketProxy`.
@@ -27,6 +28,9 @@ from ludic_lab.envs.code_exec.sandbox import Interpreter
 from ludic_lab.envs.code_exec.seccomp import filter_program
 from ludic_lab.envs.workspace.sandbox import SANDBOX_UID, SITECUSTOMIZE, package_folders
 
+OWN_PACKAGE = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""ludic_lab's own folder, bound read-only so that an env server may import ludic_lab also from
+an editable install (whose ``.pth`` points outside the package folders)."""
 SOCKET = "/ipc/server.sock"
 """Where the server listens inside the sandbox."""
 SET_LIMITS = (
@@ -110,6 +114,8 @@ def server_argv(
         args += ["--ro-bind", folder, f"/site/{i}"]
     args += ["--bind", os.path.join(workdir, "ipc"), "/ipc"]
     binds = [(app_dir, "--ro-bind"), *((p, "--ro-bind") for p in readable), *((p, "--bind") for p in writable)]
+    if not any(OWN_PACKAGE.startswith(site + "/") for site in sites):  # an editable install: its source
+        binds.insert(0, (OWN_PACKAGE, "--ro-bind"))
     for folder, how in binds:
         real = os.path.realpath(folder)
         if real in ("/", os.path.realpath(os.path.expanduser("~"))):
