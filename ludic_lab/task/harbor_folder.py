@@ -186,18 +186,25 @@ def load_harbor_task(path: str | Path) -> HarborTaskFolder:
 
 def _config_needs(config: Any, m: Any) -> list[str]:
     """What task.toml asks for that a workspace on this host cannot give."""
-    env, needs = config.environment, []
-    if config.steps:
-        needs.append(f"task.toml [[steps]]: a multi-step task ({len(config.steps)} steps)")
-    if env.os != m.TaskOS.LINUX:
+    needs = [f"task.toml [[steps]]: a multi-step task ({len(config.steps)} steps)"] if config.steps else []
+    needs += environment_needs(config.environment, linux=m.TaskOS.LINUX)
+    if m.resolve_mode(config) != m.VerifierEnvironmentMode.SHARED:
+        needs.append("task.toml [verifier] environment_mode = 'separate' (the verifier in a container of its own)")
+    return needs
+
+
+def environment_needs(env: Any, *, linux: Any, gpus: int | None = None) -> list[str]:
+    """What task.toml's ``[environment]`` (``env``) asks for that a workspace cannot give: another
+    OS than ``linux`` (harbor's ``TaskOS.LINUX``), GPUs (``gpus``: the count in force, default
+    ``env.gpus``), TPUs, MCP servers."""
+    needs, gpus = [], env.gpus if gpus is None else gpus
+    if env.os != linux:
         needs.append(f"task.toml [environment] os = {env.os.value!r}")
-    if env.gpus:
+    if gpus:
         kinds = f": {', '.join(env.gpu_types)}" if env.gpu_types else ""
-        needs.append(f"task.toml [environment] gpus = {env.gpus} (GPUs{kinds})")
+        needs.append(f"task.toml [environment] gpus = {gpus} (GPUs{kinds})")
     if env.tpu is not None:
         needs.append("task.toml [environment] tpu (TPUs)")
     if env.mcp_servers:
         needs.append(f"task.toml [environment] mcp_servers ({len(env.mcp_servers)} servers)")
-    if m.resolve_mode(config) != m.VerifierEnvironmentMode.SHARED:
-        needs.append("task.toml [verifier] environment_mode = 'separate' (the verifier in a container of its own)")
     return needs

@@ -45,7 +45,7 @@ from harbor.utils.path_filter import filter_paths_by_patterns
 from pydantic import Field, field_validator
 
 from ludic_lab.envs.workspace import Snapshot, Workspace, WorkspaceConfig, WorkspaceLimits, WorkspacePool
-from ludic_lab.task.harbor_folder import ELSEWHERE
+from ludic_lab.task.harbor_folder import ELSEWHERE, environment_needs
 from ludic_lab.task.harbor_image import HarborImage, HarborUnsupportedError, read_dockerfile, script_needs
 from ludic_lab.task.harbor_transfer import (
     INLINE_CHARS,
@@ -136,16 +136,8 @@ class BubblewrapEnvironment(BaseEnvironment):
 
     def needs(self) -> tuple[HarborImage | None, list[str]]:
         """The Dockerfile as a workspace, and what the task asks for that this host cannot give."""
-        cfg, needs = self.task_env_config, []
-        if cfg.os != TaskOS.LINUX:
-            needs.append(f"task.toml [environment] os = {cfg.os.value!r}")
-        if self._effective_gpus:
-            kinds = f": {', '.join(cfg.gpu_types)}" if cfg.gpu_types else ""
-            needs.append(f"task.toml [environment] gpus = {self._effective_gpus} (GPUs{kinds})")
-        if cfg.tpu is not None:
-            needs.append("task.toml [environment] tpu (TPUs)")
-        if cfg.mcp_servers:
-            needs.append(f"task.toml [environment] mcp_servers ({len(cfg.mcp_servers)} servers)")
+        cfg = self.task_env_config
+        needs = environment_needs(cfg, linux=TaskOS.LINUX, gpus=self._effective_gpus)
         if self.network_policy.network_mode == NetworkMode.ALLOWLIST:
             needs.append(f"network access to {', '.join(self.network_policy.allowed_hosts)} (a workspace has none)")
         image = None
