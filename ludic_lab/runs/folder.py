@@ -39,11 +39,14 @@ RUN_FILES = (RUN_FILE, METRICS_FILE, EVALS_FILE, ROLLOUTS_FILE)
 
 
 def plain(value: Any) -> Any:
-    """``value`` as JSON data: dataclasses and mappings as dicts, sequences as lists,
-    non-finite floats as the strings ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"``, numpy and
-    torch scalars as numbers, anything else as its ``str``."""
+    """``value`` as JSON data: dataclasses and mappings as dicts (a dataclass's fields, then what
+    its ``effective_fields()`` returns, if it has one: values in effect of fields left None),
+    sequences as lists, non-finite floats as the strings ``"NaN"`` / ``"Infinity"`` /
+    ``"-Infinity"``, numpy and torch scalars as numbers, anything else as its ``str``."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out = {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        effective = getattr(value, "effective_fields", None)
+        return {**out, **plain(effective())} if callable(effective) else out
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -30,8 +30,8 @@ DEFAULT_WARMUP_LR = 1e-3
 """The warm-up's learning rate unless told (the workspace demo's measured setting)."""
 WARMUP_MICRO_TOKENS = 2048
 """Tokens of a warm-up micro-batch at most (at least the trainer's ``max_seq_len``): a warm-up step
-trains on distinct prompts, which no GRPO group shares, so at the trainer's own budget (8192 by
-default) its activations held 16-21 GB on SmolLM2 (``bench/env_signal.py``)."""
+trains on distinct prompts, which no GRPO group shares, so at a budget of 8192 (the trainer's
+default on an accelerator) its activations held 16-21 GB on SmolLM2 (``bench/env_signal.py``)."""
 
 
 class DemonstrationClient:
@@ -125,7 +125,7 @@ async def warm_up(trainer: Any, client: Any, task: Any, *, steps: int, per_step:
     if steps == 0:
         return []
     cfg = trainer.config
-    budget = micro_token_budget and max(cfg.max_seq_len, min(cfg.micro_token_budget, micro_token_budget))
+    budget = micro_token_budget and max(cfg.max_seq_len, min(cfg.effective_micro_token_budget, micro_token_budget))
     with training_phase(trainer, algo=sft, batch_source=source, lr=lr, scoring_temperature=1.0, loggers=[],
                         micro_token_budget=budget):  # fmt: skip
         metrics = list(await trainer.train(steps, progress=False))

@@ -18,8 +18,13 @@ class TrainerConfig:
     """Peak learning rate."""
     max_seq_len: int = 1024
     """Longest sequence (prompt + completion) trained on; longer ones follow ``truncation``."""
-    micro_token_budget: int = 8192
-    """Tokens per micro-batch (rows x row length, padding included)."""
+    micro_token_budget: int | None = None
+    """Tokens per micro-batch (rows x row length, padding included); at least ``max_seq_len``.
+    None: chosen by ``model_device`` (:attr:`effective_micro_token_budget`): on a CPU
+    ``max(1024, max_seq_len)``, on an accelerator ``max(8192, max_seq_len)``. On a CPU the step's
+    activations live in host memory: an agent-program run (SmolLM2, GRPO + LoRA, 32 episodes a
+    step) peaked at 12.3 / 14.5 GB in its steps at 8192 and 6.3 / 6.6 GB at 1024, no slower
+    (``bench/memory.py --paths agent``, docs/benchmarks.md)."""
     sync_every_steps: int = 1
     """Publish weights to the sampler every this many optimizer steps (0 = never)."""
     reuse_publish_buffers: bool = True
@@ -157,10 +162,10 @@ class TrainerConfig:
         """Refuse values that cannot work or would silently train differently (see
         :func:`~ludic_lab.validation.check_config`): NaN/inf, negatives, unknown choices."""
         check_config(self, _RANGES, hints=_HINTS)
-        if self.micro_token_budget < self.max_seq_len:
+        if self.micro_token_budget is not None and self.micro_token_budget < self.max_seq_len:
             raise ValueError(
                 f"micro_token_budget ({self.micro_token_budget}) must be >= max_seq_len ({self.max_seq_len}) "
-                "so that one full-length sequence fits in a micro-batch"
+                "so that one full-length sequence fits in a micro-batch (None: chosen by model_device)"
             )
         if self.lr_schedule != "constant" and not self.total_steps:
             raise ValueError(f"lr_schedule={self.lr_schedule!r} needs total_steps (the horizon it decays over)")
@@ -189,6 +194,20 @@ class TrainerConfig:
         if self.effective_async_mode != "fully_async":
             return None
         return 1 if self.max_staleness is None else self.max_staleness
+
+    @property
+    def effective_micro_token_budget(self) -> int:
+        """The micro-batch budget in effect: ``micro_token_budget``, or when it is None
+        ``max(1024, max_seq_len)`` on a CPU ``model_device`` and ``max(8192, max_seq_len)`` on any
+        other (cuda, xpu, mps, ...)."""
+        if self.micro_token_budget is not None:
+            return self.micro_token_budget
+        return max(CPU_MICRO_TOKENS if on_cpu(self.model_device) else ACCELERATOR_MICRO_TOKENS, self.max_seq_len)
+
+    def effective_fields(self) -> dict[str, Any]:
+        """The values in effect of the fields whose None means "chosen for you", under
+        ``effective_<name>`` keys; a run folder's ``run.json`` records them next to the fields."""
+        return {"effective_micro_token_budget": self.effective_micro_token_budget}
 
     def _check_async(self) -> None:
         """``async_mode`` and ``async_level`` do not contradict each other; ``max_staleness``
@@ -227,7 +246,19 @@ class TrainerConfig:
         d["adam_betas"] = list(self.adam_betas)
         d["lora_target_modules"] = list(self.lora_target_modules)
         d["fsdp_block_classes"] = list(self.fsdp_block_classes)
+        d.update(self.effective_fields())
         return d
+
+
+CPU_MICRO_TOKENS = 1024
+"""``micro_token_budget=None`` on a CPU: at least this many tokens a micro-batch (see the field)."""
+ACCELERATOR_MICRO_TOKENS = 8192
+"""``micro_token_budget=None`` on an accelerator: at least this many tokens a micro-batch."""
+
+
+def on_cpu(device: str) -> bool:
+    """Whether ``device`` (``"cpu"``, ``"cpu:0"``, ``"cuda:1"``, ...) names the CPU."""
+    return str(device).strip().lower().split(":", 1)[0] == "cpu"
 
 
 _RANGES = {

@@ -55,12 +55,12 @@ def pack_step(items: list[SAWItem], cfg: TrainerConfig, pad_token_id: int, model
     wide as the budget where ``model`` attends each sequence on its own (less padding)."""
     return pack_items(
         items,
-        micro_token_budget=cfg.micro_token_budget,
+        micro_token_budget=cfg.effective_micro_token_budget,
         max_seq_len=cfg.max_seq_len,
         pad_token_id=pad_token_id,
         truncation=cfg.truncation,
         share_prompts=cfg.share_prompts and takes_custom_mask(model),
-        row_len=cfg.micro_token_budget if model is not None and attends_by_segment(model) else None,
+        row_len=cfg.effective_micro_token_budget if model is not None and attends_by_segment(model) else None,
     )
 
 
