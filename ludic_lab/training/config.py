@@ -298,4 +298,5 @@ _HINTS = {
     "keep_checkpoints": "0 keeps every checkpoint",
     "max_lag": "None keeps every item",
     "max_staleness": "0 trains as async_mode='sync'; None means 1 under fully_async",
+    "micro_token_budget": "None chooses by model_device: 1024 on a CPU, 8192 on an accelerator (at least max_seq_len)",
 }
