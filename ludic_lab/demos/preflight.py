@@ -205,7 +205,7 @@ def check_lengths(cfg: DemoConfig) -> None:
         raise ValueError(
             f"DemoConfig.max_tokens ({cfg.max_tokens}) must be less than TrainerConfig.max_seq_len "
             f"({cfg.trainer.max_seq_len}{whose}): each sample trains as one sequence of prompt and completion; "
-            "lower the one or raise the other (micro_token_budget must stay >= max_seq_len)"
+            "lower the one or raise the other (an explicit micro_token_budget must stay >= max_seq_len)"
         )
     if cfg.backend == "vllm" and cfg.max_tokens >= VLLM_MAX_MODEL_LEN:
         raise ValueError(
