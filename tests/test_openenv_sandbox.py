@@ -137,6 +137,34 @@ async def test_the_proxy_carries_http_and_websocket_sessions() -> None:
         assert len(big) == 300_002  # its repr
 
 
+_FORK_BOMB = """import os, time
+kids, err = [], None
+try:
+    for _ in range(2000):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        kids.append(pid)
+except OSError as e:
+    err = e.errno
+for pid in kids:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+result = [len(kids), err]"""
+
+
+async def test_a_fork_bomb_stops_at_the_servers_process_limit() -> None:
+    """RLIMIT_NPROC inside the user namespace, or the pids cgroup as root (where the kernel exempts
+    uid 0 from RLIMIT_NPROC): forks past ``ServerLimits.processes`` fail with EAGAIN, the server answers on."""
+    from ludic_lab.integrations.openenv_sandbox import ServerLimits
+
+    async with OpenEnvServer.launch(APP, cwd=SERVERS, limits=ServerLimits(processes=64)) as server:
+        forked, errno = json.loads(await _run(server, _FORK_BOMB))
+        assert errno == 11 and 0 < forked < 64, (forked, errno)  # EAGAIN; the server's threads count too
+        assert await _run(server, "result = add(2, 3)") == "5"
+
+
 def test_a_bad_sandbox_or_a_missing_bwrap_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="'bubblewrap'.*'unsafe_local'"):
         OpenEnvServer.launch(APP, cwd=SERVERS, sandbox="none")  # type: ignore[arg-type]

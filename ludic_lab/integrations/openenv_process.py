@@ -98,6 +98,7 @@ class ServerProcess:
     ) -> None:
         self.sandbox = sandbox
         self._workdir: str | None = None
+        self._cgroup: str | None = None
         self._proxy: Any = None
         self._log_fh: Any = None
         self._watchdog: int | None = None
@@ -128,16 +129,18 @@ class ServerProcess:
         returns the proxy's port."""
         import shutil
 
-        from ludic_lab.integrations import openenv_sandbox as sb
+        from ludic_lab.integrations import openenv_sandbox as sb, sandbox_pids
         from ludic_lab.integrations.openenv_proxy import UnixSocketProxy
 
         self._workdir = tempfile.mkdtemp(prefix="ludic_openenv_sandbox_")
+        limits = limits or sb.ServerLimits()
         fd = sb.seccomp_fd()
         try:
+            self._cgroup = sandbox_pids.make_pids_cgroup(limits.processes, "the sandboxed OpenEnv server")
             uvicorn = [app, "--uds", sb.SOCKET, "--log-level", "warning", *uvicorn_args]
             cmd = sb.server_argv(
                 uvicorn, workdir=self._workdir, app_dir=os.fspath(cwd or os.getcwd()), python=python, env=env,
-                limits=limits or sb.ServerLimits(), readable=readable, writable=writable, seccomp_fd=fd,
+                limits=limits, readable=readable, writable=writable, seccomp_fd=fd, cgroup_procs=self._cgroup,
             )  # fmt: skip
             self._proxy = UnixSocketProxy(os.path.join(self._workdir, "ipc", "server.sock"), host)
             self._open_log(self._proxy.port, cmd)
@@ -152,6 +155,7 @@ class ServerProcess:
             if self._log_fh is not None:
                 self._log_fh.close()
             shutil.rmtree(self._workdir, ignore_errors=True)
+            sandbox_pids.remove(self._cgroup)
             raise
         finally:
             if fd is not None:
@@ -226,6 +230,11 @@ class ServerProcess:
 
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        if self._cgroup is not None:
+            from ludic_lab.integrations import sandbox_pids
+
+            sandbox_pids.remove(self._cgroup)
+            self._cgroup = None
 
     def _start_watchdog(self, port: int) -> int | None:
         from ludic_lab.inference.launch import processes

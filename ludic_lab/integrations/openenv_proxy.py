@@ -5,12 +5,16 @@ socket in a folder bound into the sandbox; :class:`UnixSocketProxy` listens on
 ``host:<free port>`` and joins each accepted connection to a new connection on that socket.
 It copies bytes both ways and knows no protocol, so HTTP requests and WebSocket sessions (an
 upgraded HTTP connection) pass unchanged. It runs on an event loop in a thread of its own.
+:class:`HostPortProxy` is the other direction: a unix socket that a sandboxed program reaches
+(a folder bound into its sandbox), joined to one TCP port on the host (a verifiers tool
+server's state channel, the rollout's interception server).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 
 CHUNK = 1 << 16
@@ -23,6 +27,17 @@ class UnixSocketProxy:
 
     def __init__(self, socket_path: str, host: str = "127.0.0.1") -> None:
         self.socket_path, self.host = socket_path, host
+        self._start()
+        assert self._server is not None
+        self.port: int = self._server.sockets[0].getsockname()[1]
+
+    async def _listen(self) -> asyncio.base_events.Server:
+        return await asyncio.start_server(self._serve, self.host, 0)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(self.socket_path)
+
+    def _start(self) -> None:
         self._loop = asyncio.new_event_loop()
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -31,14 +46,13 @@ class UnixSocketProxy:
         self._thread.start()
         ready.wait()
         if self._server is None:
-            raise OSError(f"the proxy for {socket_path} could not listen on {host}: {self._error}")
-        self.port: int = self._server.sockets[0].getsockname()[1]
+            raise OSError(f"the proxy for {self.socket_path} could not listen on {self.host}: {self._error}")
 
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
         self._error: BaseException | None = None
         try:
-            self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, self.host, 0))
+            self._server = self._loop.run_until_complete(self._listen())
         except OSError as exc:
             self._error = exc
             ready.set()
@@ -56,7 +70,7 @@ class UnixSocketProxy:
         self._tasks.add(task)
         try:
             try:
-                server_r, server_w = await asyncio.open_unix_connection(self.socket_path)
+                server_r, server_w = await self._connect()
             except OSError:
                 return  # nothing listens yet (starting) or any more (died): the client sees a closed connection
             try:
@@ -83,6 +97,25 @@ class UnixSocketProxy:
         with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
             asyncio.run_coroutine_threadsafe(stop(), self._loop)
         self._thread.join(5.0)
+
+
+class HostPortProxy(UnixSocketProxy):
+    """Listens on the unix socket ``socket_path`` (made here, mode 0666: the sandbox's uid
+    connects to it) once built; each connection is joined to a new TCP connection to
+    ``host:port`` on the host (cut at once when nothing listens there). :meth:`close` as
+    :class:`UnixSocketProxy`'s."""
+
+    def __init__(self, socket_path: str, port: int, host: str = "127.0.0.1") -> None:
+        self.socket_path, self.host, self.port = socket_path, host, port
+        self._start()
+
+    async def _listen(self) -> asyncio.base_events.Server:
+        server = await asyncio.start_unix_server(self._serve, self.socket_path)
+        os.chmod(self.socket_path, 0o666)
+        return server
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(self.host, self.port)
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -7,8 +7,14 @@ and seccomp filter): new pid, network, ipc and uts namespaces (no network: the h
 read-only root of ``/usr`` and the interpreter's installation, the package folders read-only
 at ``/site/N`` (on ``sys.path`` through the workspace's ``sitecustomize``), the app's folder
 read-only at its own path (the working directory), as is ludic_lab's own package folder, a
-private writable tmpfs at ``/tmp``; and
-rlimits (address space, file size, open files, no core files) set before bubblewrap starts.
+private writable tmpfs at ``/tmp``;
+rlimits (address space, file size, open files, no core files) set before bubblewrap starts, and
+the number of processes: ``RLIMIT_NPROC`` set inside the user namespace (so it counts only the
+sandbox's processes, Linux >= 5.14), and, since the kernel exempts root's processes from it
+(the sandbox's uid maps to the caller's), a ``pids`` cgroup per server when started as root
+(:mod:`~ludic_lab.integrations.sandbox_pids`).
+:func:`sandbox_argv` is the same command line for any Python program (a verifiers tool server:
+:mod:`~ludic_lab.integrations.verifiers_tool_sandbox`).
 The server listens on ``/ipc/server.sock``, the one writable folder shared with the host,
 which reaches it through :class:`~ludic_lab.integrations.openenv_proxy.UnixSocketProxy`.
 Killing bubblewrap kills the sandbox's pid 1 and with it every process the server started.
@@ -35,9 +41,16 @@ SOCKET = "/ipc/server.sock"
 """Where the server listens inside the sandbox."""
 SET_LIMITS = (
     "import os, resource, sys; [resource.setrlimit(getattr(resource, n), (int(v), int(v))) for n, v in zip(("
-    "'RLIMIT_AS', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_CORE'), sys.argv[1:5])]; os.execv(sys.argv[5], sys.argv[5:])"
+    "'RLIMIT_AS', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_CORE'), sys.argv[1:5])]; "
+    "sys.argv[5] == '-' or open(sys.argv[5], 'w').write(str(os.getpid())); os.execv(sys.argv[6], sys.argv[6:])"
 )
-"""Run with the host's interpreter: sets the rlimits, then becomes bubblewrap (same pid)."""
+"""Run with the host's interpreter: sets the rlimits, joins the pids cgroup (a ``cgroup.procs``
+path, or ``-``), then becomes bubblewrap (same pid)."""
+SET_NPROC = (
+    "import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_NPROC, (n, n)); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
+"""The first program inside the sandbox (in its user namespace): sets RLIMIT_NPROC, then becomes the server."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +65,12 @@ class ServerLimits:
     """RLIMIT_NOFILE: a WebSocket session holds one."""
     tmpfs_bytes: int = 256 * 2**20
     """Size of the private writable ``/tmp``."""
+    processes: int = 512
+    """RLIMIT_NPROC inside the sandbox (and ``pids.max`` of its cgroup as root): processes and
+    threads together (uvicorn's and anyio's worker threads count). A fork bomb stops there."""
 
     def __post_init__(self) -> None:
-        for name in ("memory_bytes", "file_size_bytes", "open_files", "tmpfs_bytes"):
+        for name in ("memory_bytes", "file_size_bytes", "open_files", "tmpfs_bytes", "processes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ServerLimits.{name} must be a positive int, got {value!r}")
@@ -94,12 +110,36 @@ def server_argv(
     readable: Sequence[str] = (),
     writable: Sequence[str] = (),
     seccomp_fd: int | None,
+    cgroup_procs: str | None = None,
 ) -> list[str]:
-    """The whole command: the rlimits, then bubblewrap running ``python -m uvicorn`` followed by
-    ``uvicorn`` (the app and its options; it must serve on :data:`SOCKET`). ``workdir``: the
-    host's private folder for this server (its ``ipc`` is bound writable at ``/ipc``, its
-    ``boot`` holds the ``sitecustomize``); ``app_dir``: the working directory, bound read-only;
-    ``readable`` / ``writable``: more host folders bound at their own paths."""
+    """The whole command of an OpenEnv server: :func:`sandbox_argv` running ``python -m uvicorn``
+    followed by ``uvicorn`` (the app and its options; it must serve on :data:`SOCKET`) in
+    ``app_dir`` (bound read-only: the working directory)."""
+    return sandbox_argv(
+        ["-m", "uvicorn", *uvicorn], workdir=workdir, chdir=app_dir, python=python, env=env, limits=limits,
+        readable=[app_dir, *readable], writable=writable, seccomp_fd=seccomp_fd, cgroup_procs=cgroup_procs,
+    )  # fmt: skip
+
+
+def sandbox_argv(
+    program: Sequence[str],
+    *,
+    workdir: str,
+    chdir: str | None,
+    python: str | None,
+    env: Mapping[str, str],
+    limits: ServerLimits,
+    readable: Sequence[str] = (),
+    writable: Sequence[str] = (),
+    seccomp_fd: int | None,
+    cgroup_procs: str | None = None,
+) -> list[str]:
+    """The whole command: the rlimits (and the pids cgroup ``cgroup_procs``), then bubblewrap
+    running the interpreter with arguments ``program`` in ``chdir`` (default: the private
+    ``/tmp``). ``workdir``: the host's private folder for this server (its ``ipc`` is bound
+    writable at ``/ipc``, its ``boot`` holds the ``sitecustomize`` and is bound at
+    ``/site/boot``); ``readable`` / ``writable``: host folders (readable: also files) bound at
+    their own paths. Refuses ``/`` and the home folder."""
     interpreter = Interpreter.from_executable(python) if python else Interpreter.current()
     sites = sites_of(python)
     boot = os.path.join(workdir, "boot")
@@ -113,25 +153,27 @@ def server_argv(
     for i, folder in enumerate(sites):
         args += ["--ro-bind", folder, f"/site/{i}"]
     args += ["--bind", os.path.join(workdir, "ipc"), "/ipc"]
-    binds = [(app_dir, "--ro-bind"), *((p, "--ro-bind") for p in readable), *((p, "--bind") for p in writable)]
+    binds = [*((p, "--ro-bind") for p in readable), *((p, "--bind") for p in writable)]
     if not any(OWN_PACKAGE.startswith(site + "/") for site in sites):  # an editable install: its source
         binds.insert(0, (OWN_PACKAGE, "--ro-bind"))
     for folder, how in binds:
         real = os.path.realpath(folder)
         if real in ("/", os.path.realpath(os.path.expanduser("~"))):
             raise ValueError(
-                f"{folder!r} would show the sandboxed OpenEnv server the whole machine or home folder; "
+                f"{folder!r} would show the sandboxed server the whole machine or home folder; "
                 "run it from (cwd=) the folder that holds the env's package"
             )
-        if not os.path.isdir(real):
-            raise ValueError(f"{folder!r} is not a folder; the sandboxed OpenEnv server can be given folders only")
+        if not (os.path.isdir(real) or (how == "--ro-bind" and os.path.isfile(real))):
+            raise ValueError(f"{folder!r} is not a folder; the sandboxed server can be given folders only")
         args += [*_dirs(real), how, real, real]
     environment = {"PYTHONPATH": "/site/boot", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **env}
     sealing = sealing_args(info_fd=None, seccomp_fd=seccomp_fd, env=environment)
-    sealing[sealing.index("--chdir") + 1] = os.path.realpath(app_dir)  # `python -m` imports the app from there
-    args += [*sealing, interpreter.executable, "-m", "uvicorn", *uvicorn]
+    if chdir is not None:
+        sealing[sealing.index("--chdir") + 1] = os.path.realpath(chdir)  # `python -m` imports from there
+    exe = interpreter.executable
+    args += [*sealing, exe, "-I", "-S", "-c", SET_NPROC, str(limits.processes), exe, *program]
     rlimits = [limits.memory_bytes, limits.file_size_bytes, limits.open_files, 0]
-    return [sys.executable, "-I", "-S", "-c", SET_LIMITS, *map(str, rlimits), *args]
+    return [sys.executable, "-I", "-S", "-c", SET_LIMITS, *map(str, rlimits), cgroup_procs or "-", *args]
 
 
 def seccomp_fd() -> int | None:
