@@ -96,7 +96,8 @@ def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, 
         out.setdefault(f"{metric}_ci_high", e.get(f"{base}_ci_high"))
         return out
 
-    shaping = [h.get("reasoning_gym/format_reward_mean", h.get("textarena/format_reward_mean")) for h in run.history]
+    prefix = "source/textarena" if source == "tictactoe" else "source/reasoning_gym"  # the task's batch stats
+    shaping = [h.get(f"{prefix}/format_reward_mean") for h in run.history]
     return {
         "source": source, "metric": metric, "steps": steps, "before": fig(before), "after": fig(after),
         "warmup_steps": warmup, "warmup_lr": warmup_lr, "warm": fig(warm) if warm else None,

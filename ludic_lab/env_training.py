@@ -38,7 +38,7 @@ from ludic_lab.rollouts import GRPORequestStrategy, IdentityStrategy, RolloutBat
 from ludic_lab.rollouts.strategies import RequestStrategy
 from ludic_lab.runs.folder import RUN_FILE, RunFolder
 from ludic_lab.task.definition import Task, as_task
-from ludic_lab.task.warmup import DEFAULT_WARMUP_LR
+from ludic_lab.task.warmup import DEFAULT_WARMUP_LR, run_warmup
 from ludic_lab.types import Rollout
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -228,14 +228,8 @@ async def train_env_async(
     evaluation = eval_plan(env, parts.get("parser"), eval_every, eval_k, eval_limit, eval_options)
     check_warmup(as_task(env, parser=parts.get("parser")), sft_warmup_steps, sft_warmup_lr, sft_warmup_per_step)
     run = build_env_training(env, **parts)
-    warmup = None
-    if sft_warmup_steps:
-        from ludic_lab.task.warmup import run_warmup
-
-        opt = {k: p.default for k, p in inspect.signature(build_env_training).parameters.items()} | parts
-        warmup = run_warmup(run, steps=sft_warmup_steps, lr=sft_warmup_lr, seed=opt["seed"],
-                            max_tokens=opt["max_tokens"],
-                            per_step=sft_warmup_per_step or opt["prompts_per_step"] * opt["group_size"])  # fmt: skip
+    opt = {k: p.default for k, p in inspect.signature(build_env_training).parameters.items()} | parts
+    warmup = run_warmup(run, steps=sft_warmup_steps, lr=sft_warmup_lr, per_step=sft_warmup_per_step, options=opt)
     if save_to is True:
         if run.folder is None:
             raise ValueError("save_to=True saves into the run folder, and out=None writes none: pass a folder")
@@ -295,8 +289,9 @@ def train_env(
     ``N`` SFT steps at ``sft_warmup_lr`` on episodes of the task's training rows whose replies its
     demonstrator wrote (``Task.demonstrate``; ``sft_warmup_per_step`` episodes a step, default
     ``prompts_per_step * group_size``), then the ``steps`` RL steps at the run's own lr. With
-    ``eval_every`` the held-out evaluation also runs after the warm-up (at step ``N``). A task
-    without a demonstrator, or a nonsense value, is refused before anything loads.
+    ``eval_every`` the held-out evaluation also runs after the warm-up (at step ``N``; ``ludic-lab
+    runs``: ``eval_after_warmup``); ``run.json`` records the three. A task without a demonstrator,
+    or a nonsense value, is refused before anything loads.
     """
     return run_sync(
         train_env_async(

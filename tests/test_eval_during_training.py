@@ -58,6 +58,8 @@ def test_eval_every_writes_before_during_and_after_and_runs_shows_them(tiny_mode
     # run.json names the model the client samples from, not "LocalChatClient"
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["model"] == str(tiny_model_dir) == info["config"]["model"]
+    assert {k: info["config"][k] for k in ("sft_warmup_steps", "sft_warmup_lr", "sft_warmup_per_step")} == {
+        "sft_warmup_steps": 0, "sft_warmup_lr": None, "sft_warmup_per_step": None}  # fmt: skip
 
     runs = load_runs([tmp_path / "run"])
     assert list(runs.evals["step"]) == [0, 2, 3]
@@ -67,11 +69,13 @@ def test_eval_every_writes_before_during_and_after_and_runs_shows_them(tiny_mode
     assert row["eval_before"] == records[0]["summary"]["greedy_accuracy"]
     assert row["eval_after"] == records[-1]["summary"]["greedy_accuracy"]
     assert row["wall_s"] == round(row["wall_s"], 1)
+    assert "eval_after_warmup" not in table  # no warm-up: the table as before
 
     out = io.StringIO()
     compare([tmp_path / "run"], console=Console(file=out, width=200))
     text = out.getvalue()
     assert "eval = greedy_accuracy" in text and "eval before" in text and "eval after" in text
+    assert "warmup" not in text
     wall = text.splitlines()[-2].split("│")[-2].strip()  # the last data row's last cell
     assert wall.count(".") == 1 and len(wall.split(".")[1]) == 1, text
 

@@ -7,6 +7,7 @@ the tiny model, with the held-out evaluations before, after the warm-up and afte
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -22,6 +23,8 @@ from reasoning_gym.utils import extract_answer
 from ludic_lab import train_env
 from ludic_lab.aio import run_sync
 from ludic_lab.integrations.textarena_scripted import tictactoe_move
+from ludic_lab.runs import load_runs
+from ludic_lab.runs.compare import RunsConfig, compare
 from ludic_lab.task.external.reasoning_gym import reasoning_gym_task
 
 pytestmark = pytest.mark.timeout(600)
@@ -109,6 +112,42 @@ def test_train_env_warms_up_then_trains_and_evaluates_before_between_and_after(
     assert all(0.0 <= r["summary"]["accuracy"] <= 1.0 for r in records)
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [2]  # the run folder logs the RL steps; the warm-up is in run.warmup
+    # the task's stats of each batch (the format reward apart from the package's score) are in the step's metrics
+    assert 0.0 <= metrics[0]["source/reasoning_gym/format_rate"] <= 1.0
+    key = "source/reasoning_gym/format_reward_mean"
+    assert run.history[0][key] == metrics[0][key] == pytest.approx(task.stats(run.rollouts)[key[len("source/") :]])
+    assert warm["source/reasoning_gym/score_mean"] == 1.0  # the warm-up's demonstrated batch counted too
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert {k: info["config"][k] for k in ("sft_warmup_steps", "sft_warmup_lr", "sft_warmup_per_step")} == {
+        "sft_warmup_steps": 1, "sft_warmup_lr": 5e-3, "sft_warmup_per_step": 3}  # fmt: skip
+
+    # the same run without a warm-up, then both compared: the after-warm-up column holds the step-1 evaluation
+    train_env(task, steps=1, model=client, group_size=2, prompts_per_step=2, max_tokens=8, config={"lr": 1e-2},
+              out=str(tmp_path / "plain"), progress=False, eval_every=1, eval_options={"max_tokens": 8})  # fmt: skip
+    plain = json.loads((tmp_path / "plain" / "run.json").read_text())["config"]
+    assert (plain["sft_warmup_steps"], plain["sft_warmup_lr"], plain["sft_warmup_per_step"]) == (0, None, None)
+    # duration_s differs from one evaluation to the next: the column holds the step-1 evaluation's, no other
+    table = load_runs([tmp_path / "run", tmp_path / "plain"]).table(eval_key="duration_s")
+    assert list(table.columns) == ["algo", "steps", "reward_first", "reward_final", "eval", "eval_before",
+                                   "eval_after_warmup", "eval_after", "wall_s"]  # fmt: skip
+    assert [table.loc["run", c] for c in ("eval_before", "eval_after_warmup", "eval_after")] == [
+        r["summary"]["duration_s"] for r in records]  # fmt: skip
+    assert math.isnan(table.loc["plain", "eval_after_warmup"])
+    assert "eval_after_warmup" not in load_runs([tmp_path / "plain"]).table(eval_key="duration_s")
+    from rich.console import Console
+
+    from ludic_lab.training.loggers import format_value
+
+    out = io.StringIO()
+    compare(
+        [tmp_path / "run", tmp_path / "plain"], RunsConfig(eval_key="accuracy"), console=Console(file=out, width=200)
+    )
+    lines = out.getvalue().splitlines()
+    header = next(x for x in lines if "┃" in x and "run" in x)
+    cells = {x.split("│")[1].strip(): [c.strip() for c in x.split("│")[1:-1]] for x in lines if "│" in x}
+    col = [c.strip() for c in header.split("┃")[1:-1]].index("eval after warmup")
+    shown = format_value(records[1]["summary"]["accuracy"])
+    assert cells["run"][col] == shown and cells["plain"][col] == "-", out.getvalue()
 
 
 def test_a_tictactoe_warmup_trains_on_every_move_and_one_that_trains_on_nothing_says_why(tiny_model_dir: str) -> None:
@@ -131,6 +170,7 @@ def test_a_tictactoe_warmup_trains_on_every_move_and_one_that_trains_on_nothing_
                     progress=False, config={"max_seq_len": 2048, "micro_token_budget": 4096}, sft_warmup_steps=1)  # fmt: skip
     (warm,) = run.warmup
     assert warm["loss"] > 0 and warm["pack/dropped_items"] == 0 and warm["items"] >= 6, warm  # 2 games, 3+ moves each
+    assert warm["source/textarena/move_format_rate"] == 1.0  # the task's batch stats: every demonstrated move "[k]"
     assert client.policy_version == 1
 
 

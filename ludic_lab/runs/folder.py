@@ -118,6 +118,12 @@ class RunFolder:
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r}, kind={self.info['kind']!r}, algo={self.info['algo']!r})"
 
+    def update_config(self, **values: Any) -> None:
+        """Add ``values`` (JSON data as :func:`plain` makes it) to ``run.json``'s ``config``, written
+        again at once: settings known only once the run starts (e.g. ``train_env``'s SFT warm-up)."""
+        self.info["config"] = {**self.info["config"], **plain(values)}
+        (self.path / RUN_FILE).write_text(json.dumps(self.info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
     def log(self, step: int, metrics: Metrics) -> None:
         """Append ``metrics`` of optimizer step ``step`` to ``metrics.jsonl`` (reopened after
         :meth:`close`), then sample the source's last batch into ``rollouts.jsonl``."""

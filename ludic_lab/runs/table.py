@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from ludic_lab.runs.load import Runs
+    from ludic_lab.runs.load import Run, Runs
 
 REWARD_KEY = "reward_mean"
 """The metric the table and the plot call the reward (the trainer's mean rollout reward)."""
@@ -79,7 +79,8 @@ def summary_table(runs: Runs, *, eval_key: str | None = None, last: int = 3) -> 
     and ``reward_final`` (mean ``reward_mean`` of the first / last ``last`` logged steps, at
     most half of them each so the two never share a step: 3 steps compare step 1 with step 3),
     ``eval`` (the evaluation key shown), ``eval_before`` / ``eval_after`` (its value at the
-    first and the last evaluation; after is empty with one evaluation) and ``wall_s``
+    first and the last evaluation; after is empty with one evaluation), ``eval_after_warmup``
+    (only when a run has one: its value after an SFT warm-up, :func:`after_warmup`) and ``wall_s``
     (seconds from the first step's start to the last step's end, to 0.1 s)."""
     import pandas as pd
 
@@ -102,7 +103,22 @@ def summary_table(runs: Runs, *, eval_key: str | None = None, last: int = 3) -> 
             values = ev[key].dropna() if key in ev else pd.Series(dtype=float)
             row["eval"] = key
             row["eval_before"] = float(values.iloc[0]) if len(values) else math.nan
+            row["eval_after_warmup"] = after_warmup(r, key)
             row["eval_after"] = float(values.iloc[-1]) if len(values) > 1 else math.nan
         row["wall_s"] = round(float(m["wall_s"].iloc[-1]), 1) if "wall_s" in m and len(m) else math.nan
         rows.append(row)
-    return pd.DataFrame(rows).set_index("run")
+    table = pd.DataFrame(rows).set_index("run")
+    if "eval_after_warmup" in table and table["eval_after_warmup"].isna().all():  # no run warmed up: as before
+        table = table.drop(columns=["eval_after_warmup"])
+    return table
+
+
+def after_warmup(run: Run, key: str) -> float:
+    """``key``'s value at the evaluation after ``run``'s SFT warm-up: the one at step
+    ``sft_warmup_steps`` (``run.json``'s config; ``train_env(sft_warmup_steps=N, eval_every=...)``
+    evaluates there); NaN without a warm-up or that evaluation."""
+    steps = run.config.get("sft_warmup_steps")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0 or key not in run.evals:
+        return math.nan
+    values = run.evals.loc[run.evals["step"] == steps, key].dropna()
+    return float(values.iloc[0]) if len(values) else math.nan

@@ -56,7 +56,8 @@ class Task:
     evaluate: EvaluateFn | None = None
     """Held-out evaluation: ``await task.evaluate(client, **options)`` (``None``: the task has none)."""
     stats: StatsFn | None = None
-    """What to count over a batch's rollouts (``None``: nothing beyond the batch source's own)."""
+    """What to count over a batch's rollouts (``None``: nothing beyond the batch source's own): in each training
+    step's metrics (through :meth:`requests`' stream) and in :func:`heldout_evaluator`'s summary."""
     demonstrate: Callable[[Sequence[Message]], str] | None = None
     """``demonstrate(messages) -> reply``: a correct reply to a training episode's conversation, what
     the SFT warm-up trains on (:mod:`ludic_lab.task.warmup`; ``train_env(sft_warmup_steps=N)``);
@@ -114,7 +115,8 @@ class Task:
         self, *, per_step: int = 8, seed: int = 0, inference: InferenceSpec | None = None, max_steps: int | None = None
     ) -> RequestStream:
         """A fresh stream of ``per_step`` logical requests per call over this task's rows
-        (``max_steps``: the task's own when not given)."""
+        (``max_steps``: the task's own when not given); the task's :attr:`stats` of each batch
+        join its ``batch.meta`` (the training step's metrics)."""
         return RequestStream(
             self.name,
             self.protocol_kind,
@@ -124,6 +126,7 @@ class Task:
             shuffle=self.shuffle,
             inference=inference,
             max_steps=self.max_steps if max_steps is None else max_steps,
+            stats=self.stats,
         )
 
 

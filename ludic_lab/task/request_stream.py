@@ -6,6 +6,11 @@ is a dataset of env seeds (questions ``0..size-1``, or an unbounded count) walke
 cursor, and ``state_dict()`` / ``load_state_dict()`` save and restore where it is, so a
 checkpointed run resumes on the next question instead of the first.
 
+``stats`` (a task's :attr:`~ludic_lab.task.Task.stats`) counts each batch's rollouts: the batch
+source hands every round's rollouts to :meth:`RequestStream.observe` and puts
+:meth:`RequestStream.take_stats` into ``batch.meta``, so the task's counts (e.g.
+``textarena/format_reward_mean``) are in every training step's metrics.
+
 Which seed the ``c``-th request gets (``c``: the cursor, counting requests handed out):
 
 - ``shuffle=False`` (default): ``(seed * 7919 + c) % size`` — consecutive rows, a different
@@ -18,11 +23,12 @@ No torch here: a pipeline actor imports it.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ludic_lab.inference import InferenceSpec
 from ludic_lab.rollouts.requests import EnvSpec, ProtocolSpec, RolloutRequest
+from ludic_lab.types import Rollout
 
 SEED_STRIDE = 7919
 """A prime: ``seed * SEED_STRIDE`` spreads the starting rows of runs with different seeds."""
@@ -33,7 +39,8 @@ class RequestStream:
 
     ``env`` / ``protocol``: the registry kinds (or specs) of the engine that runs them;
     ``inference``: the sampling of every request; ``max_steps``: the turn limit per request
-    (``None``: the batch source's). Expand the requests into groups with a request strategy.
+    (``None``: the batch source's); ``stats``: ``stats(rollouts) -> {name: value}`` of each
+    batch's rollouts (None: nothing). Expand the requests into groups with a request strategy.
     """
 
     def __init__(
@@ -47,6 +54,7 @@ class RequestStream:
         shuffle: bool = False,
         inference: InferenceSpec | None = None,
         max_steps: int | None = None,
+        stats: Callable[[Sequence[Rollout]], Mapping[str, float]] | None = None,
     ) -> None:
         if isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 1:
             raise ValueError(f"RequestStream.per_step must be an int >= 1, got {per_step!r}")
@@ -54,10 +62,13 @@ class RequestStream:
             raise ValueError(f"RequestStream.size must be None or an int >= 1 (rows in the dataset), got {size!r}")
         if shuffle and size is None:
             raise ValueError("RequestStream(shuffle=True) needs size= (the number of rows to shuffle)")
+        if stats is not None and not callable(stats):
+            raise TypeError(f"RequestStream.stats must be None or a callable rollouts -> {{name: value}}: {stats!r}")
         self.env = env if isinstance(env, EnvSpec) else EnvSpec(env)
         self.protocol = protocol if isinstance(protocol, ProtocolSpec) else ProtocolSpec(protocol)
         self.per_step, self.size, self.seed, self.shuffle = per_step, size, seed, shuffle
-        self.inference, self.max_steps = inference, max_steps
+        self.inference, self.max_steps, self.stats = inference, max_steps, stats
+        self._observed: list[Rollout] = []
         self.cursor = 0
         self._order: list[int] | None = None
         if shuffle:
@@ -88,6 +99,20 @@ class RequestStream:
         out = [self.request(self.env_seed(self.cursor + i)) for i in range(self.per_step)]
         self.cursor += self.per_step
         return out
+
+    def observe(self, rollouts: Sequence[Rollout]) -> None:
+        """Keep a round's ``rollouts`` for :meth:`take_stats` (a batch source calls this; nothing
+        is kept without ``stats``)."""
+        if self.stats is not None:
+            self._observed.extend(rollouts)
+
+    def take_stats(self) -> dict[str, float]:
+        """``stats`` of the rollouts observed since the last call (then forgotten); ``{}`` when
+        none were, or without ``stats``."""
+        observed, self._observed = self._observed, []
+        if self.stats is None or not observed:
+            return {}
+        return dict(self.stats(observed))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream is, as JSON-able data (save it with a checkpoint)."""

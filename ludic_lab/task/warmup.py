@@ -151,12 +151,23 @@ async def warm_up(trainer: Any, client: Any, task: Any, *, steps: int, per_step:
     return metrics
 
 
-def run_warmup(run: Any, *, steps: int, lr: float, per_step: int, seed: int, max_tokens: int) -> Any:
+def run_warmup(run: Any, *, steps: int, lr: float, per_step: int | None, options: Mapping[str, Any]) -> Any:
     """``await warmup()``: :func:`warm_up` of a ``train_env`` run (an ``EnvTraining``: its
-    trainer, client and task), its steps' metrics appended to ``run.warmup``."""
+    trainer, client and task), its steps' metrics appended to ``run.warmup``; None when ``steps``
+    is 0. ``options``: the run's ``build_env_training`` keywords (``seed``, ``max_tokens``,
+    ``prompts_per_step * group_size``: ``per_step``'s default). The run folder's ``run.json``
+    records ``sft_warmup_steps``, ``sft_warmup_lr`` and ``sft_warmup_per_step`` (0, None, None without one)."""
+    per_step = (per_step or int(options["prompts_per_step"]) * int(options["group_size"])) if steps else None
+    if getattr(run, "folder", None) is not None:
+        run.folder.update_config(sft_warmup_steps=steps, sft_warmup_lr=lr if steps else None,
+                                 sft_warmup_per_step=per_step)  # fmt: skip
+    if not steps:
+        return None
+
+    seed, max_tokens, n = int(options["seed"]), int(options["max_tokens"]), int(per_step or 1)
 
     async def warmup() -> None:
-        run.warmup.extend(await warm_up(run.trainer, run.client, run.task, steps=steps, per_step=per_step,
-                                        seed=int(seed), max_tokens=int(max_tokens), lr=lr))  # fmt: skip
+        run.warmup.extend(await warm_up(run.trainer, run.client, run.task, steps=steps, per_step=n, seed=seed,
+                                        max_tokens=max_tokens, lr=lr))  # fmt: skip
 
     return warmup
