@@ -11,13 +11,16 @@ seconds, the loss (identical settings train on identical tokens: the loss must m
 packing figures. The items' weights are set to +1 / -1 by rollout (CRC32 of its id), so that a
 step whose rewards carry no signal still has a gradient.
 
-A setting is ``budget[,mmap][,ckpt][,trim][,saved]``: ``TrainerConfig.micro_token_budget``, glibc's mmap
+A setting is ``budget[,merge][,mmap][,ckpt][,trim][,saved]``: ``TrainerConfig.micro_token_budget``;
+``merge``: each game's turns folded into one sequence first (``rollouts/turn_merge.py``, what
+``textarena_task`` runs do: the loss must still match); glibc's mmap
 threshold at 1 MiB (``MALLOC_MMAP_THRESHOLD_``: what is live, without the allocator's retained
 pages), ``gradient_checkpointing=True``, ``malloc_trim(0)`` before each micro-batch; ``saved``
 also counts what the first micro-batch's forward saves for the backward, by shape.
 
     .venv/bin/python bench/memory_replay.py --dump /tmp/items16.jsonl --games 16
     .venv/bin/python bench/memory_replay.py --items /tmp/items16.jsonl --settings 8192,ckpt 2048 1024 1024,mmap
+    .venv/bin/python bench/memory_replay.py --items /tmp/items16.jsonl --settings 1024 1024,merge 1024,merge,mmap
 """
 
 from __future__ import annotations
@@ -95,6 +98,10 @@ def replay(items_path: str, setting: str, model_path: str) -> dict[str, Any]:
         it = SAWItem.from_json(line)
         sign = 1.0 if zlib.crc32(it.rollout_id.encode()) % 2 else -1.0
         items.append(SAWItem(**{**it.to_dict(), "weights": [sign * m for m in it.action_mask]}))
+    if "merge" in parts:
+        from ludic_lab.rollouts.turn_merge import merge_turns
+
+        items = merge_turns(items)[0]
 
     class Replay:
         async def next_batch(self) -> SAWBatch:
@@ -197,7 +204,10 @@ def main() -> None:
     ap.add_argument("--model", default="default", help='"default" (SmolLM2-135M), "tiny" or a model folder')
     ap.add_argument("--items", help="the items to replay (JSONL from --dump)")
     ap.add_argument(
-        "--settings", nargs="*", default=["2048", "1024", "1024,mmap"], help="budget[,mmap][,ckpt][,trim][,saved]"
+        "--settings",
+        nargs="*",
+        default=["2048", "1024", "1024,mmap"],
+        help="budget[,merge][,mmap][,ckpt][,trim][,saved]",
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -222,7 +232,7 @@ def main() -> None:
             continue
         r = json.loads(lines[-1])
         print(f"{s:>14} {r['micro_batches']:>6.0f} {r['tokens']:>7} {r['before']:>7,.0f} {r.get('fwd_bwd', 0):>8,.0f} "
-              f"{r['end']:>7,.0f} {r['seconds']:>6}  {r['loss']:.6f}", flush=True)  # fmt: skip
+              f"{r['end']:>7,.0f} {r['seconds']:>6}  {r['loss']:.8f}", flush=True)  # fmt: skip
         if r["saved"]:
             n = r["saved"].pop("tokens")
             total = sum(r["saved"].values())

@@ -36,7 +36,7 @@ from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.parsers import Parser
 from ludic_lab.rollouts import GRPORequestStrategy, IdentityStrategy, RolloutBatchSource, RolloutEngine
 from ludic_lab.rollouts.strategies import RequestStrategy
-from ludic_lab.runs.folder import RUN_FILE, RunFolder
+from ludic_lab.runs.folder import RunFolder, new_run_dir
 from ludic_lab.task.definition import Task, as_task
 from ludic_lab.task.warmup import DEFAULT_WARMUP_LR, run_warmup
 from ludic_lab.types import Rollout
@@ -169,8 +169,9 @@ def build_env_training(
         strategy = GRPORequestStrategy(group_size, seed=seed) if group_size > 1 else IdentityStrategy()
     if source is None:
         source = RolloutBatchSource(
-            engine, requests, algorithm.credit_assigner, request_strategy=strategy, max_steps=max_steps, rewards=rewards
-        )
+            engine, requests, algorithm.credit_assigner, request_strategy=strategy, max_steps=max_steps,
+            rewards=rewards, merge_turns=task.merge_turns,
+        )  # fmt: skip
     if policy is None:
         from transformers import AutoModelForCausalLM
 
@@ -183,7 +184,7 @@ def build_env_training(
             group_size=group_size, prompts_per_step=prompts_per_step, max_tokens=max_tokens,
             temperature=temperature, seed=seed, trainer=trainer_config,
         )  # fmt: skip
-        folder = RunFolder(_run_dir(out, task.name), config=run_config, algo=algorithm.name,
+        folder = RunFolder(new_run_dir(out, task.name), config=run_config, algo=algorithm.name,
                            model=run_config["model"], kind="train_env", source=source)  # fmt: skip
     trainer = Trainer(
         policy,
@@ -309,30 +310,6 @@ def train_env(
             **parts,
         )  # fmt: skip
     )
-
-
-def _run_dir(out: str, env: str) -> str:
-    """``out`` with ``{env}`` and ``{time}`` filled in; ``-2``, ``-3``, ... when that folder holds a run."""
-    import os
-    import re
-    import time
-
-    if not isinstance(out, (str, os.PathLike)):
-        raise TypeError(
-            f"out must be a folder (a str, may hold {{env}} and {{time}}) or None, got {type(out).__name__}"
-        )
-    name = re.sub(r"[^\w.-]+", "_", env) or "env"
-    try:
-        path = os.fspath(out).format(env=name, time=time.strftime("%Y%m%d-%H%M%S"))
-    except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(
-            f"out={out!r}: only {{env}} and {{time}} are filled in ({e!r}); write other braces as {{{{ }}}}"
-        ) from e
-    base, n = path, 1
-    while os.path.isfile(os.path.join(path, RUN_FILE)):
-        n += 1
-        path = f"{base}-{n}"
-    return path
 
 
 def _local_client(model: Any, batch: int) -> Any:

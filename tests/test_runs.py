@@ -189,7 +189,8 @@ def test_the_rollouts_sample_is_bounded_and_a_new_run_replaces_the_old_files(tmp
 
 
 def test_train_env_writes_a_run_folder_by_default(tiny_model_dir: str, tmp_path: Path, monkeypatch: Any) -> None:
-    from ludic_lab.env_training import _run_dir, build_env_training
+    from ludic_lab.env_training import build_env_training
+    from ludic_lab.runs.folder import new_run_dir as _run_dir
     from ludic_lab.task import Task
     from ludic_lab.task.digits import DigitsEnv
 

@@ -18,7 +18,7 @@ from ludic_lab.rollouts.turn_merge import merge_turns
 from ludic_lab.training import make_grpo
 from ludic_lab.training.logprobs import model_token_logprobs
 from ludic_lab.training.losses import TokenClippedSurrogateLoss
-from ludic_lab.training.packing import pad_to_longest
+from ludic_lab.training.packing import pack_items, pad_to_longest
 
 
 def episode(rollout_id: str, turns: int, *, seed: int, vocab: int = 2000, break_at: int | None = None) -> list[SAWItem]:
@@ -132,3 +132,23 @@ async def test_rollout_source_merges_real_tic_tac_toe_games(tiny_model_dir: str)
     assert not any(k.startswith("merge/") for k in plain.meta)
     with pytest.raises(TypeError, match="merge_turns"):
         RolloutBatchSource(engine, GameRequests(1, sampling(1.0, 6)), algo.credit_assigner, merge_turns=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "seq_mean_token_sum", "token_mean"])
+def test_packed_merged_turns_aggregate_per_turn(tiny_model_dir: str, aggregation: str) -> None:
+    """Packed (``pack_items``), each turn of a merged item is a loss sequence of its own
+    (``TokenBatch.loss_seq_ids``): a per-sequence mean over turns of different lengths, and the
+    sequence count, are those of the separate turns."""
+    items = episode("a", 4, seed=7) + episode("b", 3, seed=8) + episode("c", 1, seed=9)
+    merged, _ = merge_turns(items)
+    model = load_model(tiny_model_dir)
+    loss_fn = TokenClippedSurrogateLoss(aggregation=aggregation)
+
+    def score(its: list[SAWItem]) -> tuple[torch.Tensor, int]:
+        (mb,) = pack_items(its, micro_token_budget=1 << 12, max_seq_len=512)
+        loss, _ = loss_fn.compute(model_token_logprobs(model, mb, only_at_RT=mb.action_mask), mb)
+        return loss.detach(), mb.loss_sequences
+
+    (loss_sep, n_sep), (loss_mrg, n_mrg) = score(items), score(merged)
+    assert n_sep == n_mrg == len(items) and len(merged) == 3
+    torch.testing.assert_close(loss_mrg, loss_sep, rtol=1e-5, atol=1e-6)

@@ -17,8 +17,8 @@ Nothing is lost silently: ``batch.meta`` counts every skipped step by reason
 ``merge_turns=True`` folds a multi-turn rollout's items into one sequence wherever the next
 turn's tokens start with the previous turn's (:mod:`ludic_lab.rollouts.turn_merge`): the
 trainer scores the shared context once instead of once per turn (``merge/...`` counts what
-was folded and where the prefix broke). Per-token values are unchanged; a per-sequence loss
-aggregation then averages per episode instead of per turn.
+was folded and where the prefix broke). Per-token values are unchanged, and the trainer still
+counts each merged turn as a sequence of its own: the loss is that of the separate turns.
 
 Empty batches: when fewer than ``min_items`` items come out, the source tries again with
 fresh requests, up to ``max_attempts`` generations in total, accumulating items; if still

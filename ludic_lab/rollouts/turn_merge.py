@@ -11,10 +11,13 @@ sampled token is still predicted from exactly the tokens it was sampled after (c
 attention), and the per-token log-probabilities, ratios and weights are those of the
 separate items.
 
-What changes: the number of sequences. A loss that averages per token
-(``aggregation="token_mean"``) or sums per token over a step-wide constant gives the same
-value and gradient; one that averages per sequence (``"seq_mean_*"``, GRPO's default) then
-averages per episode instead of per turn, so turns of a long episode weigh less each.
+The merged item also records where each turn's own tokens start (``meta["turn_starts"]``:
+0, then the previous item's length at each fold; :func:`turn_starts`). The packer numbers the
+turns of a merged item as loss sequences of their own (``TokenBatch.loss_seq_ids``), so a loss
+that averages per sequence (``"seq_mean_*"``, GRPO's default) still averages per turn, the
+step's sequence count is the number of turns and a sequence-level ratio (GSPO) is each turn's:
+the loss and its gradient are those of the separate items, with the shared context scored once
+(``tests/test_turn_merge.py``, on a TextArena batch in ``tests/test_textarena_merge.py``).
 Where the prefix does not hold (a context that drops old turns, a chat template that
 re-tokenises a completion differently from the sampled ids) the chain breaks and the items
 stay apart; ``merge_turns`` counts those breaks, so nothing changes silently. Turns sampled
@@ -62,6 +65,7 @@ def fold(item: SAWItem, nxt: SAWItem) -> SAWItem:
     n = len(item.input_ids)
     versions = [v for v in (item.policy_version, nxt.policy_version) if v is not None]
     steps = list(item.meta.get("merged_steps", [item.step_index])) + [nxt.step_index]
+    starts = [*turn_starts(item), n]
     mine, theirs = _position_versions(item), _position_versions(nxt)
     per_token = None if mine is None or theirs is None else mine[:n] + theirs[n:]
     return replace(
@@ -72,8 +76,26 @@ def fold(item: SAWItem, nxt: SAWItem) -> SAWItem:
         policy_version=min(versions) if versions else None,  # the oldest turn decides staleness
         token_versions=per_token if per_token is not None and len({v for v in per_token if v >= 0}) > 1 else None,
         step_index=item.step_index,
-        meta={**nxt.meta, "merged_steps": steps},
+        meta={**nxt.meta, "merged_steps": steps, "turn_starts": starts},
     )
+
+
+def turn_starts(item: SAWItem) -> tuple[int, ...]:
+    """Where each turn folded into ``item`` starts its own tokens (its prompt's new part, its
+    actions): ``(0,)`` for an item of one turn; turn ``j`` owns ``[starts[j], starts[j+1])``."""
+    return tuple(int(s) for s in item.meta.get("turn_starts", (0,)))
+
+
+def turn_weights(item: SAWItem) -> list[float]:
+    """The scalar credit of each of ``item``'s turns that has action tokens (its first action
+    weight, as :attr:`SAWItem.weight` of the separate turn)."""
+    bounds = [*turn_starts(item), item.num_tokens]
+    out = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        w = next((w for m, w in zip(item.action_mask[lo:hi], item.weights[lo:hi], strict=True) if m), None)
+        if w is not None:
+            out.append(w)
+    return out
 
 
 def _position_versions(item: SAWItem) -> tuple[int, ...] | None:

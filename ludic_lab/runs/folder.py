@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -180,3 +181,23 @@ class RunFolder:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+
+
+def new_run_dir(out: str, env: str) -> str:
+    """``out`` with ``{env}`` and ``{time}`` filled in; ``-2``, ``-3``, ... when that folder holds a run."""
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(
+            f"out must be a folder (a str, may hold {{env}} and {{time}}) or None, got {type(out).__name__}"
+        )
+    name = re.sub(r"[^\w.-]+", "_", env) or "env"
+    try:
+        path = os.fspath(out).format(env=name, time=time.strftime("%Y%m%d-%H%M%S"))
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(
+            f"out={out!r}: only {{env}} and {{time}} are filled in ({e!r}); write other braces as {{{{ }}}}"
+        ) from e
+    base, n = path, 1
+    while os.path.isfile(os.path.join(path, RUN_FILE)):
+        n += 1
+        path = f"{base}-{n}"
+    return path

@@ -66,6 +66,10 @@ class Task:
     """``TrainerConfig`` fields this task's ``train_env`` runs start from (over the short path's
     defaults; a ``config`` mapping overrides them, a ``TrainerConfig`` replaces them): e.g. a smaller
     ``micro_token_budget`` for long multi-turn episodes."""
+    merge_turns: bool = False
+    """``train_env``'s batch source folds each episode's turns into one training sequence where the
+    next turn's tokens extend the previous turn's exactly (``RolloutBatchSource(merge_turns=True)``,
+    :mod:`~ludic_lab.rollouts.turn_merge`): the same loss, the shared context scored once."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -78,6 +82,8 @@ class Task:
             raise TypeError("Task.demonstrate must be a callable messages -> reply text, or None")
         if self.trainer_defaults is not None and not isinstance(self.trainer_defaults, Mapping):
             raise TypeError("Task.trainer_defaults must be a mapping of TrainerConfig fields, or None")
+        if not isinstance(self.merge_turns, bool):
+            raise TypeError(f"Task.merge_turns must be a bool, got {self.merge_turns!r}")
 
     def trainer_fields(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """``config`` (``TrainerConfig`` fields) over :attr:`trainer_defaults`; a default

@@ -24,36 +24,28 @@ Padding is the first cost: a plan is a candidate if its computed tokens are with
 (sdpa/eager on CPU), and narrow micro-batches for short sequences roughly halve it on skewed
 lengths for at most 1 % more padding.
 
-Sequences longer than ``max_seq_len`` follow the ``truncation`` policy, and what happened is
-counted in :class:`PackingStats` (``result.stats``):
-
-* ``"truncate"`` (default): keep the first ``max_seq_len`` tokens and drop the tail. For RL
-  this is the only cut that keeps the kept tokens' logprobs valid: every kept action token
-  is still conditioned on exactly the prefix the sampler saw (cutting the head would change
-  that context and so the logprob the behaviour logprob refers to). If the cut leaves no
-  action token (the prompt alone fills ``max_seq_len``), the item is dropped and counted.
-  Per-token versions (``token_versions``) are cut with the same slice, and the cut item's
-  ``policy_version`` is the oldest version among the action tokens it keeps.
-* ``"drop"``: leave the item out and count it.
-* ``"error"``: raise, naming the item and what to change.
+Sequences longer than ``max_seq_len`` follow the ``truncation`` policy
+(:mod:`~ludic_lab.training.truncation`: ``"truncate"``, the default, keeps the first
+``max_seq_len`` tokens; ``"drop"``; ``"error"``), and what happened is counted in
+:class:`PackingStats` (``result.stats``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
 
 import torch
 
 from ludic_lab.rollouts.saw import SAWItem
+from ludic_lab.rollouts.turn_merge import turn_starts
 from ludic_lab.training.packing_plans import candidate_plans, plan_cost
 from ludic_lab.training.prompt_share import Unit, group_units
 from ludic_lab.training.token_batch import TokenBatch
+from ludic_lab.training.truncation import TRUNCATION_POLICIES, TruncationPolicy, prepare, truncate_item
 
-TruncationPolicy = Literal["error", "truncate", "drop"]
-
-_TRUNCATION_POLICIES = ("error", "truncate", "drop")
+__all__ = ["PackedMicroBatches", "PackingStats", "TruncationPolicy", "block_causal_mask", "pack_items",
+           "pad_to_longest", "truncate_item"]  # fmt: skip
 
 DEFAULT_TOLERANCE = 0.01
 """Plans within this fraction of the fewest computed tokens compete on attention work."""
@@ -109,15 +101,6 @@ class PackedMicroBatches(list):
         self.stats = stats
 
 
-@dataclass(frozen=True)
-class _Seq:
-    """One item as it will be packed: input index and (possibly truncated) per-token fields."""
-
-    index: int
-    item: SAWItem
-    length: int
-
-
 def pack_items(
     items: Sequence[SAWItem],
     *,
@@ -145,7 +128,7 @@ def pack_items(
                          f"got {row_len}")  # fmt: skip
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
-    seqs, counts = _prepare(items, max_seq_len, truncation)
+    seqs, counts = prepare(items, max_seq_len, truncation)
     if not seqs:
         return PackedMicroBatches([], _stats(len(items), [], counts))
     units = group_units(seqs, max_seq_len) if share_prompts else [Unit((s,), 0) for s in seqs]
@@ -178,7 +161,7 @@ def pad_to_longest(
     the current micro-batch while ``rows * longest <= micro_token_budget``.
     """
     _check_args(micro_token_budget, max_seq_len, truncation)
-    seqs, counts = _prepare(items, max_seq_len, truncation)
+    seqs, counts = prepare(items, max_seq_len, truncation)
     if sort_by_length:
         seqs = sorted(seqs, key=lambda s: (-s.length, s.index))
     groups: list[list[list[Unit]]] = []
@@ -216,27 +199,6 @@ def block_causal_mask(seq_ids_RT: torch.Tensor, dtype: torch.dtype | None = None
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-def truncate_item(item: SAWItem, n: int) -> SAWItem:
-    """``item`` cut to its first ``n`` tokens: every per-token field (ids, mask, weights,
-    behaviour logprobs, ``token_versions``) with the same slice, ``policy_version`` the oldest
-    version of the action tokens kept, ``meta["truncated_from"]`` the original length."""
-    if n >= item.num_tokens:
-        return item
-    return SAWItem(
-        input_ids=item.input_ids[:n],
-        action_mask=item.action_mask[:n],
-        weights=item.weights[:n],
-        behaviour_logprobs=item.behaviour_logprobs[:n],
-        token_versions=None if item.token_versions is None else item.token_versions[:n],
-        policy_version=_oldest_kept(item, n),
-        reward=item.reward,
-        rollout_id=item.rollout_id,
-        step_index=item.step_index,
-        group_id=item.group_id,
-        meta={**item.meta, "truncated_from": item.num_tokens},
-    )
-
-
 # ------------------------------------------------------------------------------------------
 # internals
 # ------------------------------------------------------------------------------------------
@@ -250,56 +212,8 @@ def _check_args(micro_token_budget: int, max_seq_len: int, truncation: str) -> N
             f"micro_token_budget={micro_token_budget} < max_seq_len={max_seq_len}: a sequence of max_seq_len "
             "tokens could not fit in any micro-batch; raise micro_token_budget or lower max_seq_len"
         )
-    if truncation not in _TRUNCATION_POLICIES:
-        raise ValueError(f"truncation must be one of {_TRUNCATION_POLICIES}, got {truncation!r}")
-
-
-def _prepare(items: Sequence[SAWItem], max_seq_len: int, truncation: str) -> tuple[list[_Seq], dict]:
-    """Apply the truncation policy; return the sequences to pack and the counts."""
-    seqs: list[_Seq] = []
-    c: dict[str, Any] = {
-        "truncated_items": 0,
-        "truncated_tokens": 0,
-        "truncated_action_tokens": 0,
-        "dropped_items": 0,
-        "dropped_tokens": 0,
-        "dropped_indices": [],
-    }
-
-    def drop(i: int, n: int) -> None:
-        c["dropped_items"] += 1
-        c["dropped_tokens"] += n
-        c["dropped_indices"].append(i)
-
-    for i, it in enumerate(items):
-        n = it.num_tokens
-        if n <= max_seq_len:
-            seqs.append(_Seq(i, it, n))
-            continue
-        if truncation == "error":
-            raise ValueError(
-                f"item {i} (rollout {it.rollout_id!r} step {it.step_index}) has {n} tokens "
-                f"> max_seq_len={max_seq_len}; "
-                "raise max_seq_len, cap the sampler's max_tokens, or pack with truncation='truncate' or 'drop'"
-            )
-        if truncation == "drop" or sum(it.action_mask[:max_seq_len]) == 0:
-            drop(i, n)
-            continue
-        c["truncated_items"] += 1
-        c["truncated_tokens"] += n - max_seq_len
-        c["truncated_action_tokens"] += sum(it.action_mask[max_seq_len:])
-        cut = truncate_item(it, max_seq_len)
-        seqs.append(_Seq(i, cut, max_seq_len))
-    return seqs, c
-
-
-def _oldest_kept(it: SAWItem, n: int) -> int | None:
-    """``policy_version`` of ``it`` cut to its first ``n`` tokens: the oldest version of the
-    action tokens kept (per-token versions), else the item's own."""
-    if it.token_versions is None:
-        return it.policy_version
-    kept = [v for v, m in zip(it.token_versions[:n], it.action_mask[:n], strict=True) if m]
-    return min(kept) if kept else it.policy_version
+    if truncation not in TRUNCATION_POLICIES:
+        raise ValueError(f"truncation must be one of {TRUNCATION_POLICIES}, got {truncation!r}")
 
 
 def _build(rows: list[list[Unit]], pad_token_id: int) -> TokenBatch:
@@ -321,6 +235,9 @@ def _build(rows: list[list[Unit]], pad_token_id: int) -> TokenBatch:
     source = torch.full((R, T), -1, dtype=torch.long) if shared else None
     plen = torch.zeros((R, T), dtype=torch.long) if shared else None
     predictor = torch.full((R, T), -1, dtype=torch.long) if shared else None
+    merged = any(len(turn_starts(s.item)) > 1 for row in rows for u in row for s in u.seqs)
+    turn_ids = torch.full((R, T), -1, dtype=torch.long) if merged else None
+    turns = 0
     indices: list[int] = []
     versions: list[int | None] = []
     for r, row in enumerate(rows):
@@ -335,6 +252,10 @@ def _build(rows: list[list[Unit]], pad_token_id: int) -> TokenBatch:
                 input_ids[r, cols] = torch.tensor(it.input_ids[lo : s.length], dtype=torch.long)
                 position_ids[r, cols] = torch.arange(lo, s.length)
                 seq_ids[r, cols] = k
+                if turn_ids is not None:  # each merged turn a loss sequence of its own
+                    starts = torch.tensor(turn_starts(it), dtype=torch.long)
+                    turn_ids[r, cols] = turns + torch.bucketize(torch.arange(lo, s.length), starts, right=True) - 1
+                    turns += len(starts)
                 action_mask[r, cols] = torch.tensor(it.action_mask[lo : s.length], dtype=torch.float32)
                 weights[r, cols] = torch.tensor(it.weights[lo : s.length], dtype=torch.float32)
                 behaviour[r, cols] = torch.tensor(it.behaviour_logprobs[lo : s.length], dtype=torch.float32)
@@ -361,6 +282,8 @@ def _build(rows: list[list[Unit]], pad_token_id: int) -> TokenBatch:
         prefix_source=source,
         prefix_length=plen,
         predictor=predictor,
+        loss_seq_ids=turn_ids,
+        num_loss_sequences=turns if turn_ids is not None else None,
     )
 
 

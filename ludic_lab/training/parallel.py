@@ -39,6 +39,7 @@ from ludic_lab.distributed.dist_utils import (
 )
 from ludic_lab.distributed.interfaces import PolicyPublisher
 from ludic_lab.rollouts.saw import SAWItem
+from ludic_lab.rollouts.turn_merge import turn_weights
 from ludic_lab.training.batch_split import BatchSplitCheck
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.logprobs import model_token_logprobs
@@ -95,7 +96,8 @@ class DataParallel(Protocol):
         ...
 
     def weight_stats(self, items: Sequence[SAWItem]) -> tuple[float, float]:
-        """Mean and population std of the step's per-sequence weights (sequences with actions)."""
+        """Mean and population std of the step's per-sequence weights (sequences with actions; each
+        turn of merged turns a sequence)."""
         ...
 
     def num_micro_batches(self, local: int) -> int:
@@ -164,7 +166,7 @@ class SingleProcess:
         return local
 
     def weight_stats(self, items: Sequence[SAWItem]) -> tuple[float, float]:
-        seq_w = np.array([it.weight for it in items if it.num_action_tokens > 0], dtype=np.float64)
+        seq_w = np.array([w for it in items for w in turn_weights(it)], dtype=np.float64)
         return (float(seq_w.mean()) if seq_w.size else 0.0), (float(seq_w.std()) if seq_w.size else 0.0)
 
     def num_micro_batches(self, local: int) -> int:
@@ -276,7 +278,7 @@ class FSDP2(SingleProcess):
         )
 
     def weight_stats(self, items: Sequence[SAWItem]) -> tuple[float, float]:
-        seq_w = np.array([it.weight for it in items if it.num_action_tokens > 0], dtype=np.float64)
+        seq_w = np.array([w for it in items for w in turn_weights(it)], dtype=np.float64)
         total, count = all_reduce_floats([float(seq_w.sum()), float(seq_w.size)])
         mean = total / count if count else 0.0
         (sq,) = all_reduce_floats([float(((seq_w - mean) ** 2).sum())])

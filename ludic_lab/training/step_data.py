@@ -81,7 +81,7 @@ def local_totals(items: list[SAWItem], stale: int, source: dict[str, float], mic
     return StepTotals(
         items=len(items),
         stale=stale,
-        sequences=sum(mb.num_sequences for mb in micro),
+        sequences=sum(mb.loss_sequences for mb in micro),  # each merged turn counts
         action_tokens=sum(mb.num_action_tokens for mb in micro),
         pack=micro.stats.to_metrics("pack/"),
         source=source,

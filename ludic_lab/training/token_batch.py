@@ -24,7 +24,7 @@ class StepNormalisers:
     """
 
     num_sequences: float
-    """Sequences in the step (those without action tokens included)."""
+    """Sequences in the step (those without action tokens included; each turn of merged turns)."""
     num_action_tokens: float
     """Action tokens in the step."""
     weight_mean: float | None = None
@@ -42,7 +42,7 @@ class StepNormalisers:
         s, n = ex.get("step_num_sequences"), ex.get("step_num_action_tokens")
         mean, std = ex.get("step_weight_mean"), ex.get("step_weight_std")
         return cls(
-            num_sequences=float(s) if s is not None else float(batch.num_sequences),
+            num_sequences=float(s) if s is not None else float(batch.loss_sequences),
             num_action_tokens=float(n) if n is not None else float(batch.num_action_tokens),
             weight_mean=None if mean is None else float(mean),
             weight_std=None if std is None else float(std),
@@ -90,6 +90,22 @@ class TokenBatch:
     predictor: torch.Tensor | None = None
     """``[R, T]`` long: the column whose hidden state predicts this token (-1: none). ``None``:
     the previous column when it belongs to the same sequence."""
+    loss_seq_ids: torch.Tensor | None = None
+    """``[R, T]`` long, items of merged turns (:mod:`~ludic_lab.rollouts.turn_merge`): the turn each
+    token belongs to, ``0..num_loss_sequences-1`` over the micro-batch (-1 on padding); losses
+    aggregate per turn, as over the separate items. ``None``: per ``seq_ids``."""
+    num_loss_sequences: int | None = None
+    """With ``loss_seq_ids``: how many turns (loss sequences) the micro-batch holds."""
+
+    @property
+    def loss_sequences(self) -> int:
+        """Sequences a loss averages over: the turns of merged items, else ``num_sequences``."""
+        return self.num_sequences if self.num_loss_sequences is None else self.num_loss_sequences
+
+    @property
+    def loss_ids(self) -> torch.Tensor:
+        """``[R, T]``: the loss sequence of each token (``loss_seq_ids``, else ``seq_ids``)."""
+        return self.seq_ids if self.loss_seq_ids is None else self.loss_seq_ids
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -123,4 +139,6 @@ class TokenBatch:
             prefix_source=mv(self.prefix_source),
             prefix_length=mv(self.prefix_length),
             predictor=mv(self.predictor),
+            loss_seq_ids=mv(self.loss_seq_ids),
+            num_loss_sequences=self.num_loss_sequences,
         )

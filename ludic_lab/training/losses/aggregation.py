@@ -13,6 +13,8 @@ mode                           micro-batch contribution                    used 
 ``"seq_mean_token_sum_norm"``  ``sum_t l / (S * max_tokens)``              Dr.GRPO
 =============================  ==========================================  =============
 
+A "sequence" is a packed item, or each turn of an item of merged turns
+(``TokenBatch.loss_seq_ids``), so merging a multi-turn episode changes none of these values.
 ``S`` and ``N`` come from ``batch.step`` (a
 :class:`~ludic_lab.training.token_batch.StepNormalisers` the trainer sets for every
 micro-batch of a step, so the micro-batch contributions *sum* to the full-batch loss;
@@ -55,10 +57,11 @@ def step_num_action_tokens(batch: TokenBatch) -> float:
 
 
 def sequence_index(batch: TokenBatch, mask_RT: Tensor) -> Tensor:
-    """``seq_ids`` clamped to ``>= 0`` on ``mask_RT`` device, after checking every action token
-    belongs to a sequence ``0..num_sequences-1``."""
-    seq = batch.seq_ids.to(mask_RT.device)
-    S = batch.num_sequences
+    """The loss sequence of each token (``batch.loss_ids``: ``seq_ids``, or each merged turn's)
+    clamped to ``>= 0`` on ``mask_RT`` device, after checking every action token belongs to a
+    sequence ``0..loss_sequences-1``."""
+    seq = batch.loss_ids.to(mask_RT.device)
+    S = batch.loss_sequences
     if mask_RT.any():
         s = seq[mask_RT]
         if int(s.min()) < 0 or int(s.max()) >= S:
@@ -75,7 +78,7 @@ def per_sequence_sum(
     """``(sum over each sequence's action tokens of x [S], action-token counts [S])``;
     ``seq_RT``: :func:`sequence_index` when already computed."""
     seq = sequence_index(batch, mask_RT) if seq_RT is None else seq_RT
-    S = batch.num_sequences
+    S = batch.loss_sequences
     xs = torch.where(mask_RT, x_RT, torch.zeros_like(x_RT))
     sums = xs.new_zeros(S).index_add(0, seq.reshape(-1), xs.reshape(-1))
     counts = xs.new_zeros(S).index_add(0, seq.reshape(-1), mask_RT.reshape(-1).to(xs.dtype))
