@@ -27,6 +27,11 @@ stops after ``--steps`` training steps (no evaluation after training: it measure
              tool (a calculator on a shared MCP server, ``tests/verifiers_envs``), ``--scale``
              x 4 tasks x 4 samples, 96 tokens a reply
 
+``--merge-turns off`` trains the ``train_env`` paths one item per turn whatever the task says
+(textarena merges a game's turns by default); ``--release-between off`` keeps the sampler's
+prefix cache and malloc's free pages between the rollouts and the step whatever the task says
+(``Task.release_between``: textarena releases them).
+
 ``--release on`` (the default) is ``TrainerConfig(release_host_memory=True)``: the trainer trims
 glibc's arenas once, at a step's end, when that end is more than 10% above the resident memory
 after the last trim. ``--release off`` runs with ``TrainerConfig(release_host_memory=False)`` (glibc's malloc
@@ -205,7 +210,8 @@ def measure(path: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any
     result = log_dir / f"{path}.json"
     cmd = [sys.executable, __file__, "--child", path, "--result", str(result), "--steps", str(args.steps),
            "--scale", str(args.scale), "--model", args.model, "--release", args.release,
-           "--agent-lr", str(args.agent_lr), "--micro-token-budget", str(args.micro_token_budget)]  # fmt: skip
+           "--agent-lr", str(args.agent_lr), "--micro-token-budget", str(args.micro_token_budget),
+           "--merge-turns", args.merge_turns, "--release-between", args.release_between]  # fmt: skip
     t0 = time.perf_counter()
     with open(log_dir / f"{path}.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
@@ -271,6 +277,19 @@ def main() -> None:
         default=0,
         help="TrainerConfig.micro_token_budget of the agent, textarena and verifiers paths (0: theirs)",
     )
+    ap.add_argument(
+        "--merge-turns",
+        choices=("task", "off"),
+        default="task",
+        help="train_env paths: the task's Task.merge_turns (textarena: on), or off (one item per turn)",
+    )
+    ap.add_argument(
+        "--release-between",
+        choices=("task", "off"),
+        default="task",
+        help="train_env paths: the task's Task.release_between (textarena: on: the sampler's prefix cache and "
+        "malloc's free pages released before and after each batch's rollouts), or off",
+    )
     ap.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -282,7 +301,8 @@ def main() -> None:
         ap.error(f"unknown path(s) {bad}; choose from {', '.join(PATHS)}")
     print(
         f"memory: {args.steps} steps, scale {args.scale}, model {args.model}, release_host_memory {args.release}, "
-        f"micro_token_budget {args.micro_token_budget or 'the path default'}, load average {os.getloadavg()[0]:.1f}"
+        f"micro_token_budget {args.micro_token_budget or 'the path default'}, merge_turns {args.merge_turns}, "
+        f"release between phases {args.release_between}, load average {os.getloadavg()[0]:.1f}"
     )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,6 +4,7 @@ each runs); each trains ``args.steps + 1`` steps: the memory bench's step hook s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -145,6 +146,10 @@ async def _train_env(task: Any, args: argparse.Namespace, **kw: Any) -> None:
     from ludic_lab.inference import LocalChatClient
 
     n = _n(4, args.scale)
+    if getattr(args, "merge_turns", "task") == "off":
+        task = dataclasses.replace(task, merge_turns=False)
+    if getattr(args, "release_between", "task") == "off":
+        task = dataclasses.replace(task, release_between=False)
     client = LocalChatClient(args.model, max_batch_size=4 * n)
     await train_env_async(task, steps=args.steps + 1, progress=False, model=client, prompts_per_step=n, group_size=4,
                           out=None, config=_budget(args), engine=task.engine(client, episode_timeout_s=NO_TIMEOUT_S),

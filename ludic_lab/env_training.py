@@ -167,16 +167,17 @@ def build_env_training(
         requests = task.requests(per_step=prompts_per_step, seed=seed, inference=inference)
     if strategy is None:
         strategy = GRPORequestStrategy(group_size, seed=seed) if group_size > 1 else IdentityStrategy()
+    trainer_config = _trainer_config(config, temperature=temperature, seed=seed, task=task)
     if source is None:
         source = RolloutBatchSource(
             engine, requests, algorithm.credit_assigner, request_strategy=strategy, max_steps=max_steps,
             rewards=rewards, merge_turns=task.merge_turns,
+            release_memory=_release_between(task, client, trainer_config),
         )  # fmt: skip
     if policy is None:
         from transformers import AutoModelForCausalLM
 
         policy = AutoModelForCausalLM.from_pretrained(_model_path(client))
-    trainer_config = _trainer_config(config, temperature=temperature, seed=seed, task=task)
     folder = None
     if out is not None:
         run_config = dict(
@@ -310,6 +311,26 @@ def train_env(
             **parts,
         )  # fmt: skip
     )
+
+
+def _release_between(task: Task, client: Any, config: Any) -> Callable[[], None] | None:
+    """The batch source's ``release_memory`` (``Task.release_between``) for an in-process sampler
+    (``client.release_memory``): its prefix cache dropped and, under ``release_host_memory``,
+    malloc's free pages given back (:func:`~ludic_lab.training.host_memory.release_free_memory`)
+    before and after each batch's rollouts; ``None`` for a task that does not ask for it, a
+    client in another process, or rollouts that overlap the step (``async_mode`` not ``"sync"``)."""
+    from ludic_lab.training.host_memory import release_free_memory
+
+    drop = getattr(client, "release_memory", None)
+    if not task.release_between or not callable(drop) or config.effective_async_mode != "sync":
+        return None
+
+    def release() -> None:
+        drop()
+        if config.release_host_memory:
+            release_free_memory()
+
+    return release
 
 
 def _local_client(model: Any, batch: int) -> Any:

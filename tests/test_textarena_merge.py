@@ -6,6 +6,7 @@ and one trainer step on them gives the per-turn step's loss, sequence count and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ pytest.importorskip("textarena")
 
 from ludic_lab.env_training import build_env_training
 from ludic_lab.inference.local.client import LocalChatClient
+from ludic_lab.rollouts import RolloutBatchSource
 from ludic_lab.rollouts.saw import SAWBatch, SAWItem, saw_items_from_rollouts
 from ludic_lab.rollouts.turn_merge import merge_turns, turn_starts
 from ludic_lab.task import Task
@@ -115,9 +117,32 @@ def test_a_step_on_merged_turns_is_the_per_turn_step(
     assert m_merged["sequences"] == m_turn["sequences"]  # every turn a sequence of the loss
     assert m_merged["action_tokens"] == m_turn["action_tokens"] > 0
     assert m_merged["tokens"] < m_turn["tokens"]  # the shared context scored once
-    assert m_merged["loss"] == pytest.approx(m_turn["loss"], rel=1e-5, abs=1e-6)
+    assert m_merged["loss"] == pytest.approx(m_turn["loss"], rel=1e-4, abs=1e-6)
     assert abs(m_turn["loss"]) > 1e-3  # a loss that does not cancel out
     assert m_merged["grad_norm"] == pytest.approx(m_turn["grad_norm"], rel=1e-4)
     assert len(g_merged) == len(g_turn) > 0
     for a, b in zip(g_turn, g_merged, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
+
+def test_the_samplers_cache_is_released_around_each_batch(tiny_model_dir: str, monkeypatch: Any) -> None:
+    """``train_env`` with an in-process sampler in sync mode: the batch source drops the prefix
+    cache before the rollouts (what the last step left) and after them (the batch's KV), so it is
+    not resident under the step (``Task.release_between``, textarena's default); not when rollouts
+    overlap the step."""
+    task = textarena_task("TicTacToe-v0", opponent="random")
+    client = LocalChatClient(tiny_model_dir, max_batch_size=2)
+    held: list[int] = []
+    release = client.release_memory
+    monkeypatch.setattr(client, "release_memory", lambda: held.append(release()) or held[-1])
+    run = build_env_training(task, model=client, prompts_per_step=1, group_size=2, max_tokens=8, out=None)
+    asyncio.run(run.source.next_batch())
+    assert held[0] == 0 and held[1] > 0 and len(held) == 2  # the games' KV was cached, then dropped
+    assert client.prefix_cache.nbytes == 0 and len(client.prefix_cache) == 0
+    ahead = build_env_training(task, model=client, prompts_per_step=1, group_size=2, max_tokens=8, out=None,
+                               config={"async_mode": "one_step_ahead"})  # fmt: skip
+    assert task.release_between and ahead.source.release_memory is None
+    kept = build_env_training(dataclasses.replace(task, release_between=False), model=client, out=None)
+    assert kept.source.release_memory is None  # Task.release_between's default: nothing released
+    with pytest.raises(TypeError, match="release_memory"):
+        RolloutBatchSource(run.engine, run.requests, run.algo.credit_assigner, release_memory=1)  # type: ignore[arg-type]

@@ -20,6 +20,10 @@ trainer scores the shared context once instead of once per turn (``merge/...`` c
 was folded and where the prefix broke). Per-token values are unchanged, and the trainer still
 counts each merged turn as a sequence of its own: the loss is that of the separate turns.
 
+``release_memory`` (a callable; ``train_env`` passes one for its in-process sampler) runs before
+a batch's episodes start and once they are done: what one phase left free (the previous step's
+activations, the rollouts' KV and prefix cache) is given back before the other runs on top of it.
+
 Empty batches: when fewer than ``min_items`` items come out, the source tries again with
 fresh requests, up to ``max_attempts`` generations in total, accumulating items; if still
 short it raises :class:`EmptyBatchError` with the reasons. A batch whose weights are all
@@ -99,6 +103,7 @@ class RolloutBatchSource:
         min_items: int = 1,
         max_attempts: int = 1,
         merge_turns: bool = False,
+        release_memory: Callable[[], object] | None = None,
         progress: bool = False,
         rewards: Sequence[RolloutReward | GroupReward] | None = None,
         dynamic_sampling: DynamicSampling | None = None,
@@ -127,6 +132,9 @@ class RolloutBatchSource:
         if not isinstance(merge_turns, bool):
             raise TypeError(f"RolloutBatchSource.merge_turns must be a bool, got {merge_turns!r}")
         self.merge_turns = merge_turns
+        if release_memory is not None and not callable(release_memory):
+            raise TypeError(f"RolloutBatchSource.release_memory must be a callable () -> Any, got {release_memory!r}")
+        self.release_memory = release_memory
         self.progress = progress
         self.rewards: list[RolloutReward | GroupReward] = _check_rewards(rewards)
         self.dynamic_sampling = dynamic_sampling
@@ -214,11 +222,15 @@ class RolloutBatchSource:
         """
         parts = BatchParts()
         dyn = self._dynamic.start() if self._dynamic is not None else None
+        if self.release_memory is not None:
+            self.release_memory()  # what the previous step left free, before the rollouts
         while dyn.wants_more() if dyn is not None else self.wants_more(parts):
             new, reward_stats, gen_s = await self.generate(self.draw_requests())
             parts.gen_s += gen_s
             parts.add_rewards(reward_stats)
             self.itemise(parts, new, dyn)
+        if self.release_memory is not None:
+            self.release_memory()  # what the rollouts left, before the step
         return self.finish(parts, dyn)
 
     def wants_more(self, parts: BatchParts) -> bool:

@@ -70,6 +70,11 @@ class Task:
     """``train_env``'s batch source folds each episode's turns into one training sequence where the
     next turn's tokens extend the previous turn's exactly (``RolloutBatchSource(merge_turns=True)``,
     :mod:`~ludic_lab.rollouts.turn_merge`): the same loss, the shared context scored once."""
+    release_between: bool = False
+    """``train_env`` with an in-process sampler (sync mode): before and after each batch's rollouts,
+    the sampler's prefix cache is dropped and malloc's free pages go back, so the rollouts' KV is
+    not resident under the step's activations, nor the step's under the rollouts (each phase then
+    faults its pages in again: for long episodes, where the KV is large)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -82,8 +87,9 @@ class Task:
             raise TypeError("Task.demonstrate must be a callable messages -> reply text, or None")
         if self.trainer_defaults is not None and not isinstance(self.trainer_defaults, Mapping):
             raise TypeError("Task.trainer_defaults must be a mapping of TrainerConfig fields, or None")
-        if not isinstance(self.merge_turns, bool):
-            raise TypeError(f"Task.merge_turns must be a bool, got {self.merge_turns!r}")
+        for flag in ("merge_turns", "release_between"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"Task.{flag} must be a bool, got {getattr(self, flag)!r}")
 
     def trainer_fields(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """``config`` (``TrainerConfig`` fields) over :attr:`trainer_defaults`; a default

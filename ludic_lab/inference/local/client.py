@@ -255,6 +255,14 @@ class LocalChatClient:
                 self._updates_waiting -= 1
         return str(self.policy_version)
 
+    def release_memory(self) -> int:
+        """Drop the prefix cache's entries, what the next weight update drops anyway: between a
+        batch's rollouts and a training step their KV would stay resident under the step's
+        activations. Returns the bytes they held; later prompts prefill in full."""
+        held = self.prefix_cache.nbytes
+        self.prefix_cache.clear()
+        return held
+
     def kv_version(self) -> tuple[int, int]:
         """What a stored KV must have been computed under to be reused: the policy version and
         the parameters' in-place-update counters (a model shared with a trainer that steps it

@@ -151,7 +151,7 @@ def textarena_task(
                     max_steps=max_turns, reject_incomplete_completions=False, stats=stats,
                     evaluate=_evaluator(env_id, kind, n, 0, common, None, max_turns, win_threshold,
                                         shaping), demonstrate=scripted_player(env_id),
-                    trainer_defaults=GAME_TRAINER_DEFAULTS, merge_turns=True)  # fmt: skip
+                    trainer_defaults=GAME_TRAINER_DEFAULTS, merge_turns=True, release_between=True)  # fmt: skip
     if self_play and opponent is not None:
         raise ValueError("give either self_play=True or an opponent, not both")
     if not 0 <= seat < n:
@@ -175,7 +175,7 @@ def textarena_task(
                 evaluate=_evaluator(env_id, kind, n, seat, common, eval_opponent if self_play else opponent,
                                     max_turns, win_threshold, shaping),
                 demonstrate=scripted_player(env_id), trainer_defaults=GAME_TRAINER_DEFAULTS,
-                merge_turns=True)  # fmt: skip
+                merge_turns=True, release_between=True)  # fmt: skip
 
 
 def _agent(
