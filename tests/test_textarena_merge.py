@@ -127,7 +127,7 @@ def test_a_step_on_merged_turns_is_the_per_turn_step(
 
 def test_the_samplers_cache_is_released_around_each_batch(tiny_model_dir: str, monkeypatch: Any) -> None:
     """``train_env`` with an in-process sampler in sync mode: the batch source drops the prefix
-    cache before the rollouts (what the last step left) and after them (the batch's KV), so it is
+    cache and the packed weights before the rollouts and after them (the batch's KV), so they are
     not resident under the step (``Task.release_between``, textarena's default); not when rollouts
     overlap the step."""
     task = textarena_task("TicTacToe-v0", opponent="random")
@@ -137,8 +137,10 @@ def test_the_samplers_cache_is_released_around_each_batch(tiny_model_dir: str, m
     monkeypatch.setattr(client, "release_memory", lambda: held.append(release()) or held[-1])
     run = build_env_training(task, model=client, prompts_per_step=1, group_size=2, max_tokens=8, out=None)
     asyncio.run(run.source.next_batch())
-    assert held[0] == 0 and held[1] > 0 and len(held) == 2  # the games' KV was cached, then dropped
+    weights = sum(p.numel() * p.element_size() for n, p in client.model.named_parameters() if "embed" not in n)
+    assert len(held) == 2 and held[1] > weights  # the games' KV and the packed weights, dropped
     assert client.prefix_cache.nbytes == 0 and len(client.prefix_cache) == 0
+    assert not any("_ludic_packed" in m.__dict__ for m in client.model.modules())
     ahead = build_env_training(task, model=client, prompts_per_step=1, group_size=2, max_tokens=8, out=None,
                                config={"async_mode": "one_step_ahead"})  # fmt: skip
     assert task.release_between and ahead.source.release_memory is None

@@ -36,7 +36,7 @@ from ludic_lab.inference.local.batcher import LoopBatcher
 from ludic_lab.inference.local.continuous import ContinuousBatcher
 from ludic_lab.inference.local.grouped_attention import cascade_supported, use_grouped_attention
 from ludic_lab.inference.local.in_flight import check_weight_update
-from ludic_lab.inference.local.packed_linear import pack_linear_weights
+from ludic_lab.inference.local.packed_linear import drop_packed_weights, pack_linear_weights
 from ludic_lab.inference.local.prefix_cache import PrefixCache
 from ludic_lab.inference.local.shared_prefix import shared_prompt_rows as shared_prompt_rows  # re-exported
 from ludic_lab.inference.local.static import generate_static
@@ -256,12 +256,13 @@ class LocalChatClient:
         return str(self.policy_version)
 
     def release_memory(self) -> int:
-        """Drop the prefix cache's entries, what the next weight update drops anyway: between a
-        batch's rollouts and a training step their KV would stay resident under the step's
-        activations. Returns the bytes they held; later prompts prefill in full."""
+        """Drop what the next weight update makes stale anyway: the prefix cache's entries and the
+        packed copies of the weights (:mod:`.packed_linear`). Between a batch's rollouts and a
+        training step they would stay resident under the step's activations. Returns the bytes
+        they held; later prompts prefill in full, the next decode packs the weights again."""
         held = self.prefix_cache.nbytes
         self.prefix_cache.clear()
-        return held
+        return held + drop_packed_weights(self.model)
 
     def kv_version(self) -> tuple[int, int]:
         """What a stored KV must have been computed under to be reused: the policy version and

@@ -82,6 +82,17 @@ def pack_linear_weights(model: torch.nn.Module) -> int:
     return n
 
 
+def drop_packed_weights(model: torch.nn.Module) -> int:
+    """Free the packed copies of ``model``'s weights (the next packed forward packs again, as it
+    does after any weight update anyway); returns the bytes of the weights they copied."""
+    n = 0
+    for m in model.modules():
+        state = m.__dict__.pop("_ludic_packed", None)
+        if state is not None:
+            n += state[0].numel() * state[0].element_size()
+    return n
+
+
 def is_packed(module: Any) -> bool:
     """Whether :func:`pack_linear_weights` patched ``module``."""
     fwd = getattr(module, "forward", None)
