@@ -1,7 +1,8 @@
 """A verifiers shared MCP tool server that dies (SIGKILL), against verifiers itself.
 
 ``tests/verifiers_envs/vf_calc`` serves its calculator as a shared tool server: a
-``python -m vf_calc.servers.calc`` process that verifiers starts once per event loop. Killed
+``python -m vf_calc.servers.calc`` process that verifiers starts once per event loop (in the
+bubblewrap sandbox: the process killed is the server inside it). Killed
 between episodes, the next episode gets a fresh server (started again once) and succeeds.
 Killed while two episodes are in flight (each waiting on its first model call), both fail at
 once as ``env_error`` naming the server, its exit code and its log's tail, not ~20 s later
@@ -88,11 +89,16 @@ async def episodes(engine: RolloutEngine, n: int) -> list[Rollout]:
 
 
 def tool_server() -> psutil.Process:
-    """The one live ``vf_calc.servers.calc`` process under this one."""
+    """The one live ``vf_calc.servers.calc`` Python process under this one (in the sandbox: not
+    the two bubblewrap processes around it, whose command lines name the module too)."""
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if "vf_calc.servers.calc" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+            if (
+                "vf_calc.servers.calc" in " ".join(p.cmdline())
+                and p.name() != "bwrap"
+                and p.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(p)
         except psutil.Error:
             pass
@@ -148,7 +154,7 @@ async def test_a_tool_server_killed_under_episodes_fails_them_at_once_saying_so(
     for r in rollouts:
         assert r.failed and r.meta["failure_cause"] == "env_error", r.error
         assert "VerifiersToolServerError: the shared tool server 'calc' of verifiers taskset 'vf_calc' exited with " \
-               "code -9 (log " in (r.error or ""), r.error  # fmt: skip
+               "code 137 (signal 9 inside the sandbox) (log " in (r.error or ""), r.error  # fmt: skip
         assert "httpx" not in (r.error or "") and "All connection attempts failed" not in (r.error or "")
     assert took < 10, took  # from the kill: not ~20 s of connection retries
     log = (rollouts[0].error or "").split("(log ", 1)[1].split(")", 1)[0]

@@ -77,6 +77,8 @@ class UnixSocketProxy:
                 await asyncio.gather(_pump(client_r, server_w), _pump(server_r, client_w))
             finally:
                 server_w.close()
+        except asyncio.CancelledError:
+            pass  # close() cut it; ending quietly spares asyncio's "exception in callback" log
         finally:
             client_w.close()
             self._tasks.discard(task)

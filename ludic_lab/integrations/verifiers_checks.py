@@ -160,6 +160,14 @@ def check_env(env: Any) -> None:
             )
 
 
+def tool_servers(env: Any) -> list[tuple[str, Any]]:
+    """The tool servers of loaded verifiers ``env``: ``(scope, toolset)``, scope ``"shared"``
+    (``Taskset.toolsets``) or ``"task"`` (``Task.toolsets``)."""
+    shared = type(env.taskset).toolsets(env.taskset.config)
+    per_task = type(env.taskset).task_type().toolsets(env.taskset.config.task)
+    return [*(("shared", t) for t in shared), *(("task", t) for t in per_task)]
+
+
 def _takes_runtime(fn: Any) -> bool:
     try:
         return "runtime" in inspect.signature(fn).parameters

@@ -31,9 +31,11 @@ from ludic_lab.integrations.verifiers_checks import (
     check_harness,
     check_runtime,
     env_role,
+    tool_servers,
     use_this_python,
 )
 from ludic_lab.integrations.verifiers_inprocess import HARNESS_MODES
+from ludic_lab.integrations.verifiers_tool_sandbox import check_tool_sandbox, install as install_tool_sandbox
 from ludic_lab.types import Info, StepOutcome
 
 _NETWORK_MODULES = ("huggingface_hub", "datasets", "requests", "urllib", "httpx", "socket", "aiohttp")
@@ -58,7 +60,8 @@ class VerifiersSource:
     episodes run at once (default twice the CPU count), the others
     wait their turn. ``harness_mode``: ``"in_process"`` (default) runs the ``null`` harness's chat
     program in this process per episode, ``"subprocess"`` as a process per episode, as verifiers
-    does (:mod:`~ludic_lab.integrations.verifiers_inprocess`)."""
+    does (:mod:`~ludic_lab.integrations.verifiers_inprocess`). ``tool_sandbox``: where its tool
+    servers run, ``"bubblewrap"`` or ``"unsafe_local"`` (:mod:`~ludic_lab.integrations.verifiers_tool_sandbox`)."""
 
     def __init__(
         self,
@@ -69,6 +72,7 @@ class VerifiersSource:
         *,
         max_concurrent: int | None = None,
         harness_mode: str = "in_process",
+        tool_sandbox: str = "bubblewrap",
     ) -> None:
         from verifiers.v1.envs.single_agent import SingleAgentEnv as PlainEnv
 
@@ -79,6 +83,7 @@ class VerifiersSource:
         if harness_mode not in HARNESS_MODES:
             raise ValueError(f"harness_mode must be one of {HARNESS_MODES}, got {harness_mode!r}")
         self.harness_mode = harness_mode
+        self.tool_sandbox = tool_sandbox
 
         self.env = env
         self.tasks = tuple(tasks)
@@ -132,7 +137,7 @@ class VerifiersSource:
         loop = asyncio.get_running_loop()
         served = self._served.get(loop)
         if served is None or served.failed or served.exited is not None:
-            old, served = served, _SharedTools(self.env, self.taskset_id)
+            old, served = served, _SharedTools(self.env, self.taskset_id, self.tool_sandbox)
             self._served[loop] = served  # before awaiting: the episodes beside this one share it
             if old is not None and old.exited is not None:
                 self.tool_restarts += 1
@@ -154,8 +159,8 @@ class _SharedTools:
     servers' context is entered and left in the same task), and watches each server's process:
     one that exits sets :attr:`exited` and stops the episodes in :meth:`guard`."""
 
-    def __init__(self, env: Any, taskset_id: str) -> None:
-        self._env, self._taskset_id = env, taskset_id
+    def __init__(self, env: Any, taskset_id: str, tool_sandbox: str = "bubblewrap") -> None:
+        self._env, self._taskset_id, self._tool_sandbox = env, taskset_id, tool_sandbox
         self._stop = asyncio.Event()
         self._died = asyncio.Event()
         self._ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -165,6 +170,9 @@ class _SharedTools:
         """Why a tool server stopped serving (its name, exit code, log tail); ``None`` while all run."""
 
     async def _hold(self) -> None:
+        from ludic_lab.integrations.verifiers_tool_sandbox import mode
+
+        mode.set(self._tool_sandbox)  # this task's own context: the servers it starts
         try:
             async with self._env.shared_tools() as shared:
                 self._ready.set_result(shared)
@@ -198,8 +206,11 @@ class _SharedTools:
             return
         code = next(p.returncode for p in procs if p.returncode is not None)
         log, tail = _keep_log(getattr(runtime, "workdir", None), name)
+        shown = str(code)
+        if self._tool_sandbox == "bubblewrap" and 128 < code <= 128 + 64:  # bubblewrap's report of a signal
+            shown += f" (signal {code - 128} inside the sandbox)"
         self.exited = (
-            f"the shared tool server {name!r} of verifiers taskset {self._taskset_id!r} exited with code {code}"
+            f"the shared tool server {name!r} of verifiers taskset {self._taskset_id!r} exited with code {shown}"
             f" (log {log}):\n{tail}\nThe episodes using it fail; the next episode starts a fresh one"
         )
         self._died.set()
@@ -252,6 +263,7 @@ def load_verifiers_env(
     max_concurrent: int | None = None,
     sandbox: str | None = None,
     harness_mode: str = "in_process",
+    tool_sandbox: str | None = None,
 ) -> VerifiersSource:
     """Load verifiers taskset ``taskset`` (an installed package id) as verifiers does.
 
@@ -263,8 +275,11 @@ def load_verifiers_env(
     run at once (see :class:`VerifiersSource`); ``sandbox="workspace"``: the ``bash`` harness
     allowed, its commands run in a workspace per episode (:mod:`~ludic_lab.integrations.verifiers_sandbox`:
     the tasks get its hooks; episodes need its ``WorkspaceVerifiersProtocol``); ``harness_mode``:
-    see :class:`VerifiersSource`. Raises :class:`VerifiersEnvError` for what cannot run here,
-    before anything runs.
+    see :class:`VerifiersSource`; ``tool_sandbox``: the taskset's tool servers run in the bubblewrap
+    sandbox (``None``, the default; a missing ``bwrap`` is an error naming it) or, named,
+    ``"unsafe_local"``: as plain processes on this host, for servers you trust
+    (:mod:`~ludic_lab.integrations.verifiers_tool_sandbox`). Raises :class:`VerifiersEnvError` for
+    what cannot run here, before anything runs.
     """
     require_extra("verifiers", what="ludic_lab.integrations.verifiers_env")
     import pydantic
@@ -294,13 +309,17 @@ def load_verifiers_env(
     except Exception as e:
         raise VerifiersEnvError(f"verifiers environment {taskset!r} failed to load: {type(e).__name__}: {e}") from e
     check_env(env)
+    tool_mode = check_tool_sandbox(tool_sandbox, tool_servers(env), taskset)
+    install_tool_sandbox()
     use_this_python()
     tasks = _load_tasks(env, taskset, limit)
     if sandbox == "workspace":
         from ludic_lab.integrations.verifiers_sandbox import sandbox_task
 
         tasks = [sandbox_task(t) for t in tasks]
-    return VerifiersSource(env, tasks, spec, role, max_concurrent=max_concurrent, harness_mode=harness_mode)
+    return VerifiersSource(
+        env, tasks, spec, role, max_concurrent=max_concurrent, harness_mode=harness_mode, tool_sandbox=tool_mode
+    )
 
 
 def _load_tasks(env: Any, taskset: str, limit: int | None) -> list[Any]:

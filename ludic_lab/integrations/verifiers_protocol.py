@@ -236,6 +236,9 @@ async def _play(
     import verifiers.v1 as vf
     from verifiers.v1.configs.agent import resolve_agent
 
+    from ludic_lab.integrations.verifiers_tool_sandbox import mode
+
+    mode.set(source.tool_sandbox)  # the episode's task: the tool servers verifiers starts for its task
     client = vf.EvalClientConfig(base_url=endpoint.base_url, api_key_var=key_var)
     if not source.single_agent:
         episode = await source.env.run_episode(task, vf.ModelContext(model=endpoint.model, client=client),

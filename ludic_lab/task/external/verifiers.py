@@ -63,6 +63,7 @@ def verifiers_task(
     protocol_kind: str = "verifiers",
     sandbox: str | None = None,
     workspace: Any = None,
+    tool_sandbox: str | None = None,
 ) -> Task:
     """The verifiers environment ``taskset`` as a task named ``name`` (default: the taskset id).
 
@@ -75,11 +76,13 @@ def verifiers_task(
     ``task.evaluate(client, ...)``: :func:`evaluate_verifiers`'s summary on the held-out tasks.
     ``sandbox="workspace"``: verifiers' ``bash`` harness allowed, every ``bash`` / ``edit`` call
     run in a workspace of its episode (:mod:`ludic_lab.integrations.verifiers_bash`), made from
-    ``workspace`` (a ``Snapshot``; default empty) by a pool per event loop.
+    ``workspace`` (a ``Snapshot``; default empty) by a pool per event loop. ``tool_sandbox``:
+    the taskset's tool servers run in the bubblewrap sandbox (default) or, named,
+    ``"unsafe_local"`` as plain host processes (see ``load_verifiers_env``).
     """
     source = load_verifiers_env(
         taskset, taskset_options=taskset_options, env_id=env_id, agent=agent, limit=limit,
-        max_concurrent=max_concurrent, sandbox=sandbox,
+        max_concurrent=max_concurrent, sandbox=sandbox, tool_sandbox=tool_sandbox,
     )  # fmt: skip
     lease = _workspace_lease() if sandbox == "workspace" else None
     n = len(source)

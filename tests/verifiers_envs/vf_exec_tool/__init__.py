@@ -1,0 +1,3 @@
+from vf_exec_tool.taskset import ExecTaskset
+
+__all__ = ["ExecTaskset"]
