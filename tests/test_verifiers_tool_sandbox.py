@@ -3,9 +3,10 @@
 ``tests/verifiers_envs/vf_exec_tool`` serves a tool that runs its argument as a shell command
 (``shell_exec``) and one that connects to a port of 127.0.0.1 (``shell_connect``), as a coding
 or terminal taskset's tools do. A scripted model asks for a ``touch`` of a host path, the
-environment, a connection to a listener on the host's 127.0.0.1 and a process left in the
-background: by default the file is not created, the host's variables are not there, the
-connection is refused, the process is gone once the tool servers stop.
+environment, a connection to a listener on the host's 127.0.0.1, a process left in the
+background and a fork bomb: by default the file is not created, the host's variables are not
+there, the connection is refused, the process is gone once the tool servers stop, the bomb stops
+at the sandbox's process limit.
 ``tool_sandbox="unsafe_local"`` is the positive control: the same calls create the file and
 reach the listener. The per-episode variant (``per_task=true``) also shows the state channel:
 the sandboxed server fetched its task from the rollout's interception server on the host.
@@ -115,9 +116,12 @@ async def test_a_tool_that_runs_its_argument_stays_in_the_sandbox(
     ]
     if per_task:
         replies.append(call("shell_task_prompt"))
+    bomb = "for i in $(seq 1000); do sleep 60 >/dev/null 2>&1 & done; echo all-started"  # last: it uses up the pids
+    replies.append(call("shell_exec", command=bomb))
     r, results = await run_episode(tiny_model_dir, replies, taskset_options={"task": {"per_task": per_task}})
     assert r.error is None and r.total_reward == 1.0, r.error
-    touch_tmp, touch_envs, env, connect, background, *rest = results
+    touch_tmp, touch_envs, env, connect, background, *rest, bomb_out = results
+    assert "all-started" not in bomb_out and "fork" in bomb_out.lower(), bomb_out  # the process limit (512)
     assert touch_tmp.startswith("exit=1") and touch_envs.startswith("exit=1"), (touch_tmp, touch_envs)
     assert not (tmp_path / "pwned").exists() and not (ENVS / "pwned").exists()
     assert "LUDIC_TEST_HOST_SECRET" not in env and "VF_CONFIG" in env and env.rstrip().endswith("1000"), env
