@@ -19,6 +19,9 @@ greedy; no episode time limit (a loaded machine outlasts the default 600 s).
 Each source runs in its own process (its peak RSS is that process's); the before figure is the
 baseline of the same run. Timings depend on the machine's load, printed with each row.
 
+``--merge-turns off`` / ``--release-between off`` turn the task's ``Task.merge_turns`` / ``Task.release_between``
+off (textarena has both on); the result records each GRPO step's numeric metrics (``rl_steps``).
+
 ``--sft-warmup-steps N`` first trains N SFT steps (``train_env(sft_warmup_steps=N,
 sft_warmup_lr=...)``: lr ``--sft-warmup-lr``, one GRPO step's episodes a step) on demonstrated
 training episodes (reasoning-gym's reference answers of training rows; TicTacToe's scripted
@@ -66,13 +69,19 @@ def build(source: str, few_shot: int, games: int = 24, heldout: int = 32) -> tup
 
 def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, prompts: int = 4,
             warmup: int = 0, warmup_lr: float = 1e-3, heldout: int = 32,
-            micro_tokens: int | None = None, max_seq_len: int | None = None) -> dict[str, Any]:  # fmt: skip
-    """One short run of ``source`` (``warmup`` SFT steps first); its before / after (/ warm)
-    held-out figures and peak RSS."""
+            micro_tokens: int | None = None, max_seq_len: int | None = None,
+            merge_turns: str = "task", release_between: str = "task") -> dict[str, Any]:  # fmt: skip
+    """One short run of ``source`` (``warmup`` SFT steps first; ``merge_turns`` / ``release_between``
+    ``"off"``: the task's flag off); its before / after (/ warm) held-out figures, each GRPO step's
+    update metrics and peak RSS."""
+    import dataclasses
+
     from ludic_lab import train_env
     from ludic_lab.sampler import open_client
 
     task, options, metric = build(source, few_shot, games, heldout)
+    off = {k: False for k, v in (("merge_turns", merge_turns), ("release_between", release_between)) if v == "off"}
+    task = dataclasses.replace(task, **off) if off else task
     t0 = time.perf_counter()
     group = 4 if source == "tictactoe" else 6
     client = open_client("local", "default", max_batch_size=prompts * group)
@@ -106,6 +115,8 @@ def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, 
         "warmup_items": [h.get("items") for h in run.warmup],
         "warmup_dropped": [h.get("pack/dropped_items") for h in run.warmup],
         "train_reward": [h.get("reward_mean") for h in run.history], "format_reward": shaping,
+        "merge_turns": task.merge_turns, "release_between": task.release_between,
+        "rl_steps": [{k: v for k, v in h.items() if isinstance(v, (int, float))} for h in run.history],
         "wall_s": round(time.perf_counter() - t0, 1),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "load": os.getloadavg()[0],
@@ -143,13 +154,25 @@ def main() -> None:
     ap.add_argument("--max-seq-len", type=int, default=0, help="TrainerConfig's (0: default)")
     ap.add_argument("--sft-warmup-steps", type=int, default=0, help="SFT steps on demonstrations before GRPO")
     ap.add_argument("--sft-warmup-lr", type=float, default=1e-3)
+    ap.add_argument(
+        "--merge-turns",
+        choices=("task", "off"),
+        default="task",
+        help="the task's Task.merge_turns (textarena: on), or off (one training item per turn)",
+    )
+    ap.add_argument(
+        "--release-between",
+        choices=("task", "off"),
+        default="task",
+        help="the task's Task.release_between (textarena: on), or off",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sources = args.only or list(SOURCES)
     if args.child:
         result = run_one(sources[0], args.steps, args.few_shot, args.lr, args.games, args.prompts,
                          args.sft_warmup_steps, args.sft_warmup_lr, args.heldout, args.micro_token_budget,
-                         args.max_seq_len)  # fmt: skip
+                         args.max_seq_len, args.merge_turns, args.release_between)  # fmt: skip
         print("RESULT " + json.dumps(result), flush=True)
         return
     for source in sources:
@@ -158,7 +181,8 @@ def main() -> None:
                "--prompts", str(args.prompts), "--sft-warmup-steps", str(args.sft_warmup_steps),
                "--sft-warmup-lr", str(args.sft_warmup_lr), "--heldout", str(args.heldout),
                "--micro-token-budget", str(args.micro_token_budget),
-               "--max-seq-len", str(args.max_seq_len)]  # fmt: skip
+               "--max-seq-len", str(args.max_seq_len), "--merge-turns", args.merge_turns,
+               "--release-between", args.release_between]  # fmt: skip
         out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # its progress on stderr, as it runs
         lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         if out.returncode or not lines:
