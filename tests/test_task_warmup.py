@@ -231,3 +231,32 @@ def test_training_phase_gives_the_trainer_its_own_back_after_an_error(tiny_model
             pass
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["pushed", "stale-sampler-control"])
+def test_rl_after_a_tictactoe_warmup_samples_from_the_warmed_up_weights(tiny_model_dir: str, stale: bool) -> None:
+    """The first RL batch after the warm-up (turns merged, the sampler's cache and packed weights
+    released around the rollouts: textarena's defaults) is sampled from the weights the warm-up
+    left: the sampler's logprobs of it are the trainer's (``kl_actor_policy`` ~ 0). Control: a
+    sampler that never receives the warm-up's weights shows up there."""
+    pytest.importorskip("textarena")
+    from ludic_lab.inference import LocalChatClient
+    from ludic_lab.task.external.textarena import textarena_task
+
+    client = LocalChatClient(tiny_model_dir, max_batch_size=4)
+    if stale:
+        client.sync_weights = lambda params, **kw: str(client.policy_version)
+    task = textarena_task("TicTacToe-v0", opponent="random", few_shot=2, max_turns=9)
+    assert task.merge_turns and task.release_between
+    run = train_env(task, steps=1, group_size=2, prompts_per_step=1, model=client, max_tokens=6, out=None,
+                    progress=False, config={"lr": 1e-2, "max_seq_len": 2048, "micro_token_budget": 4096},
+                    sft_warmup_steps=1, sft_warmup_lr=1e-2)  # fmt: skip
+    (warm,) = run.warmup
+    (rl,) = run.history
+    assert warm["loss"] > 0 and rl["source/merge/merged"] > 0
+    assert run.trainer.scheduler.base_lrs == [1e-2] * len(run.trainer.optimizer.param_groups)
+    if stale:
+        assert rl["loss/kl_actor_policy"] > 1e-3, rl
+    else:
+        assert rl["loss/kl_actor_policy"] < 1e-6, rl
+        assert not any("_ludic_packed" in m.__dict__ for m in client.model.modules())  # released after the rollouts
