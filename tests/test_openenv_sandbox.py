@@ -94,11 +94,11 @@ async def test_an_action_that_runs_code_stays_in_the_sandbox(tmp_path: Path, mon
             # a process left in the background, in a session of its own, its parent gone
             code = f"import subprocess\nresult = subprocess.Popen(['sh', '-c', 'sleep {marker} &'], start_new_session=True).wait()"
             assert await _run(server, code) == "0"
-            assert _sleepers(marker), "the background process should run until the server is closed"
+            assert _sleepers(marker, alive=True), "the background process should run until the server is closed"
             tree = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
         assert not (tmp_path / "pwned").exists() and not (Path(SERVERS) / "pwned").exists()
         assert accepted == []
-        assert _sleepers(marker) == []
+        assert _sleepers(marker, alive=False) == []
         assert [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
     finally:
         sock.close()
@@ -182,9 +182,19 @@ def test_a_folder_that_shows_the_whole_machine_is_refused() -> None:
     server.close_sync()
 
 
-def _sleepers(marker: str) -> list[int]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if (p.info["cmdline"] or [])[-1:] == [marker] and p.status() != psutil.STATUS_ZOMBIE:
-            found.append(p.pid)
-    return found
+def _sleepers(marker: str, alive: bool, wait_s: float = 10.0) -> list[int]:
+    """The live processes whose last argument is ``marker``, once they are there (``alive``) or
+    gone, or ``wait_s`` passed: a shell's child may not have run ``sleep`` yet, and a killed pid
+    namespace's processes take a moment to go."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if (p.info["cmdline"] or [])[-1:] == [marker] and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p.pid)
+            except psutil.Error:
+                pass
+        if bool(found) == alive or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)

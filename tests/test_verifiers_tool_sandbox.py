@@ -89,15 +89,21 @@ async def run_episode(tiny_model_dir: str, replies: list[Reply], **options: Any)
     return r, [n["message"]["content"] for n in nodes if n["message"]["role"] == "tool"]
 
 
-def _sleepers(marker: str) -> list[int]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if (p.info["cmdline"] or [])[-1:] == [marker] and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p.pid)
-        except psutil.Error:
-            pass
-    return found
+def _sleepers(marker: str, wait_s: float = 10.0) -> list[int]:
+    """The live processes whose last argument is ``marker``, once none is left or ``wait_s``
+    passed (a killed pid namespace's processes take a moment to go)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if (p.info["cmdline"] or [])[-1:] == [marker] and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p.pid)
+            except psutil.Error:
+                pass
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("per_task", [False, True], ids=["shared", "per_task"])

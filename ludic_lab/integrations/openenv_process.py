@@ -233,7 +233,7 @@ class ServerProcess:
         if self._cgroup is not None:
             from ludic_lab.integrations import sandbox_pids
 
-            sandbox_pids.remove(self._cgroup)
+            sandbox_pids.remove_later(self._cgroup)
             self._cgroup = None
 
     def _start_watchdog(self, port: int) -> int | None:

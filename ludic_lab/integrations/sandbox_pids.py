@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -83,6 +84,13 @@ def remove(procs: str | None, wait_s: float = 2.0) -> None:
             if time.monotonic() > deadline:
                 return
             time.sleep(0.02)
+
+
+def remove_later(procs: str | None, wait_s: float = 30.0) -> None:
+    """:func:`remove` in a daemon thread: the last of a fork bomb's hundreds of processes may take
+    seconds to go after bubblewrap, and nobody should wait for that."""
+    if procs is not None:
+        threading.Thread(target=remove, args=(procs, wait_s), name="ludic-pids-cgroup", daemon=True).start()
 
 
 def remove_stale() -> None:

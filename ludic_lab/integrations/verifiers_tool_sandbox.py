@@ -23,6 +23,7 @@ own function: the server as a plain host process, for tool servers you trust.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import contextvars
 import importlib.util
@@ -146,6 +147,7 @@ async def serve_sandboxed(server: Any, runtime: Any, *, state_url: str | None, s
     workdir = tempfile.mkdtemp(prefix="ludic_vf_tool_")
     opened: list[Any] = []
     cgroup = sandbox_pids.make_pids_cgroup(limits.processes, f"the sandboxed verifiers tool server {name!r}")
+    _open[workdir] = (opened, cgroup)
     fd = sb.seccomp_fd()
     try:
         argv = sb.sandbox_argv(
@@ -178,6 +180,15 @@ async def serve_sandboxed(server: Any, runtime: Any, *, state_url: str | None, s
 
 
 _reapers: set[asyncio.Task[None]] = set()
+_open: dict[str, tuple[list[Any], str | None]] = {}
+"""workdir -> (its proxies, its pids cgroup) of the servers not yet released (released at exit
+if their event loop closed before the reaper ran)."""
+
+
+@atexit.register
+def _release_all() -> None:
+    for workdir, (opened, cgroup) in list(_open.items()):
+        _release(opened, workdir, cgroup)
 
 
 async def _wait_serving(sock: str, proc: Any, name: str, log: Path) -> None:
@@ -198,11 +209,13 @@ async def _wait_serving(sock: str, proc: Any, name: str, log: Path) -> None:
 async def _reap(proc: Any, opened: list[Any], workdir: str, cgroup: str | None) -> None:
     try:
         await proc.wait()
-    finally:
-        await asyncio.to_thread(_release, opened, workdir, cgroup)
+    finally:  # here, not in a worker thread: the loop may be shutting down (a few ms)
+        _release(opened, workdir, None)
+    sandbox_pids.remove_later(cgroup)
 
 
 def _release(opened: list[Any], workdir: str, cgroup: str | None) -> None:
+    _open.pop(workdir, None)
     for proxy in opened:
         proxy.close()
     shutil.rmtree(workdir, ignore_errors=True)
