@@ -20,7 +20,8 @@ Each source runs in its own process (its peak RSS is that process's); the before
 baseline of the same run. Timings depend on the machine's load, printed with each row.
 
 ``--merge-turns off`` / ``--release-between off`` turn the task's ``Task.merge_turns`` / ``Task.release_between``
-off (textarena has both on); the result records each GRPO step's numeric metrics (``rl_steps``).
+off (textarena has both on); the result records each GRPO step's numeric metrics (``rl_steps``) and every
+batch's episodes (``games``: group, reward without / with the format reward, turns, credit).
 
 ``--sft-warmup-steps N`` first trains N SFT steps (``train_env(sft_warmup_steps=N,
 sft_warmup_lr=...)``: lr ``--sft-warmup-lr``, one GRPO step's episodes a step) on demonstrated
@@ -67,6 +68,27 @@ def build(source: str, few_shot: int, games: int = 24, heldout: int = 32) -> tup
     return task, {"eval_options": {"max_tokens": 16, "timeout_s": NO_TIMEOUT_S}}, "accuracy"
 
 
+def record_games() -> list[list[dict[str, Any]]]:
+    """Every batch's episodes from now on, in this process (warm-up batches first): each one's group,
+    reward without and with the format reward, turns and its credit (the first turn's weight)."""
+    from ludic_lab.rollouts import RolloutBatchSource
+
+    log: list[list[dict[str, Any]]] = []
+    pull = RolloutBatchSource.next_batch
+
+    async def next_batch(self: Any, *a: Any, **kw: Any) -> Any:
+        batch = await pull(self, *a, **kw)
+        w = self.last_weights
+        log.append([{"group": r.group_id, "reward": round(r.total_reward - f, 3), "total": round(r.total_reward, 3),
+                     "turns": len(r.steps), "weight": w.get((r.id, r.steps[0].index)) if r.steps else None}
+                    for r in self.last_rollouts
+                    for f in [sum(s.format_reward for s in r.steps)]])  # fmt: skip
+        return batch
+
+    RolloutBatchSource.next_batch = next_batch  # type: ignore[method-assign]
+    return log
+
+
 def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, prompts: int = 4,
             warmup: int = 0, warmup_lr: float = 1e-3, heldout: int = 32,
             micro_tokens: int | None = None, max_seq_len: int | None = None,
@@ -80,6 +102,7 @@ def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, 
     from ludic_lab.sampler import open_client
 
     task, options, metric = build(source, few_shot, games, heldout)
+    games_log = record_games()
     off = {k: False for k, v in (("merge_turns", merge_turns), ("release_between", release_between)) if v == "off"}
     task = dataclasses.replace(task, **off) if off else task
     t0 = time.perf_counter()
@@ -116,6 +139,7 @@ def run_one(source: str, steps: int, few_shot: int, lr: float, games: int = 24, 
         "warmup_grad_norm": [h.get("grad_norm") for h in run.warmup],
         "warmup_dropped": [h.get("pack/dropped_items") for h in run.warmup],
         "train_reward": [h.get("reward_mean") for h in run.history], "format_reward": shaping,
+        "games": games_log,
         "merge_turns": task.merge_turns, "release_between": task.release_between,
         "rl_steps": [{k: v for k, v in h.items() if isinstance(v, (int, float))} for h in run.history],
         "wall_s": round(time.perf_counter() - t0, 1),
