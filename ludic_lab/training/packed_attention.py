@@ -9,10 +9,8 @@ matrix is allowed. On a CPU that masked matrix is a third of the step's forward/
 
 Here each sequence of a row is attended on its own: its queries against its own keys
 (causal; sdpa's ``is_causal`` kernel skips the upper triangle) and, for a tail, the keys of
-its shared prompt in front: the prompt's queries go in front too, so that the whole is plain
-causal and the kernel keeps no score matrix for the backward (their outputs are dropped). The
-outputs are concatenated back in column order; the result equals the masked attention (the
-same softmax over the same keys).
+its shared prompt in front (a ``[L, P + L]`` mask). The outputs are concatenated back in
+column order; the result equals the masked attention (the same softmax over the same keys).
 Sequences with few keys are attended many at once (:mod:`.segment_groups`: one batched
 matmul attention per group of like shape); long ones by sdpa's kernel, one call each.
 
@@ -127,15 +125,14 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, seg: Segment, scaling: float | None
             enable_gqa=gqa,
         )  # fmt: skip
     p0, p1 = seg.prefix
-    P = p1 - p0
-    # the prompt's own queries in front make the tail's keys [prompt | tail] plain causal: sdpa's
-    # is_causal kernel keeps no [L, P + L] score matrix for the backward (a long tail: a merged
-    # game's later turns); the prompt's rows are computed again and dropped
-    qq = torch.cat([q[:, :, p0:p1], q[:, :, lo:hi]], dim=2)
+    L, P = hi - lo, p1 - p0
     kk = torch.cat([k[:, :, p0:p1], k[:, :, lo:hi]], dim=2)
     vv = torch.cat([v[:, :, p0:p1], v[:, :, lo:hi]], dim=2)
-    out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, dropout_p=dropout, scale=scaling, enable_gqa=gqa)
-    return out[:, :, P:]
+    ones = torch.ones(L, P + L, dtype=torch.bool, device=q.device)
+    mask = torch.cat([ones[:, :P], ones[:, P:].tril()], dim=1)
+    return F.scaled_dot_product_attention(
+        q[:, :, lo:hi], kk, vv, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=gqa
+    )
 
 
 def segmented_attention_forward(
