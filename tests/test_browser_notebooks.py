@@ -2,7 +2,8 @@
 the model, are under test), rendered by nbconvert's lab template and opened in a real headless
 Chromium at 1600 px: each view rendered, every card within the page, the legend names the colours
 drawn, group headers count their whole group, and replies cut at ``max_tokens`` are explained
-above the cards that carry them. A screenshot of each view goes to ``$LUDIC_SCREENSHOTS`` (/tmp)."""
+above the cards that carry them. A screenshot of each view goes to ``$LUDIC_SCREENSHOTS`` (/tmp).
+:func:`execute_notebook` is shared with tests/test_browser_tutorial12.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,24 +36,20 @@ return out;
 """
 
 
-def execute_quickstart(workdir: Path) -> Path:
-    """The quickstart run top to bottom with ``LUDIC_SMOKE=1`` and ``model = "tiny"``; its lab-template HTML."""
-    nbformat = pytest.importorskip("nbformat")
+def execute_notebook(nb: Any, workdir: Path, name: str) -> Path:
+    """``nb`` run top to bottom with ``LUDIC_SMOKE=1`` in a kernel of this interpreter, in ``workdir``
+    (cell outputs land in ``nb``); its lab-template HTML, ``workdir/<name>.html``."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
     from nbconvert import HTMLExporter
 
-    nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
-    assert nb.cells[1].source.startswith("#| parameters")
-    nb.cells.insert(2, nbformat.v4.new_code_cell('model = "tiny"  # injected by the test, as papermill would'))
     env = {**os.environ, "LUDIC_SMOKE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     spec = workdir / "kernels" / "ludic-browser"
     spec.mkdir(parents=True)
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "ludic", "language": "python",
                                                   "env": {k: env[k] for k in ("LUDIC_SMOKE", "HF_HUB_OFFLINE")}}))  # fmt: skip
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
-
     km = KernelManager(
         kernel_name="ludic-browser", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)])
     )
@@ -62,9 +60,19 @@ def execute_quickstart(workdir: Path) -> Path:
         if km.has_kernel:
             km.shutdown_kernel(now=False)
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
-    page = workdir / "quickstart.html"
+    page = workdir / f"{name}.html"
     page.write_text(body, encoding="utf-8")
     return page
+
+
+def execute_quickstart(workdir: Path) -> Path:
+    """The quickstart run top to bottom with ``LUDIC_SMOKE=1`` and ``model = "tiny"``; its lab-template HTML."""
+    nbformat = pytest.importorskip("nbformat")
+
+    nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
+    assert nb.cells[1].source.startswith("#| parameters")
+    nb.cells.insert(2, nbformat.v4.new_code_cell('model = "tiny"  # injected by the test, as papermill would'))
+    return execute_notebook(nb, workdir, "quickstart")
 
 
 @pytest.mark.notebook
