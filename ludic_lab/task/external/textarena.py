@@ -49,9 +49,11 @@ DEFAULT_MAX_TURNS = 32
 """Moves per episode (invalid ones included; a round of a multi-player game is one move)."""
 GAME_TRAINER_DEFAULTS = {"micro_token_budget": 1024}
 """``train_env``'s trainer defaults for a game (``Task.trainer_defaults``; ``config=`` overrides):
-each turn is a training item that repeats the game so far, and activations cost ~1.2 MB a token,
-so the trainer's 8,192-token micro-batches held over 20 GB for one step of 16 Tic-Tac-Toe games
-on SmolLM2; at 1,024 the step peaks at 7.0 GB, the same update (docs/deployment.md)."""
+activations cost ~1.2 MB a token, so 8,192-token micro-batches held over 20 GB for one step of 16
+Tic-Tac-Toe games on SmolLM2. A game's runs also merge its turns into one sequence
+(``Task.merge_turns``: the per-turn loss on half the tokens) and release the sampler's memory
+around the rollouts (``Task.release_between``): the step peaks at 6.1-6.3 GB against 7.2 GB for
+separate turns (docs/deployment.md)."""
 
 
 def game_reward(rollout: Rollout) -> float:
