@@ -103,3 +103,19 @@ def test_the_demo_help_documents_the_device_default() -> None:
                          timeout=120, check=True).stdout  # fmt: skip
     flag = out[out.index("--micro-token-budget") :]
     assert "on a CPU max(1024, max_seq_len)" in " ".join(flag.split()[:60])
+
+
+def test_a_tasks_default_of_none_leaves_the_budget_to_the_device() -> None:
+    """A task whose ``trainer_defaults`` names ``micro_token_budget=None`` (the device's choice)
+    merges with a run's ``max_seq_len`` without comparing None to an int; a number is still raised
+    to ``max_seq_len``."""
+    from ludic_lab.task import Task, as_task
+    from tests.test_env_training import ShoutEnv
+
+    base = as_task(ShoutEnv)
+    task = Task(base.name, base.env, trainer_defaults={"micro_token_budget": None})
+    fields = task.trainer_fields({"max_seq_len": 2048})
+    assert fields == {"micro_token_budget": None, "max_seq_len": 2048}
+    assert TrainerConfig(**fields).effective_micro_token_budget == 2048
+    numbered = Task(base.name, base.env, trainer_defaults={"micro_token_budget": 1024})
+    assert numbered.trainer_fields({"max_seq_len": 2048})["micro_token_budget"] == 2048

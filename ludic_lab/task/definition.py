@@ -96,7 +96,7 @@ class Task:
         ``micro_token_budget`` below ``config``'s ``max_seq_len`` is raised to it (one sequence of
         ``max_seq_len`` tokens must fit in a micro-batch)."""
         own = dict(self.trainer_defaults or {})
-        if "micro_token_budget" in own and "micro_token_budget" not in config and "max_seq_len" in config:
+        if own.get("micro_token_budget") is not None and "micro_token_budget" not in config and "max_seq_len" in config:
             own["micro_token_budget"] = max(own["micro_token_budget"], config["max_seq_len"])
         return {**own, **config}
 
