@@ -122,6 +122,9 @@ def textarena_task(
     game's reward): ``few_shot=n`` starts every game, training and held-out alike, with ``n``
     worked moves played as the game expects; ``format_reward=r`` adds ``r`` to the training
     reward of each reply holding a bracketed move (``Step.format_reward``; evaluation leaves it out).
+    It is added per move, so a game's return grows with its length: group-normalised credit then
+    ranks a slow win above a fast one (a TicTacToe group of wins in 3 and 4 moves: 1.3 against
+    1.4); keep it small, or off once a warm-up has taught the format (``bench/env_signal.py``).
     ``task.demonstrate``: the game's scripted player (:mod:`~ludic_lab.integrations.textarena_scripted`;
     ``TicTacToe-v0``), for ``train_env(sft_warmup_steps=N)``; None for other games."""
     n = game_players(env_id) if num_players is None else int(num_players)
