@@ -13,17 +13,15 @@ the sandboxed server through the proxy over both of openenv-core's transports: H
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("openenv")
 import psutil
+from sandbox_probes import host_listener, marked_processes
 
 from ludic_lab.envs.code_exec.sandbox import SandboxUnavailableError
 from ludic_lab.integrations.openenv_server import OpenEnvServer
@@ -44,25 +42,6 @@ async def _run(server: OpenEnvServer, code: str) -> str:
     return str(result.observation["output"])
 
 
-def _listener() -> tuple[socket.socket, list[Any]]:
-    """A TCP listener on the host's 127.0.0.1 that records every connection it accepts."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    accepted: list[Any] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            accepted.append(conn)
-
-    threading.Thread(target=accept, daemon=True).start()
-    return sock, accepted
-
-
 def _touch(path: Path) -> str:
     return f"import subprocess\nresult = subprocess.run(['touch', {str(path)!r}]).returncode"
 
@@ -79,7 +58,7 @@ def _connect(port: int) -> str:
 
 async def test_an_action_that_runs_code_stays_in_the_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LUDIC_TEST_HOST_SECRET", "s3cret")
-    sock, accepted = _listener()
+    sock, accepted = host_listener()
     marker = f"{time.time_ns() % 10**6}.5"  # a sleep no other process runs
     try:
         async with OpenEnvServer.launch(APP, cwd=SERVERS) as server:
@@ -94,11 +73,11 @@ async def test_an_action_that_runs_code_stays_in_the_sandbox(tmp_path: Path, mon
             # a process left in the background, in a session of its own, its parent gone
             code = f"import subprocess\nresult = subprocess.Popen(['sh', '-c', 'sleep {marker} &'], start_new_session=True).wait()"
             assert await _run(server, code) == "0"
-            assert _sleepers(marker, alive=True), "the background process should run until the server is closed"
+            assert marked_processes(marker, alive=True), "the background process should run until the server is closed"
             tree = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
         assert not (tmp_path / "pwned").exists() and not (Path(SERVERS) / "pwned").exists()
         assert accepted == []
-        assert _sleepers(marker, alive=False) == []
+        assert marked_processes(marker, alive=False) == []
         assert [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
     finally:
         sock.close()
@@ -106,7 +85,7 @@ async def test_an_action_that_runs_code_stays_in_the_sandbox(tmp_path: Path, mon
 
 async def test_unsafe_local_runs_the_same_actions_on_this_machine(tmp_path: Path) -> None:
     """The positive control: without the sandbox the same actions reach the host."""
-    sock, accepted = _listener()
+    sock, accepted = host_listener()
     try:
         async with OpenEnvServer.launch(APP, cwd=SERVERS, sandbox="unsafe_local") as server:
             assert await _run(server, _touch(tmp_path / "pwned")) == "0"
@@ -180,21 +159,3 @@ def test_a_folder_that_shows_the_whole_machine_is_refused() -> None:
     with pytest.raises(Exception, match="whole machine or home folder"):
         server.start_sync()
     server.close_sync()
-
-
-def _sleepers(marker: str, alive: bool, wait_s: float = 10.0) -> list[int]:
-    """The live processes whose last argument is ``marker``, once they are there (``alive``) or
-    gone, or ``wait_s`` passed: a shell's child may not have run ``sleep`` yet, and a killed pid
-    namespace's processes take a moment to go."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = []
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                if (p.info["cmdline"] or [])[-1:] == [marker] and p.status() != psutil.STATUS_ZOMBIE:
-                    found.append(p.pid)
-            except psutil.Error:
-                pass
-        if bool(found) == alive or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)

@@ -15,8 +15,6 @@ the sandboxed server fetched its task from the rollout's interception server on 
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +24,8 @@ import pytest
 
 pytest.importorskip("verifiers", reason="the verifiers extra: pip install -e '.[verifiers]'")
 pytest.importorskip("openai", reason="the openai extra (the endpoint): pip install -e '.[openai]'")
-import psutil
 from helpers import Reply, ScriptedChatClient
+from sandbox_probes import host_listener, marked_processes
 from verifiers_helpers import ENVS, verifiers_envs_importable
 
 from ludic_lab.endpoint import OpenAIEndpoint
@@ -49,19 +47,7 @@ def call(name: str, **arguments: Any) -> Reply:
 @pytest.fixture
 def listener() -> Iterator[tuple[int, list[Any]]]:
     """A TCP listener on the host's 127.0.0.1: (its port, the connections it accepted)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    accepted: list[Any] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                accepted.append(sock.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
+    sock, accepted = host_listener()
     yield sock.getsockname()[1], accepted
     sock.close()
 
@@ -87,23 +73,6 @@ async def run_episode(tiny_model_dir: str, replies: list[Reply], **options: Any)
             await source.aclose()
     nodes = r.meta["verifiers"]["trace"]["nodes"] if r.error is None else []
     return r, [n["message"]["content"] for n in nodes if n["message"]["role"] == "tool"]
-
-
-def _sleepers(marker: str, wait_s: float = 10.0) -> list[int]:
-    """The live processes whose last argument is ``marker``, once none is left or ``wait_s``
-    passed (a killed pid namespace's processes take a moment to go)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = []
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                if (p.info["cmdline"] or [])[-1:] == [marker] and p.status() != psutil.STATUS_ZOMBIE:
-                    found.append(p.pid)
-            except psutil.Error:
-                pass
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("per_task", [False, True], ids=["shared", "per_task"])
@@ -133,7 +102,7 @@ async def test_a_tool_that_runs_its_argument_stays_in_the_sandbox(
     assert "LUDIC_TEST_HOST_SECRET" not in env and "VF_CONFIG" in env and env.rstrip().endswith("1000"), env
     assert connect == "ConnectionRefusedError" and accepted == []
     assert background.startswith("exit=0")
-    assert _sleepers(marker) == []  # gone with the sandbox when the tool servers stopped
+    assert marked_processes(marker, alive=False) == []  # gone with the sandbox when the tool servers stopped
     if per_task:  # the sandboxed server fetched its task over the state channel (the host's interception)
         assert rest == ["Run the command you are asked to run, then say done."]
 
