@@ -37,6 +37,9 @@ from ludic_lab.integrations.verifiers_protocol import VerifiersProtocol
 from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 
 pytestmark = pytest.mark.timeout(240)
+TASKSET = ENVS / "vf_exec_tool"
+"""The taskset's own folder, bound read-only (its parents are only made to hold it: under /tmp they
+lie in the sandbox's private, writable /tmp)."""
 SPEC = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=64), ReturnSpec.for_training())
 
 
@@ -84,7 +87,7 @@ async def test_a_tool_that_runs_its_argument_stays_in_the_sandbox(
     marker = f"{time.time_ns() % 10**6}.5"  # a sleep no other process runs
     replies = [
         call("shell_exec", command=f"touch {tmp_path / 'pwned'}"),
-        call("shell_exec", command=f"touch {ENVS / 'pwned'}"),  # the taskset's folder: bound read-only
+        call("shell_exec", command=f"touch {TASKSET / 'pwned'}"),  # the taskset's folder: bound read-only
         call("shell_exec", command="env; id -u"),
         call("shell_connect", port=port),
         call("shell_exec", command=f"setsid sleep {marker} >/dev/null 2>&1 & echo started"),
@@ -98,7 +101,7 @@ async def test_a_tool_that_runs_its_argument_stays_in_the_sandbox(
     touch_tmp, touch_envs, env, connect, background, *rest, bomb_out = results
     assert "all-started" not in bomb_out and "fork" in bomb_out.lower(), bomb_out  # the process limit (512)
     assert touch_tmp.startswith("exit=1") and touch_envs.startswith("exit=1"), (touch_tmp, touch_envs)
-    assert not (tmp_path / "pwned").exists() and not (ENVS / "pwned").exists()
+    assert not (tmp_path / "pwned").exists() and not (TASKSET / "pwned").exists()
     assert "LUDIC_TEST_HOST_SECRET" not in env and "VF_CONFIG" in env and env.rstrip().endswith("1000"), env
     assert connect == "ConnectionRefusedError" and accepted == []
     assert background.startswith("exit=0")

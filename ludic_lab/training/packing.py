@@ -42,10 +42,12 @@ from ludic_lab.rollouts.turn_merge import turn_starts
 from ludic_lab.training.packing_plans import candidate_plans, plan_cost
 from ludic_lab.training.prompt_share import Unit, group_units
 from ludic_lab.training.token_batch import TokenBatch
-from ludic_lab.training.truncation import TRUNCATION_POLICIES, TruncationPolicy, prepare, truncate_item
-
-__all__ = ["PackedMicroBatches", "PackingStats", "TruncationPolicy", "block_causal_mask", "pack_items",
-           "pad_to_longest", "truncate_item"]  # fmt: skip
+from ludic_lab.training.truncation import (
+    TRUNCATION_POLICIES,
+    TruncationPolicy as TruncationPolicy,  # the older import path
+    prepare,
+    truncate_item as truncate_item,
+)
 
 DEFAULT_TOLERANCE = 0.01
 """Plans within this fraction of the fewest computed tokens compete on attention work."""
