@@ -13,8 +13,6 @@ import asyncio
 import inspect
 import math
 import os
-import socket
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("reasoning_gym")
+
+from sandbox_probes import host_listener
 
 from ludic_lab.envs.code_exec.sandbox import SandboxUnavailableError
 from ludic_lab.task.external import reasoning_gym_score_server, reasoning_gym_scorer
@@ -60,28 +60,11 @@ def test_an_answer_that_runs_a_shell_command_runs_it_only_in_the_sandbox(sandbox
         assert marker.exists()
 
 
-def _listener() -> tuple[socket.socket, list[socket.socket]]:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-    server.settimeout(3.0)
-    accepted: list[socket.socket] = []
-
-    def accept() -> None:
-        try:
-            accepted.append(server.accept()[0])
-        except OSError:
-            pass
-
-    threading.Thread(target=accept, daemon=True).start()
-    return server, accepted
-
-
 @pytest.mark.parametrize("sandbox", ["bubblewrap", "unsafe_local"])
 def test_an_answer_cannot_reach_the_hosts_network(sandbox: str) -> None:
     if sandbox == "bubblewrap":
         _bwrap_or_skip()
-    server, accepted = _listener()
+    server, accepted = host_listener()
     port = server.getsockname()[1]
     try:
         task = reasoning_gym_task("countdown", size=2, heldout_size=1, scorer_sandbox=sandbox)
