@@ -53,7 +53,20 @@ def test_grouped(shared, i):
 )
 
 
+# The first replacement worker collects slowly, so the second finishes first and xdist reschedules
+# every worker while the first has no collection yet (CI's KeyError of 2026-12-05).
+SLOW_FIRST_REPLACEMENT = """
+import os, time
+
+
+def pytest_collection_modifyitems(items):
+    if os.environ.get("PYTEST_XDIST_WORKER") == "gw2":
+        time.sleep(4)
+"""
+
+
 def test_two_dead_workers_fail_their_own_tests_and_the_run_ends(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(SLOW_FIRST_REPLACEMENT)
     (tmp_path / "test_alone.py").write_text(ALONE)
     (tmp_path / "test_grouped.py").write_text(GROUPED)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -21,7 +21,10 @@ to a worker sends it no test. A worker runs a test only once it knows the next o
 to stop) and is topped up only when it finishes a test, so a worker holding one test waits for
 ever. Here finished units are dropped instead of handed out, the test that was running when the
 worker died is reported failed and not run again (as ``--dist load`` does), and every worker is
-told to stop as soon as nothing is left to hand out (it runs what it holds, then stops).
+told to stop as soon as nothing is left to hand out (it runs what it holds, then stops). When
+two workers die, one replacement can finish collecting while the other is still collecting, and
+xdist reschedules every worker then: one without a collection yet is skipped (xdist indexes its
+collection and raised KeyError, CI's internal error on 2026-12-05).
 """
 
 from __future__ import annotations
@@ -118,6 +121,8 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
                 super()._assign_work_unit(node)
 
         def _reschedule(self, node: Any) -> None:
+            if node not in self.registered_collections:
+                return  # a replacement worker still collecting: scheduled once its collection is in
             super()._reschedule(node)
             if not self.workqueue:
                 for other in self.nodes:
