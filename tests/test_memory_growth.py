@@ -147,7 +147,10 @@ def run_steps(model_dir: str, **trainer_kw: Any) -> list[dict[str, Any]]:
             request_strategy=GRPORequestStrategy(4, seed=0),
         )
         policy = AutoModelForCausalLM.from_pretrained(model_dir)
-        config = TrainerConfig(lr=1e-5, lora_r=8, max_seq_len=1024, share_prompts=False, **trainer_kw)
+        # one micro-batch a step (~5,300 tokens): a step's activations stay in the hundreds of MB, as
+        # the check needs, rather than the CPU default's 1,024-token micro-batches (~310 MB a step)
+        config = TrainerConfig(lr=1e-5, lora_r=8, max_seq_len=1024, share_prompts=False, micro_token_budget=8192,
+                               **trainer_kw)  # fmt: skip
         trainer = Trainer(policy, make_grpo(), source, config=config, publisher=ClientPublisher(client),
                           pad_token_id=client.pad_token_id)  # fmt: skip
         try:
