@@ -173,6 +173,9 @@ def main() -> None:
               f"{r_eval:>7} {s['cpu_s']:>7.0f} {s['minflt'] / 1e6:>8.2f}M {s['trims']:>5.0f}  {mem}")  # fmt: skip
     rewards = {m: [[s["reward"] for s in run["steps"]] for run in runs[m]] for m in modes}
     same = all(r == rewards[modes[0]][0] for rs in rewards.values() for r in rs)
+    for m in modes:  # a peak that creeps with the steps may follow longer completions: the tokens say
+        tokens = [[s.get("tokens") for s in run["steps"]] for run in runs[m]]
+        print(f"{m}: trained tokens per step, per round {json.dumps(tokens)}")
     print(f"\nrewards identical across modes and rounds: {same}" + ("" if same else f" {json.dumps(rewards)}"))
     if base and "on" in summary:
         for what, key in (("seconds", "step_s"), ("CPU seconds", "step_cpu_s")):
