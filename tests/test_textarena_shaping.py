@@ -5,6 +5,7 @@ format reward is kept apart in ``Step.format_reward``, and the evaluation counts
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from ludic_lab.aio import run_sync
 from ludic_lab.inference import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.integrations.textarena_env import TextArenaMultiEnv, legal_moves, player_id
 from ludic_lab.integrations.textarena_shaping import EXAMPLE_SEED, move_format_parser, worked_openings
+from ludic_lab.rollouts.credit import GroupNormalizedReturn
 from ludic_lab.task.external.textarena import HELD_OUT_BASE, game_reward, textarena_task
 from tests.helpers import ScriptedChatClient, chatml_template
 
@@ -64,13 +66,21 @@ def test_worked_openings_are_legal_moves_on_the_games_own_text() -> None:
         textarena_task("TicTacToe-v0", opponent="random", few_shot=-2)
 
 
-def test_the_move_format_parser_passes_the_whole_reply_and_rewards_a_bracketed_move() -> None:
+def test_the_move_format_parser_passes_the_whole_reply_and_costs_a_reply_without_a_move() -> None:
     parse = move_format_parser(0.3)
     assert parse(" [4] ") == parse(" [4] ")
-    assert (parse(" [4] ").action, parse(" [4] ").reward) == ("[4]", 0.3)
+    assert (parse(" [4] ").action, parse(" [4] ").reward) == ("[4]", 0.0)
     prose = parse("I would put my mark in the middle of the board.")
-    assert prose.action == "I would put my mark in the middle of the board." and prose.reward == 0.0
-    assert move_format_parser()("[4]").reward == 0.0
+    assert prose.action == "I would put my mark in the middle of the board." and prose.reward == -0.3
+    assert move_format_parser()("[4]").reward == 0.0 and move_format_parser()("the middle").reward == 0.0
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf"), True, "0.1", None])
+def test_a_format_reward_that_is_not_a_finite_number_at_least_0_is_refused(bad: Any) -> None:
+    with pytest.raises(ValueError, match="format_reward must be a finite number >= 0"):
+        textarena_task("TicTacToe-v0", opponent="random", format_reward=bad)
+    with pytest.raises(ValueError, match="format_reward must be a finite number >= 0"):
+        move_format_parser(bad)
 
 
 @pytest.mark.parametrize("style", ["moves", "prose"])
@@ -90,7 +100,7 @@ def test_game_rewards_stay_textarenas_and_the_format_reward_is_apart(style: str)
         assert [dict(m) for m in req.messages[1 : 1 + len(examples)]] == examples
     for r in rollouts:
         acted = [s for s in r.steps if not s.info.get("observation_only")]
-        assert all(s.format_reward == (0.5 if style == "moves" else 0.0) for s in acted)
+        assert all(s.format_reward == (0.0 if style == "moves" else -0.5) for s in acted)
         last = r.steps[-1].info
         own = _own_rewards("TicTacToe-v0", r.env_seed, last["moves"])
         assert game_reward(r) == sum(s.env_reward for s in r.steps) == own[0]
@@ -99,8 +109,9 @@ def test_game_rewards_stay_textarenas_and_the_format_reward_is_apart(style: str)
     assert stats["textarena/move_format_rate"] == (1.0 if style == "moves" else 0.0)
     if style == "prose":  # the game judged the prose: invalid moves, lost
         assert stats["textarena/win_rate"] == 0.0 and stats["textarena/invalid_move_rate"] == 1.0
+        assert stats["textarena/format_reward_mean"] == pytest.approx(-1.0)  # two replies in prose a game
     else:
-        assert stats["textarena/format_reward_mean"] > 0.0
+        assert stats["textarena/format_reward_mean"] == 0.0
 
     # the held-out evaluation: the same worked openings, the game's reward alone
     held = ScriptedChatClient(reply, chat_template=chatml_template())
@@ -121,3 +132,48 @@ def test_game_rewards_stay_textarenas_and_the_format_reward_is_apart(style: str)
         own_rewards.append(env.game.reward(0))
     assert metrics["mean_reward"] == pytest.approx(sum(own_rewards) / 3)
     assert metrics["win_rate"] == sum(x >= 1 for x in own_rewards) / 3
+
+
+def _preferring(cells: list[int]) -> Any:
+    """An opponent taking the first free cell of ``cells``."""
+
+    def opponent(obs: str) -> str:
+        free = legal_moves(obs)
+        return next(f"[{c}]" for c in cells if f"[{c}]" in free)
+
+    return opponent
+
+
+def _game(replies: list[str], format_reward: float) -> Any:
+    """One real TicTacToe game from seat 0 with ``replies`` in order, against :func:`_preferring`."""
+    task = textarena_task("TicTacToe-v0", opponent=_preferring([8, 6, 5, 7, 3]), format_reward=format_reward)
+    client = ScriptedChatClient(list(replies), chat_template=chatml_template())
+    spec = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=8), ReturnSpec.for_training())
+    (rollout,) = run_sync(task.engine(client).generate_rollouts(task.requests(per_step=1, inference=spec)()))
+    return rollout
+
+
+def test_the_format_term_grows_with_malformed_replies_not_with_a_games_length() -> None:
+    fast = _game(["[0]", "[1]", "[2]"], 0.1)  # the top row in 3 moves (the opponent takes 8, 6)
+    slow = _game(["[0]", "[3]", "[1]", "[2]"], 0.1)  # the same row in 4 moves (8, 6, 5)
+    slip = _game(["the corner", "[0]", "[1]", "[2]"], 0.1)  # the fast win after one reply in prose
+    slips = _game(["the corner", "[0]", "top middle", "[1]", "[2]"], 0.1)
+    lost = _game(["[3]", "[4]", "[0]", "[2]"], 0.1)  # the opponent takes 8, 6, 5, 7: the bottom row
+    for r, moves, won in ((fast, 3, 1.0), (slow, 4, 1.0), (slip, 3, 1.0), (slips, 3, 1.0), (lost, 4, -1.0)):
+        last = r.steps[-1].info  # the game ended on the agent's move, or on the opponent's after it
+        own = _own_rewards("TicTacToe-v0", r.env_seed, last.get("moves") or last["delivered"][-1]["info"]["moves"])
+        assert game_reward(r) == own[0] == won  # the game's own reward, replayed on textarena itself
+        assert sum(s.info.get("mover") == 0 and not s.info.get("invalid_move") for s in r.steps) == moves
+    terms = [sum(s.format_reward for s in r.steps) for r in (fast, slow, slip, slips, lost)]
+    assert terms == pytest.approx([0.0, 0.0, -0.1, -0.2, 0.0])  # length does not count; each slip does
+    assert fast.total_reward == slow.total_reward == 1.0 > slip.total_reward > slips.total_reward > lost.total_reward
+    # group-normalised credit (GRPO's) now weighs the fast and the slow win alike
+    group = [replace(r, group_id="g") for r in (fast, slow, slip, lost)]
+    credit = GroupNormalizedReturn(normalize_adv=True).compute(group)
+    weight = {r.id: credit[(r.id, r.steps[0].index)] for r in group}
+    assert weight[fast.id] == pytest.approx(weight[slow.id]) and weight[fast.id] > weight[slip.id] > 0
+    assert weight[lost.id] < 0
+    # the task's per-batch metric is the mean format term per game
+    assert textarena_task("TicTacToe-v0", opponent="random").stats([fast, slow, slip, slips])[
+        "textarena/format_reward_mean"
+    ] == pytest.approx(-0.3 / 4)

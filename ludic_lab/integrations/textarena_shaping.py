@@ -6,13 +6,26 @@ changing what is scored: worked openings written as the game writes them, and a 
   answered with a legal move in the game's own notation (``[4]``), drawn at random among the
   moves the game lists;
 - :func:`move_format_parser`: the whole reply still goes to the game (which judges it), and a
-  reply that holds a bracketed move (``[4]``, the format the games ask for) earns
-  ``format_reward``, kept in ``Step.format_reward``, apart from the game's reward;
-- :func:`format_stats`: the batch's mean format reward and share of replies in the move format.
+  reply without a bracketed move (``[4]``, the format the games ask for) costs
+  ``format_reward`` (a well-formed one 0), kept in ``Step.format_reward``, apart from the game's reward;
+- :func:`format_stats`: the batch's mean format term per game and share of replies in the move format.
+
+Why a penalty for a malformed reply and no bonus for a well-formed one: a game has as many
+replies as it lasts, and every step of a rollout is credited by its return (group-relative
+credit: the rollout's summed reward; per-step returns: the sum from that step on). A bonus per
+well-formed move grows with the number of moves, so a slow win outranks a fast one and a long
+lost game can outrank a short won one. A per-game average of the bonus still depends on the
+length (one malformed reply in a win of 4 moves costs less than in a win of 3), and the length
+is the policy's to choose. A penalty that is 0 for a well-formed reply depends only on the
+malformed replies: games in the move format keep exactly the game's return and its order,
+whatever their length, and each malformed reply costs the same wherever it falls. For one reply
+(reasoning-gym's answers) a bonus and a penalty differ by a constant that group-relative credit
+cancels; in a game only the penalty keeps the length out.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -30,14 +43,26 @@ MOVE = re.compile(r"\[[^\[\]\n]{1,40}\]")
 """A bracketed move, the notation TextArena's games ask for (``[4]``, ``[a2a4]``, ``[guess 7]``)."""
 
 
+def check_move_format_reward(value: Any) -> float:
+    """``value`` as the move-format reward: a finite number >= 0 (what a reply without a
+    bracketed move costs); else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"format_reward must be a finite number >= 0 (what a reply without a bracketed move costs; "
+            f"a well-formed reply gets 0), got {value!r}"
+        )
+    return float(value)
+
+
 def move_format_parser(format_reward: float = 0.0) -> Parser:
-    """The whole reply (stripped) as the move, as ``identity_parser``; ``format_reward`` when it
-    holds a bracketed move (:data:`MOVE`), else 0. Never a parse error: the game judges moves."""
-    bonus = float(format_reward)
+    """The whole reply (stripped) as the move, as ``identity_parser``; reward 0 when it holds a
+    bracketed move (:data:`MOVE`), else ``-format_reward`` (a penalty: see the module docstring).
+    Never a parse error: the game judges moves. ``format_reward`` must be finite and >= 0."""
+    penalty = check_move_format_reward(format_reward)
 
     def parse(text: str) -> ParseResult:
         reply = text if isinstance(text, str) else str(text or "")
-        return ParseResult(action=reply.strip(), reward=bonus if MOVE.search(reply) else 0.0)
+        return ParseResult(action=reply.strip(), reward=0.0 if MOVE.search(reply) or not penalty else -penalty)
 
     return parse
 
@@ -107,7 +132,8 @@ def _play(env_id: str, n: int, seed: int, players: int, seat: int, make: dict[st
 
 
 def format_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """``textarena/format_reward_mean`` (per rollout: the format reward over its moves) and
+    """``textarena/format_reward_mean`` (per rollout: its format term, the summed penalties of its
+    replies without a bracketed move; 0 for a game in the move format, whatever its length) and
     ``textarena/move_format_rate`` (replies holding a bracketed move, over all replies)."""
     moves = [s for r in rollouts for s in r.steps if not s.info.get("observation_only")]
     n = max(1, len(rollouts))

@@ -34,7 +34,12 @@ from ludic_lab.integrations.textarena_env import (
     player_id,
 )
 from ludic_lab.integrations.textarena_scripted import scripted_player
-from ludic_lab.integrations.textarena_shaping import format_stats, move_format_parser, worked_openings
+from ludic_lab.integrations.textarena_shaping import (
+    check_move_format_reward,
+    format_stats,
+    move_format_parser,
+    worked_openings,
+)
 from ludic_lab.interaction import MultiAgentProtocol, SingleAgentSyncProtocol
 from ludic_lab.parsers import identity_parser
 from ludic_lab.rollouts.requests import EnvSpec, ProtocolSpec
@@ -120,22 +125,18 @@ def textarena_task(
 
     For a small model (:mod:`~ludic_lab.integrations.textarena_shaping`; neither changes the
     game's reward): ``few_shot=n`` starts every game, training and held-out alike, with ``n``
-    worked moves played as the game expects; ``format_reward=r`` adds ``r`` to the training
-    reward of each reply holding a bracketed move (``Step.format_reward``; evaluation leaves it out).
-    It is added per move, so a game's return grows with its length: group-normalised credit then
-    ranks a slow win above a fast one (a TicTacToe group of wins in 3 and 4 moves: 1.3 against
-    1.4); keep it small, or off once a warm-up has taught the format (``bench/env_signal.py``).
+    worked moves played as the game expects; ``format_reward=r`` (a finite number >= 0) takes
+    ``r`` from the training reward of each reply without a bracketed move, a well-formed reply
+    getting 0 (``Step.format_reward``; evaluation leaves it out): a game in the move format keeps
+    exactly the game's return, so a fast win still outranks a slow one; a bonus per well-formed
+    move would grow with the game's length (why not a bonus, nor one averaged over the moves:
+    :mod:`~ludic_lab.integrations.textarena_shaping`).
     ``task.demonstrate``: the game's scripted player (:mod:`~ludic_lab.integrations.textarena_scripted`;
     ``TicTacToe-v0``), for ``train_env(sft_warmup_steps=N)``; None for other games."""
     n = game_players(env_id) if num_players is None else int(num_players)
     kind = name or env_id
     common: dict[str, Any] = {"system_prompt": system_prompt, "make_kwargs": dict(make_kwargs or {})}
-    if (
-        isinstance(format_reward, bool)
-        or not isinstance(format_reward, (int, float))
-        or not math.isfinite(format_reward)
-    ):
-        raise ValueError(f"format_reward must be a finite number, got {format_reward!r}")
+    format_reward = check_move_format_reward(format_reward)
     examples = tuple(worked_openings(env_id, few_shot, num_players=n, seat=seat, make_kwargs=make_kwargs))
     read = move_format_parser(format_reward)
 
