@@ -11,7 +11,8 @@ score; TextArena's game reward -> win rate), each with its Wilson 95% interval; 
                     **package_curriculum(...)[0]): the package's easiest level, held out by seed
   countdown         the same on ``countdown`` (3 numbers up to 10, targets 10-40)
   tictactoe         textarena_task("TicTacToe-v0", opponent="random", few_shot=2,
-                    format_reward=0.1), 24 held-out games from seed 1,000,000 on
+                    format_reward=0.1: -0.1 a reply without a bracketed move, 0 with one),
+                    24 held-out games from seed 1,000,000 on
 
 GRPO groups of 6 (4 for the games) over 4 prompts a step, LoRA lr 1e-3, 32 held-out rows (``--heldout``),
 greedy; no episode time limit (a loaded machine outlasts the default 600 s).

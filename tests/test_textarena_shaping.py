@@ -1,5 +1,5 @@
 """What gives a small model a learning signal in TextArena games (worked openings written as the
-game writes them, a format reward for a bracketed move), against the textarena package itself:
+game writes them, a format penalty for a reply without a bracketed move), against the textarena package itself:
 the reward trained on is still the game's own (replayed on a fresh ``textarena.make``), the
 format reward is kept apart in ``Step.format_reward``, and the evaluation counts the game alone."""
 
