@@ -134,6 +134,10 @@ def test_train_env_warms_up_then_trains_and_evaluates_before_between_and_after(
         r["summary"]["duration_s"] for r in records]  # fmt: skip
     assert math.isnan(table.loc["plain", "eval_after_warmup"])
     assert "eval_after_warmup" not in load_runs([tmp_path / "plain"]).table(eval_key="duration_s")
+    # the plot marks the same evaluations by phase (tests/test_runs_plot_phases.py: every marker and label)
+    fig = load_runs([tmp_path / "run", tmp_path / "plain"]).plot(eval_key="duration_s")
+    marked = {c.get_gid(): [float(x) for x, _y in c.get_offsets()] for c in fig.axes[1].collections}
+    assert marked == {"run:before": [0], "run:warmup": [1], "run:after": [2], "plain:before": [0], "plain:after": [1]}
     from rich.console import Console
 
     from ludic_lab.training.loggers import format_value

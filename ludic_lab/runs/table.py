@@ -117,8 +117,15 @@ def after_warmup(run: Run, key: str) -> float:
     """``key``'s value at the evaluation after ``run``'s SFT warm-up: the one at step
     ``sft_warmup_steps`` (``run.json``'s config; ``train_env(sft_warmup_steps=N, eval_every=...)``
     evaluates there); NaN without a warm-up or that evaluation."""
-    steps = run.config.get("sft_warmup_steps")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0 or key not in run.evals:
+    steps = warmup_steps(run)
+    if not steps or key not in run.evals:
         return math.nan
     values = run.evals.loc[run.evals["step"] == steps, key].dropna()
     return float(values.iloc[0]) if len(values) else math.nan
+
+
+def warmup_steps(run: Run) -> int:
+    """The SFT warm-up steps ``run`` trained before RL (``run.json``'s ``config.sft_warmup_steps``,
+    as ``train_env(sft_warmup_steps=N)`` records it); 0 without a warm-up or a readable value."""
+    steps = run.config.get("sft_warmup_steps")
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else 0
