@@ -58,6 +58,30 @@ def test_live_plot_updates_one_display_a_bounded_number_of_times(ipython_display
     assert [s[0] for s in plot.series()] == ["reward", "loss", "clip fraction"]  # no KL logged: no panel
 
 
+def test_a_finished_run_says_done_with_its_total_time_which_stops_there(monkeypatch: pytest.MonkeyPatch):
+    from ludic_lab.training import progress
+
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "time", lambda: now[0])
+    plot = LivePlot(total=2, display=False)
+    plot.start(2)
+    now[0] += 30
+    plot.step({"step": 1, "loss": 0.5, "time/step_s": 30.0})
+    assert plot.progress_text().startswith("train 1/2 · 00:30 elapsed · ~00:30 left · 30.00 s/step")
+    now[0] += 40
+    plot.step({"step": 2, "loss": 0.4, "time/step_s": 40.0})
+    text = plot.progress_text()
+    assert text.startswith("train 2/2 · done in 01:10 · 35.00 s/step · loss 0.4"), text
+    assert " left" not in text and "elapsed" not in text
+    now[0] += 20  # the run's last evaluation, then close: the total runs to the close
+    plot.close()
+    now[0] += 500  # and stops there: a cell looked at later says the same
+    assert plot.progress_text().startswith("train 2/2 · done in 01:30 · "), plot.progress_text()
+    assert "done in 01:30" in plot._bundle()["text/html"]
+    plot.start(1)  # the same view over a new run: running again
+    assert plot.progress_text().startswith("train 0/1 · 00:00 elapsed"), plot.progress_text()
+
+
 def test_panel_keys_are_found_in_nested_loss_names_and_non_finite_values_skipped():
     plot = LivePlot(display=False)
     plot.log(1, {"source/reward_mean": 0.5, "loss": 2.0, "loss/kl/kl": 0.01, "loss/clipped/clip_frac": 0.2})
@@ -161,7 +185,8 @@ def test_trainer_in_a_kernel_shows_one_live_plot_and_tasks_print_to_their_widget
     assert out.output_type == "display_data"
     html = out.data["text/html"]
     assert "ll-live" in html and "data-done='3'" in html and "data:image/png;base64," in html
-    assert out.data["text/plain"].startswith("train 3/3")
+    assert out.data["text/plain"].startswith("train 3/3 · done in ")  # the total time, not "~00:00 left"
+    assert " left" not in out.data["text/plain"] and " elapsed" not in out.data["text/plain"]
     updates = CountingClient.counts.get((2, "update_display_data"), 0)
     assert 1 <= updates <= 4, CountingClient.counts  # start + at most one per step + close
     assert CountingClient.counts.get((2, "stream"), 0) == 0

@@ -174,6 +174,7 @@ class LivePlot:
         self.done = 0
         self.updates = 0
         self._t0 = time.time()
+        self._t_end: float | None = None  # when the run's last step (or its close) came: the total time
         self._run_from = len(self.history)  # the records of this run (after `history`) time its steps
         self._next_draw = -math.inf
         self._dirty = False
@@ -186,13 +187,15 @@ class LivePlot:
     # -- feeding -----------------------------------------------------------------------------
     def start(self, total: int | None) -> None:
         """Begin a run of ``total`` steps (progress restarts; curves keep their history)."""
-        self.total, self.done, self._t0 = total, 0, time.time()
+        self.total, self.done, self._t0, self._t_end = total, 0, time.time(), None
         self._run_from = len(self.history)
         self._draw()
 
     def step(self, metrics: Mapping[str, Any]) -> None:
         """One step done: advance the bar and record ``metrics`` (at ``metrics["step"]``)."""
         self.done += 1
+        if self.finished and self._t_end is None:
+            self._t_end = time.time()
         self.log(metrics.get("step", self.done), metrics)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -232,8 +235,17 @@ class LivePlot:
         self._dirty = True
         self._draw()
 
+    @property
+    def finished(self) -> bool:
+        """Every one of ``total`` steps is done (the progress text then says ``done in``)."""
+        return bool(self.total) and self.done >= (self.total or 0)
+
     def close(self) -> None:
-        """Draw the final state (further logging keeps updating the same output)."""
+        """Draw the final state (further logging keeps updating the same output); a finished
+        run's total time runs to here (what ran after the last step, e.g. its evaluation, counts)."""
+        if self.finished:
+            self._t_end = time.time()
+            self._dirty = True
         if self._dirty or self.updates == 0:
             self._draw()
 
@@ -301,14 +313,15 @@ class LivePlot:
         return str(path)
 
     def progress_text(self) -> str:
-        """``train 3/10 · 00:12 elapsed · ~00:28 left · 4.00 s/step · loss 0.123 · ...``."""
-        el = time.time() - self._t0
+        """``train 3/10 · 00:12 elapsed · ~00:28 left · 4.00 s/step · loss 0.123 · ...``; once all
+        ``total`` steps are done ``train 10/10 · done in 00:40 · 4.00 s/step · ...`` (the total time)."""
+        el = (self._t_end if self.finished and self._t_end is not None else time.time()) - self._t0
         parts = [f"{self.title} {self.done}" + (f"/{self.total}" if self.total else "")]
-        parts.append(f"{_clock(el)} elapsed")
+        parts.append(f"done in {_clock(el)}" if self.finished else f"{_clock(el)} elapsed")
         if self.done:
             per = seconds_per_step(self.history[self._run_from :])
             per = el / self.done if per is None else per  # no step times logged: wall clock over steps
-            if self.total:
+            if self.total and not self.finished:
                 parts.append(f"~{_clock(per * max(0, self.total - self.done))} left")
             parts.append(f"{per:.2f} s/step")
         last = next((r for r in reversed(self.history) if not any(k.startswith("eval/") for k in r)), {})
