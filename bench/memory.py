@@ -30,7 +30,9 @@ stops after ``--steps`` training steps (no evaluation after training: it measure
 ``--merge-turns off`` trains the ``train_env`` paths one item per turn whatever the task says
 (textarena merges a game's turns by default); ``--release-between off`` keeps the sampler's
 prefix cache and malloc's free pages between the rollouts and the step whatever the task says
-(``Task.release_between``: textarena releases them).
+(``Task.release_between``: textarena releases them). ``--gradient-checkpointing on|off`` sets
+``TrainerConfig.gradient_checkpointing`` of the agent, textarena and verifiers paths (default: each
+path's own).
 
 ``--release on`` (the default) is ``TrainerConfig(release_host_memory=True)``: the trainer trims
 glibc's arenas once, at a step's end, when that end is more than 10% above the resident memory
@@ -211,7 +213,8 @@ def measure(path: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any
     cmd = [sys.executable, __file__, "--child", path, "--result", str(result), "--steps", str(args.steps),
            "--scale", str(args.scale), "--model", args.model, "--release", args.release,
            "--agent-lr", str(args.agent_lr), "--micro-token-budget", str(args.micro_token_budget),
-           "--merge-turns", args.merge_turns, "--release-between", args.release_between]  # fmt: skip
+           "--merge-turns", args.merge_turns, "--release-between", args.release_between,
+           "--gradient-checkpointing", args.gradient_checkpointing]  # fmt: skip
     t0 = time.perf_counter()
     with open(log_dir / f"{path}.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
@@ -290,6 +293,12 @@ def main() -> None:
         help="train_env paths: the task's Task.release_between (textarena: on: the sampler's prefix cache and "
         "malloc's free pages released before and after each batch's rollouts), or off",
     )
+    ap.add_argument(
+        "--gradient-checkpointing",
+        choices=("path", "on", "off"),
+        default="path",
+        help="TrainerConfig.gradient_checkpointing of the agent, textarena and verifiers paths (path: theirs)",
+    )
     ap.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -302,7 +311,8 @@ def main() -> None:
     print(
         f"memory: {args.steps} steps, scale {args.scale}, model {args.model}, release_host_memory {args.release}, "
         f"micro_token_budget {args.micro_token_budget or 'the path default'}, merge_turns {args.merge_turns}, "
-        f"release between phases {args.release_between}, load average {os.getloadavg()[0]:.1f}"
+        f"release between phases {args.release_between}, gradient checkpointing {args.gradient_checkpointing}, "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -131,8 +131,12 @@ async def run_agent(args: argparse.Namespace, out: str) -> None:
 
 
 def _budget(args: argparse.Namespace) -> dict[str, Any]:
-    """``--micro-token-budget``, as a ``train_env`` config (empty: the path's own)."""
-    return {"micro_token_budget": args.micro_token_budget} if args.micro_token_budget else {}
+    """``--micro-token-budget`` and ``--gradient-checkpointing``, as a ``train_env`` config (empty:
+    the path's own)."""
+    out: dict[str, Any] = {"micro_token_budget": args.micro_token_budget} if args.micro_token_budget else {}
+    if getattr(args, "gradient_checkpointing", "path") != "path":
+        out["gradient_checkpointing"] = args.gradient_checkpointing == "on"
+    return out
 
 
 NO_TIMEOUT_S = 86_400.0

@@ -71,16 +71,18 @@ def test_merged_turns_are_the_per_turn_items_token_for_token(games: tuple[Any, l
                 it.action_mask[span], it.weights[span], it.behaviour_logprobs[span])  # fmt: skip
 
 
-def one_step(model_dir: str, items: list[SAWItem], algo: str, max_seq_len: int) -> tuple[dict, list[torch.Tensor]]:
-    """One ``Trainer.train_step`` (LoRA r=8, seed 0) on ``items``: its metrics and the gradient
-    of every trainable parameter just before the optimizer step."""
+def one_step(
+    model_dir: str, items: list[SAWItem], algo: str, max_seq_len: int, **config: Any
+) -> tuple[dict, list[torch.Tensor]]:
+    """One ``Trainer.train_step`` (LoRA r=8, seed 0; ``config``: more ``TrainerConfig`` fields) on
+    ``items``: its metrics and the gradient of every trainable parameter just before the optimizer step."""
 
     class Fixed:
         async def next_batch(self) -> SAWBatch:
             return SAWBatch(tuple(items), {})
 
     cfg = TrainerConfig(lr=1e-4, lora_r=8, lora_alpha=16, seed=0, max_seq_len=max_seq_len,
-                        micro_token_budget=max(1024, max_seq_len))  # fmt: skip
+                        micro_token_budget=max(1024, max_seq_len), **config)  # fmt: skip
     trainer = Trainer(load_model(model_dir), make_preset(algo, max_tokens=8), Fixed(), config=cfg)
     grads: list[torch.Tensor] = []
     step = trainer._optimizer_step
@@ -123,6 +125,22 @@ def test_a_step_on_merged_turns_is_the_per_turn_step(
     assert len(g_merged) == len(g_turn) > 0
     for a, b in zip(g_turn, g_merged, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
+
+def test_a_checkpointed_step_on_merged_turns_is_the_plain_step(
+    games: tuple[Any, list[SAWItem], SAWBatch], tiny_model_dir: str
+) -> None:
+    """``gradient_checkpointing=True`` keeps per-segment attention (each layer recomputed per
+    segment: ``tests/test_checkpointed_segments.py``): the same loss and gradient on merged games."""
+    _, per_turn, _ = games
+    merged, _ = merge_turns(per_turn)
+    m_plain, g_plain = one_step(tiny_model_dir, merged, "grpo", 1024)
+    m_ckpt, g_ckpt = one_step(tiny_model_dir, merged, "grpo", 1024, gradient_checkpointing=True)
+    assert (m_ckpt["sequences"], m_ckpt["tokens"]) == (m_plain["sequences"], m_plain["tokens"])
+    assert m_ckpt["loss"] == pytest.approx(m_plain["loss"], rel=1e-6, abs=1e-8) and abs(m_plain["loss"]) > 1e-3
+    assert len(g_ckpt) == len(g_plain) > 0
+    for a, b in zip(g_plain, g_ckpt, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-8)
 
 
 def test_the_samplers_cache_is_released_around_each_batch(tiny_model_dir: str, monkeypatch: Any) -> None:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ludic_lab.training.causal_lm import attention_mask_for, find_body_and_head, logit_scale
-from ludic_lab.training.packed_attention import segment_layout, segment_plan, segmented
+from ludic_lab.training.packed_attention import recomputes_as_forward, segment_layout, segment_plan, segmented
 from ludic_lab.training.token_batch import TokenBatch
 
 DEFAULT_CHUNK_SIZE = 4096
@@ -277,15 +277,19 @@ def _module_head_logprobs(
 
 def attends_by_segment(model: torch.nn.Module) -> bool:
     """Whether :func:`model_token_logprobs` attends each packed sequence on its own for
-    ``model`` (:mod:`.packed_attention`): sdpa, on a CPU, without gradient checkpointing. A
-    row's width then costs nothing in attention, so rows may hold a whole micro-batch."""
+    ``model`` (:mod:`.packed_attention`): sdpa, on a CPU, any gradient checkpointing recomputing
+    per segment too (:func:`~.packed_attention.recomputes_as_forward`). A row's width then costs
+    nothing in attention, so rows may hold a whole micro-batch."""
     try:
         lm, body, _ = find_body_and_head(model)
     except TypeError:  # not a causal LM this module knows
         return False
     impl = getattr(getattr(lm, "config", None), "_attn_implementation", None)
     dev = next(body.parameters()).device
-    return impl == "sdpa" and dev.type == "cpu" and not getattr(lm, "is_gradient_checkpointing", False)
+    if impl != "sdpa" or dev.type != "cpu":
+        return False
+    # checkpointing enabled without it would recompute each layer by sdpa with the placeholder mask
+    return not getattr(lm, "is_gradient_checkpointing", False) or recomputes_as_forward(body, body.config)
 
 
 def model_token_logprobs(

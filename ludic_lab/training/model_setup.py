@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ludic_lab.training.causal_lm import find_body_and_head
 from ludic_lab.training.config import TrainerConfig
 from ludic_lab.training.lora import apply_lora, is_peft_model
 from ludic_lab.training.losses.base import LossNeeds
+from ludic_lab.training.packed_attention import checkpointing_kwargs
 from ludic_lab.training.parallel import DataParallel
 
 
@@ -28,7 +30,7 @@ def prepare_models(
         )
     model = data_parallel.place(model)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=_checkpointing_kwargs(model))
         if is_peft_model(model):
             model.enable_input_require_grads()
     model.train()
@@ -41,3 +43,13 @@ def prepare_models(
         )
     data_parallel.shard(model, ref_model)
     return model, ref_model
+
+
+def _checkpointing_kwargs(model: Any) -> dict[str, Any]:
+    """A causal LM's layers are recomputed in the backward under the attention their forward ran
+    with (per segment on a CPU: :func:`~.packed_attention.checkpointing_kwargs`); other models as torch's."""
+    try:
+        config = find_body_and_head(model)[1].config
+    except (TypeError, AttributeError):
+        return {"use_reentrant": False}
+    return checkpointing_kwargs(config)

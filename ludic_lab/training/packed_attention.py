@@ -19,6 +19,12 @@ matmul attention per group of like shape); long ones by sdpa's kernel, one call 
 hands extra keywords down), where :func:`segmented_attention_forward`, registered as the
 ``"ludic_segments"`` implementation, uses it. Without a plan it is transformers' sdpa, mask
 creation included, so a model set to it behaves as with ``"sdpa"`` everywhere else.
+
+Under gradient checkpointing a layer's forward runs again in the backward, after
+:func:`segmented` has set sdpa back; checkpointing enabled with :func:`checkpointing_kwargs`
+(what ``TrainerConfig.gradient_checkpointing`` does) recomputes each layer under the
+implementation its forward ran with (:class:`RecomputeAsForward`), the plan being among the
+layer's saved keywords; :func:`recomputes_as_forward` says whether a model's layers do.
 """
 
 from __future__ import annotations
@@ -187,12 +193,52 @@ def register() -> None:
 
 
 @contextlib.contextmanager
-def segmented(config: Any) -> Iterator[None]:
-    """While inside: ``config``'s attention implementation is :data:`IMPLEMENTATION` (it was sdpa)."""
-    register()
+def _implementation(config: Any, name: str) -> Iterator[None]:
+    """While inside: ``config``'s attention implementation is ``name``; restored after."""
     before = config._attn_implementation
-    config._attn_implementation = IMPLEMENTATION
+    config._attn_implementation = name
     try:
         yield
     finally:
         config._attn_implementation = before
+
+
+@contextlib.contextmanager
+def segmented(config: Any) -> Iterator[None]:
+    """While inside: ``config``'s attention implementation is :data:`IMPLEMENTATION` (it was sdpa)."""
+    register()
+    with _implementation(config, IMPLEMENTATION):
+        yield
+
+
+class RecomputeAsForward:
+    """``context_fn`` of ``torch.utils.checkpoint`` (non-reentrant) for the layers of a model with
+    ``config``: a layer's recomputation in the backward runs under the attention implementation
+    ``config`` had when the layer's forward ran. The backward runs after :func:`segmented` has
+    restored sdpa; without this a layer checkpointed inside it would be recomputed by sdpa with the
+    placeholder mask (every column attending every column): other activations, wrong gradients."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def __call__(self) -> tuple[contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]]:
+        return contextlib.nullcontext(), _implementation(self.config, self.config._attn_implementation)
+
+
+def checkpointing_kwargs(config: Any) -> dict[str, Any]:
+    """``gradient_checkpointing_kwargs`` for ``gradient_checkpointing_enable`` of a model with
+    ``config`` that keeps per-segment attention in the recomputation (:class:`RecomputeAsForward`)."""
+    return {"use_reentrant": False, "context_fn": RecomputeAsForward(config)}
+
+
+def recomputes_as_forward(module: torch.nn.Module, config: Any) -> bool:
+    """Whether every gradient-checkpointed layer of ``module`` recomputes under its forward's
+    attention implementation of ``config`` (checkpointing enabled with :func:`checkpointing_kwargs`);
+    True when no layer is checkpointed."""
+    for m in module.modules():
+        if getattr(m, "gradient_checkpointing", False) is True:
+            fn = getattr(m, "_gradient_checkpointing_func", None)
+            ctx = (getattr(fn, "keywords", None) or {}).get("context_fn")
+            if not (isinstance(ctx, RecomputeAsForward) and ctx.config is config):
+                return False
+    return True
