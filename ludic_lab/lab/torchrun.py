@@ -40,7 +40,7 @@ from typing import Any, Union
 from ludic_lab.inference.launch import processes
 from ludic_lab.jupyter import in_kernel
 from ludic_lab.lab.status_html import LiveStatus
-from ludic_lab.lab.torchrun_logs import JSONLTail, rank_lines, rank_log_files, read_tail, root_cause, traceback_tail
+from ludic_lab.lab.torchrun_logs import JSONLTail, rank_log_files, rank_tail, read_tail, root_cause, traceback_tail
 from ludic_lab.training.step_time import seconds_per_step
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -153,8 +153,9 @@ class TorchrunRun(LiveStatus):
 
     def tail(self, rank: int | None = None, n: int = 20) -> str:
         """The last ``n`` output lines of ``rank`` (stdout and stderr, as teed), or of
-        torchrun itself (its own messages) when ``rank`` is None."""
-        return rank_lines(read_tail(self.console_path), rank, n)
+        torchrun itself (its own messages) when ``rank`` is None; a progress bar updated with
+        ``\r`` shows as one line in its latest state, blank lines are left out."""
+        return rank_tail(self.console_path, self.log_dir, rank, n)
 
     # -- control -------------------------------------------------------------------------
     def wait(self, timeout: float | None = None, *, check: bool = True) -> int:

@@ -54,19 +54,69 @@ class JSONLTail:
         return rows
 
 
-def rank_lines(console: str, rank: int | None, n: int) -> str:
+HEADER_INSIDE = re.compile(r"\[[A-Za-z_]\w*?(\d+)\]:")
+"""A ``[default<rank>]:`` header inside a teed line: torchrun read a line a rank had not ended
+yet (a progress bar's state, written with ``\r`` and no newline) and wrote the next read after it."""
+
+
+def screen_line(line: str) -> str:
+    """What a terminal leaves of ``line`` (one line, no ``\n``) after its carriage returns: its
+    last non-blank ``\r``-separated state, trailing spaces cut ("" when every state is blank)."""
+    states = [s for s in line.split("\r") if s.strip()]
+    return states[-1].rstrip() if states else ""
+
+
+def overwritten_states(raw: str) -> set[str]:
+    """The states a later carriage return overwrote on the same line of ``raw`` (a rank's own
+    stdout / stderr file, where tqdm's ``\r`` updates are kept as written): every state of a
+    ``\r``-updated line but its last, trailing spaces cut."""
+    out: set[str] = set()
+    for line in raw.split("\n"):
+        if "\r" in line:
+            states = [s.rstrip() for s in line.split("\r") if s.strip()]
+            out.update(s for s in states[:-1] if s != states[-1])
+    return out
+
+
+def _segments(console: str) -> list[tuple[int | None, str]]:
+    """``(rank, text)`` of each line torchrun teed into ``console`` (rank None: its own lines);
+    a line with another header inside is cut there (torchrun wrote two reads on one line)."""
+    out: list[tuple[int | None, str]] = []
+    for line in console.split("\n"):
+        m = RANK_PREFIX.match(line)
+        if not m:
+            out.append((None, line))
+            continue
+        rank, pos = int(m.group(1)), m.end()
+        for h in HEADER_INSIDE.finditer(line, pos):
+            out.append((rank, line[pos : h.start()]))
+            rank, pos = int(h.group(1)), h.end()
+        out.append((rank, line[pos:]))
+    return out
+
+
+def rank_lines(console: str, rank: int | None, n: int, overwritten: set[str] | frozenset[str] = frozenset()) -> str:
     """The last ``n`` lines of ``rank`` in the teed ``console`` text (prefix removed), or of
-    torchrun itself (its own messages, without a rank prefix) when ``rank`` is None."""
-    lines = console.splitlines()
-    if rank is None:
-        picked = [ln for ln in lines if not RANK_PREFIX.match(ln)]
-    else:
-        picked = []
-        for ln in lines:
-            m = RANK_PREFIX.match(ln)
-            if m and int(m.group(1)) == rank:
-                picked.append(ln[m.end() :])
-    return "\n".join(picked[-n:])
+    torchrun itself (its own messages, without a rank prefix) when ``rank`` is None, as a terminal
+    shows them: no blank lines (torchrun tees a progress bar's ``\r`` as an empty line), each line
+    its last ``\r`` state, the states in ``overwritten`` (:func:`overwritten_states` of the rank's
+    own files) left out but for the rank's latest line, a state repeated in a row shown once."""
+    picked: list[str] = []
+    for r, text in _segments(console):
+        if r == rank and (shown := screen_line(text)):
+            picked.append(shown)
+    kept = [t for i, t in enumerate(picked) if t not in overwritten or i == len(picked) - 1]
+    kept = [t for i, t in enumerate(kept) if i == 0 or t != kept[i - 1]]
+    return "\n".join(kept[-n:])
+
+
+def rank_tail(console_path: Path, log_dir: Path, rank: int | None, n: int) -> str:
+    """:func:`rank_lines` of the run under ``log_dir`` whose teed console is ``console_path``, with
+    the states that ``\r`` overwrote in the rank's own stdout / stderr files (:func:`overwritten_states`)."""
+    console = read_tail(console_path)  # first: the rank's files then hold all it teed
+    files = rank_log_files(log_dir).get(rank, {}) if rank is not None else {}
+    overwritten = set().union(*(overwritten_states(read_tail(p)) for p in files.values()))
+    return rank_lines(console, rank, n, overwritten)
 
 
 def rank_log_files(log_dir: Path) -> dict[int, dict[str, Path]]:
@@ -106,8 +156,11 @@ def root_cause(console: str) -> tuple[int | None, int | None]:
 
 
 def traceback_tail(stderr: str, n: int = 25) -> str:
-    """The last traceback in ``stderr`` (its last ``n`` lines), else stderr's last lines."""
-    lines = stderr.rstrip().splitlines()
+    """The last traceback in ``stderr`` (its last ``n`` lines), else stderr's last lines; a
+    ``\r``-updated line (a progress bar) is its last state, one that ends blank is left out."""
+    lines = [shown for ln in stderr.split("\n") if (shown := screen_line(ln)) or "\r" not in ln]
+    while lines and not lines[-1]:
+        lines.pop()
     starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
     picked = lines[starts[-1] :] if starts else lines
     if len(picked) > n:
