@@ -22,6 +22,7 @@ from ludic_lab.envs import DatasetQAEnv
 from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
 from ludic_lab.interaction import SingleAgentSyncProtocol
 from ludic_lab.lab.reports import format_metrics, format_number, rollouts_html, weight_rgb, write_rollouts_html
+from ludic_lab.lab.token_html import COLOUR_NAMES
 from ludic_lab.rollouts import EnvSpec, GRPORequestStrategy, ProtocolSpec, RolloutEngine, RolloutRequest
 from ludic_lab.rollouts.credit import GroupNormalizedReturn
 from ludic_lab.rollouts.rollout_source import RolloutBatchSource
@@ -89,13 +90,14 @@ def rgb(style: str) -> tuple[int, int, int]:
 
 
 def check_colour(style: str, w: float) -> None:
+    """The notebook views' palette (token_html.COLOUR_NAMES): blue pushed up, red down, white 0."""
     r, g, b = rgb(style)
     if w > 0:
-        assert g > r and g > b, (style, w)  # green
+        assert b > r and b > g, (style, w)  # blue
     elif w < 0:
         assert r > g and r > b, (style, w)  # red
     else:
-        assert r == g == b < 255, (style, w)  # grey
+        assert r == g == b == 255, (style, w)  # white
 
 
 # -- numbers ---------------------------------------------------------------------------------
@@ -118,6 +120,16 @@ def test_weight_colours_follow_sign_and_size():
     check_colour("background:rgb({}, {}, {})".format(*weight_rgb(0.0, 1.0)), 0.0)
     small, large = weight_rgb(0.1, 1.0), weight_rgb(1.0, 1.0)
     assert sum(large) < sum(small) < 3 * 255  # larger |w|: deeper; the smallest still tinted
+
+
+def test_the_report_and_the_notebook_view_draw_one_palette():
+    from ludic_lab.lab import token_html
+
+    for w, scale in ((1.0, 1.0), (-2.0, 2.0), (0.3, 1.5), (-0.01, 1.0), (0.0, 1.0), (0.0, 0.0)):
+        assert weight_rgb(w, scale) == token_html.weight_rgb(w, scale), (w, scale)
+    assert weight_rgb(1.0, 1.0) == token_html.POS_RGB and weight_rgb(-1.0, 1.0) == token_html.NEG_RGB
+    row = weight_rgb(1.0, 1.0, 0.3)  # a row: the same hue, lighter
+    assert all(c > p for c, p in zip(row, token_html.POS_RGB, strict=True)) and row[2] > row[0]
 
 
 # -- the demos' parsers give the env the answer, with the rewards of the whole reply --------
@@ -234,7 +246,13 @@ async def test_report_of_a_batch_shows_weights_colours_parsed_answers_and_short_
     spans = re.findall(r"<span class='act' style='([^']*)'>", page)
     assert len(spans) == 8
     # header: the training step and a legend; summary dicts as key value lists, numbers short
-    assert "<b>training step 7</b>" in page and "class='legend'" in page and "green" in page
+    assert "<b>training step 7</b>" in page and "class='legend'" in page
+    legend = page[page.index("class='legend'") :].split("</div>", 1)[0]
+    assert (
+        f"{COLOUR_NAMES['positive']}</b>: pushed up" in legend
+        and f"{COLOUR_NAMES['negative']}</b>: pushed down" in legend
+    )
+    assert "green" not in page.lower()  # one palette with the notebook's view, which has no green
     assert "greedy accuracy <b>0.154</b>" in page and "pass@4 <b>0.333</b>" in page and "12.3" in page
     assert not LONG_FLOAT.search(visible(page))
     assert "{" not in page[page.index("<table class='summary'>") :]  # no Python dict printed
@@ -303,3 +321,20 @@ def test_capitals_demo_writes_weights_parsed_actions_and_short_numbers(tmp_path:
     assert not any(LONG_FLOAT.search(visible(n)) for n in numbers)  # the tiny model's replies may hold any digits
     assert "greedy accuracy" in page and "sampled accuracy" in page
     assert json.loads((out / "summary.json").read_text())["config"]["steps"] == 1
+
+
+def test_docs_name_the_weight_colours_the_views_draw():
+    """Prose that keys a weight's sign to a colour (``blue > 0, red < 0, white 0``) names the
+    palette both views draw (COLOUR_NAMES); tests/test_views_credit_groups.py checks the notebooks'
+    "pushed up / down" wording."""
+    root = Path(__file__).resolve().parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted((root / "scripts").rglob("*.md"))]
+    want = {">": COLOUR_NAMES["positive"], "<": COLOUR_NAMES["negative"], "": COLOUR_NAMES["zero"]}
+    found, problems = 0, []
+    for page in pages:
+        text = re.sub(r"\s+", " ", page.read_text(encoding="utf-8"))
+        for m in re.finditer(r"\b(green|blue|red|grey|gray|white|orange) ?([<>]?) ?0\b(?![.,]\d)", text, flags=re.I):
+            found += 1
+            if m[1].lower() != want[m[2]]:
+                problems.append(f"{page.relative_to(root)}: {m[0]!r} (the views draw {want[m[2]]})")
+    assert found >= 3 and not problems, (found, problems)  # docs/demo.md keys all three

@@ -14,19 +14,14 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ludic_lab.lab.token_html import COLOUR_NAMES, NEG_RGB, POS_RGB, _style, weight_rgb as _token_rgb
 from ludic_lab.types import Rollout, Step
 
 Weights = Mapping[tuple[str, int], float]
 
-POS_RGB = (46, 160, 67)
-"""Colour of the largest positive weight (green: the step was made more likely)."""
-NEG_RGB = (214, 39, 40)
-"""Colour of the largest negative weight (red: the step was made less likely)."""
-ZERO_RGB = (200, 200, 200)
-"""Colour of a zero weight (grey: no learning signal from that step)."""
-MIN_TINT, MAX_TINT, ROW_TINT = 0.2, 0.75, 0.3
-"""Tint of a weight's colour over white: from ``MIN_TINT`` (the smallest non-zero ``|w|``
-stays visible) to ``MAX_TINT`` (the batch's largest); a row gets ``ROW_TINT`` of its cell's."""
+ROW_TINT = 0.3
+"""A row's tint: this share of its step's colour over white (the weight cell and the sampled
+tokens get the whole colour), so the row's text stays readable."""
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:1.5em;color:#222}
@@ -41,7 +36,7 @@ tr.grp td{border-top:2px solid #888}
 .meta{color:#444;margin:.2em 0 .8em 0}
 .legend{margin:.4em 0 1em 0;font-size:12.5px}
 .legend span.sw{display:inline-block;padding:1px 7px;margin-right:2px;border-radius:2px;
-  font-family:ui-monospace,monospace}
+  font-family:ui-monospace,monospace;border:1px solid #ccc}
 table.summary{width:auto;margin-bottom:1em}
 ul.kv{margin:0;padding-left:1.1em}
 """
@@ -97,21 +92,18 @@ def _value_html(v: Any) -> str:
 
 # -- weight colours ------------------------------------------------------------------------
 def weight_rgb(w: float, scale: float, strength: float = 1.0) -> tuple[int, int, int]:
-    """Background of a step with weight ``w`` when the batch's largest ``|w|`` is ``scale``:
-    green (``w > 0``), red (``w < 0``), grey (``w == 0``), deeper the larger ``|w|``;
-    ``strength`` < 1 lightens it (rows)."""
-    if w == 0 or not math.isfinite(w):
-        rgb, t = ZERO_RGB, MAX_TINT
-    else:
-        rgb = POS_RGB if w > 0 else NEG_RGB
-        t = MIN_TINT + (MAX_TINT - MIN_TINT) * min(1.0, abs(w) / scale if scale > 0 else 1.0)
-    t *= strength
-    r, g, b = (round(255 + (c - 255) * t) for c in rgb)
+    """Background of a step with weight ``w`` when the batch's largest ``|w|`` is ``scale``: the
+    notebook views' palette (:func:`ludic_lab.lab.token_html.weight_rgb`: blue > 0, red < 0, white
+    for 0, deeper the larger ``|w|``); ``strength`` < 1 lightens it toward white (rows)."""
+    rgb = _token_rgb(w, scale)
+    r, g, b = (round(255 + (c - 255) * strength) for c in rgb)
     return r, g, b
 
 
 def _bg(w: float, scale: float, strength: float = 1.0) -> str:
-    return "background:rgb({}, {}, {})".format(*weight_rgb(w, scale, strength))
+    """The style of a cell or token run of weight ``w``: its background, with white text on a deep one."""
+    rgb = weight_rgb(w, scale, strength)
+    return _style(rgb) if strength == 1.0 else "background:rgb({}, {}, {})".format(*rgb)
 
 
 def _sign(w: float) -> str:
@@ -119,7 +111,9 @@ def _sign(w: float) -> str:
 
 
 def legend_html(scale: float) -> str:
-    """The colour key of the weights, for a batch whose largest ``|w|`` is ``scale``."""
+    """The colour key of the weights, for a batch whose largest ``|w|`` is ``scale``, with the
+    colours' names the notebook views use (:data:`~ludic_lab.lab.token_html.COLOUR_NAMES`)."""
+    c = COLOUR_NAMES
     marks = [-scale, -scale / 2, 0.0, scale / 2, scale] if scale > 0 else [0.0]
     sw = "".join(f"<span class='sw' style='{_bg(w, scale)}'>{_signed(w)}</span>" for w in marks)
     if scale == 0:
@@ -127,11 +121,11 @@ def legend_html(scale: float) -> str:
     return (
         f"<div class='legend'><b>weight</b> (the credit the loss gave each step; every token the model "
         f"sampled in it gets this weight) {sw}<br>"
-        "<b style='color:rgb(46,160,67)'>green</b>: made more likely · "
-        "<b style='color:rgb(214,39,40)'>red</b>: made less likely · <b style='color:#888'>grey</b>: zero, "
-        "no signal (e.g. every sample of the question scored the same) · deeper colour = larger |weight| · "
-        "<span class='ctx'>grey italic text</span> in a completion: tool results and template tokens the model "
-        "did not write (context, not trained)</div>"
+        f"<b style='color:rgb{POS_RGB}'>{c['positive']}</b>: pushed up (made more likely) · "
+        f"<b style='color:rgb{NEG_RGB}'>{c['negative']}</b>: pushed down (made less likely) · "
+        f"{c['zero']}: weight 0, no signal (e.g. every sample of the question scored the same) · "
+        f"deeper colour = larger |weight| · <span class='ctx'>{c['masked']} italic text</span> in a completion: "
+        "tool results and template tokens the model did not write (context, not trained)</div>"
     )
 
 
