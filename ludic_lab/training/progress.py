@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ludic_lab.jupyter import in_kernel, ipython_shell
 from ludic_lab.rollouts.signal_check import NoSignalNotice
-from ludic_lab.training.step_time import seconds_per_step, step_axis
+from ludic_lab.training.step_time import seconds_per_step, step_axis, time_parts
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -129,11 +129,6 @@ def eval_headline(summary: Mapping[str, Any]) -> tuple[str, float] | None:
         if x is not None:
             return str(k), x
     return None
-
-
-def _clock(s: float) -> str:
-    s = int(max(0, s))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
 
 
 class LivePlot:
@@ -244,8 +239,7 @@ class LivePlot:
         """Draw the final state (further logging keeps updating the same output); a finished
         run's total time runs to here (what ran after the last step, e.g. its evaluation, counts)."""
         if self.finished:
-            self._t_end = time.time()
-            self._dirty = True
+            self._t_end, self._dirty = time.time(), True
         if self._dirty or self.updates == 0:
             self._draw()
 
@@ -317,13 +311,7 @@ class LivePlot:
         ``total`` steps are done ``train 10/10 · done in 00:40 · 4.00 s/step · ...`` (the total time)."""
         el = (self._t_end if self.finished and self._t_end is not None else time.time()) - self._t0
         parts = [f"{self.title} {self.done}" + (f"/{self.total}" if self.total else "")]
-        parts.append(f"done in {_clock(el)}" if self.finished else f"{_clock(el)} elapsed")
-        if self.done:
-            per = seconds_per_step(self.history[self._run_from :])
-            per = el / self.done if per is None else per  # no step times logged: wall clock over steps
-            if self.total and not self.finished:
-                parts.append(f"~{_clock(per * max(0, self.total - self.done))} left")
-            parts.append(f"{per:.2f} s/step")
+        parts += time_parts(self.done, self.total, el, seconds_per_step(self.history[self._run_from :]))
         last = next((r for r in reversed(self.history) if not any(k.startswith("eval/") for k in r)), {})
         for title, key, _xs, _ys in self.series():
             if key in last:
