@@ -17,11 +17,16 @@ environment variables (``env`` / ``forward_env``) still runs as a process (a pro
 environment cannot be set per episode in one process). Two of the program's modules are shimmed:
 ``traceback.print_exc`` writes to the episode's stderr, and ``certifi.where()`` gives one SSL
 context over certifi's bundle, built once instead of per episode.
+
+A ``SingleAgentEnv``'s seat is an ``Agent`` ludic_lab builds, its harness swapped by
+:func:`in_process_harness`. An ``Env`` of the taskset's own builds its seats' agents itself, fresh
+per episode; :func:`seat_in_process` swaps them in verifiers' per-episode ``Env.setup(agents)`` hook.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import io
 import ssl
@@ -29,6 +34,7 @@ import sys
 import threading
 import traceback
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +171,48 @@ async def _exit_code(program: types.ModuleType, err: io.StringIO) -> int:
 
 def _code(e: SystemExit) -> int:
     return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+
+
+_seats: contextvars.ContextVar[bool] = contextvars.ContextVar("ludic_vf_seats_in_process", default=False)
+
+
+def seat_in_process(env: Any) -> contextlib.AbstractContextManager[None]:
+    """Within this context, episodes of ``env`` (a verifiers ``Env`` driving its own seats) run each
+    seat's plain ``null`` harness as an :class:`InProcessNullHarness`.
+
+    The hook is verifiers' own per-episode one: ``Env.run_episode`` builds fresh agents and hands
+    them to ``env.setup(agents)`` before ``run()``; ``env``'s ``setup`` is wrapped (once, on this
+    instance, never its class) to run the env's own ``setup`` and then swap each seat's harness,
+    only where this context (a contextvar: this episode's task) asks for it."""
+    _wrap_setup(env)
+    return _scoped(_seats, True)
+
+
+@contextlib.contextmanager
+def _scoped(var: contextvars.ContextVar[bool], value: bool) -> Iterator[None]:
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def _wrap_setup(env: Any) -> None:
+    if getattr(env.setup, "_ludic_seats", False):
+        return
+    from verifiers.v1.configs.agent import agent_config_fields
+
+    own = env.setup  # the env's bound setup (its class's, or one set on the instance)
+
+    async def setup(agents: Any) -> None:
+        await own(agents)
+        if _seats.get():
+            for name in agent_config_fields(env.config):
+                seat = getattr(agents, name)
+                seat.harness = in_process_harness(seat.harness)
+
+    setup._ludic_seats = True  # type: ignore[attr-defined]
+    env.setup = setup
 
 
 def in_process_harness(harness: Any) -> Any:

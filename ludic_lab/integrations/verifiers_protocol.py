@@ -6,8 +6,9 @@ Per episode the protocol resets the :class:`~ludic_lab.integrations.verifiers_en
 ``SingleAgentEnv`` the seat's ``Agent`` (``agent.run(task)``, with the taskset's shared tool
 servers), for an ``Env`` of the taskset's own with one seat its ``run_episode`` (its ``run()``
 drives the seat, e.g. a game engine answering each reply as the user). The ``null`` harness
-(verifiers' chat program in the ``subprocess`` runtime; for a ``SingleAgentEnv`` run in this
-process by default, :mod:`~ludic_lab.integrations.verifiers_inprocess`) sends every model call through
+(verifiers' chat program in the ``subprocess`` runtime; run in this process by default, for the
+seat of a ``SingleAgentEnv`` and of an ``Env`` of the taskset's own alike,
+:mod:`~ludic_lab.integrations.verifiers_inprocess`) sends every model call through
 verifiers' interception server to the session, runs the task's tool servers over MCP, and
 stops on the task's ``@stop`` methods and the seat's limits; verifiers then scores the trace
 with the task's ``@reward`` / ``@metric`` methods (and the env's own recorded rewards).
@@ -33,6 +34,7 @@ its exit code and log tail), the harness program (``agent_error``), the model ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import time
@@ -44,7 +46,7 @@ from ludic_lab.aio import maybe_await, within
 from ludic_lab.envs.env import LudicEnv
 from ludic_lab.inference.request import InferenceSpec
 from ludic_lab.integrations.verifiers_env import VerifiersTaskEnv
-from ludic_lab.integrations.verifiers_inprocess import MODE_IN_PROCESS, in_process_harness
+from ludic_lab.integrations.verifiers_inprocess import MODE_IN_PROCESS, in_process_harness, seat_in_process
 from ludic_lab.interaction.agent_program import segment_steps
 from ludic_lab.interaction.base import InteractionProtocol
 from ludic_lab.interaction.program_steps import waiting_on
@@ -241,8 +243,10 @@ async def _play(
     mode.set(source.tool_sandbox)  # the episode's task: the tool servers verifiers starts for its task
     client = vf.EvalClientConfig(base_url=endpoint.base_url, api_key_var=key_var)
     if not source.single_agent:
-        episode = await source.env.run_episode(task, vf.ModelContext(model=endpoint.model, client=client),
-                                               on_trace=minted.append)  # fmt: skip
+        seats = seat_in_process(source.env) if source.harness_mode == MODE_IN_PROCESS else contextlib.nullcontext()
+        with seats:  # the env's seats' null-harness chat program in this process, this episode
+            episode = await source.env.run_episode(task, vf.ModelContext(model=endpoint.model, client=client),
+                                                   on_trace=minted.append)  # fmt: skip
         if episode.errors:
             e = episode.errors[-1]
             cause = "timeout" if episode.is_timeout else _CAUSES.get(e.type, "env_error")
