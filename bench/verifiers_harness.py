@@ -25,6 +25,11 @@ process plus its children during each arm. With a model (not the scripted client
 sampled tokens can differ (the harness's requests are relayed by verifiers' interception), so
 the per-arm sampled tokens are printed beside episodes/s.
 
+``--taskset hint`` runs the same three arms on ``tests/verifiers_envs/vf_hint`` instead: an
+``Env`` of the taskset's own that plays the user of its one seat (two segments an episode: the
+answer, the env's hint, the answer again; verifiers relaunches the chat program for the second),
+its ``program`` arm the same exchange as an ``openai``-SDK program (``bench/verifiers_hint_arm.py``).
+
 Backends (``--backend``): ``scripted`` (a zero-cost client defined here: the tool call, then the
 answer; what is left is the harness and the plumbing), ``tiny`` (``LocalChatClient`` on the tiny
 random test model), ``default`` (SmolLM2-135M-Instruct, the realistic row).
@@ -32,6 +37,7 @@ random test model), ``default`` (SmolLM2-135M-Instruct, the realistic row).
     .venv/bin/python bench/verifiers_harness.py                                   # scripted, 8 episodes x 3 rounds
     .venv/bin/python bench/verifiers_harness.py --backend tiny
     .venv/bin/python bench/verifiers_harness.py --backend default --episodes 8 --max-tokens 48 --rounds 2
+    .venv/bin/python bench/verifiers_harness.py --taskset hint                    # the Env-driven seat
 
 Needs the ``verifiers`` and ``openai`` extras.
 """
@@ -88,15 +94,17 @@ class ScriptedCalc:
                             policy_version=self.policy_version), {}  # fmt: skip
 
 
-def build_backend(name: str) -> Any:
+def build_backend(name: str, taskset: str = "calc") -> Any:
     from ludic_lab.inference.models import tiny_model_path
 
     if name == "scripted":
         from transformers import AutoTokenizer
+        from verifiers_hint_arm import ScriptedHint
 
         from ludic_lab.inference.chat_template import ChatTemplate
 
-        return ScriptedCalc(ChatTemplate(AutoTokenizer.from_pretrained(tiny_model_path())))
+        template = ChatTemplate(AutoTokenizer.from_pretrained(tiny_model_path()))
+        return ScriptedCalc(template) if taskset == "calc" else ScriptedHint(template)
     from ludic_lab.inference import LocalChatClient
 
     return LocalChatClient(tiny_model_path() if name == "tiny" else "default")
@@ -189,7 +197,11 @@ class PeakRSS:
         self._thread.join()
 
 
-def breakdown(rollouts: list[Any]) -> dict[str, float]:
+BETWEEN = {"calc": "between calls (tool calls, loop)", "hint": "between calls (exit, env's hint, relaunch)"}
+"""What lies between an episode's model calls: calc's tool calls, or hint's program relaunch (harness)."""
+
+
+def breakdown(rollouts: list[Any], taskset: str = "calc") -> dict[str, float]:
     """Mean seconds per verifiers episode, by stage, from each trace's own timing."""
     rows: list[dict[str, float]] = []
     for r in rollouts:
@@ -203,7 +215,7 @@ def breakdown(rollouts: list[Any]) -> dict[str, float]:
             "setup (runtime, interception, tool wiring)": tm["setup"]["end"] - tm["boot"]["start"],
             "program start -> 1st model call": first,
             "model calls": model,
-            "between calls (tool calls, loop)": (agent["end"] - agent["start"]) - first - model - exit_,
+            BETWEEN[taskset]: (agent["end"] - agent["start"]) - first - model - exit_,
             "last call -> program exit": exit_,
             "finalize + scoring": tm["scoring"]["end"] - tm["finalize"]["start"],
         })  # fmt: skip
@@ -211,6 +223,8 @@ def breakdown(rollouts: list[Any]) -> dict[str, float]:
 
 
 async def run(args: argparse.Namespace) -> None:
+    from verifiers_hint_arm import hint_env, hint_program
+
     from ludic_lab.endpoint import OpenAIEndpoint
     from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfig
     from ludic_lab.integrations.verifiers_env import VerifiersTaskEnv, load_verifiers_env
@@ -218,19 +232,23 @@ async def run(args: argparse.Namespace) -> None:
     from ludic_lab.interaction import AgentProgramProtocol
     from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
 
-    n, conc = args.episodes, args.concurrency
+    n, conc, taskset = args.episodes, args.concurrency, f"vf_{args.taskset}"
     sources = {
-        "vf-process": load_verifiers_env("vf_calc", limit=n, harness_mode="subprocess", max_concurrent=conc),
-        "vf-inprocess": load_verifiers_env("vf_calc", limit=n, harness_mode="in_process", max_concurrent=conc),
+        "vf-process": load_verifiers_env(taskset, limit=n, harness_mode="subprocess", max_concurrent=conc),
+        "vf-inprocess": load_verifiers_env(taskset, limit=n, harness_mode="in_process", max_concurrent=conc),
     }
-    backend = build_backend(args.backend)
+    backend = build_backend(args.backend, args.taskset)
     spec = InferenceSpec(SamplingConfig(temperature=1.0, max_tokens=args.max_tokens), ReturnSpec.for_training())
     try:
         shared = {}
         for arm, src in sources.items():
             async with src.tools() as tools:  # started before the clock (once per run, as in training)
                 shared[arm] = tools
-        url = next(iter(shared["vf-inprocess"].values())).url
+        if args.taskset == "calc":
+            url = next(iter(shared["vf-inprocess"].values())).url
+            program, program_env = make_program(url, 3), product_env
+        else:
+            program, program_env = hint_program, hint_env
         with OpenAIEndpoint(backend) as ep:
             engines = {
                 arm: RolloutEngine(
@@ -241,8 +259,8 @@ async def run(args: argparse.Namespace) -> None:
                 for arm, src in sources.items()
             }
             engines["program"] = RolloutEngine(
-                {"e": lambda: product_env(sources["vf-inprocess"])},
-                {"p": lambda: AgentProgramProtocol(make_program(url, 3), ep, timeout_s=args.timeout_s)},
+                {"e": lambda: program_env(sources["vf-inprocess"])},
+                {"p": lambda: AgentProgramProtocol(program, ep, timeout_s=args.timeout_s)},
                 max_concurrency=conc,
             )
             reqs = [RolloutRequest(EnvSpec("e"), ProtocolSpec("p"), env_seed=i, sampling_seed=1000 + i, inference=spec)
@@ -271,8 +289,9 @@ async def run(args: argparse.Namespace) -> None:
 def report(args: argparse.Namespace, walls: dict, peaks: dict, outs: dict) -> None:
     n = args.episodes
     load = os.getloadavg()[0]
-    print(f"\n[{args.backend}] vf_calc, {n} episodes x {args.rounds} interleaved rounds, {args.concurrency} at a time, "
-          f"max_tokens={args.max_tokens}; load average {load:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
+    print(f"\n[{args.backend}] vf_{args.taskset}, {n} episodes x {args.rounds} interleaved rounds, "
+          f"{args.concurrency} at a time, max_tokens={args.max_tokens}; "
+          f"load average {load:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
     med = {a: statistics.median(walls[a]) for a in ARMS}
     for arm in ARMS:
         rs = outs[arm]
@@ -288,18 +307,26 @@ def report(args: argparse.Namespace, walls: dict, peaks: dict, outs: dict) -> No
         print(f"  {arm} / program: {med['program'] / med[arm]:.3f}x the episodes/s; harness overhead "
               f"{over / n:+.3f} s an episode = {over / med[arm]:+.1%} of its wall")  # fmt: skip
     for arm in ("vf-process", "vf-inprocess"):
-        parts = breakdown([r for r in outs[arm] if r.error is None])
+        parts = breakdown([r for r in outs[arm] if r.error is None], args.taskset)
         total = sum(parts.values()) or 1.0
         print(f"  where a {arm} episode's time goes (mean of its own trace timing, s; episodes overlap):")
         for k, v in parts.items():
             print(f"    {k:44}: {v:7.3f}  {v / total:6.1%}")
-        harness = sum(v for k, v in parts.items() if k not in ("model calls", "between calls (tool calls, loop)"))
-        print(f"    harness (setup, program start and exit, scoring): {harness:.3f} s = {harness / total:.1%} of it")
+        not_harness = ("model calls", BETWEEN["calc"])  # hint's relaunch between its calls is the harness's
+        harness = sum(v for k, v in parts.items() if k not in not_harness)
+        what = "program start and exit" + (", relaunch" if args.taskset == "hint" else "")
+        print(f"    harness (setup, {what}, scoring): {harness:.3f} s = {harness / total:.1%} of it")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="scripted", choices=("scripted", "tiny", "default"))
+    p.add_argument(
+        "--taskset",
+        default="calc",
+        choices=("calc", "hint"),
+        help="calc: a SingleAgentEnv seat with a shared tool; hint: an Env of its own playing the user",
+    )
     p.add_argument("--episodes", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
