@@ -232,6 +232,9 @@ def test_a_tasks_trainer_defaults_start_the_config_and_config_overrides_them(tin
     assert (run.trainer.config.micro_token_budget, run.trainer.config.max_seq_len) == (2048, 2048)
     run = build_env_training(task, model=client, max_tokens=4, config=TrainerConfig(lora_r=2))
     assert (run.trainer.config.micro_token_budget, run.trainer.config.lora_r) == (TrainerConfig().micro_token_budget, 2)
-    assert as_task(ShoutEnv).trainer_defaults is None and GAME_TRAINER_DEFAULTS == {"micro_token_budget": 1024}
+    assert as_task(ShoutEnv).trainer_defaults is None and GAME_TRAINER_DEFAULTS == {
+        "micro_token_budget": 1024,
+        "gradient_checkpointing": True,
+    }
     with pytest.raises(TypeError, match="trainer_defaults must be a mapping"):
         Task(base.name, base.env, trainer_defaults=[("lr", 1.0)])  # type: ignore[arg-type]

@@ -221,7 +221,8 @@ def test_single_player_episodes_are_scored_by_textarena(client: LocalChatClient)
 def test_episodes_against_a_fixed_opponent(client: LocalChatClient) -> None:
     # the agent in seat 1: the random bot opens, and its move is in the agent's first prompt
     task = textarena_task("TicTacToe-v0", opponent="random", seat=1)
-    assert task.trainer_defaults == {"micro_token_budget": 1024}  # a game's turns repeat the game: small micro-batches
+    # a game's turns repeat the game: small micro-batches, recomputed activations
+    assert task.trainer_defaults == {"micro_token_budget": 1024, "gradient_checkpointing": True}
     rollouts = episodes(task, client, 3)
     assert {r.agent_id for r in rollouts} == {"player_1"} and all(
         r.meta["env_driven_agents"] == ["player_0"] for r in rollouts

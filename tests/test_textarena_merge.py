@@ -24,6 +24,7 @@ from ludic_lab.task import Task
 from ludic_lab.task.external.textarena import textarena_task
 from ludic_lab.training import Trainer, TrainerConfig
 from ludic_lab.training.algorithm import make_preset
+from ludic_lab.training.logprobs import attends_by_segment
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,9 @@ def test_textarena_runs_merge_turns_by_default(games: tuple[Any, list[SAWItem], 
     run, per_turn, batch = games
     assert textarena_task("TicTacToe-v0", opponent="random").merge_turns
     assert run.source.merge_turns
+    # and checkpoint the layers, recomputed per segment (the step's memory: docs/deployment.md)
+    assert run.trainer.config.gradient_checkpointing and run.trainer.model.is_gradient_checkpointing
+    assert attends_by_segment(run.trainer.model)
     m = {k.removeprefix("merge/"): v for k, v in batch.meta.items() if k.startswith("merge/")}
     assert m["items_in"] == len(per_turn) == m["items_out"] + m["merged"] and m["merged"] > 0 and m["breaks"] == 0
     assert len(batch.items) < len(per_turn) and batch.num_action_tokens == sum(it.num_action_tokens for it in per_turn)

@@ -52,13 +52,15 @@ HELD_OUT_BASE = TRAIN_SEEDS
 """Evaluation env seeds are ``HELD_OUT_BASE, HELD_OUT_BASE + 1, ...``: never trained on."""
 DEFAULT_MAX_TURNS = 32
 """Moves per episode (invalid ones included; a round of a multi-player game is one move)."""
-GAME_TRAINER_DEFAULTS = {"micro_token_budget": 1024}
+GAME_TRAINER_DEFAULTS = {"micro_token_budget": 1024, "gradient_checkpointing": True}
 """``train_env``'s trainer defaults for a game (``Task.trainer_defaults``; ``config=`` overrides):
 activations cost ~1.2 MB a token, so 8,192-token micro-batches held over 20 GB for one step of 16
 Tic-Tac-Toe games on SmolLM2. A game's runs also merge its turns into one sequence
 (``Task.merge_turns``: the per-turn loss on half the tokens) and release the sampler's memory
-around the rollouts (``Task.release_between``): the step peaks at 6.1-6.3 GB against 7.2 GB for
-separate turns (docs/deployment.md)."""
+around the rollouts (``Task.release_between``): 6.1-6.3 GB a step against 7.2 GB for separate
+turns. Gradient checkpointing (each layer recomputed in the backward, per segment on a CPU)
+brings the step to 3.9-4.0 GB at ~1.6x the trainer's seconds (docs/deployment.md);
+``config={"gradient_checkpointing": False}`` trades the memory back for the speed."""
 
 
 def game_reward(rollout: Rollout) -> float:
