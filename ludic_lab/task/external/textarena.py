@@ -59,7 +59,8 @@ Tic-Tac-Toe games on SmolLM2. A game's runs also merge its turns into one sequen
 (``Task.merge_turns``: the per-turn loss on half the tokens) and release the sampler's memory
 around the rollouts (``Task.release_between``): 6.1-6.3 GB a step against 7.2 GB for separate
 turns. Gradient checkpointing (each layer recomputed in the backward, per segment on a CPU)
-brings the step to 3.9-4.0 GB at ~1.6x the trainer's seconds (docs/deployment.md);
+brings the step to 3.9-4.0 GB from 5.5-5.9 GB in the same hour, at ~1.6x the CPU seconds
+(docs/deployment.md);
 ``config={"gradient_checkpointing": False}`` trades the memory back for the speed."""
 
 
