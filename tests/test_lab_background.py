@@ -40,15 +40,17 @@ async def test_await_a_task_from_a_running_loop():
 
 
 async def test_poll_while_running_then_result():
-    gate = threading.Event()
+    started, gate = threading.Event(), threading.Event()
 
     async def job() -> str:
+        started.set()
         while not gate.is_set():
             await asyncio.sleep(0.01)
         return "ok"
 
     task = start_background(job, output=False)  # a coroutine function is called for you
-    await asyncio.sleep(0.05)
+    # "pending" until the background thread gets to it (a busy machine may take a while)
+    assert await asyncio.to_thread(started.wait, 60), "the task never started"
     assert not task.done() and task.status == "running"
     with pytest.raises(asyncio.InvalidStateError, match="still running"):
         task.result()
@@ -57,16 +59,18 @@ async def test_poll_while_running_then_result():
 
 
 async def test_cancel_stops_the_coroutine_and_runs_its_cleanup():
-    cleaned = threading.Event()
+    started, cleaned = threading.Event(), threading.Event()
 
     async def job() -> None:
+        started.set()
         try:
             await asyncio.sleep(60)
         finally:
             cleaned.set()
 
     task = start_background(job(), output=False)
-    await asyncio.sleep(0.05)
+    # inside its try: a task cancelled before its first step never runs its cleanup at all
+    assert await asyncio.to_thread(started.wait, 60), "the task never started"
     t0 = time.monotonic()
     assert task.cancel() is True
     with pytest.raises(asyncio.CancelledError):
@@ -79,10 +83,17 @@ async def test_cancel_stops_the_coroutine_and_runs_its_cleanup():
 
 
 async def test_cancelling_the_awaiter_does_not_stop_the_task():
-    task = start_background(_add_later(1, 1, delay=0.3), output=False)
+    gate = threading.Event()
+
+    async def job() -> int:  # held until the awaiter has given up, however slow the machine
+        await asyncio.to_thread(gate.wait, 60)
+        return 2
+
+    task = start_background(job(), output=False)
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(task, 0.05)  # e.g. the user interrupts the cell that awaited it
     assert not task.done()
+    gate.set()
     assert await task == 2 and task.status == "done"
 
 
@@ -108,9 +119,9 @@ def test_from_sync_code_wait_poll_and_plain_functions():
     assert task.output is None
     assert task.wait(10) == 7 and task.status == "done"
 
-    gate = threading.Event()
-    fn_task = start_background(lambda: gate.wait(10) and "fn done", output=False)
-    time.sleep(0.05)
+    started, gate = threading.Event(), threading.Event()
+    fn_task = start_background(lambda: started.set() or (gate.wait(10) and "fn done"), output=False)
+    assert started.wait(60), "the function never started"  # "pending" until its thread runs it
     assert fn_task.status == "running"
     assert fn_task.cancel() is False  # a running plain function cannot be interrupted
     gate.set()
