@@ -8,7 +8,8 @@ import os
 import shutil
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,16 @@ def sandbox_processes() -> list[str]:
         if state != "Z" and (uid in uids or ("bwrap" in cmd and ppid == os.getpid())):
             found.append(f"{name} uid={uid} {cmd[:80]}")
     return found
+
+
+def sandbox_processes_left(before: Iterable[str] = (), timeout_s: float = 10.0) -> list[str]:
+    """The sandbox processes (``sandbox_processes``) not in ``before`` still there after up to
+    ``timeout_s``: a killed process takes a moment to finish its exit, longer on a busy machine
+    (it shows meanwhile, with an empty command line); one left running is listed."""
+    end = time.monotonic() + timeout_s
+    while (left := sorted(set(sandbox_processes()) - set(before))) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
 
 
 def sandbox_dirs() -> set[str]:

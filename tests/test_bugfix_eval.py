@@ -17,6 +17,7 @@ from ludic_lab.data.bugfix import load_bugfix_tasks
 from ludic_lab.eval import evaluate_task
 from ludic_lab.eval.task_spec import as_eval_task, with_seeds
 from ludic_lab.task.bugfix_baseline import ScriptedFixer
+from tests.code_exec_helpers import sandbox_processes_left
 from tests.workspace_helpers import needs_bwrap, sandbox_processes, workspace_dirs
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(300)]
@@ -26,7 +27,7 @@ pytestmark = [needs_bwrap, pytest.mark.timeout(300)]
 def machine_as_before():
     dirs, running = workspace_dirs(), set(sandbox_processes())
     yield
-    assert set(sandbox_processes()) - running == set(), "a sandboxed process outlived its command"
+    assert sandbox_processes_left(running) == [], "a sandboxed process outlived its command"
     assert workspace_dirs() - dirs == set(), "a workspace or pool directory was left behind"
 
 

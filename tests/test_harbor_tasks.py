@@ -21,6 +21,7 @@ from ludic_lab.task.harbor_folder import HarborTaskError, load_harbor_task
 from ludic_lab.task.harbor_image import HarborUnsupportedError
 from ludic_lab.task.harbor_task import harbor_snapshot, harbor_task, load_harbor_tasks
 from ludic_lab.task.harbor_verify import run_harbor_solution, run_harbor_verifier
+from tests.code_exec_helpers import sandbox_processes_left
 from tests.workspace_helpers import needs_bwrap, sandbox_processes, workspace_dirs
 
 harbor = pytest.importorskip("harbor.models.task.config", reason="harbor's task models: make setup-test installs them")
@@ -35,7 +36,7 @@ LIMITS = WorkspaceLimits(timeout_s=20, disk_quota_bytes=32 * 2**20, processes=32
 def machine_as_before():
     dirs, running = workspace_dirs(), set(sandbox_processes())
     yield
-    assert set(sandbox_processes()) - running == set(), "a sandboxed process outlived its command"
+    assert sandbox_processes_left(running) == [], "a sandboxed process outlived its command"
     assert workspace_dirs() - dirs == set(), "a workspace or pool directory was left behind"
 
 
