@@ -30,9 +30,9 @@ def _sleeper(marker: str) -> subprocess.Popen:
 
 def _dead_process() -> tuple[int, int]:
     """(pid, start time) of a process that has exited."""
-    p = subprocess.Popen([PY, "-c", "import time; time.sleep(0.3)"])
-    pid, start = p.pid, processes.start_time(p.pid)
-    p.wait()
+    p = subprocess.Popen([PY, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    pid, start = p.pid, processes.start_time(p.pid)  # read while it surely runs: it waits for our EOF
+    p.communicate()
     assert start is not None and not processes.is_alive(pid, start)
     return pid, start
 
@@ -100,7 +100,7 @@ def test_watchdog_kills_the_tree_when_the_owner_dies(tmp_path: Path, monkeypatch
         rec.owner_pid, rec.owner_start = owner.pid, processes.start_time(owner.pid) or 0
         rec.save()
         rec.watchdog_pid = processes.start_watchdog(rec)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # two Python start-ups: slow on a busy machine
         while time.monotonic() < deadline and len(processes.descendants(target.pid)) < 1:
             time.sleep(0.05)
         grandchild = processes.descendants(target.pid)[0]
