@@ -169,7 +169,9 @@ async def test_a_failing_program_is_a_failed_rollout_with_its_calls_so_far(cause
         return "33"
 
     _, ep = scripted(lambda req: Reply("a reply"))
-    kw = {"max_calls": 1} if cause == "budget" else {"timeout_s": 0.5} if cause == "timeout" else {}
+    # timeout: the program's first call must be answered before the timeout, and a fresh process's
+    # first call takes 0.35 s here (more on a busy machine), so 5 s; the program then hangs for 30 s
+    kw = {"max_calls": 1} if cause == "budget" else {"timeout_s": 5.0} if cause == "timeout" else {}
     try:
         (r,) = await program_engine(program, ep, **kw).generate_rollouts(requests(1), max_steps=1)
     finally:
