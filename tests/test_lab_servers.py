@@ -30,9 +30,9 @@ def _sleeper(marker: str) -> subprocess.Popen:
 
 def _dead_process() -> tuple[int, int]:
     """(pid, start time) of a process that has exited."""
-    p = subprocess.Popen([PY, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    pid, start = p.pid, processes.start_time(p.pid)  # read while it surely runs: it waits for our EOF
-    p.communicate()
+    p = subprocess.Popen([PY, "-c", "import time; time.sleep(0.3)"])
+    pid, start = p.pid, processes.start_time(p.pid)  # a zombie until p.wait(): readable even if it ended
+    p.wait()
     assert start is not None and not processes.is_alive(pid, start)
     return pid, start
 
