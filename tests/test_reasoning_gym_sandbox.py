@@ -70,7 +70,11 @@ def test_an_answer_cannot_reach_the_hosts_network(sandbox: str) -> None:
         task = reasoning_gym_task("countdown", size=2, heldout_size=1, scorer_sandbox=sandbox)
         # sympy rewrites literals outside strings: the connecting code travels as one string
         _answer(task, f"""exec("import socket; socket.create_connection(('127.0.0.1', {port}))")""")
-        time.sleep(0.3)
+        # the answer has returned: a connection it made is queued already, and the accepting
+        # thread takes it when next scheduled (a busy machine: seconds); none must come in 1 s
+        deadline = time.monotonic() + (1.0 if sandbox == "bubblewrap" else 30.0)
+        while not accepted and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert len(accepted) == (0 if sandbox == "bubblewrap" else 1)
     finally:
         server.close()
@@ -94,13 +98,14 @@ def test_runaway_background_and_killing_answers_are_contained() -> None:
     task = reasoning_gym_task("countdown", size=2, heldout_size=1, scorer_timeout_s=1.0)
     entry = task.env().data.entry("train", 0)
 
+    assert _answer(task, entry["answer"]).reward == 1.0  # the scoring server has started
     t0 = time.monotonic()
     out = _answer(task, "9**9**9")  # sympy would compute for hours
     assert out.reward == 0.0 and "ran past 1s" in out.info["scorer_error"]
     assert time.monotonic() - t0 < 8.0
 
     _answer(task, "__import__('os').system('sleep 77.123 &') or 1")  # a process left in the background
-    end = time.monotonic() + 3.0  # killed with the answer's child; SIGKILL lands within moments
+    end = time.monotonic() + 30.0  # killed with the answer's child; it would live 77 s
     while _pids_running("sleep\x0077.123") and time.monotonic() < end:
         time.sleep(0.05)
     assert _pids_running("sleep\x0077.123") == []
