@@ -391,7 +391,12 @@ def test_concurrent_generation_during_an_update_never_mixes_versions(tiny_server
         # one long generation surely running when the update is posted (the short ones may all
         # sit between requests at that instant): the drain must wait for it
         long_gen = pool.submit(completion, tiny_server, prompts[0], max_tokens=900, ignore_eos=True)
-        time.sleep(0.1)
+        # pushed once the server has admitted it: 7 generations in flight are the 6 workers' and
+        # the long one (a fixed 0.1 s was too short for the request to arrive on a busy machine)
+        deadline = time.monotonic() + 60
+        while http_json(tiny_server.base_url + "/runtime_version")[1]["inflight_requests"] < 7:
+            assert not long_gen.done() and time.monotonic() < deadline, "the long generation was never seen running"
+            time.sleep(0.002)
         t_update = time.monotonic()
         answer = push_weights(tiny_server, b, version=vb)
         assert long_gen.result()[1] == va  # it finished on the weights it started with
