@@ -78,10 +78,9 @@ async def _kill_mid_batch(
     factory = OpenEnvEnvFactory(server, {"action_from_text": to_action, "reset_kwargs": {"hold_while": str(hold)}})
     batch = asyncio.ensure_future(_engine(client, factory).generate_rollouts(_requests(8)))
     deadline = time.monotonic() + 120
-    while len(stepping) < 4:
+    while len(list(hold.parent.glob(f"{hold.name}.held-*"))) < 4:  # the server holds four steps
         assert time.monotonic() < deadline and not batch.done(), "four episodes never reached their step"
         await asyncio.sleep(0.02)
-    await asyncio.sleep(0.5)  # their step messages reach the server, which holds them
     assert len(stepping) == 4  # the other four queue for one of the four sessions
     pid = server.pid
     assert pid is not None

@@ -4,7 +4,8 @@ Reward 1.0 for a reply that holds the word (case ignored), else 0.0; the episode
 right reply or after the second attempt. ``reset(delay_s=...)`` makes every step of that
 episode take ``delay_s`` seconds (a slow environment, for timeout tests); ``reset(hold_while=path)``
 makes each step wait while the file ``path`` exists (at most two minutes), so a test decides
-when the steps in flight answer.
+when the steps in flight answer; a step that waits first creates ``<path>.held-<episode id>``,
+so the test knows which steps the server holds.
 """
 
 import os
@@ -50,6 +51,8 @@ class WordEnvironment(Environment):
         if self._delay_s:
             time.sleep(self._delay_s)
         deadline = time.monotonic() + 120
+        if self._hold_while and os.path.exists(self._hold_while):
+            open(f"{self._hold_while}.held-{self._state.episode_id}", "w").close()
         while self._hold_while and os.path.exists(self._hold_while) and time.monotonic() < deadline:
             time.sleep(0.05)
         self._state.step_count += 1
