@@ -235,6 +235,7 @@ async def test_persistent_5xx_gives_up_after_bounded_retries(tiny_model_dir, scr
     url, script = scripted
     script.answers = [(500, {"error": "engine died"}, 0)]
     c = _client(tiny_model_dir, url, max_retries=2)
+    assert c.chat_template is not None  # the tokenizer's first load (3 s, transformers' import) is not timed
     t = time.perf_counter()
     with pytest.raises(VLLMError, match="engine died") as ei:
         await c.complete(req())
@@ -247,6 +248,7 @@ async def test_a_slow_answer_hits_the_per_request_timeout(tiny_model_dir, script
     url, script = scripted
     script.answers = [(200, _completion_json([5]), 3.0)]
     c = _client(tiny_model_dir, url, request_timeout_s=0.5)
+    assert c.chat_template is not None  # the tokenizer's first load (3 s, transformers' import) is not timed
     t = time.perf_counter()
     with pytest.raises(TimeoutError, match="request_timeout_s"):
         await c.complete(req())
@@ -256,6 +258,7 @@ async def test_a_slow_answer_hits_the_per_request_timeout(tiny_model_dir, script
 
 async def test_a_dead_server_is_a_clear_error_fast(tiny_model_dir, free_port):
     c = _client(tiny_model_dir, f"http://127.0.0.1:{free_port}/v1")
+    assert c.chat_template is not None  # the tokenizer's first load (3 s, transformers' import) is not timed
     t = time.perf_counter()
     with pytest.raises(VLLMServerUnavailable, match=f"127.0.0.1:{free_port} is not reachable.*4 attempts"):
         await c.complete(req())
