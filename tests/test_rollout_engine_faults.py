@@ -109,7 +109,7 @@ async def test_hung_model_call_times_out_saying_which_call_and_how_long():
     engine, _ = _engine(_by_seed({2: Reply("win", delay_s=3600)}), episode_timeout_s=0.3)
     t0 = time.perf_counter()
     out = await engine.generate_rollouts([_req(1), _req(2)], max_steps=3)
-    assert time.perf_counter() - t0 < 3.0
+    assert time.perf_counter() - t0 < 10.0  # 0.3-1.5 s here; the call would hang for an hour
     assert [r.failed for r in out] == [False, True]
     err = out[1].error
     assert err.startswith("timeout: TimeoutError: ") and err != "timeout: TimeoutError: "
