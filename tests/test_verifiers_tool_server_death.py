@@ -106,14 +106,16 @@ def tool_server() -> psutil.Process:
     return found[0]
 
 
-async def kill(server: psutil.Process) -> None:
-    """SIGKILL ``server`` and wait until it is reaped (asyncio's child watcher reaps it)."""
+async def kill(server: psutil.Process, source: VerifiersSource) -> None:
+    """SIGKILL ``server`` and wait until ``source`` has seen it exit: asyncio's child watcher
+    reaps it in a thread, then the source's watch records the exit (a fixed 0.1 s after the
+    zombie showed was too short for both on a busy machine; the next episode then met a dead
+    server the source still took for live)."""
     server.kill()
-    deadline = time.monotonic() + 10
-    while psutil.pid_exists(server.pid) and server.status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline
+    deadline = time.monotonic() + 30
+    while not any(served.exited for served in source._served.values()):
+        assert time.monotonic() < deadline, "the source never noticed the tool server's exit"
         await asyncio.sleep(0.02)
-    await asyncio.sleep(0.1)
 
 
 def ok(r: Rollout) -> bool:
@@ -126,7 +128,7 @@ async def test_a_tool_server_killed_between_episodes_is_started_afresh_for_the_n
     (first,) = await episodes(engine, 1)
     assert ok(first), first.error
     dead = tool_server()
-    await kill(dead)
+    await kill(dead, source)
     t0 = time.monotonic()
     rollouts = await episodes(engine, 2)
     took = time.monotonic() - t0
@@ -147,7 +149,7 @@ async def test_a_tool_server_killed_under_episodes_fails_them_at_once_saying_so(
         await asyncio.sleep(0.02)
     dead = tool_server()
     t0 = time.monotonic()
-    await kill(dead)
+    await kill(dead, source)
     backend.hold.clear()  # the model calls answer now: the tool calls they ask for have no server
     rollouts = await asyncio.wait_for(batch, 60)
     took = time.monotonic() - t0
