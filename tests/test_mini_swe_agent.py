@@ -22,7 +22,7 @@ from ludic_lab.inference.request import InferenceSpec, ReturnSpec, SamplingConfi
 from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutRequest
 from ludic_lab.task.workspace_program import bugfix_program_task
 from tests.helpers import Reply, ScriptedChatClient, chatml_template, raw_decode
-from tests.workspace_helpers import needs_bwrap, sandbox_processes, workspace_dirs
+from tests.workspace_helpers import needs_bwrap, sandbox_processes, sandbox_processes_left, workspace_dirs
 
 if importlib.util.find_spec("minisweagent") is None:  # not imported here: mini_swe_agent imports it quietly
     pytest.skip("the swe extra: pip install -e '.[swe]'", allow_module_level=True)
@@ -35,7 +35,7 @@ def machine_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("LUDIC_LAB_CACHE", str(tmp_path / "cache"))  # mini-swe-agent's config folder too
     dirs, running = workspace_dirs(), set(sandbox_processes())
     yield
-    assert set(sandbox_processes()) - running == set(), "a sandboxed process outlived its command"
+    assert sandbox_processes_left(running) == [], "a sandboxed process outlived its command"  # exits awaited
     assert workspace_dirs() - dirs == set(), "a workspace or pool directory was left behind"
 
 

@@ -21,7 +21,7 @@ from ludic_lab.interaction.workspace_program import WorkspaceProgramProtocol
 from ludic_lab.rollouts import EnvSpec, ProtocolSpec, RolloutRequest
 from ludic_lab.task.workspace_program import bugfix_program_task
 from tests.helpers import Reply, ScriptedChatClient, chatml_template, raw_decode
-from tests.workspace_helpers import needs_bwrap, sandbox_processes, workspace_dirs
+from tests.workspace_helpers import needs_bwrap, sandbox_processes, sandbox_processes_left, workspace_dirs
 
 pytest.importorskip("mcp")
 pytest.importorskip("openai", reason="the openai extra: pip install -e '.[openai]'")
@@ -32,7 +32,7 @@ pytestmark = [needs_bwrap, pytest.mark.timeout(300)]
 def machine_as_before():
     dirs, running = workspace_dirs(), set(sandbox_processes())
     yield
-    assert set(sandbox_processes()) - running == set(), "a sandboxed process outlived its command"
+    assert sandbox_processes_left(running) == [], "a sandboxed process outlived its command"  # exits awaited
     assert workspace_dirs() - dirs == set(), "a workspace or pool directory was left behind"
 
 

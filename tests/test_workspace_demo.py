@@ -16,7 +16,7 @@ import pytest
 from ludic_lab.data.bugfix import load_bugfix_tasks
 from ludic_lab.demos.workspace_task import located_edit, located_instruction, workspace_edit_task
 from ludic_lab.types import ChatResponse
-from tests.workspace_helpers import needs_bwrap, sandbox_processes, workspace_dirs
+from tests.workspace_helpers import needs_bwrap, sandbox_processes, sandbox_processes_left, workspace_dirs
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(600)]
 
@@ -27,7 +27,7 @@ _REPLACE = re.compile(r"The bug is in `([^`]+)`: replace `(.*)` with `(.*)`\.\Z"
 def machine_as_before():
     dirs, running = workspace_dirs(), set(sandbox_processes())
     yield
-    assert set(sandbox_processes()) - running == set(), "a sandboxed process outlived its command"
+    assert sandbox_processes_left(running) == [], "a sandboxed process outlived its command"  # exits awaited
     assert workspace_dirs() - dirs == set(), "a workspace or pool directory was left behind"
 
 
