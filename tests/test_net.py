@@ -13,8 +13,10 @@ from ludic_lab import net
 
 def _range_with_listener() -> tuple[socket.socket, int, int]:
     """A listening socket on a port below the ephemeral range, and a 4-port range starting there
-    whose other three ports are free."""
-    for low in range(21000, 31000, 97):
+    whose other three ports are free; under parallel workers, inside this worker's own range,
+    where no other worker picks a port while this test runs."""
+    first, last = net.port_range() or (21000, 31000)
+    for low in range(first, last - 3, 97):
         if not all(net.port_is_free("127.0.0.1", p) for p in range(low + 1, low + 4)):
             continue
         s = socket.socket()
@@ -25,7 +27,7 @@ def _range_with_listener() -> tuple[socket.socket, int, int]:
             continue
         s.listen()
         return s, low, low + 3
-    pytest.fail("no 4 free ports in a row between 21000 and 31000")
+    pytest.fail(f"no 4 free ports in a row between {first} and {last}")
 
 
 def test_free_ports_come_from_the_range_each_once_and_never_a_held_one(monkeypatch: pytest.MonkeyPatch) -> None:
