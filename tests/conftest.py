@@ -212,8 +212,9 @@ _CONFIG: list[Any] = []
 
 def pytest_configure(config: Any) -> None:
     _CONFIG[:] = [config]
-    if not config.pluginmanager.has_plugin("tests.xdist_groups"):  # -p tests.xdist_groups loads it too
-        config.pluginmanager.import_plugin("tests.xdist_groups")
+    for plugin in ("tests.xdist_groups", "tests.reruns"):
+        if not config.pluginmanager.has_plugin(plugin):  # -p tests.<plugin> loads it too
+            config.pluginmanager.import_plugin(plugin)
     config.addinivalue_line(
         "markers",
         "alone: timing-sensitive under a busy CPU; make test runs it after the parallel workers, by itself",

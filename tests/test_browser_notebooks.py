@@ -59,6 +59,9 @@ def execute_notebook(nb: Any, workdir: Path, name: str) -> Path:
     finally:
         if km.has_kernel:
             km.shutdown_kernel(now=False)
+    import nbformat
+
+    nbformat.write(nb, workdir / f"{name}.ipynb")  # the executed notebook, for a failure's diagnosis
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
     page = workdir / f"{name}.html"
     page.write_text(body, encoding="utf-8")

@@ -73,6 +73,26 @@ def execute_tutorial12(workdir: Path) -> tuple[Path, Any, dict[str, Any]]:
     return page, nb, json.loads(line.split(" ", 1)[1])
 
 
+def _no_view_diagnosis(page: Path, nb: Any, got: dict[str, Any], seen: dict[str, Any]) -> str:
+    """What a run without exactly one credit view had: the credit cell's outputs, whether the page's
+    HTML holds the view, what else the browser found (the page and notebook are copied to
+    :data:`SCREENSHOTS` for a look)."""
+    import shutil
+
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "lab.credit_view(" in c.source)
+    outs = [
+        (o.output_type, sorted(o.get("data", {})), len(o.get("data", {}).get("text/html", ""))) for o in cell.outputs
+    ]
+    text = page.read_text(encoding="utf-8")
+    for f in (page, page.with_suffix(".ipynb")):
+        if f.exists():
+            shutil.copy(f, SCREENSHOTS / f"ludic_tutorial12_failed{f.suffix}")
+    found = {k: len(v) for k, v in seen.items()}
+    in_html = len(re.findall(r"class=[\"']ll-view[\"']", text))  # nbconvert re-serializes with either quote
+    return (f"{len(got['views'])} credit views in the browser; the credit cell's outputs {outs}; the page's HTML "
+            f"({len(text)} chars) holds a ll-view block {in_html} times; the browser found {found}")  # fmt: skip
+
+
 def _prose_before(nb: Any, marker: str) -> str:
     """The markdown cell just before the first code cell whose source holds ``marker``."""
     at = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and marker in c.source)
@@ -104,6 +124,7 @@ def test_tutorial12_views_render_in_chromium_and_say_what_its_prose_says(
     assert got["scrollWidth"] <= got["pageWidth"] == 1600, "the page scrolls sideways"
 
     # the credit view: one, its cards within the page, the colours the legend and the prose name
+    assert len(got["views"]) == 1, _no_view_diagnosis(page, nb, got, seen)
     (view,) = got["views"]
     assert view["cards"] and view["tokens"] and view["outside"] == 0, view
     prose = " ".join(_prose_before(nb, "lab.credit_view(").split())
