@@ -1,6 +1,7 @@
 """The torchrun view's log tail as a terminal shows it: a tqdm bar (``\\r`` updates) is one line in
 its latest state, with no blank lines where torchrun's tee turned its carriage returns into line
-ends and no other rank's header inside a line. The pure readers on the text torchrun writes, then a
+ends, no other rank's header inside a line, and a nested bar (tqdm's cursor-up moves) shown as a
+terminal shows it. The pure readers on the text torchrun writes, then a
 real ``torchrun --nproc-per-node=2`` whose ranks draw real tqdm bars, watched while they run."""
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ from tqdm import tqdm
 rank = int(os.environ["RANK"])
 print(f"start rank {rank}", flush=True)
 for _ in tqdm(range(8), desc=f"bar{rank}", mininterval=0):
-    time.sleep(0.3)
+    for _ in tqdm(range(2), desc=f"inner{rank}", position=1, leave=False, mininterval=0):  # a nested bar
+        time.sleep(0.15)
 print(f"rank {rank} done", flush=True)
 """
 
@@ -96,7 +98,10 @@ def test_a_real_torchrun_with_tqdm_bars_tails_one_line_per_bar(tmp_path: Path) -
             assert all(ln.strip() for ln in lines), snap  # no blank lines
             assert "[default" not in snap and f"bar{1 - r}" not in snap, snap  # no other header, no other rank
             assert sum(f"bar{r}:" in ln for ln in lines) <= 1, snap  # one line per bar
+            assert sum(f"inner{r}:" in ln for ln in lines) <= 1 and "\x1b" not in snap, snap  # no cursor moves
+        assert any(f"inner{r}:" in s for s in snapshots[r]), snapshots[r][-5:]  # the nested bar was seen
         final = run.tail(r, 8).splitlines()
         assert f"start rank {r}" in final and f"rank {r} done" in final, final
+        assert not any(f"inner{r}:" in ln for ln in final), final  # cleared at its end (leave=False), as on a terminal
         (bar,) = [ln for ln in final if f"bar{r}:" in ln]
         assert bar.startswith(f"bar{r}: 100%") and "8/8" in bar, final

@@ -59,23 +59,42 @@ HEADER_INSIDE = re.compile(r"\[[A-Za-z_]\w*?(\d+)\]:")
 yet (a progress bar's state, written with ``\r`` and no newline) and wrote the next read after it."""
 
 
+ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+"""A terminal escape sequence (CSI): tqdm's nested bars move the cursor up a row with ``ESC[A``."""
+_CONTROL = re.compile(r"(\r|\n|\x1b\[[0-?]*[ -/]*[@-~])")
+
+
 def screen_line(line: str) -> str:
     """What a terminal leaves of ``line`` (one line, no ``\n``) after its carriage returns: its
-    last non-blank ``\r``-separated state, trailing spaces cut ("" when every state is blank)."""
-    states = [s for s in line.split("\r") if s.strip()]
+    last non-blank ``\r``-separated state, trailing spaces cut ("" when every state is blank);
+    escape sequences (a nested bar's cursor moves) are dropped."""
+    states = [s for s in ESCAPE.sub("", line).split("\r") if s.strip()]
     return states[-1].rstrip() if states else ""
 
 
 def overwritten_states(raw: str) -> set[str]:
-    """The states a later carriage return overwrote on the same line of ``raw`` (a rank's own
-    stdout / stderr file, where tqdm's ``\r`` updates are kept as written): every state of a
-    ``\r``-updated line but its last, trailing spaces cut."""
-    out: set[str] = set()
-    for line in raw.split("\n"):
-        if "\r" in line:
-            states = [s.rstrip() for s in line.split("\r") if s.strip()]
-            out.update(s for s in states[:-1] if s != states[-1])
-    return out
+    """The states a later write overwrote on screen in ``raw`` (a rank's own stdout / stderr file,
+    where tqdm's updates are kept as written), trailing spaces cut: ``raw`` is played as a terminal
+    plays it (``\r`` back to the row's start, ``\n`` down a row, ``ESC[A`` up one, as tqdm's
+    nested bars do; text overwrites what it covers), and each state a row held before a write
+    changed it is overwritten (a nested bar's states repeat from one outer step to the next: a
+    state overwritten once is overwritten for good)."""
+    rows, gone, row, col = [""], set(), 0, 0
+    for tok in _CONTROL.split(raw):
+        if tok == "\r":
+            col = 0
+        elif tok == "\n":
+            row, col = row + 1, 0
+            rows += [""] * (row + 1 - len(rows))
+        elif tok == "\x1b[A":
+            row = max(0, row - 1)
+        elif tok and not tok.startswith("\x1b"):
+            old, line = rows[row].rstrip(), rows[row].ljust(col)
+            rows[row] = line[:col] + tok + line[col + len(tok) :]
+            if old and rows[row].rstrip() != old:
+                gone.add(old)
+            col += len(tok)
+    return gone
 
 
 def _segments(console: str) -> list[tuple[int | None, str]]:
