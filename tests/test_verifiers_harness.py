@@ -82,7 +82,9 @@ def template(tiny_model_dir: str) -> Any:
 
 
 async def episode(source: VerifiersSource, ep: Any, seed: int = 0, **options: Any) -> Rollout:
-    protocol = VerifiersProtocol(ep, timeout_s=120, **options)
+    # a bound that only catches a hang: the first episode's imports (verifiers in process, its tool
+    # server) took over 120 s once with the machine out of memory and swapping (61 s on the rerun)
+    protocol = VerifiersProtocol(ep, timeout_s=300, **options)
     (r,) = await protocol.run(env=VerifiersTaskEnv(source), max_steps=1, env_seed=0, sampling_seed=seed, inference=SPEC)
     return r
 
