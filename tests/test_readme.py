@@ -113,7 +113,7 @@ def test_write_your_own_env_and_train_it_runs(tmp_path: Path, monkeypatch: pytes
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # 3 SmolLM2 steps (~3 min); the machinery: test_readme_tool_env_trains_a_tool_agent_in_one_call
+@pytest.mark.extended  # 3 SmolLM2 steps (~1.5 min on quiet cores: docs/your_tool_env.md); the machinery: test_readme_tool_env_trains_a_tool_agent_in_one_call
 def test_write_your_own_tool_env_and_train_it_learns() -> None:
     ns: dict = {}
     for code in blocks_under("Write your own tool env and train it", YOUR_TOOL_ENV):
