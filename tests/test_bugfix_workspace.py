@@ -58,8 +58,11 @@ async def test_the_scripted_agent_solves_the_tasks_and_the_buggy_snapshots_solve
     for t, r in zip(tasks, untouched, strict=True):
         assert not r.failed and r.total_reward == 0.0, (t.id, r.error)
         info = r.steps[0].info
-        assert info["fail_to_pass"] == {"passed": 0, "total": len(t.fail_to_pass)}, (t.id, info["tests"])
-        assert info["pass_to_pass"] == {"passed": len(t.pass_to_pass), "total": len(t.pass_to_pass)}
+        # the run's exit code, stop reason, seconds and error beside the outcomes: a CI run once saw 0 of
+        # 17 pass-to-pass tests pass on an untouched snapshot (passed on its rerun), with no more said
+        why = (t.id, info["hidden_tests"], info["tests"])
+        assert info["fail_to_pass"] == {"passed": 0, "total": len(t.fail_to_pass)}, why
+        assert info["pass_to_pass"] == {"passed": len(t.pass_to_pass), "total": len(t.pass_to_pass)}, why
 
 
 def run_tests_call(text: str) -> ToolCallScan:
