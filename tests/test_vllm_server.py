@@ -379,31 +379,50 @@ def test_concurrent_generation_during_an_update_never_mixes_versions(tiny_server
 
     def worker(k):
         i = k
-        while not stop.is_set():
+        give_up = time.monotonic() + 300  # never outlive the test, whatever happens to it
+        while not stop.is_set() and time.monotonic() < give_up:
             t0 = time.monotonic()
             ids, v = greedy_ids(tiny_server, prompts[i % len(prompts)], max_tokens=n)
             results.append((i % len(prompts), _cut(ids), v, t0, time.monotonic()))
             i += 1
 
-    with ThreadPoolExecutor(7) as pool:
+    def long_generation_seen_running():
+        """A long generation that the server reports running (7 in flight: the 6 workers' and
+        it), or None when it ended before a poll saw it (a busy front end answers a poll late)."""
+        gen = pool.submit(completion, tiny_server, prompts[0], max_tokens=900, ignore_eos=True)
+        deadline = time.monotonic() + 60
+        while http_json(tiny_server.base_url + "/runtime_version")[1]["inflight_requests"] < 7:
+            if gen.done():
+                gen.result()  # its own error, at once
+                return None
+            assert time.monotonic() < deadline, "the long generation was not admitted within 60 s"
+            time.sleep(0.002)
+        return gen
+
+    # Every way out of this block stops the workers: an assertion that skipped stop.set() once
+    # left six threads sending requests for the rest of a CI run (pool shutdown waited for them
+    # until the test's timeout, and they went on after it), slowing every later test 10x.
+    pool = ThreadPoolExecutor(7)
+    try:
         futs = [pool.submit(worker, k) for k in range(6)]
         time.sleep(0.4)
         # one long generation surely running when the update is posted (the short ones may all
         # sit between requests at that instant): the drain must wait for it
-        long_gen = pool.submit(completion, tiny_server, prompts[0], max_tokens=900, ignore_eos=True)
-        # pushed once the server has admitted it: 7 generations in flight are the 6 workers' and
-        # the long one (a fixed 0.1 s was too short for the request to arrive on a busy machine)
-        deadline = time.monotonic() + 60
-        while http_json(tiny_server.base_url + "/runtime_version")[1]["inflight_requests"] < 7:
-            assert not long_gen.done() and time.monotonic() < deadline, "the long generation was never seen running"
-            time.sleep(0.002)
+        for attempt in range(5):
+            long_gen = long_generation_seen_running()
+            if long_gen is not None:
+                break
+            print(f"attempt {attempt}: the long generation ended before it was seen running; again")
+        assert long_gen is not None, "in 5 attempts the long generation was never seen running"
         t_update = time.monotonic()
         answer = push_weights(tiny_server, b, version=vb)
         assert long_gen.result()[1] == va  # it finished on the weights it started with
         time.sleep(0.5)
+    finally:
         stop.set()
-        for f in futs:
-            f.result()
+        pool.shutdown(wait=True)
+    for f in futs:
+        f.result()
     assert answer["version"] == vb
     ref[vb] = _server_greedy(tiny_server, prompts, n)[0]
     assert ref[va] != ref[vb]
