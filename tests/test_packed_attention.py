@@ -21,7 +21,7 @@ def test_the_plan_reads_sequences_prompts_and_padding() -> None:
     src = torch.tensor([[-1, -1, -1, 0, 0, -1, -1, -1], [-1, -1, -1, -1, -1, -1, -1, -1]])
     plen = torch.tensor([[0, 0, 0, 2, 2, 0, 0, 0], [0] * 8])
     assert segment_plan(seq, src, plen) == (
-        (Segment(0, 3), Segment(3, 5, prefix=(0, 2)), Segment(5, 7), Segment(7, 8, padding=True)),
+        (Segment(0, 3), Segment(3, 5, prefix=((0, 2),)), Segment(5, 7), Segment(7, 8, padding=True)),
         (Segment(0, 2), Segment(2, 6), Segment(6, 8, padding=True)),
     )
     assert segment_plan(seq[1:]) == ((Segment(0, 2), Segment(2, 6), Segment(6, 8, padding=True)),)
@@ -85,7 +85,7 @@ def test_segmented_attention_scores_like_the_masked_row(
 
 def test_groups_stack_like_shapes_and_mask_prompts_causality_and_padding(monkeypatch: pytest.MonkeyPatch) -> None:
     # flat columns: a 3-token prompt at 0..2 seen by tails at 3..4 and 5; lone sequences at 10..11 and 12..13
-    tail2, tail1, lone, lone2 = (3, 5, 0, 3), (5, 6, 0, 3), (10, 12, 10, 10), (12, 14, 12, 12)
+    tail2, tail1, lone, lone2 = (3, 5, ((0, 3),)), (5, 6, ((0, 3),)), (10, 12, ()), (12, 14, ())
     assert len(segment_groups.build_groups([tail2, tail1, lone])) == 3  # padding any into another: over the slack
     (g,) = segment_groups.build_groups([lone, lone2])  # like shapes: one group, no padding
     assert g.q_idx.tolist() == [[10, 11], [12, 13]] and bool(g.q_valid.all())
@@ -105,12 +105,12 @@ def test_groups_stack_like_shapes_and_mask_prompts_causality_and_padding(monkeyp
 
 def test_a_sequence_in_chunks_sees_its_prompt_and_its_earlier_chunks_whole() -> None:
     # queries 10..14 seeing the prompt 0..2, in chunks of 2: [10, 12), [12, 14), [14, 15)
-    assert segment_groups.split_span(10, 15, 0, 3, 2) == [
+    assert segment_groups.split_span(10, 15, ((0, 3),), 2) == [
         (10, 12, ((0, 3),)), (12, 14, ((0, 3), (10, 12))), (14, 15, ((0, 3), (10, 14))),
     ]  # fmt: skip
-    assert segment_groups.split_span(4, 7, 4, 4, 2) == [(4, 6, ()), (6, 7, ((4, 6),))]  # no prompt
+    assert segment_groups.split_span(4, 7, (), 2) == [(4, 6, ()), (6, 7, ((4, 6),))]  # no prompt
 
-    def seen(spans: list[tuple[int, int, int, int]]) -> dict[int, list[int]]:
+    def seen(spans: list[segment_groups.Span]) -> dict[int, list[int]]:
         """Each real query's visible keys, over the groups."""
         out = {}
         for g in segment_groups.build_groups(spans, chunk=2):
@@ -120,8 +120,8 @@ def test_a_sequence_in_chunks_sees_its_prompt_and_its_earlier_chunks_whole() -> 
                     out[int(g.q_idx[i, j])] = keys
         return out
 
-    assert seen([(4, 7, 4, 4)]) == {4: [4], 5: [4, 5], 6: [4, 5, 6]}  # causal, as one sequence
-    assert seen([(10, 13, 0, 2)]) == {10: [0, 1, 10], 11: [0, 1, 10, 11], 12: [0, 1, 10, 11, 12]}
+    assert seen([(4, 7, ())]) == {4: [4], 5: [4, 5], 6: [4, 5, 6]}  # causal, as one sequence
+    assert seen([(10, 13, ((0, 2),))]) == {10: [0, 1, 10], 11: [0, 1, 10, 11], 12: [0, 1, 10, 11, 12]}
 
 
 def test_the_implementation_is_restored_after_an_error_and_plain_sdpa_without_a_plan(tiny_model_dir: str) -> None:

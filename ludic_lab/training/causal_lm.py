@@ -67,8 +67,8 @@ def attention_mask_for(
     (no empty softmax row). Other implementations (flash / flex): ``None``; HF then detects the
     packing from ``position_ids`` restarting at 0. Memory: ``R * T * T`` bytes (bool) or
     elements (eager). Sliding-window layers get the same mask (exact below the window size).
-    A batch packed with shared prompts (``batch.prefix_source``) lets each tail see its shared
-    prompt too; it needs sdpa or eager (other implementations raise).
+    A batch packed with shared prompts (``batch.prefix_source``) lets each sequence see its
+    shared prefix too, down the chain of sources; it needs sdpa or eager (others raise).
     """
     seq_RT = batch.seq_ids if isinstance(batch, TokenBatch) else batch
     shared = isinstance(batch, TokenBatch) and batch.prefix_source is not None
@@ -84,13 +84,27 @@ def attention_mask_for(
     q, k = seq_RT[:, :, None], seq_RT[:, None, :]
     causal_TT = torch.ones(T, T, dtype=torch.bool, device=seq_RT.device).tril()
     allowed = (q == k) & (q >= 0) & causal_TT
-    if shared:  # a tail also sees the first prefix_length tokens of the sequence holding its prompt
+    if shared:  # a sequence also sees the first prefix_length positions of its source, as that one sees them
         assert isinstance(batch, TokenBatch) and batch.prefix_source is not None
         assert batch.prefix_length is not None
-        src_q = batch.prefix_source.to(seq_RT.device)[:, :, None]
-        len_q = batch.prefix_length.to(seq_RT.device)[:, :, None]
-        pos_k = batch.position_ids.to(seq_RT.device)[:, None, :]
-        allowed |= (src_q >= 0) & (k == src_q) & (pos_k < len_q) & causal_TT
+        dev = seq_RT.device
+        src_q = batch.prefix_source.to(dev)[:, :, None]
+        len_q = batch.prefix_length.to(dev)[:, :, None]
+        pos_k = batch.position_ids.to(dev)[:, None, :]
+        real = seq_RT >= 0
+        n = int(seq_RT.max()) + 1 if bool(real.any()) else 0
+        seq_src = torch.full((n + 1,), -1, dtype=torch.long, device=dev)  # per sequence: its source (-1: none)
+        seq_len = torch.zeros(n + 1, dtype=torch.long, device=dev)  # and its first stored position
+        seq_src[seq_RT[real]] = batch.prefix_source.to(dev)[real]
+        seq_len[seq_RT[real]] = batch.prefix_length.to(dev)[real]
+        for _ in range(n):  # down the chain: the source's own tokens, then what it sees through its source
+            on = src_q >= 0
+            if not bool(on.any()):
+                break
+            allowed |= on & (k == src_q) & (pos_k < len_q) & causal_TT
+            at = src_q.clamp(min=0)
+            len_q = torch.minimum(len_q, seq_len[at])
+            src_q = torch.where(on, seq_src[at], -1)
     allowed |= torch.eye(T, dtype=torch.bool, device=seq_RT.device) & (q < 0)
     allowed = allowed[:, None]
     if attn_implementation == "sdpa":

@@ -111,12 +111,15 @@ class TrainerConfig:
     ratio corrects (every built-in policy-gradient preset's). ``"off"``: compute in the weights' own dtype."""
     truncation: Literal["truncate", "drop", "error"] = "truncate"
     """What to do with an item longer than ``max_seq_len`` (counted in the metrics)."""
-    share_prompts: bool = True
-    """Items of a step that begin with the same prompt (a GRPO group) share one copy of it in
-    their packed row, so the prompt is computed once per group in forward and backward; every
-    item's logprobs and the gradient are those of scoring it alone (:mod:`.prompt_share`). Needs
-    the model's attention to take a custom mask (sdpa, eager); under flash/flex attention items
-    are packed one by one. ``False``: always one by one."""
+    share_prompts: bool | Literal["group", "prefix"] = True
+    """Items of a step whose prompts begin alike share one copy of the common part in their
+    packed row, so it is computed once in forward and backward; every item's logprobs and the
+    gradient are those of scoring it alone (:mod:`.prompt_share`). ``"group"`` (``True``): only
+    items with the same whole prompt (a GRPO group), units of at most ``max_seq_len`` tokens;
+    ``"prefix"``: also a common prefix of at least 16 tokens across groups (a tool env's system
+    prompt and tool schemas before each question), units up to a row wide. Needs the model's
+    attention to take a custom mask (sdpa, eager); under flash/flex attention items are packed
+    one by one. ``False``: always one by one."""
     skip_nonfinite: bool = True
     """Skip (and count) an optimizer step whose loss or gradient is NaN/inf instead of raising."""
 
@@ -177,6 +180,10 @@ class TrainerConfig:
         if len(tuple(self.adam_betas)) != 2:
             raise ValueError(f"TrainerConfig.adam_betas must be two numbers (beta1, beta2), got {self.adam_betas!r}")
         self._check_async()
+        if self.share_prompts not in (True, False, "group", "prefix"):
+            raise ValueError(
+                f"TrainerConfig.share_prompts must be True, False, 'group' or 'prefix', got {self.share_prompts!r}"
+            )
         if self.lora_r > 0 and not self.lora_target_modules:
             raise ValueError("TrainerConfig.lora_target_modules must name at least one module when lora_r > 0")
         self.adam_betas = tuple(self.adam_betas)

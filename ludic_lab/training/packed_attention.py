@@ -46,12 +46,12 @@ IMPLEMENTATION = "ludic_segments"
 
 @dataclass(frozen=True)
 class Segment:
-    """Columns ``[lo, hi)`` of one row: one sequence's tokens (``prefix``: the columns of the
-    shared prompt it also sees, ``None`` for none), or padding (``padding=True``)."""
+    """Columns ``[lo, hi)`` of one row: one sequence's tokens (``prefix``: the column ranges of
+    the shared prefix it also sees, in position order, ``None`` for none), or padding (``padding=True``)."""
 
     lo: int
     hi: int
-    prefix: tuple[int, int] | None = None
+    prefix: tuple[tuple[int, int], ...] | None = None
     padding: bool = False
 
 
@@ -79,11 +79,11 @@ def segment_layout(plan: SegmentPlan, columns: int, device: torch.device | None 
         for s in segs:
             if s.padding:
                 continue
-            p0, p1 = s.prefix if s.prefix is not None else (0, 0)
-            if (p1 - p0) + (s.hi - s.lo) > MAX_KEYS:
+            ranges = tuple((base + a, base + b) for a, b in s.prefix or ())
+            if sum(b - a for a, b in ranges) + (s.hi - s.lo) > MAX_KEYS:
                 alone.append((r, s))
             else:
-                spans.append((base + s.lo, base + s.hi, base + p0, base + p1))
+                spans.append((base + s.lo, base + s.hi, ranges))
     return SegmentLayout(plan, columns, tuple(build_groups(spans, device)), tuple(alone))
 
 
@@ -92,7 +92,8 @@ def segment_plan(
 ) -> SegmentPlan:
     """The segments of every row of a packed batch (see :class:`Segment`): runs of equal
     ``seq_ids`` (-1: padding); a run whose ``prefix_source`` is ``s >= 0`` sees the first
-    ``prefix_length`` columns of sequence ``s``'s run in the same row."""
+    ``prefix_length`` positions of sequence ``s`` of the same row: ``s``'s stored ones and,
+    down ``s``'s own source, the rest (:mod:`.prompt_share`)."""
     seq = seq_ids_RT.cpu().tolist()
     src = prefix_source_RT.cpu().tolist() if prefix_source_RT is not None else None
     plen = prefix_length_RT.cpu().tolist() if prefix_length_RT is not None else None
@@ -105,6 +106,8 @@ def segment_plan(
                 runs.append((start, t))
                 start = t
         first_col = {ids[lo]: lo for lo, _ in runs if ids[lo] >= 0}
+        source = {ids[lo]: (src[r][lo], int(plen[r][lo])) for lo, _ in runs if ids[lo] >= 0} if src and plen else {}
+
         segs = []
         for lo, hi in runs:
             if ids[lo] < 0:
@@ -112,11 +115,19 @@ def segment_plan(
                 continue
             prefix = None
             if src is not None and plen is not None and src[r][lo] >= 0:
-                s0 = first_col[src[r][lo]]
-                prefix = (s0, s0 + int(plen[r][lo]))
+                prefix = _seen(src[r][lo], int(plen[r][lo]), source, first_col)
             segs.append(Segment(lo, hi, prefix))
         rows.append(tuple(segs))
     return tuple(rows)
+
+
+def _seen(e: int, n: int, source: dict[int, tuple[int, int]], first_col: dict[int, int]) -> tuple[tuple[int, int], ...]:
+    """Column ranges of the first ``n`` positions of sequence ``e`` as ``e`` sees them: down its
+    chain (``source``: sequence -> its source and first stored position), then its own columns."""
+    s_e, lo_e = source.get(e, (-1, 0))
+    lo_e = lo_e if s_e >= 0 else 0
+    below = _seen(s_e, min(n, lo_e), source, first_col) if s_e >= 0 and min(n, lo_e) > 0 else ()
+    return below + (((first_col[e], first_col[e] + n - lo_e),) if n > lo_e else ())
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, seg: Segment, scaling: float | None, dropout: float) -> Tensor:
@@ -130,10 +141,9 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, seg: Segment, scaling: float | None
             q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], is_causal=True, dropout_p=dropout, scale=scaling,
             enable_gqa=gqa,
         )  # fmt: skip
-    p0, p1 = seg.prefix
-    L, P = hi - lo, p1 - p0
-    kk = torch.cat([k[:, :, p0:p1], k[:, :, lo:hi]], dim=2)
-    vv = torch.cat([v[:, :, p0:p1], v[:, :, lo:hi]], dim=2)
+    L, P = hi - lo, sum(b - a for a, b in seg.prefix)
+    kk = torch.cat([k[:, :, a:b] for a, b in seg.prefix] + [k[:, :, lo:hi]], dim=2)
+    vv = torch.cat([v[:, :, a:b] for a, b in seg.prefix] + [v[:, :, lo:hi]], dim=2)
     ones = torch.ones(L, P + L, dtype=torch.bool, device=q.device)
     mask = torch.cat([ones[:, :P], ones[:, P:].tril()], dim=1)
     return F.scaled_dot_product_attention(

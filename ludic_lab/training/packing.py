@@ -40,7 +40,7 @@ import torch
 from ludic_lab.rollouts.saw import SAWItem
 from ludic_lab.rollouts.turn_merge import turn_starts
 from ludic_lab.training.packing_plans import candidate_plans, plan_cost
-from ludic_lab.training.prompt_share import Unit, group_units
+from ludic_lab.training.prompt_share import ShareMode, Unit, group_units
 from ludic_lab.training.token_batch import TokenBatch
 from ludic_lab.training.truncation import (
     TRUNCATION_POLICIES,
@@ -111,15 +111,17 @@ def pack_items(
     pad_token_id: int = 0,
     truncation: TruncationPolicy = "truncate",
     tolerance: float = DEFAULT_TOLERANCE,
-    share_prompts: bool = False,
+    share_prompts: bool | ShareMode = False,
     row_len: int | None = None,
 ) -> PackedMicroBatches:
     """Pack items into micro-batches, several sequences per row, ``R * T <= micro_token_budget``.
 
     Every item lands in exactly one micro-batch (or is counted as dropped in ``.stats``);
     output is deterministic for the same input. ``tolerance=0`` minimises padding alone.
-    ``share_prompts``: items with the same prompt (a GRPO group) share one copy of it in their
-    row (:mod:`~ludic_lab.training.prompt_share`; needs sdpa or eager attention).
+    ``share_prompts``: items share their common prompt tokens, stored once in their row
+    (:mod:`~ludic_lab.training.prompt_share`; needs sdpa or eager attention): ``"group"`` only
+    a whole prompt (a GRPO group; ``True``), ``"prefix"`` any common prefix of at least
+    ``MIN_SHARED`` tokens (a system prompt shared across groups), in units up to ``row_len``.
     ``row_len``: the widest a row may be (default ``max_seq_len``, the longest a sequence may
     be); wider rows pad less and cost nothing where each sequence is attended on its own.
     """
@@ -133,7 +135,11 @@ def pack_items(
     seqs, counts = prepare(items, max_seq_len, truncation)
     if not seqs:
         return PackedMicroBatches([], _stats(len(items), [], counts))
-    units = group_units(seqs, max_seq_len) if share_prompts else [Unit((s,), 0) for s in seqs]
+    if share_prompts:
+        mode: ShareMode = "group" if share_prompts is True else share_prompts
+        units = group_units(seqs, max_seq_len, mode, unit_len=row_len)
+    else:
+        units = [Unit((s,)) for s in seqs]
     lengths = [u.length for u in units]
     plans = candidate_plans(lengths, micro_token_budget, row_len)
     costs = [plan_cost(groups, lengths) for _, groups in plans]
@@ -173,7 +179,7 @@ def pad_to_longest(
         if cur and (len(cur) + 1) * max(longest, s.length) > micro_token_budget:
             groups.append(cur)
             cur, longest = [], 0
-        cur.append([Unit((s,), 0)])
+        cur.append([Unit((s,))])
         longest = max(longest, s.length)
     if cur:
         groups.append(cur)
@@ -221,9 +227,9 @@ def _check_args(micro_token_budget: int, max_seq_len: int, truncation: str) -> N
 def _build(rows: list[list[Unit]], pad_token_id: int) -> TokenBatch:
     """One micro-batch from rows of units (seq ids numbered row by row, left to right).
 
-    A unit's first sequence is stored whole; the others from token ``unit.prefix`` on, with
-    their true positions, ``prefix_source``/``prefix_length`` naming the shared prompt and
-    ``predictor`` the column that predicts each token (:mod:`.prompt_share`).
+    A unit's sequences are stored from their first unshared token on, with their true
+    positions, ``prefix_source``/``prefix_length`` naming the sequence and length they share
+    and ``predictor`` the column that predicts each token (:mod:`.prompt_share`).
     """
     R = len(rows)
     T = max(sum(u.length for u in row) for row in rows)
@@ -233,7 +239,7 @@ def _build(rows: list[list[Unit]], pad_token_id: int) -> TokenBatch:
     action_mask = torch.zeros((R, T), dtype=torch.float32)
     weights = torch.zeros((R, T), dtype=torch.float32)
     behaviour = torch.zeros((R, T), dtype=torch.float32)
-    shared = any(u.prefix for row in rows for u in row)
+    shared = any(u.saved_tokens for row in rows for u in row)
     source = torch.full((R, T), -1, dtype=torch.long) if shared else None
     plen = torch.zeros((R, T), dtype=torch.long) if shared else None
     predictor = torch.full((R, T), -1, dtype=torch.long) if shared else None
@@ -245,12 +251,13 @@ def _build(rows: list[list[Unit]], pad_token_id: int) -> TokenBatch:
     for r, row in enumerate(rows):
         t = 0
         for u in row:
-            first_col, first_k = t, len(indices)
+            cols0: list[int] = []  # each member's first column
             for j, s in enumerate(u.seqs):
                 it, k = s.item, len(indices)
-                lo = u.prefix if j else 0  # tokens of this item stored here: lo..length-1
+                lo = u.first_stored(j)  # tokens of this item stored here: lo..length-1
                 n = s.length - lo
                 cols = slice(t, t + n)
+                cols0.append(t)
                 input_ids[r, cols] = torch.tensor(it.input_ids[lo : s.length], dtype=torch.long)
                 position_ids[r, cols] = torch.arange(lo, s.length)
                 seq_ids[r, cols] = k
@@ -263,10 +270,11 @@ def _build(rows: list[list[Unit]], pad_token_id: int) -> TokenBatch:
                 behaviour[r, cols] = torch.tensor(it.behaviour_logprobs[lo : s.length], dtype=torch.float32)
                 if predictor is not None:
                     predictor[r, t + 1 : t + n] = torch.arange(t, t + n - 1)
-                    if j:  # the tail's first token follows the shared prompt's last token
+                    i = u.source(j)
+                    if i >= 0:  # the first stored token follows position lo - 1, stored by the source
                         assert source is not None and plen is not None
-                        predictor[r, t] = first_col + lo - 1
-                        source[r, cols] = first_k
+                        predictor[r, t] = cols0[i] + lo - 1 - u.first_stored(i)
+                        source[r, cols] = k - j + i
                         plen[r, cols] = lo
                 indices.append(s.index)
                 versions.append(it.policy_version)

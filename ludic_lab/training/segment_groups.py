@@ -53,11 +53,12 @@ Span = tuple[int, int, tuple[tuple[int, int], ...]]
 """``(q0, q1, ranges)``: queries ``[q0, q1)`` seeing every key in ``ranges``, then their own causally."""
 
 
-def split_span(q0: int, q1: int, p0: int, p1: int, chunk: int) -> list[Span]:
-    """A sequence's queries ``[q0, q1)`` (seeing the prompt ``[p0, p1)`` first) in chunks of
-    ``chunk``: chunk ``i`` sees the prompt and the sequence's earlier chunks whole, then itself
-    causally. A causal sequence of ``L`` queries then scores about ``L**2 / 2`` pairs, not ``L**2``."""
-    prompt = ((p0, p1),) if p1 > p0 else ()
+def split_span(q0: int, q1: int, prompt: tuple[tuple[int, int], ...], chunk: int) -> list[Span]:
+    """A sequence's queries ``[q0, q1)`` (seeing the shared prompt's column ranges ``prompt``
+    first) in chunks of ``chunk``: chunk ``i`` sees the prompt and the sequence's earlier chunks
+    whole, then itself causally. A causal sequence of ``L`` queries then scores about ``L**2 / 2``
+    pairs, not ``L**2``."""
+    prompt = tuple((a, b) for a, b in prompt if b > a)
     out: list[Span] = []
     for a in range(q0, q1, chunk):
         out.append((a, min(q1, a + chunk), prompt + (((q0, a),) if a > q0 else ())))
@@ -65,13 +66,13 @@ def split_span(q0: int, q1: int, p0: int, p1: int, chunk: int) -> list[Span]:
 
 
 def build_groups(
-    spans: list[tuple[int, int, int, int]], device: torch.device | None = None, *, chunk: int | None = None
+    spans: list[Span], device: torch.device | None = None, *, chunk: int | None = None
 ) -> list[SegmentGroup]:
-    """Groups of like shape from ``spans``: ``(q0, q1, p0, p1)`` flat columns of a sequence's
-    queries ``[q0, q1)`` and of the shared prompt it sees ``[p0, p1)`` (``p0 == p1``: none),
-    each sequence's queries split in chunks of ``chunk`` (default :data:`QUERY_CHUNK`)."""
+    """Groups of like shape from ``spans``: ``(q0, q1, prompt)`` flat columns of a sequence's
+    queries ``[q0, q1)`` and the ranges of the shared prompt it sees (``()``: none), each
+    sequence's queries split in chunks of ``chunk`` (default :data:`QUERY_CHUNK`)."""
     c = QUERY_CHUNK if chunk is None else chunk
-    parts = [part for q0, q1, p0, p1 in spans for part in split_span(q0, q1, p0, p1, c)]
+    parts = [part for q0, q1, prompt in spans for part in split_span(q0, q1, prompt, c)]
     order = sorted(parts, key=lambda s: (_keys(s), s[1] - s[0]), reverse=True)
     groups: list[list[Span]] = []
     real, lq, lk = 0, 0, 0
