@@ -102,3 +102,38 @@ def test_two_dead_workers_fail_their_own_tests_and_the_run_ends(tmp_path: Path) 
     assert "2 failed, 18 passed" in out, out  # 20 tests, each reported once: no rerun, none lost
     assert "crashed while running 'test_alone.py::test_alone[3]'" in out, out
     assert "crashed while running 'test_grouped.py::test_grouped[2]'" in out, out
+
+
+LEAVES_THREADS = """
+import threading, time
+
+
+def test_leaves_request_threads():
+    for k in range(3):
+        threading.Thread(target=time.sleep, args=(20,), name=f"requests-{k}").start()
+
+
+def test_stops_its_thread():
+    t = threading.Thread(target=time.sleep, args=(0.1,), name="joined")
+    t.start()
+    t.join()
+"""
+
+
+def test_threads_a_test_leaves_running_are_named_with_it(tmp_path: Path) -> None:
+    """A test's threads that outlive it are listed after the run with the test that started them
+    (a test's request threads once outlived it and slowed every later test of a CI run 10x)."""
+    (tmp_path / "test_threads.py").write_text(LEAVES_THREADS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.xdist_groups", "-n", "2"]
+    cmd += ["--rootdir", str(tmp_path), str(tmp_path)]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "2 passed" in out, out
+    after = out.split("threads a test started that still ran after its teardown", 1)[1].splitlines()[1:]
+    summary = "\n".join(x for x in after[: next(i for i, x in enumerate(after) if x.startswith(("lowest", "=")))])
+    line = next(x for x in summary.splitlines() if "test_leaves_request_threads" in x)
+    assert "requests-0, requests-1, requests-2" in line and "(daemon)" not in line, out
+    assert "test_stops_its_thread" not in summary and "joined" not in summary, out

@@ -201,13 +201,33 @@ _AFTER: dict[str, int] = {}
 _GROWTH: list[tuple[int, int, str, str]] = []
 
 
+# Threads a test started that still run after its teardown: a test whose request threads
+# outlived it once slowed every later test of a CI run 10x (docs/testing.md). Listed in the
+# summary with the test that started them (a module's or session's fixture may keep threads on
+# purpose: they are listed once, after the test that started it).
+_THREADS_BEFORE: dict[str, set[int]] = {}
+_LEFT_THREADS: list[tuple[str, str, list[str]]] = []
+
+
+def pytest_runtest_setup(item: Any) -> None:
+    if _WORKER_FOLDER:
+        _THREADS_BEFORE[item.nodeid] = {t.ident for t in threading.enumerate() if t.ident is not None}
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     outcome = yield
     if call.when == "teardown" and _WORKER_FOLDER:
         import psutil
 
-        outcome.get_result().user_properties.append(("ludic_rss", psutil.Process().memory_info().rss))
+        report = outcome.get_result()
+        report.user_properties.append(("ludic_rss", psutil.Process().memory_info().rss))
+        before = _THREADS_BEFORE.pop(item.nodeid, None)
+        if before is not None:
+            left = [t for t in threading.enumerate() if t.is_alive() and t.ident not in before]
+            if left:
+                names = [f"{t.name}{' (daemon)' if t.daemon else ''}" for t in left]
+                report.user_properties.append(("ludic_threads_left", names))
 
 
 def pytest_runtest_logreport(report: Any) -> None:
@@ -218,6 +238,9 @@ def pytest_runtest_logreport(report: Any) -> None:
     before = _AFTER.get(worker, rss)
     _AFTER[worker] = rss
     _GROWTH.append((rss - before, rss, worker, report.nodeid))
+    left = dict(report.user_properties).get("ludic_threads_left")
+    if left:
+        _LEFT_THREADS.append((worker, report.nodeid, list(left)))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -227,6 +250,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(f"{rss / 1024**3:6.1f} GiB ({growth / 1024**3:+.1f}) {worker} {nodeid}")
         for growth, rss, worker, nodeid in sorted(_GROWTH, key=lambda g: -g[0])[:8]:
             terminalreporter.write_line(f"grew {growth / 1024**3:+.1f} GiB to {rss / 1024**3:.1f} {worker} {nodeid}")
+    if _LEFT_THREADS:
+        terminalreporter.write_sep("=", "threads a test started that still ran after its teardown (most first)")
+        most = sorted(_LEFT_THREADS, key=lambda e: -sum(not n.endswith("(daemon)") for n in e[2]) - 0.01 * len(e[2]))
+        if len(most) > 20:
+            terminalreporter.write_line(f"{len(most)} tests left threads; the 20 that left the most:")
+        for worker, nodeid, names in most[:20]:
+            shown = ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
+            terminalreporter.write_line(f"{worker} {nodeid}: {shown}")
     if _LOWEST:
         available, at_s, running = _LOWEST[0]
         terminalreporter.write_line(
