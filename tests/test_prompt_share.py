@@ -280,3 +280,25 @@ def test_a_shared_system_prompt_scores_exactly_on_smollm2(default_model_dir: str
     items = system_prompt_groups(seed=2, vocab=49000)
     model = load_model(default_model_dir)
     assert_same_scores(model, items, True, 1e-4, micro_token_budget=512, max_seq_len=128, row_len=512)
+
+
+def test_trainer_shares_a_system_prompt_across_groups_with_prefix(tiny_model_dir: str) -> None:
+    """``TrainerConfig(share_prompts="prefix")`` reaches packing: the system prompt is stored
+    once for the whole step, and the step's loss and weights are those of packing items whole."""
+    from trainer_helpers import ListBatchSource, max_abs_diff, params_of
+
+    from ludic_lab.rollouts.saw import SAWBatch
+    from ludic_lab.training import Trainer, TrainerConfig, algorithm as alg
+
+    items = system_prompt_groups(seed=3)
+    runs = []
+    for share in (False, "group", "prefix"):
+        torch.manual_seed(0)
+        cfg = TrainerConfig(lr=1e-2, max_seq_len=128, micro_token_budget=512, share_prompts=share)
+        t = Trainer(load_model(tiny_model_dir), alg.make_grpo(), ListBatchSource([SAWBatch(tuple(items))]), config=cfg)
+        runs.append((t.train_sync(1, progress=False)[0], params_of(t.model)))
+    (plain, p_plain), (group_, _), (prefix, p_prefix) = runs
+    assert [m["pack/shared_prompt_tokens"] for m in (plain, group_, prefix)] == [0, 2 * 30 + 2 * 29 + 27 + 28, 248]
+    assert prefix["tokens"] == plain["tokens"] - 248
+    assert prefix["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-6)
+    assert max_abs_diff(p_plain, p_prefix) < 1e-4

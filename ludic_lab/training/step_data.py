@@ -59,7 +59,7 @@ def pack_step(items: list[SAWItem], cfg: TrainerConfig, pad_token_id: int, model
         max_seq_len=cfg.max_seq_len,
         pad_token_id=pad_token_id,
         truncation=cfg.truncation,
-        share_prompts=cfg.share_prompts and takes_custom_mask(model),
+        share_prompts=cfg.share_prompts if takes_custom_mask(model) else False,
         row_len=cfg.effective_micro_token_budget if model is not None and attends_by_segment(model) else None,
     )
 
