@@ -33,7 +33,8 @@ from ludic_lab.inference.chat_template import (
     generation_eos_ids,
 )
 from ludic_lab.inference.local.batcher import LoopBatcher
-from ludic_lab.inference.local.continuous import ContinuousBatcher
+from ludic_lab.inference.local.continuous import STEP_TIMES_KEPT, ContinuousBatcher
+from ludic_lab.inference.local.decode_threads import DecodeThreads
 from ludic_lab.inference.local.grouped_attention import cascade_supported, use_grouped_attention
 from ludic_lab.inference.local.in_flight import check_weight_update
 from ludic_lab.inference.local.packed_linear import drop_packed_weights, pack_linear_weights
@@ -60,6 +61,10 @@ class LocalChatClient:
     one-query attention, eager 0.3 s; 3.3 s in all) and transformers' default otherwise.
     ``num_threads``: intra-op threads of generation (set on its one thread; None: torch's
     default); with ``TrainerConfig(async_level=1)`` on a CPU, the cores the trainer leaves.
+    ``adaptive_threads``: the continuous batch's decode steps choose between that count and one
+    thread from their own times (:mod:`.thread_governor`: beside another busy process a step at
+    one thread per core collapses, SmolLM2 53 -> 226-980 ms, while one thread stays ~84 ms);
+    ``thread_choices()`` says what it chose. ``False``: always that count.
     ``scheduling``: ``"continuous"`` (requests join and leave the running decode) or
     ``"static"`` (a gathered batch runs to its longest member; the next batch waits).
     ``prefix_cache_mb``: memory for the KV of finished sequences that later prompts extend
@@ -96,6 +101,7 @@ class LocalChatClient:
         share_prompt_prefill: bool = True,
         attn_implementation: str | None = None,
         num_threads: int | None = None,
+        adaptive_threads: bool = True,
         scheduling: str = "continuous",
         prefix_cache_mb: float = 1024.0,
         kv_cache: str = "slab",
@@ -165,6 +171,8 @@ class LocalChatClient:
         self.shared_prefix_prefill = bool(shared_prefix_prefill)
         self.cascade_attention = bool(cascade_attention) and cascade_supported(self.model)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
+        upper = self._executor.submit(torch.get_num_threads).result()  # the generation thread's count
+        self.threads = DecodeThreads(upper, bool(adaptive_threads), STEP_TIMES_KEPT)
         self._continuous = ContinuousBatcher(self)
         self._updates_waiting = 0  # weight updates waiting for the generation thread to let go
         self._updates_lock = threading.Lock()
@@ -188,10 +196,18 @@ class LocalChatClient:
         return await batcher.submit(request)
 
     def set_num_threads(self, n: int) -> None:
-        """Generation's intra-op threads from the next batch on (set on its own thread)."""
+        """Generation's intra-op threads from the next batch on (set on its own thread); with
+        ``adaptive_threads`` the upper of the two counts its decode steps choose from."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"LocalChatClient num_threads must be an int >= 1, got {n!r}")
-        self._executor.submit(torch.set_num_threads, n)
+        self._executor.submit(self.threads.set_upper, n)
+
+    def thread_choices(self) -> dict[str, Any]:
+        """What the continuous batch's thread count did (:class:`.decode_threads.DecodeThreads`):
+        ``adaptive``, ``upper`` (the configured count), ``current``, ``steps_at`` (decode steps at
+        each count), ``probes``, ``switches``, and ``recent``: the count of each decode step in
+        ``step_times()["decode"]``, in the same order."""
+        return {**self.threads.summary(), "recent": list(self.threads.chosen)}
 
     def step_times(self) -> dict[str, list[tuple[Any, ...]]]:
         """The continuous batch's recent work (the last 4,096 of each): ``"decode"`` steps as

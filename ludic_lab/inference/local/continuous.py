@@ -97,6 +97,8 @@ class ContinuousBatcher:
                     self._fail_all(e)
                     if not isinstance(e, Exception):
                         raise
+                finally:
+                    client.threads.restore()  # the configured count, outside the running batch
             with self._inbox_lock:
                 if not self._inbox and not self.rows:
                     self._serving = False
@@ -104,10 +106,12 @@ class ContinuousBatcher:
 
     def _run(self) -> None:
         """Admit and decode until no row is live, or a weight update waits and the rows drained;
-        an in-flight update loads between two decode steps instead (:func:`.let_update_in`)."""
+        an in-flight update loads between two decode steps instead (:func:`.let_update_in`).
+        Prefill calls and decode steps run at the thread count ``client.threads`` chose."""
         c = self.client
         with torch.no_grad():
             while True:
+                c.threads.before_step(prefill=True)
                 if c._updates_waiting and c.weight_update == "in_flight" and any(not r.done for r in self.rows):
                     let_update_in(self)
                 if not c._updates_waiting and self._should_admit():
@@ -281,8 +285,7 @@ class ContinuousBatcher:
 
     def _decode_step(self) -> None:
         assert self.mask is not None and self.pos is not None and self.next_tok is not None
-        t0 = time.perf_counter()
-        B = len(self.rows)
+        threads, t0, B = self.client.threads.before_step(), time.perf_counter(), len(self.rows)
         self.mask = torch.cat([self.mask, torch.ones((B, 1), dtype=self.mask.dtype, device=self.mask.device)], dim=1)
         out = self.client.model(
             input_ids=self.next_tok[:, None],
@@ -293,14 +296,13 @@ class ContinuousBatcher:
             logits_to_keep=1,
             **self._attend(self.on_shared),
         )
-        self.cache = out.past_key_values
-        self.pos = self.pos + 1
-        live = [j for j, r in enumerate(self.rows) if not r.done]
-        logits = out.logits[:, -1, :].float().cpu()
+        self.cache, self.pos = out.past_key_values, self.pos + 1
+        live, logits = [j for j, r in enumerate(self.rows) if not r.done], out.logits[:, -1, :].float().cpu()
         self._sample([self.rows[j] for j in live], logits[live] if len(live) < B else logits, live)
         self.steps += 1
         self._prune()
-        self.step_times.append((B, time.perf_counter() - t0))
+        self.step_times.append((B, seconds := time.perf_counter() - t0))
+        self.client.threads.after_step(B, threads, seconds)
 
     def _sample(self, rows: list[Row], logits: torch.Tensor, batch_idx: list[int]) -> None:
         """Sample one token for each of ``rows`` (batch rows ``batch_idx``); finish those done."""
