@@ -39,7 +39,9 @@ def test_contention_moves_to_one_thread_within_a_few_steps() -> None:
     assert g.current == 1 and g.switches == 1
     assert ran.index(1) <= 3 and ran[-1] == 1
     later = run(g, 400, BUSY)
-    assert later.count(2) <= 4  # the collapsed arm is probed rarely: each probe costs ~7 steps
+    # the collapsed arm is probed rarely: a probe costs ~6 steps, so <= 3% of the time means
+    # ~200 steps apart (at most max_period), from the switch on
+    assert 2 not in later[:150] and later.count(2) <= 2
     assert g.current == 1
 
 

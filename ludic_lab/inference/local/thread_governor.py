@@ -9,12 +9,13 @@ steps of the continuous batch cost nearly the same (the same rows, one more toke
 so a step is a fair trial of a thread count: this class picks between two arms, the configured
 count ``upper`` and one thread, from the steps' own times.
 
-It runs the current arm and, once it has a reference and then every ``period`` steps (at once
-when the current arm's steps suddenly slow down), probes the other arm for one step, compared with the current arm's
-recent median at the same row count. A probe ``margin`` faster, confirmed by a second probe
-step, switches arms. A probe that loses puts the next one off so that probing costs at most
-``probe_budget`` of the decode time (a probe of a collapsed arm is expensive), at most
-``max_period`` steps later. Pure bookkeeping: no clock, no torch; the caller feeds it
+It runs the current arm and, once it has a reference and then every ``period`` steps (at
+once when the current arm's steps suddenly slow down), probes the other arm for one step,
+compared with the current arm's recent median at the same row count. A probe ``margin``
+faster, confirmed by a second probe step, switches arms. A probe that loses puts the next one
+off so that probing costs at most ``probe_budget`` of the decode time (a probe of a collapsed
+arm is expensive), at most ``max_period`` steps later; so does a switch, priced by the steps
+of the arm it left. Pure bookkeeping: no clock, no torch; the caller feeds it
 ``(rows, threads, seconds)`` and applies the count it returns.
 """
 
@@ -131,16 +132,21 @@ class ThreadGovernor:
             self._wins += 1
             self._won = [*self._won, seconds] if self._wins > 1 else [seconds]
             if self._wins >= CONFIRM:
-                new = self.other
+                new, won = self.other, statistics.median(self._won)
                 self._history = {(new, rows): deque(self._won, maxlen=HISTORY)}
                 self._baseline = {}
                 self.current, self.switches = new, self.switches + 1
                 self._probing, self._wins = False, 0
-                self._next_probe = self._step + self.period
+                self._put_off(cur, won)  # probing the arm just left costs what its steps cost
             return
         self._probing, self._wins = False, 0
-        extra = max(0.0, seconds - cur)  # what this probe cost beyond a step of the current arm
-        gap = math.ceil(extra / (self.probe_budget * cur)) if cur > 0 else self.period
+        self._put_off(seconds, cur)
+
+    def _put_off(self, probe: float, step: float) -> None:
+        """Schedule the next probe so that a probe of ``probe`` seconds, beside steps of ``step``,
+        costs at most ``probe_budget`` of the decode time (``period`` to ``max_period`` steps)."""
+        extra = max(0.0, probe - step)
+        gap = math.ceil(extra / (self.probe_budget * step)) if step > 0 else self.period
         self._next_probe = self._step + min(self.max_period, max(self.period, gap))
 
 
