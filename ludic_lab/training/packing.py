@@ -120,7 +120,7 @@ def pack_items(
     output is deterministic for the same input. ``tolerance=0`` minimises padding alone.
     ``share_prompts``: items share their common prompt tokens, stored once in their row
     (:mod:`~ludic_lab.training.prompt_share`; needs sdpa or eager attention): ``"group"`` only
-    a whole prompt (a GRPO group; ``True``), ``"prefix"`` any common prefix of at least
+    a whole prompt (a GRPO group), ``"prefix"`` (``True``) also any common prefix of at least
     ``MIN_SHARED`` tokens (a system prompt shared across groups), in units up to ``row_len``.
     ``row_len``: the widest a row may be (default ``max_seq_len``, the longest a sequence may
     be); wider rows pad less and cost nothing where each sequence is attended on its own.
@@ -136,7 +136,7 @@ def pack_items(
     if not seqs:
         return PackedMicroBatches([], _stats(len(items), [], counts))
     if share_prompts:
-        mode: ShareMode = "group" if share_prompts is True else share_prompts
+        mode: ShareMode = "prefix" if share_prompts is True else share_prompts
         units = group_units(seqs, max_seq_len, mode, unit_len=row_len)
     else:
         units = [Unit((s,)) for s in seqs]

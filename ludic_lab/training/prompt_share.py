@@ -47,7 +47,8 @@ SHARE_MODES: tuple[str, ...] = ("group", "prefix")
 MIN_SHARED = 16
 """``"prefix"`` shares no common prefix shorter than this (a chat template's header) unless
 it is the whole prompt of both: it would save a few tokens and tie otherwise independent
-sequences into one unit."""
+sequences into one chain, whose units then fill up and split groups (``bench/prefix_share.py
+--threshold``: 3,110 tokens shared from 1 token on vs 3,677 from 16)."""
 
 
 @dataclass(frozen=True)
