@@ -119,6 +119,31 @@ def _parse_bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {s!r}")
 
 
+def _bool_or_choices(tp: Any) -> tuple[str, ...] | None:
+    """The choices of a ``bool | Literal["a", "b"]`` field (``None`` for any other type)."""
+    if get_origin(tp) not in (typing.Union, types.UnionType):
+        return None
+    args = get_args(tp)
+    lits = [a for a in args if get_origin(a) is Literal]
+    if bool not in args or len(lits) != 1 or len(args) != 2:
+        return None
+    return tuple(str(c) for c in get_args(lits[0]))
+
+
+def _parse_bool_or(choices: tuple[str, ...]) -> Callable[[str], bool | str]:
+    """A flag's parser: one of ``choices`` as given, else a boolean (true/false)."""
+
+    def parse(s: str) -> bool | str:
+        if s in choices:
+            return s
+        try:
+            return _parse_bool(s)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected true, false or one of {list(choices)}, got {s!r}") from None
+
+    return parse
+
+
 def add_dataclass_args(
     parser: argparse.ArgumentParser,
     cls: type,
@@ -177,6 +202,9 @@ def _add_flag(
     elif tp is bool:
         kw["type"] = _parse_bool
         kw["metavar"] = "BOOL"
+    elif (choices := _bool_or_choices(tp)) is not None:  # bool | Literal[...]
+        kw["type"] = _parse_bool_or(choices)
+        kw["metavar"] = "{" + ",".join(("true", "false", *choices)) + "}"
     elif get_origin(tp) in (tuple, list):
         inner = get_args(tp)[0] if get_args(tp) else str
         kw["type"] = inner

@@ -302,3 +302,20 @@ def test_trainer_shares_a_system_prompt_across_groups_with_prefix(tiny_model_dir
     assert prefix["tokens"] == plain["tokens"] - 248
     assert prefix["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-6)
     assert max_abs_diff(p_plain, p_prefix) < 1e-4
+
+
+def test_share_prompts_is_a_boolean_or_a_mode_on_the_command_line_and_nothing_else() -> None:
+    import argparse
+
+    from ludic_lab.config import add_dataclass_args, dataclass_from_args
+    from ludic_lab.training import TrainerConfig
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_dataclass_args(parser, TrainerConfig)
+    got = [dataclass_from_args(TrainerConfig, parser.parse_args(a)).share_prompts
+           for a in ([], ["--share-prompts", "false"], ["--share-prompts", "group"], ["--share-prompts", "prefix"])]  # fmt: skip
+    assert got == [True, False, "group", "prefix"]
+    with pytest.raises(argparse.ArgumentError, match="true, false or one of"):
+        parser.parse_args(["--share-prompts", "all"])
+    with pytest.raises(ValueError, match="'group' or 'prefix'"):
+        TrainerConfig(share_prompts="all")  # type: ignore[arg-type]
