@@ -63,7 +63,7 @@ class LocalChatClient:
     default); with ``TrainerConfig(async_level=1)`` on a CPU, the cores the trainer leaves.
     ``adaptive_threads``: the continuous batch's decode steps choose between that count and one
     thread from their own times (:mod:`.thread_governor`: beside another busy process a step at
-    one thread per core collapses, SmolLM2 53 -> 226-980 ms, while one thread stays ~84 ms);
+    one thread per core collapses, SmolLM2 47 -> 420-1,330 ms, while one thread stays ~73 ms);
     ``thread_choices()`` says what it chose. ``False``: always that count.
     ``scheduling``: ``"continuous"`` (requests join and leave the running decode) or
     ``"static"`` (a gathered batch runs to its longest member; the next batch waits).
