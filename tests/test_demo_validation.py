@@ -103,7 +103,7 @@ BAD: list[tuple[list[str], int, list[str]]] = [
     (["--dist-timeout-s", "0"], 2, ["--dist-timeout-s must be a finite number > 0"]),
     (["--gradient-checkpointing", "maybe"], 2, ["--gradient-checkpointing", "expected a boolean"]),
     (["--fsdp-mixed-precision", "2"], 2, ["--fsdp-mixed-precision", "expected a boolean"]),
-    (["--share-prompts", "sometimes"], 2, ["--share-prompts", "expected a boolean"]),
+    (["--share-prompts", "sometimes"], 2, ["--share-prompts", "expected true, false or one of", "sometimes"]),
     (["--checkpoint-every", "2"], 2, ["--checkpoint-every=2 saves nothing without --checkpoint-dir"]),
     (["--checkpoint-dir", "{file}/ck"], 2, ["--checkpoint-dir", "cannot be created"]),
     (["--keep-checkpoints", "-1"], 2, ["--keep-checkpoints must be an integer >= 0"]),
