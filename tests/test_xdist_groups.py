@@ -108,32 +108,49 @@ LEAVES_THREADS = """
 import threading, time
 
 
-def test_leaves_request_threads():
-    for k in range(3):
-        threading.Thread(target=time.sleep, args=(20,), name=f"requests-{k}").start()
+def spin(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
 
 
-def test_stops_its_thread():
-    t = threading.Thread(target=time.sleep, args=(0.1,), name="joined")
+def test_a_leaves_spinning_threads():
+    for k in range(2):
+        threading.Thread(target=spin, args=(60,), name=f"requests-{k}", daemon=True).start()  # till the run ends
+
+
+def test_b_leaves_an_idle_thread():
+    threading.Thread(target=time.sleep, args=(30,), name="idle", daemon=True).start()
+
+
+def test_c_stops_its_thread():
+    t = threading.Thread(target=spin, args=(3,), name="joined")
     t.start()
     t.join()
+
+
+def test_d_later():
+    time.sleep(8)
 """
 
 
-def test_threads_a_test_leaves_running_are_named_with_it(tmp_path: Path) -> None:
-    """A test's threads that outlive it are listed after the run with the test that started them
-    (a test's request threads once outlived it and slowed every later test of a CI run 10x)."""
+def test_threads_that_outlive_their_test_and_use_cpu_are_named_with_it(tmp_path: Path) -> None:
+    """A left thread that goes on using CPU is named after the run with the test that started it;
+    an idle one is only counted (a test's request threads once outlived it and slowed every later
+    test of a CI run 10x)."""
     (tmp_path / "test_threads.py").write_text(LEAVES_THREADS)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_XDIST_WORKER_COUNT", None)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.xdist_groups", "-n", "2"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.xdist_groups", "-n", "1"]
     cmd += ["--rootdir", str(tmp_path), str(tmp_path)]
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     out = res.stdout + res.stderr
-    assert res.returncode == 0 and "2 passed" in out, out
-    after = out.split("threads a test started that still ran after its teardown", 1)[1].splitlines()[1:]
-    summary = "\n".join(x for x in after[: next(i for i, x in enumerate(after) if x.startswith(("lowest", "=")))])
-    line = next(x for x in summary.splitlines() if "test_leaves_request_threads" in x)
-    assert "requests-0, requests-1, requests-2" in line and "(daemon)" not in line, out
-    assert "test_stops_its_thread" not in summary and "joined" not in summary, out
+    assert res.returncode == 0 and "4 passed" in out, out
+    assert "tests that left threads running after their teardown: 2 (2+ CPU seconds after the test: 2 thread(s))" in out
+    after = out.split("threads that used CPU after the test that started them ended", 1)[1].splitlines()[1:]
+    named = after[: next(i for i, x in enumerate(after) if x.startswith(("lowest", "=")))]
+    assert len(named) == 2, out
+    for k, line in enumerate(sorted(named, key=lambda x: x.split()[3])):
+        assert f"requests-{k}, started by test_threads.py::test_a_leaves_spinning_threads" in line, out
+        assert float(line.split()[0]) >= 2.0, out

@@ -201,17 +201,56 @@ _AFTER: dict[str, int] = {}
 _GROWTH: list[tuple[int, int, str, str]] = []
 
 
-# Threads a test started that still run after its teardown: a test whose request threads
-# outlived it once slowed every later test of a CI run 10x (docs/testing.md). Listed in the
-# summary with the test that started them (a module's or session's fixture may keep threads on
-# purpose: they are listed once, after the test that started it).
+# Threads a test started that still run after its teardown, and the CPU they use after it: a
+# test whose request threads outlived it once slowed every later test of a CI run 10x
+# (docs/testing.md). Idle ones are common (a client's executor thread until the collector takes
+# the client; a module's fixture keeps its threads on purpose) and are only counted; a left
+# thread that goes on using CPU is named in the summary with the test that started it.
+BURN_REPORTED_S = 2.0
+"""CPU seconds a left thread uses after its test ended that name it in the summary."""
 _THREADS_BEFORE: dict[str, set[int]] = {}
-_LEFT_THREADS: list[tuple[str, str, list[str]]] = []
+_LEFT: dict[int, list[Any]] = {}  # native id -> [test, thread name, CPU seconds at its test's end]
+_LEFT_COUNT: dict[str, int] = {}  # worker -> tests that left threads
+_BURNING: dict[tuple[str, str, str], float] = {}  # (worker, test, thread) -> CPU seconds after the test
 
 
 def pytest_runtest_setup(item: Any) -> None:
     if _WORKER_FOLDER:
         _THREADS_BEFORE[item.nodeid] = {t.ident for t in threading.enumerate() if t.ident is not None}
+
+
+def _thread_cpu() -> dict[int, float]:
+    """This process's threads' CPU seconds (user + system) by native id."""
+    import psutil
+
+    try:
+        return {t.id: t.user_time + t.system_time for t in psutil.Process().threads()}
+    except psutil.Error:
+        return {}
+
+
+def _left_threads(item: Any) -> dict[str, Any]:
+    """What this teardown adds to the report: whether the test left threads running, and the
+    left threads (of this test or earlier ones) that used CPU since their test ended."""
+    out: dict[str, Any] = {}
+    cpu = _thread_cpu()
+    before = _THREADS_BEFORE.pop(item.nodeid, None)
+    if before is not None:
+        left = [t for t in threading.enumerate() if t.is_alive() and t.ident not in before]
+        for t in left:
+            if t.native_id is not None:
+                _LEFT[t.native_id] = [item.nodeid, t.name, cpu.get(t.native_id, 0.0)]
+        if left:
+            out["ludic_threads_left"] = len(left)
+    burning = []
+    for tid, (test, name, at_end) in list(_LEFT.items()):
+        if tid not in cpu:
+            del _LEFT[tid]  # ended
+        elif cpu[tid] - at_end >= BURN_REPORTED_S:
+            burning.append((test, name, round(cpu[tid] - at_end, 1)))
+    if burning:
+        out["ludic_threads_burning"] = burning
+    return out
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -222,12 +261,7 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
 
         report = outcome.get_result()
         report.user_properties.append(("ludic_rss", psutil.Process().memory_info().rss))
-        before = _THREADS_BEFORE.pop(item.nodeid, None)
-        if before is not None:
-            left = [t for t in threading.enumerate() if t.is_alive() and t.ident not in before]
-            if left:
-                names = [f"{t.name}{' (daemon)' if t.daemon else ''}" for t in left]
-                report.user_properties.append(("ludic_threads_left", names))
+        report.user_properties.extend(_left_threads(item).items())
 
 
 def pytest_runtest_logreport(report: Any) -> None:
@@ -238,9 +272,11 @@ def pytest_runtest_logreport(report: Any) -> None:
     before = _AFTER.get(worker, rss)
     _AFTER[worker] = rss
     _GROWTH.append((rss - before, rss, worker, report.nodeid))
-    left = dict(report.user_properties).get("ludic_threads_left")
-    if left:
-        _LEFT_THREADS.append((worker, report.nodeid, list(left)))
+    props = dict(report.user_properties)
+    if props.get("ludic_threads_left"):
+        _LEFT_COUNT[worker] = _LEFT_COUNT.get(worker, 0) + 1
+    for test, name, seconds in props.get("ludic_threads_burning") or ():
+        _BURNING[(worker, test, name)] = max(seconds, _BURNING.get((worker, test, name), 0.0))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -250,14 +286,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(f"{rss / 1024**3:6.1f} GiB ({growth / 1024**3:+.1f}) {worker} {nodeid}")
         for growth, rss, worker, nodeid in sorted(_GROWTH, key=lambda g: -g[0])[:8]:
             terminalreporter.write_line(f"grew {growth / 1024**3:+.1f} GiB to {rss / 1024**3:.1f} {worker} {nodeid}")
-    if _LEFT_THREADS:
-        terminalreporter.write_sep("=", "threads a test started that still ran after its teardown (most first)")
-        most = sorted(_LEFT_THREADS, key=lambda e: -sum(not n.endswith("(daemon)") for n in e[2]) - 0.01 * len(e[2]))
-        if len(most) > 20:
-            terminalreporter.write_line(f"{len(most)} tests left threads; the 20 that left the most:")
-        for worker, nodeid, names in most[:20]:
-            shown = ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
-            terminalreporter.write_line(f"{worker} {nodeid}: {shown}")
+    if _LEFT_COUNT:
+        terminalreporter.write_line(
+            f"tests that left threads running after their teardown: {sum(_LEFT_COUNT.values())}"
+            f" ({BURN_REPORTED_S:g}+ CPU seconds after the test: {len(_BURNING)} thread(s))"
+        )
+    if _BURNING:
+        terminalreporter.write_sep("=", "threads that used CPU after the test that started them ended")
+        for (worker, test, name), seconds in sorted(_BURNING.items(), key=lambda e: -e[1])[:20]:
+            terminalreporter.write_line(f"{seconds:7.1f} s  {worker} {name}, started by {test}")
     if _LOWEST:
         available, at_s, running = _LOWEST[0]
         terminalreporter.write_line(
